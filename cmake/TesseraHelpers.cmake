@@ -1,0 +1,25 @@
+# tessera_require_package(<Name> "<debian packages>" [CONFIG])
+# find_package that stops configure with the Debian package to install.
+macro(tessera_require_package name debs)
+  find_package(${name} ${ARGN} QUIET)
+  if(NOT ${name}_FOUND)
+    message(FATAL_ERROR
+      "tessera: dependency '${name}' not found. Install the Debian package(s): ${debs}\n"
+      "  (scripts/install-deps.sh installs everything tessera needs)")
+  endif()
+endmacro()
+
+# tessera_add_test(<name> SOURCES a.cc b.cc LIBS lib1 lib2 [LABELS l1 l2] [TIMEOUT s])
+# One GoogleTest executable registered with ctest, one ctest entry per TEST().
+function(tessera_add_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main tessera_flags)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin/tests)
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  gtest_discover_tests(${name}
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+endfunction()

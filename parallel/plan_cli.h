@@ -1,0 +1,9 @@
+#pragma once
+#include "launcher/cli.h"
+
+namespace tessera::parallel {
+// `tessera plan ...`: the sharding planner.
+void add_plan_command(CLI::App& root, tessera::cli::Action& action);
+// `tessera ckpt ...`: checkpoint tools (shard, reshard, consolidate).
+void add_ckpt_command(CLI::App& root, tessera::cli::Action& action);
+}  // namespace tessera::parallel

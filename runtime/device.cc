@@ -1,0 +1,177 @@
+#include "runtime/device.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <new>
+
+namespace tessera {
+
+namespace {
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+}
+
+DeviceSpec DeviceSpec::preset(const std::string& name) {
+  DeviceSpec s;
+  s.name = name;
+  if (name == "trn1-core") {
+    // NeuronCore-v2: a Trainium chip has 2 cores, 190 TFLOP/s bf16 and 47.5
+    // TFLOP/s fp32 dense, 32 GiB HBM at 820 GiB/s; one core gets half.
+    s.hbm_bytes = static_cast<uint64_t>(16 * kGiB);
+    s.peak_flops_bf16 = 95e12;
+    s.peak_flops_fp32 = 23.75e12;
+    s.hbm_bandwidth = 410 * kGiB;
+  } else if (name == "trn2-core") {
+    // NeuronCore-v3: a Trainium2 chip has 8 cores, 667 TFLOP/s bf16 and 181
+    // TFLOP/s fp32 dense, 96 GiB HBM at 2.9 TB/s; one core gets an eighth.
+    s.hbm_bytes = static_cast<uint64_t>(12 * kGiB);
+    s.peak_flops_bf16 = 667e12 / 8;
+    s.peak_flops_fp32 = 181e12 / 8;
+    s.hbm_bandwidth = 2.9e12 / 8;
+  } else if (name == "test-core") {
+    // Small core for tests: 256 MiB, 1 TFLOP/s, 100 GB/s.
+    s.hbm_bytes = 256ull << 20;
+    s.peak_flops_bf16 = 1e12;
+    s.peak_flops_fp32 = 0.5e12;
+    s.hbm_bandwidth = 100e9;
+  } else {
+    throw InvalidArgument("unknown device preset '" + name + "' (expected trn1-core, trn2-core or test-core)");
+  }
+  return s;
+}
+
+std::vector<std::string> DeviceSpec::preset_names() { return {"trn1-core", "trn2-core", "test-core"}; }
+
+DeviceOutOfMemory::DeviceOutOfMemory(const std::string& device, uint64_t requested, uint64_t in_use,
+                                     uint64_t capacity)
+    : Error(detail::concat("device out of memory on ", device, ": requested ", requested, " bytes with ", in_use,
+                           " bytes in use of ", capacity, " bytes capacity (", capacity - std::min(in_use, capacity),
+                           " free)")),
+      requested_(requested),
+      in_use_(in_use),
+      capacity_(capacity) {}
+
+namespace {
+
+// Keeps freed blocks by rounded size and hands them out again, so a
+// training step's buffers are faulted in once and reused afterwards.
+class CachingHeapMemory : public DeviceMemory {
+ public:
+  ~CachingHeapMemory() override {
+    for (auto& [size, blocks] : cache_)
+      for (void* p : blocks) std::free(p);
+  }
+  void* allocate(size_t bytes) override {
+    size_t r = round(bytes);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = cache_.find(r);
+      if (it != cache_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= r;
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(64, r);
+    if (!p) {
+      release_all();
+      p = std::aligned_alloc(64, r);
+    }
+    return p;
+  }
+  void free(void* p, size_t bytes) override {
+    size_t r = round(bytes);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (cached_bytes_ + r > kMaxCached) {
+      std::free(p);
+      return;
+    }
+    cache_[r].push_back(p);
+    cached_bytes_ += r;
+  }
+
+ private:
+  static constexpr size_t kMaxCached = size_t{8} << 30;
+  // 64-byte granularity below 1 MiB, then 1/8 steps of the power of two.
+  static size_t round(size_t b) {
+    if (b == 0) return 64;
+    if (b < (1u << 20)) return (b + 63) & ~size_t{63};
+    size_t p = size_t{1} << (63 - __builtin_clzll(b));
+    size_t step = p / 8;
+    return (b + step - 1) / step * step;
+  }
+  void release_all() {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [size, blocks] : cache_)
+      for (void* p : blocks) std::free(p);
+    cache_.clear();
+    cached_bytes_ = 0;
+  }
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> cache_;
+  size_t cached_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMemory> make_caching_heap_memory() { return std::make_unique<CachingHeapMemory>(); }
+
+Device::Device(DeviceSpec spec, int index, std::unique_ptr<DeviceMemory> memory)
+    : spec_(std::move(spec)),
+      index_(index),
+      memory_(memory ? std::move(memory) : make_caching_heap_memory()),
+      clock_(&spec_) {
+  stats_.capacity = spec_.hbm_bytes;
+}
+
+Device::~Device() = default;
+
+std::string Device::name() const { return spec_.name + ":" + std::to_string(index_); }
+
+void* Device::allocate(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stats_.in_use + bytes > stats_.capacity) {
+      throw DeviceOutOfMemory(name(), bytes, stats_.in_use, stats_.capacity);
+    }
+    stats_.in_use += bytes;
+    stats_.peak = std::max(stats_.peak, stats_.in_use);
+    ++stats_.num_allocs;
+  }
+  void* p = memory_->allocate(bytes);
+  if (!p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.in_use -= bytes;
+    --stats_.num_allocs;
+    throw DeviceOutOfMemory(name() + " (host memory exhausted)", bytes, stats_.in_use, stats_.capacity);
+  }
+  std::memset(p, 0, bytes);
+  return p;
+}
+
+void Device::free(void* p, size_t bytes) {
+  if (!p) return;
+  memory_->free(p, bytes);
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.in_use -= bytes;
+  ++stats_.num_frees;
+}
+
+void Device::set_memory(std::unique_ptr<DeviceMemory> memory) {
+  std::lock_guard<std::mutex> lk(mu_);
+  TESSERA_CHECK_EQ(stats_.in_use, 0u, "set_memory with live allocations on ", name());
+  memory_ = std::move(memory);
+}
+
+MemoryStats Device::memory_stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+void Device::reset_peak() {
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.peak = stats_.in_use;
+}
+
+}  // namespace tessera

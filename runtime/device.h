@@ -1,0 +1,108 @@
+// Device: one emulated accelerator core.
+//
+// A Device owns a DeviceSpec (the chip figures it emulates), a memory
+// backend that provides the bytes, strict memory accounting against the
+// spec's HBM capacity (DeviceOutOfMemory when exceeded), and a SimClock that
+// accumulates the modeled time of the work charged to it.
+//
+// Thread-safety: allocate/free and the clock may be called from any thread
+// (the collectives' progress thread frees buffers too); statistics are
+// consistent snapshots. A Device must outlive every Tensor allocated on it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+#include "runtime/sim_clock.h"
+
+namespace tessera {
+
+struct DeviceSpec {
+  std::string name;
+  uint64_t hbm_bytes = 0;         // memory capacity of this core
+  double peak_flops_bf16 = 0;     // dense FLOP/s
+  double peak_flops_fp32 = 0;     // dense FLOP/s
+  double hbm_bandwidth = 0;       // bytes/s
+
+  double peak_flops(DType t) const { return (t == DType::F32) ? peak_flops_fp32 : peak_flops_bf16; }
+
+  // "trn1-core", "trn2-core", "test-core"; throws InvalidArgument naming the presets.
+  static DeviceSpec preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+};
+
+class DeviceOutOfMemory : public Error {
+ public:
+  DeviceOutOfMemory(const std::string& device, uint64_t requested, uint64_t in_use, uint64_t capacity);
+  uint64_t requested() const { return requested_; }
+  uint64_t in_use() const { return in_use_; }
+  uint64_t capacity() const { return capacity_; }
+
+ private:
+  uint64_t requested_, in_use_, capacity_;
+};
+
+// Where a device's bytes come from. The default keeps freed blocks for reuse,
+// because a fresh page costs far more than copying one on these machines.
+// Another backend (e.g. a shared-memory arena peers can map) can replace it.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // Returns 64-byte aligned memory of at least `bytes`, or nullptr when the
+  // backend itself is exhausted. Contents are unspecified.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void free(void* p, size_t bytes) = 0;
+};
+
+// Heap backend that caches freed blocks by rounded size (a caching allocator).
+std::unique_ptr<DeviceMemory> make_caching_heap_memory();
+
+struct MemoryStats {
+  uint64_t in_use = 0;
+  uint64_t peak = 0;
+  uint64_t capacity = 0;
+  uint64_t num_allocs = 0;
+  uint64_t num_frees = 0;
+};
+
+class Device {
+ public:
+  explicit Device(DeviceSpec spec, int index = 0, std::unique_ptr<DeviceMemory> memory = nullptr);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const DeviceSpec& spec() const { return spec_; }
+  int index() const { return index_; }  // the rank it belongs to (for messages)
+  std::string name() const;            // "trn1-core:3"
+
+  // Charges `bytes` and returns zero-filled memory; throws DeviceOutOfMemory.
+  void* allocate(size_t bytes);
+  void free(void* p, size_t bytes);
+
+  // Replaces the memory backend; only while nothing is allocated.
+  void set_memory(std::unique_ptr<DeviceMemory> memory);
+  DeviceMemory* memory() const { return memory_.get(); }
+
+  MemoryStats memory_stats() const;
+  void reset_peak();
+
+  SimClock& clock() { return clock_; }
+  const SimClock& clock() const { return clock_; }
+
+ private:
+  DeviceSpec spec_;
+  int index_;
+  std::unique_ptr<DeviceMemory> memory_;
+  mutable std::mutex mu_;
+  MemoryStats stats_;
+  SimClock clock_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs tessera's build and run dependencies from Debian's packages.
+# Idempotent: does nothing (and touches no network) when everything is present.
+# Works as root or through sudo.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git
+  libboost-dev libboost-system-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libcereal-dev
+  libopenmpi-dev openmpi-bin
+  libgtest-dev libgmock-dev
+  libopenblas-dev
+  libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  gnuplot-nox
+  procps iproute2
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "install-deps: missing ${missing[*]}; run as root or install sudo" >&2; exit 1
+  fi
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the whole test suite with ctest.
+# Extra arguments go to ctest (e.g. scripts/test.sh -R Collectives).
+# TESSERA_SANITIZE=address|undefined|thread builds into build-<sanitizer>/.
+source "$(dirname "$0")/common.sh"
+if [ -n "${TESSERA_SANITIZE:-}" ] && [ -z "${TESSERA_BUILD_DIR:-}" ]; then
+  BUILD_DIR="$ROOT/build-$TESSERA_SANITIZE"
+fi
+tessera_build
+cd "$BUILD_DIR"
+ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" --timeout 600 "$@"
