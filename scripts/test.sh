@@ -8,4 +8,6 @@ if [ -n "${TESSERA_SANITIZE:-}" ] && [ -z "${TESSERA_BUILD_DIR:-}" ]; then
 fi
 tessera_build
 cd "$BUILD_DIR"
+# Tests labelled "long" (minutes of training) run with: scripts/test.sh -L long
+if [ $# -eq 0 ]; then set -- -LE long; fi
 ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" --timeout 600 "$@"
