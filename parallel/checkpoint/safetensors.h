@@ -46,6 +46,8 @@ constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
+  // The file this source was opened from (the index for sharded sources).
+  virtual const std::string& path() const = 0;
   // All tensor names (sorted for sharded sources, data-offset order for one file).
   virtual std::vector<std::string> names() const = 0;
   virtual bool contains(const std::string& name) const = 0;
@@ -71,7 +73,7 @@ class SafetensorsReader : public TensorSource {
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const override { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in data-offset order
   const std::map<std::string, std::string>& metadata() const override { return metadata_; }
   uint64_t header_size() const { return header_size_; }  // N
@@ -131,6 +133,7 @@ class ShardedSafetensorsReader : public TensorSource {
   explicit ShardedSafetensorsReader(const std::string& index_path);
 
   const std::string& index_path() const { return index_path_; }
+  const std::string& path() const override { return index_path_; }
   uint64_t total_size() const { return total_size_; }  // as stated in the index
   const std::map<std::string, std::string>& index_metadata() const { return index_metadata_; }
   const std::vector<std::unique_ptr<SafetensorsReader>>& shards() const { return shards_; }
