@@ -70,8 +70,8 @@ std::string strip(const std::string& canonical) {
 }  // namespace
 
 std::string gpt2_config_str(const Gpt2Config& c) {
-  return detail::concat("vocab=", c.vocab, " n_positions=", c.n_positions, " hidden=", c.hidden,
-                        " layers=", c.layers, " heads=", c.heads);
+  return detail::concat("vocab=", c.vocab, " n_positions=", c.n_positions, " hidden=", c.hidden, " layers=", c.layers,
+                        " heads=", c.heads);
 }
 
 Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
@@ -111,8 +111,8 @@ Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
       } catch (const std::exception&) {
       }
       if (h <= 0 || c.hidden % h != 0) {
-        throw FormatError(detail::concat(file, ": metadata n_head '", it->second, "' does not divide hidden ",
-                                         c.hidden));
+        throw FormatError(
+            detail::concat(file, ": metadata n_head '", it->second, "' does not divide hidden ", c.hidden));
       }
       c.heads = h;
     } else if (c.hidden % 64 == 0 && c.hidden > 0) {
@@ -215,9 +215,9 @@ std::vector<std::string> gpt2_problems(const TensorSource& src, const Gpt2Config
       }
       continue;
     }
-    problems.push_back(detail::concat(src.file_of(n), ": extra tensor '", n, "' (", dtype_safetensors_name(src.entry(n).dtype),
-                                      shape_str(src.entry(n).shape), ") is not part of GPT-2 with ",
-                                      gpt2_config_str(c)));
+    problems.push_back(detail::concat(src.file_of(n), ": extra tensor '", n, "' (",
+                                      dtype_safetensors_name(src.entry(n).dtype), shape_str(src.entry(n).shape),
+                                      ") is not part of GPT-2 with ", gpt2_config_str(c)));
   }
   return problems;
 }
@@ -226,8 +226,8 @@ void check_gpt2(const TensorSource& src, const Gpt2Config& c) {
   std::vector<std::string> problems = gpt2_problems(src, c);
   if (problems.empty()) return;
   std::ostringstream os;
-  os << src.path() << ": not a GPT-2 checkpoint for " << gpt2_config_str(c) << " (" << problems.size()
-     << " problem" << (problems.size() == 1 ? "" : "s") << "):";
+  os << src.path() << ": not a GPT-2 checkpoint for " << gpt2_config_str(c) << " (" << problems.size() << " problem"
+     << (problems.size() == 1 ? "" : "s") << "):";
   for (const std::string& pr : problems) os << "\n  " << pr;
   throw FormatError(os.str());
 }

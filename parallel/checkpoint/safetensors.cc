@@ -12,10 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "runtime/device.h"
 
@@ -28,9 +27,7 @@ using json = nlohmann::json;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw FormatError(path + ": " + what);
-}
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw FormatError(path + ": " + what); }
 
 std::string os_error(const std::string& what, const std::string& path, int err) {
   return detail::concat(what, " '", path, "': ", std::strerror(err));
@@ -39,9 +36,9 @@ std::string os_error(const std::string& what, const std::string& path, int err) 
 // safetensors dtypes tessera does not hold in memory, so a file with them gets
 // a "not supported" message rather than "unknown".
 bool is_known_foreign_dtype(const std::string& s) {
-  static const std::set<std::string> kForeign = {"BOOL", "U8",  "I8",  "I16",     "U16",     "U32",
-                                                 "U64",  "F64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4",
-                                                 "F6_E2M3", "F6_E3M2", "C64"};
+  static const std::set<std::string> kForeign = {"BOOL",    "U8",  "I8",      "I16",     "U16",
+                                                 "U32",     "U64", "F64",     "F8_E5M2", "F8_E4M3",
+                                                 "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2", "C64"};
   return kForeign.count(s) > 0;
 }
 
@@ -52,7 +49,9 @@ json parse_json_strict(const std::string& path, const char* begin, const char* e
   std::string dup;
   auto cb = [&](int /*depth*/, json::parse_event_t ev, json& parsed) {
     switch (ev) {
-      case json::parse_event_t::object_start: keys.emplace_back(); break;
+      case json::parse_event_t::object_start:
+        keys.emplace_back();
+        break;
       case json::parse_event_t::object_end:
         if (!keys.empty()) keys.pop_back();
         break;
@@ -61,7 +60,8 @@ json parse_json_strict(const std::string& path, const char* begin, const char* e
           dup = parsed.get<std::string>();
         }
         break;
-      default: break;
+      default:
+        break;
     }
     return true;
   };
@@ -271,11 +271,12 @@ void check_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) throw FormatError(os_error("cannot open safetensors file", path, errno));
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw FormatError(os_error("cannot stat", path, errno));
   if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) fail(path, detail::concat("file is ", size, " bytes, too short for the 8-byte header length (truncated)"));
+  if (size < 8)
+    fail(path, detail::concat("file is ", size, " bytes, too short for the 8-byte header length (truncated)"));
   void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
   if (m == MAP_FAILED) throw FormatError(os_error("cannot mmap", path, errno));
   map_ = static_cast<const uint8_t*>(m);
@@ -305,7 +306,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         if (!v.is_object()) fail(path, "__metadata__ must be an object of strings");
         for (auto m2 = v.begin(); m2 != v.end(); ++m2) {
           if (!m2.value().is_string()) {
-            fail(path, detail::concat("__metadata__ value of '", m2.key(), "' must be a string, got ", m2.value().dump()));
+            fail(path,
+                 detail::concat("__metadata__ value of '", m2.key(), "' must be a string, got ", m2.value().dump()));
           }
           metadata_[m2.key()] = m2.value().get<std::string>();
         }
@@ -364,15 +366,15 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     for (const SafetensorsEntry& e : entries_) {
       if (e.begin != at) {
         fail(path, detail::concat("tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end, "] ",
-                                  e.begin > at ? "leave a gap" : "overlap the previous tensor", " (expected begin ",
-                                  at, "; offsets must be contiguous from 0)"));
+                                  e.begin > at ? "leave a gap" : "overlap the previous tensor", " (expected begin ", at,
+                                  "; offsets must be contiguous from 0)"));
       }
       at = e.end;
     }
     if (at != data_size_) {
-      fail(path, detail::concat("tensors cover ", at, " data bytes but the file holds ", data_size_,
-                                " after the header (",
-                                at > data_size_ ? "truncated" : "data must cover the rest of the file exactly", ")"));
+      fail(path,
+           detail::concat("tensors cover ", at, " data bytes but the file holds ", data_size_, " after the header (",
+                          at > data_size_ ? "truncated" : "data must cover the rest of the file exactly", ")"));
     }
     for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
   } catch (...) {
@@ -522,8 +524,8 @@ ShardedSafetensorsReader::ShardedSafetensorsReader(const std::string& index_path
       const json& t = m["total_size"];
       if (t.is_number_unsigned()) {
         total_size_ = t.get<uint64_t>();
-      } else if (t.is_number_float() && t.get<double>() >= 0 && t.get<double>() == static_cast<double>(
-                                                                                       static_cast<uint64_t>(t.get<double>()))) {
+      } else if (t.is_number_float() && t.get<double>() >= 0 &&
+                 t.get<double>() == static_cast<double>(static_cast<uint64_t>(t.get<double>()))) {
         total_size_ = static_cast<uint64_t>(t.get<double>());  // some exporters write 1234.0
       } else {
         fail(ip, "\"total_size\" must be a non-negative integer, got " + t.dump());
@@ -556,11 +558,12 @@ ShardedSafetensorsReader::ShardedSafetensorsReader(const std::string& index_path
     for (const SafetensorsEntry& e : s->entries()) {
       auto w = weight_map_.find(e.name);
       if (w == weight_map_.end()) {
-        fail(ip, detail::concat("shard '", s->path(), "' holds tensor '", e.name, "' which the weight_map does not list"));
+        fail(ip,
+             detail::concat("shard '", s->path(), "' holds tensor '", e.name, "' which the weight_map does not list"));
       }
       if (shards_[w->second].get() != s.get()) {
-        fail(ip, detail::concat("tensor '", e.name, "' is in both '", s->path(), "' and '",
-                                shards_[w->second]->path(), "'"));
+        fail(ip, detail::concat("tensor '", e.name, "' is in both '", s->path(), "' and '", shards_[w->second]->path(),
+                                "'"));
       }
     }
   }

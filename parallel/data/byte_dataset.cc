@@ -31,8 +31,9 @@ void read_file(const std::string& path, std::vector<uint8_t>* out) {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) throw FormatError(detail::concat("cannot stat data file '", path, "': ", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw FormatError(detail::concat("cannot stat data file '", path, "': ", std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) throw FormatError(detail::concat("data file '", path, "' is not a regular file"));
   const size_t before = out->size();
   out->resize(before + static_cast<size_t>(st.st_size));
@@ -122,8 +123,8 @@ int64_t eval_windows(const std::string& path, int64_t seq, int64_t max_windows, 
   const int64_t len = seq + 1;
   int64_t count = static_cast<int64_t>(bytes.size()) / len;
   if (count == 0) {
-    throw FormatError(detail::concat("eval file '", path, "' has ", bytes.size(),
-                                     " bytes, fewer than one window of seq+1 = ", len));
+    throw FormatError(
+        detail::concat("eval file '", path, "' has ", bytes.size(), " bytes, fewer than one window of seq+1 = ", len));
   }
   if (max_windows > 0) count = std::min(count, max_windows);
   out->assign(static_cast<size_t>(count * len), 0);

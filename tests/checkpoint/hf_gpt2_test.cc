@@ -180,8 +180,8 @@ TEST(HfGpt2, NotAGpt2File) {
 TEST(HfGpt2, WriterListsEveryProblem) {
   TempDir dir;
   auto ts = tiny_tensors(kTiny, "transformer.");
-  ts.pop_back();                                                    // ln_f.bias missing
-  ts[0].second = Tensor::zeros({8, 11}, DType::F32);                // wte transposed
+  ts.pop_back();                                                          // ln_f.bias missing
+  ts[0].second = Tensor::zeros({8, 11}, DType::F32);                      // wte transposed
   ts.emplace_back("lm_head.weight", Tensor::zeros({11, 8}, DType::F32));  // extra
   try {
     write_gpt2_safetensors(dir.file("x.safetensors"), kTiny, ts);

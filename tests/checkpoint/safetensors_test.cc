@@ -93,8 +93,7 @@ TEST(Safetensors, MetadataAndStridedSourceRoundTrip) {
 TEST(Safetensors, ByteExactLayout) {
   TempDir dir;
   const std::string path = dir.file("tiny.safetensors");
-  write_safetensors(path,
-                    {{"a", Tensor::from_vector({1.0f, 2.0f}, {2})}, {"b", Tensor::full({}, 7, DType::I32)}},
+  write_safetensors(path, {{"a", Tensor::from_vector({1.0f, 2.0f}, {2})}, {"b", Tensor::full({}, 7, DType::I32)}},
                     {{"k", "v"}});
   // Header JSON, counted by hand:
   //   {"__metadata__":{"k":"v"},                                   26 chars
@@ -122,10 +121,9 @@ TEST(Safetensors, HandWrittenFileWithTrailingSpacesAndOutOfOrderEntries) {
   TempDir dir;
   const std::string path = dir.file("h.safetensors");
   std::string data("\x01\x00\x02\x00\x03\x00\x00\x00", 8);
-  write_bytes(path, safetensors_bytes(
-                        "{\"y\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[4,8]},"
-                        "\"x\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}   ",
-                        data));
+  write_bytes(path, safetensors_bytes("{\"y\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[4,8]},"
+                                      "\"x\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}   ",
+                                      data));
   SafetensorsReader r(path);
   ASSERT_EQ(r.entries().size(), 2u);
   EXPECT_EQ(r.entries()[0].name, "x");
@@ -289,17 +287,17 @@ TEST_F(SafetensorsReject, OffsetsNotStartingAtZero) {
 }
 
 TEST_F(SafetensorsReject, GapBetweenTensors) {
-  expect_rejected(safetensors_bytes("{" + entry("a", "F32", "[1]", "[0,4]") + "," +
-                                        entry("b", "F32", "[1]", "[8,12]") + "}",
-                                    std::string(12, '\0')),
-                  "leave a gap (expected begin 4");
+  expect_rejected(
+      safetensors_bytes("{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[1]", "[8,12]") + "}",
+                        std::string(12, '\0')),
+      "leave a gap (expected begin 4");
 }
 
 TEST_F(SafetensorsReject, OverlappingTensors) {
-  expect_rejected(safetensors_bytes("{" + entry("a", "F32", "[2]", "[0,8]") + "," +
-                                        entry("b", "F32", "[1]", "[4,8]") + "}",
-                                    std::string(8, '\0')),
-                  "overlap the previous tensor");
+  expect_rejected(
+      safetensors_bytes("{" + entry("a", "F32", "[2]", "[0,8]") + "," + entry("b", "F32", "[1]", "[4,8]") + "}",
+                        std::string(8, '\0')),
+      "overlap the previous tensor");
 }
 
 TEST_F(SafetensorsReject, DataLongerThanTensors) {
@@ -313,10 +311,10 @@ TEST_F(SafetensorsReject, TruncatedData) {
 }
 
 TEST_F(SafetensorsReject, DuplicateNames) {
-  expect_rejected(safetensors_bytes("{" + entry("a", "F32", "[1]", "[0,4]") + "," +
-                                        entry("a", "F32", "[1]", "[4,8]") + "}",
-                                    std::string(8, '\0')),
-                  "name 'a' twice");
+  expect_rejected(
+      safetensors_bytes("{" + entry("a", "F32", "[1]", "[0,4]") + "," + entry("a", "F32", "[1]", "[4,8]") + "}",
+                        std::string(8, '\0')),
+      "name 'a' twice");
 }
 
 TEST_F(SafetensorsReject, MetadataNotStrings) {
