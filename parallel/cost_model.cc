@@ -136,8 +136,11 @@ double CostModel::head_layers() const {
 PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   const ModelConfig& m = model_;
   const int t = c.tp, p = c.pp, v = c.virtual_stages, b = c.micro_batch, seq = train_.seq;
-  TESSERA_CHECK_EQ(static_cast<int>(c.stage_layers.size()), p);
-  TESSERA_CHECK(train_.global_batch % (static_cast<int64_t>(c.dp) * b) == 0);
+  TESSERA_ARG_CHECK(static_cast<int>(c.stage_layers.size()) == p, "stage_layers lists ", c.stage_layers.size(),
+                    " stages for pp=", p);
+  TESSERA_ARG_CHECK(t >= 1 && p >= 1 && c.dp >= 1 && b >= 1 && v >= 1, "plan sizes must be positive");
+  TESSERA_ARG_CHECK(train_.global_batch % (static_cast<int64_t>(c.dp) * b) == 0, "dp*micro_batch = ", c.dp * b,
+                    " does not divide the global batch ", train_.global_batch);
   const int mb = static_cast<int>(train_.global_batch / (static_cast<int64_t>(c.dp) * b));
   const double elem = train_.fp32 ? 4 : 2;
   const double peak = (train_.fp32 ? device_.peak_flops_fp32 : device_.peak_flops_bf16) * train_.efficiency;
