@@ -9,9 +9,12 @@ namespace tessera::parallel {
 
 const char* recompute_name(Recompute r) {
   switch (r) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
+    case Recompute::None:
+      return "none";
+    case Recompute::Selective:
+      return "selective";
+    case Recompute::Full:
+      return "full";
   }
   return "?";
 }
@@ -50,9 +53,12 @@ double step_flops(const ModelConfig& m, double batch, int seq, Recompute r) {
   const double L = m.layers;
   const double layer = layer_forward_flops(m, batch, seq), logits = logit_flops(m, batch, seq);
   switch (r) {
-    case Recompute::None: return 3 * (L * layer + logits);
-    case Recompute::Selective: return 3 * (L * layer + logits) + L * attention_score_flops(m, batch, seq);
-    case Recompute::Full: return 4 * L * layer + 3 * logits;
+    case Recompute::None:
+      return 3 * (L * layer + logits);
+    case Recompute::Selective:
+      return 3 * (L * layer + logits) + L * attention_score_flops(m, batch, seq);
+    case Recompute::Full:
+      return 4 * L * layer + 3 * logits;
   }
   return 0;
 }
@@ -147,8 +153,8 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   const StateBytes sb = state_bytes_per_param(train_.fp32, c.zero1, c.dp);
 
   // Per-rank parameters of a layer: TP-split part / t plus the replicated rest.
-  const double layer_params =
-      static_cast<double>(m.layer_params_tp_sharded()) / t + static_cast<double>(m.layer_params() - m.layer_params_tp_sharded());
+  const double layer_params = static_cast<double>(m.layer_params_tp_sharded()) / t +
+                              static_cast<double>(m.layer_params() - m.layer_params_tp_sharded());
   const double vocab_rows = static_cast<double>(m.vocab) * m.hidden / t;  // vocab-parallel embedding / LM head
   const double act_layer = layer_activation_bytes(m, seq, b, t, c.sequence_parallel, c.recompute, train_.fp32);
 
@@ -194,7 +200,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     const double layers_per_unit = static_cast<double>(layers) / v;
     double act = act_layer * inflight * layers_per_unit;
     if (last) act += 4.0 * seq * b * m.vocab / t;  // fp32 logits for the cross-entropy
-    if (c.recompute == Recompute::Full)  // one layer's full activations while it is recomputed
+    if (c.recompute == Recompute::Full)            // one layer's full activations while it is recomputed
       act += layer_activation_bytes(m, seq, b, t, c.sequence_parallel, Recompute::None, train_.fp32);
     MemoryBreakdown mem{params * sb.weights, params * sb.grads, params * sb.optimizer, act, 0};
     mem.total = mem.params + mem.grads + mem.optimizer + mem.activations;
@@ -235,7 +241,8 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   out.flops_per_step = step_flops(m, static_cast<double>(train_.global_batch), seq, c.recompute);
   out.model_flops_per_step = step_flops(m, static_cast<double>(train_.global_batch), seq, Recompute::None);
   out.achieved_flops_per_device = out.flops_per_step / (tm.total * cores);
-  out.mfu = out.model_flops_per_step / (tm.total * cores * (train_.fp32 ? device_.peak_flops_fp32 : device_.peak_flops_bf16));
+  out.mfu =
+      out.model_flops_per_step / (tm.total * cores * (train_.fp32 ? device_.peak_flops_fp32 : device_.peak_flops_bf16));
   return out;
 }
 

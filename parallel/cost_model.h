@@ -30,10 +30,10 @@ Recompute parse_recompute(const std::string& s);  // none|selective|full, else I
 
 // The workload and the knobs that are not searched.
 struct TrainingConfig {
-  int64_t global_batch = 0;  // sequences per step
-  int seq = 0;               // tokens per sequence
-  bool fp32 = false;         // fp32 training instead of bf16 mixed precision
-  double efficiency = 0.5;   // fraction of peak FLOP/s a core sustains on the layers' matmuls
+  int64_t global_batch = 0;      // sequences per step
+  int seq = 0;                   // tokens per sequence
+  bool fp32 = false;             // fp32 training instead of bf16 mixed precision
+  double efficiency = 0.5;       // fraction of peak FLOP/s a core sustains on the layers' matmuls
   double memory_fraction = 0.9;  // of HBM usable for the terms modeled (rest: workspace, fragmentation)
 };
 
@@ -63,8 +63,8 @@ struct PlanCost {
   TimeBreakdown time;
   int time_stage = 0;  // the slowest stage, which paces the pipeline
   int num_micro_batches = 0;
-  double flops_per_step = 0;        // hardware FLOPs (with recompute), Narayanan et al.
-  double model_flops_per_step = 0;  // without recompute
+  double flops_per_step = 0;             // hardware FLOPs (with recompute), Narayanan et al.
+  double model_flops_per_step = 0;       // without recompute
   double achieved_flops_per_device = 0;  // flops_per_step / (step time * cores)
   double mfu = 0;                        // model FLOPs / (step time * cores * peak)
 };

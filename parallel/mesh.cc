@@ -10,9 +10,12 @@ namespace tessera::parallel {
 
 const char* mesh_axis_name(MeshAxis a) {
   switch (a) {
-    case MeshAxis::TP: return "tp";
-    case MeshAxis::DP: return "dp";
-    case MeshAxis::PP: return "pp";
+    case MeshAxis::TP:
+      return "tp";
+    case MeshAxis::DP:
+      return "dp";
+    case MeshAxis::PP:
+      return "pp";
   }
   return "?";
 }
@@ -38,7 +41,8 @@ MeshOrder parse_mesh_order(const std::string& s) {
     seen |= bit;
     o[n++] = a;
   }
-  if (n != 3) throw InvalidArgument("bad mesh order '" + s + "': expected a permutation of tp, dp, pp such as tp-dp-pp");
+  if (n != 3)
+    throw InvalidArgument("bad mesh order '" + s + "': expected a permutation of tp, dp, pp such as tp-dp-pp");
   return o;
 }
 
@@ -72,8 +76,8 @@ MeshCoord Mesh::coord(int rank) const {
 int Mesh::rank(const MeshCoord& c) const {
   int r = 0;
   for (MeshAxis a : {MeshAxis::TP, MeshAxis::DP, MeshAxis::PP}) {
-    TESSERA_ARG_CHECK(c.get(a) >= 0 && c.get(a) < size(a), mesh_axis_name(a), " coordinate ", c.get(a),
-                      " outside 0..", size(a) - 1);
+    TESSERA_ARG_CHECK(c.get(a) >= 0 && c.get(a) < size(a), mesh_axis_name(a), " coordinate ", c.get(a), " outside 0..",
+                      size(a) - 1);
     r += c.get(a) * stride_[static_cast<int>(a)];
   }
   return r;
@@ -170,7 +174,8 @@ std::vector<Tuple> cycle_order(const std::vector<AxisPart>& parts, bool fold_lin
   std::vector<Tuple> cols = snake(col_ext);
   auto at = [&](int r, int c) {
     Tuple t(np, 0);
-    for (size_t k = 0; k < col_parts.size(); ++k) t[static_cast<size_t>(col_parts[k])] = cols[static_cast<size_t>(c)][k];
+    for (size_t k = 0; k < col_parts.size(); ++k)
+      t[static_cast<size_t>(col_parts[k])] = cols[static_cast<size_t>(c)][k];
     if (row >= 0) t[static_cast<size_t>(row)] = r;
     return t;
   };

@@ -39,9 +39,9 @@ int64_t ModelConfig::total_params() const { return layers * layer_params() + emb
 void ModelConfig::validate() const {
   TESSERA_ARG_CHECK(family == "gpt" || family == "llama", "model '", name, "': family must be gpt or llama, not '",
                     family, "'");
-  TESSERA_ARG_CHECK(layers > 0 && hidden > 0 && heads > 0 && kv_heads > 0 && ffn_hidden > 0 && vocab > 0 &&
-                        max_seq > 0,
-                    "model '", name, "': layers, hidden, heads, kv_heads, ffn_hidden, vocab and max_seq must be positive");
+  TESSERA_ARG_CHECK(layers > 0 && hidden > 0 && heads > 0 && kv_heads > 0 && ffn_hidden > 0 && vocab > 0 && max_seq > 0,
+                    "model '", name,
+                    "': layers, hidden, heads, kv_heads, ffn_hidden, vocab and max_seq must be positive");
   TESSERA_ARG_CHECK(hidden % heads == 0, "model '", name, "': ", heads, " heads do not divide hidden size ", hidden);
   TESSERA_ARG_CHECK(heads % kv_heads == 0, "model '", name, "': ", kv_heads, " kv_heads do not divide ", heads,
                     " heads");

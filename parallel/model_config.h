@@ -21,8 +21,8 @@ struct ModelConfig {
   int layers = 0;
   int hidden = 0;
   int heads = 0;
-  int kv_heads = 0;     // grouped-query attention; = heads for multi-head attention
-  int ffn_hidden = 0;   // MLP inner size (4 * hidden for GPT)
+  int kv_heads = 0;    // grouped-query attention; = heads for multi-head attention
+  int ffn_hidden = 0;  // MLP inner size (4 * hidden for GPT)
   int vocab = 0;
   int max_seq = 0;
 

@@ -87,8 +87,7 @@ std::string hops_text(const HopStats& h) {
          f(100 * h.one_hop_fraction, 1) + "% one-hop" + (h.ring ? " (ring incl. wrap)" : " (neighbours)");
 }
 
-void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& opts,
-                const RankedPlan& p) {
+void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& opts, const RankedPlan& p) {
   const PlanChoice& c = p.choice;
   const PlanCost& k = p.cost;
   os << "Best plan: tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp << " micro-batch=" << c.micro_batch
@@ -101,8 +100,7 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
      << gib(k.memory.activations) << ", total " << gib(k.memory.total) << "\n";
   os << "  step time (stage " << k.time_stage << " paces the pipeline): compute " << f(k.time.compute, 4)
      << " s, tp_comm " << f(k.time.tp_comm, 4) << " s, pp_comm " << f(k.time.pp_comm, 4) << " s, bubble "
-     << f(k.time.bubble, 4) << " s, dp_comm " << f(k.time.dp_comm, 4) << " s, total " << f(k.time.total, 4)
-     << " s\n";
+     << f(k.time.bubble, 4) << " s, dp_comm " << f(k.time.dp_comm, 4) << " s, total " << f(k.time.total, 4) << " s\n";
   os << "  FLOPs per step " << f(k.flops_per_step / 1e15, 2) << " PFLOP, achieved "
      << f(k.achieved_flops_per_device / 1e12, 2) << " TFLOP/s per device, MFU " << f(100 * k.mfu, 1) << "%\n";
   os << "  layers per stage: " << stages_text(c.stage_layers);
@@ -186,11 +184,11 @@ int run_plan(const PlanArgs& a) {
     const auto& c = res.top[i].choice;
     const auto& k = res.top[i].cost;
     char buf[256];
-    std::snprintf(buf, sizeof(buf), "%4zu %4d %4d %6d %4d %3d %5s %3s %10s %9.2f %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f%s\n",
-                  i + 1, c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages, onoff(c.zero1).c_str(),
-                  onoff(c.sequence_parallel).c_str(), recompute_name(c.recompute), k.memory.total / kGiB,
-                  k.time.total, k.time.compute, k.time.tp_comm, k.time.pp_comm, k.time.bubble, k.time.dp_comm,
-                  c.balanced ? "  balanced stages" : "");
+    std::snprintf(
+        buf, sizeof(buf), "%4zu %4d %4d %6d %4d %3d %5s %3s %10s %9.2f %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f%s\n", i + 1,
+        c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages, onoff(c.zero1).c_str(), onoff(c.sequence_parallel).c_str(),
+        recompute_name(c.recompute), k.memory.total / kGiB, k.time.total, k.time.compute, k.time.tp_comm,
+        k.time.pp_comm, k.time.bubble, k.time.dp_comm, c.balanced ? "  balanced stages" : "");
     os << buf;
   }
   if (!a.json.empty()) {
@@ -227,17 +225,20 @@ void add_plan_command(CLI::App& root, tessera::cli::Action& action) {
       ->check(CLI::IsMember({"none", "selective", "full"}));
   cmd->add_option("--top", args->top, "Plans to list")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--json", args->json, "Write the best plan as JSON (parallel/proto/plan.proto) to FILE");
-  cmd->add_option("--precision", args->precision, "bf16 (mixed precision) or fp32")->capture_default_str()
+  cmd->add_option("--precision", args->precision, "bf16 (mixed precision) or fp32")
+      ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp32"}));
-  cmd->add_option("--efficiency", args->efficiency, "Fraction of peak FLOP/s sustained")->capture_default_str()
+  cmd->add_option("--efficiency", args->efficiency, "Fraction of peak FLOP/s sustained")
+      ->capture_default_str()
       ->check(CLI::Range(1e-6, 1.0));
-  cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")->capture_default_str()
+  cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")
+      ->capture_default_str()
       ->check(CLI::Range(1e-6, 1.0));
-  cmd->add_option("--order", args->order, "Rank order, fastest axis first (tp-dp-pp as NxD/Megatron)")->capture_default_str();
+  cmd->add_option("--order", args->order, "Rank order, fastest axis first (tp-dp-pp as NxD/Megatron)")
+      ->capture_default_str();
   cmd->add_option("--link-bandwidth", args->link_bw_gb_s, "torus4d: GB/s per link per direction")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--link-latency", args->link_latency_us, "torus4d: microseconds per hop")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--link-latency", args->link_latency_us, "torus4d: microseconds per hop")->check(CLI::PositiveNumber);
   cmd->add_option("--device", args->device, "Device of each core (trn1-core, trn2-core, a100-80gb, test-core)");
   cmd->callback([&action, args] {
     action = [args]() -> int {

@@ -104,10 +104,10 @@ tessera::plan::Plan plan_from_json(const std::string& text, const std::string& s
   auto bad = [&](const std::string& what) { throw FormatError("plan file '" + source + "': " + what); };
   if (p.tp() < 1 || p.pp() < 1 || p.dp() < 1) bad("tp, pp and dp must be positive");
   if (p.cores() != 0 && static_cast<long>(p.tp()) * p.pp() * p.dp() != p.cores())
-    bad("tp*pp*dp = " + std::to_string(static_cast<long>(p.tp()) * p.pp() * p.dp()) + " is not cores = " +
-        std::to_string(p.cores()));
-  if (p.stages_size() != p.pp()) bad("'stages' has " + std::to_string(p.stages_size()) + " entries for pp = " +
-                                     std::to_string(p.pp()));
+    bad("tp*pp*dp = " + std::to_string(static_cast<long>(p.tp()) * p.pp() * p.dp()) +
+        " is not cores = " + std::to_string(p.cores()));
+  if (p.stages_size() != p.pp())
+    bad("'stages' has " + std::to_string(p.stages_size()) + " entries for pp = " + std::to_string(p.pp()));
   for (int l : p.stages())
     if (l < 1) bad("every stage needs at least one layer");
   if (p.recompute() != "none" && p.recompute() != "selective" && p.recompute() != "full")

@@ -182,13 +182,14 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
   }
 
   if (meshes == 0)
-    throw InvalidArgument(detail::concat(
-        "no tp*pp*dp = ", n, " fits the constraints: tp must divide the ", model.heads, " heads (", model.kv_heads,
-        " KV heads, MLP ", model.ffn_hidden, "), pp at most ", model.layers, " layers, and dp must divide the global batch ",
-        B, "; check the pins and --global-batch"));
+    throw InvalidArgument(
+        detail::concat("no tp*pp*dp = ", n, " fits the constraints: tp must divide the ", model.heads, " heads (",
+                       model.kv_heads, " KV heads, MLP ", model.ffn_hidden, "), pp at most ", model.layers,
+                       " layers, and dp must divide the global batch ", B, "; check the pins and --global-batch"));
   if (res.evaluated == 0)
-    throw InvalidArgument("no choice satisfies the pins (interleaving needs pp*v dividing the layers and the "
-                          "micro-batches divisible by pp)");
+    throw InvalidArgument(
+        "no choice satisfies the pins (interleaving needs pp*v dividing the layers and the "
+        "micro-batches divisible by pp)");
   if (fits.empty())
     throw Error(detail::concat("no plan fits in ", fmt(cap / kGiB, 2), " GiB usable per core (", topo.device().name,
                                "): the smallest needs ", fmt(smallest->cost.memory.total / kGiB, 2), " GiB with ",
@@ -204,8 +205,7 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
   const RankedPlan& best = fits[0];
   const RankedPlan* other_mesh = nullptr;
   for (const auto& f : fits)
-    if ((f.choice.tp != best.choice.tp || f.choice.pp != best.choice.pp) &&
-        (!other_mesh || better(f, *other_mesh)))
+    if ((f.choice.tp != best.choice.tp || f.choice.pp != best.choice.pp) && (!other_mesh || better(f, *other_mesh)))
       other_mesh = &f;
   res.top.assign(fits.begin(), fits.begin() + static_cast<long>(k));
 
@@ -224,14 +224,16 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
                       fmt(res.fastest_over_memory->cost.memory.total / kGiB, 2) + " GiB");
   auto compare = [&](const RankedPlan& o, const std::string& label) {
     const TimeBreakdown& ot = o.cost.time;
-    std::pair<double, const char*> d[] = {{ot.compute - bt.compute, "compute"}, {ot.tp_comm - bt.tp_comm, "TP comm"},
-                                          {ot.pp_comm - bt.pp_comm, "PP comm"}, {ot.bubble - bt.bubble, "bubble"},
+    std::pair<double, const char*> d[] = {{ot.compute - bt.compute, "compute"},
+                                          {ot.tp_comm - bt.tp_comm, "TP comm"},
+                                          {ot.pp_comm - bt.pp_comm, "PP comm"},
+                                          {ot.bubble - bt.bubble, "bubble"},
                                           {ot.dp_comm - bt.dp_comm, "DP comm"}};
     auto worst = *std::max_element(std::begin(d), std::end(d), [](auto& a, auto& b) { return a.first < b.first; });
     std::string line = label + " (" + choice_text(o.choice) + ")";
     if (ot.total - bt.total <= 1e-4 * bt.total) {
-      line += " ties on step time; this plan needs " +
-              fmt((o.cost.memory.total - best.cost.memory.total) / kGiB, 2) + " GiB less per core";
+      line += " ties on step time; this plan needs " + fmt((o.cost.memory.total - best.cost.memory.total) / kGiB, 2) +
+              " GiB less per core";
     } else {
       line += " is " + fmt(100.0 * (ot.total - bt.total) / bt.total, 1) + "% slower";
       if (worst.first > 0) line += std::string(", mostly ") + worst.second + " (+" + fmt(worst.first, 3) + " s)";

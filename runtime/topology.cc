@@ -63,8 +63,8 @@ int parse_count(const std::string& spec, const std::string& text) {
   } catch (const std::exception&) {
     pos = 0;
   }
-  TESSERA_ARG_CHECK(pos == text.size() && !text.empty() && v >= 1 && v <= (1 << 24), "topology preset '", spec,
-                    "': '", text, "' is not a positive count");
+  TESSERA_ARG_CHECK(pos == text.size() && !text.empty() && v >= 1 && v <= (1 << 24), "topology preset '", spec, "': '",
+                    text, "' is not a positive count");
   return static_cast<int>(v);
 }
 
@@ -75,20 +75,18 @@ std::string presets_text() {
 }
 
 Topology trn1(const std::string& name, int instances) {
-  std::vector<TopologyDim> dims = {
-      make_dim("core", TopoLevel::Core, 2, LinkKind::Switch, kTrn1CoreBw, kOnChipLat),
-      make_dim("x", TopoLevel::Chip, 4, LinkKind::Ring, kTrn1LinkBw, kNeuronLinkLat),
-      make_dim("y", TopoLevel::Chip, 4, LinkKind::Ring, kTrn1LinkBw, kNeuronLinkLat)};
+  std::vector<TopologyDim> dims = {make_dim("core", TopoLevel::Core, 2, LinkKind::Switch, kTrn1CoreBw, kOnChipLat),
+                                   make_dim("x", TopoLevel::Chip, 4, LinkKind::Ring, kTrn1LinkBw, kNeuronLinkLat),
+                                   make_dim("y", TopoLevel::Chip, 4, LinkKind::Ring, kTrn1LinkBw, kNeuronLinkLat)};
   if (instances > 1)
     dims.push_back(make_dim("instance", TopoLevel::Instance, instances, LinkKind::Switch, kTrn1EfaBw / 32, kEfaLat));
   return Topology(name, std::move(dims), DeviceSpec::preset("trn1-core"));
 }
 
 Topology trn2(const std::string& name, int instances, bool ultraserver) {
-  std::vector<TopologyDim> dims = {
-      make_dim("core", TopoLevel::Core, 8, LinkKind::Switch, kTrn2CoreBw, kOnChipLat),
-      make_dim("x", TopoLevel::Chip, 4, LinkKind::Ring, kTrn2LinkBw, kNeuronLinkLat),
-      make_dim("y", TopoLevel::Chip, 4, LinkKind::Ring, kTrn2LinkBw, kNeuronLinkLat)};
+  std::vector<TopologyDim> dims = {make_dim("core", TopoLevel::Core, 8, LinkKind::Switch, kTrn2CoreBw, kOnChipLat),
+                                   make_dim("x", TopoLevel::Chip, 4, LinkKind::Ring, kTrn2LinkBw, kNeuronLinkLat),
+                                   make_dim("y", TopoLevel::Chip, 4, LinkKind::Ring, kTrn2LinkBw, kNeuronLinkLat)};
   if (ultraserver)
     dims.push_back(make_dim("z", TopoLevel::Instance, 4, LinkKind::Ring, kTrn2ZLinkBw, kNeuronLinkLat));
   else if (instances > 1)
@@ -133,9 +131,12 @@ std::string get_string(const json& j, const char* key, const std::string& where,
 
 const char* topo_level_name(TopoLevel l) {
   switch (l) {
-    case TopoLevel::Core: return "core";
-    case TopoLevel::Chip: return "chip";
-    case TopoLevel::Instance: return "instance";
+    case TopoLevel::Core:
+      return "core";
+    case TopoLevel::Chip:
+      return "chip";
+    case TopoLevel::Instance:
+      return "instance";
   }
   return "?";
 }
@@ -169,7 +170,7 @@ DeviceSpec Topology::device_preset(const std::string& name) {
 }
 
 std::vector<std::string> Topology::preset_names() {
-  return {"trn1.32xlarge", "trn1-cluster:N", "trn2.48xlarge",   "trn2-cluster:N",
+  return {"trn1.32xlarge",    "trn1-cluster:N",  "trn2.48xlarge", "trn2-cluster:N",
           "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N"};
 }
 
@@ -179,7 +180,9 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
   std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   bool has_arg = colon != std::string::npos;
   auto no_arg = [&] { TESSERA_ARG_CHECK(!has_arg, "topology preset '", head, "' takes no ':' argument"); };
-  auto need_arg = [&] { TESSERA_ARG_CHECK(has_arg, "topology preset '", head, "' needs an argument, e.g. ", head, ":4"); };
+  auto need_arg = [&] {
+    TESSERA_ARG_CHECK(has_arg, "topology preset '", head, "' needs an argument, e.g. ", head, ":4");
+  };
 
   Topology t;
   if (head == "trn1.32xlarge") {
@@ -200,8 +203,7 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
   } else if (head == "dgx-a100") {
     need_arg();
     int n = parse_count(spec, arg);
-    std::vector<TopologyDim> dims = {
-        make_dim("gpu", TopoLevel::Chip, 8, LinkKind::Switch, kA100NvlinkBw, kNvlinkLat)};
+    std::vector<TopologyDim> dims = {make_dim("gpu", TopoLevel::Chip, 8, LinkKind::Switch, kA100NvlinkBw, kNvlinkLat)};
     if (n > 1) dims.push_back(make_dim("node", TopoLevel::Instance, n, LinkKind::Switch, kDgxIbBw / 8, kIbLat));
     t = Topology(spec, std::move(dims), device_preset("a100-80gb"));
   } else if (head == "torus4d") {
@@ -210,7 +212,8 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
     std::stringstream ss(arg);
     std::string part;
     while (std::getline(ss, part, 'x')) sizes.push_back(parse_count(spec, part));
-    TESSERA_ARG_CHECK(sizes.size() == 4, "topology preset '", spec, "': expected torus4d:AxBxCxD, e.g. torus4d:16x16x16x16");
+    TESSERA_ARG_CHECK(sizes.size() == 4, "topology preset '", spec,
+                      "': expected torus4d:AxBxCxD, e.g. torus4d:16x16x16x16");
     double bw = opts.link_bandwidth > 0 ? opts.link_bandwidth : kTrn1LinkBw;
     double lat = opts.link_latency > 0 ? opts.link_latency : kNeuronLinkLat;
     std::vector<TopologyDim> dims;

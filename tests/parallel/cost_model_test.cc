@@ -10,10 +10,10 @@ namespace {
 
 // Parameter counts against the released checkpoints' sizes.
 TEST(ModelConfig, ParameterCounts) {
-  EXPECT_EQ(ModelConfig::preset("gpt2-124m").total_params(), 124439808);    // Hugging Face gpt2
-  EXPECT_EQ(ModelConfig::preset("llama2-7b").total_params(), 6738415616);   // Llama-2-7b
-  EXPECT_EQ(ModelConfig::preset("llama2-13b").total_params(), 13015864320); // Llama-2-13b
-  EXPECT_EQ(ModelConfig::preset("llama2-70b").total_params(), 68976648192); // Llama-2-70b
+  EXPECT_EQ(ModelConfig::preset("gpt2-124m").total_params(), 124439808);     // Hugging Face gpt2
+  EXPECT_EQ(ModelConfig::preset("llama2-7b").total_params(), 6738415616);    // Llama-2-7b
+  EXPECT_EQ(ModelConfig::preset("llama2-13b").total_params(), 13015864320);  // Llama-2-13b
+  EXPECT_EQ(ModelConfig::preset("llama2-70b").total_params(), 68976648192);  // Llama-2-70b
   // GPT-3 175B: 96 (12 h^2 + 13 h) + V h + 2048 h + 2 h with h = 12288, V = 50257.
   EXPECT_EQ(ModelConfig::preset("gpt3-175b").total_params(), 174604259328);
 }

@@ -84,8 +84,8 @@ TEST(Placement, Trn1TpGroupsAreOneHopRings) {
       for (const auto& g : m.groups(MeshAxis::TP)) {
         for (size_t i = 0; i < g.size(); ++i) {
           int a = p.node(g[i]), b = p.node(g[(i + 1) % g.size()]);
-          EXPECT_EQ(net.hops_between(a, b), 1) << "tp=" << tp << " pp=" << pp << " ranks " << g[i] << ","
-                                               << g[(i + 1) % g.size()];
+          EXPECT_EQ(net.hops_between(a, b), 1)
+              << "tp=" << tp << " pp=" << pp << " ranks " << g[i] << "," << g[(i + 1) % g.size()];
         }
       }
       HopStats h = p.hop_stats(MeshAxis::TP);

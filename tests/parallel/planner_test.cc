@@ -23,8 +23,9 @@ TEST(Planner, NoPlanExceedsMemoryAndRankedByTime) {
     int64_t batch;
     int seq;
   };
-  for (const Case& c : {Case{"gpt3-13b", "trn1-cluster:4", 256, 2048}, Case{"llama2-70b", "trn2-ultraserver", 512, 4096},
-                        Case{"gpt3-6.7b", "dgx-a100:2", 64, 2048}, Case{"gpt2-1.5b", "trn1.32xlarge", 64, 1024}}) {
+  for (const Case& c :
+       {Case{"gpt3-13b", "trn1-cluster:4", 256, 2048}, Case{"llama2-70b", "trn2-ultraserver", 512, 4096},
+        Case{"gpt3-6.7b", "dgx-a100:2", 64, 2048}, Case{"gpt2-1.5b", "trn1.32xlarge", 64, 1024}}) {
     ModelConfig m = ModelConfig::preset(c.model);
     Topology t = Topology::preset(c.topo);
     PlannerResult r = plan(m, t, opts(c.batch, c.seq));
@@ -94,7 +95,7 @@ TEST(Planner, PinsRespected) {
 
 TEST(Planner, BadPinsAreClearErrors) {
   ModelConfig m = ModelConfig::preset("gpt2-124m");  // 12 heads
-  Topology t = Topology::preset("trn1.32xlarge");     // 32 cores
+  Topology t = Topology::preset("trn1.32xlarge");    // 32 cores
   auto expect_msg = [&](PlannerOptions o, const std::string& needle) {
     try {
       plan(m, t, o);
@@ -117,7 +118,8 @@ TEST(Planner, BadPinsAreClearErrors) {
   o = opts(32, 1024);
   o.pins.pp = 13;
   expect_msg(o, "must be in 1..12");
-  o = opts(33, 1024);  // no dp in 1..32 that is a power of two divides 33 except 1, with tp*pp = 32 impossible for tp|12
+  o = opts(33,
+           1024);  // no dp in 1..32 that is a power of two divides 33 except 1, with tp*pp = 32 impossible for tp|12
   o.pins.tp = 2;
   o.pins.pp = 2;
   expect_msg(o, "global batch");

@@ -122,8 +122,9 @@ TEST(Topology, JsonErrorsNameTheFile) {
                "unknown field 'speed'");
   expect_error(R"({"device": "trn1-core", "dims": [{"size": 0, "bandwidth_gb_s": 1, "latency_us": 1}]})", "size");
   expect_error(R"({"device": "nope", "dims": [{"size": 2, "bandwidth_gb_s": 1, "latency_us": 1}]})", "nope");
-  expect_error(R"({"device": "trn1-core", "dims": [{"size": 2, "kind": "tree", "bandwidth_gb_s": 1, "latency_us": 1}]})",
-               "tree");
+  expect_error(
+      R"({"device": "trn1-core", "dims": [{"size": 2, "kind": "tree", "bandwidth_gb_s": 1, "latency_us": 1}]})",
+      "tree");
 }
 
 }  // namespace
