@@ -109,7 +109,7 @@ std::vector<int> partition_layers(int layers, int pp, bool balanced, double head
   for (int last = 1; last <= layers - (pp - 1); ++last) {
     int others = layers - last;
     double cost = std::max(std::ceil(static_cast<double>(others) / (pp - 1)), last + head_layers);
-    if (cost < best_cost - 1e-9) {
+    if (cost <= best_cost + 1e-9) {  // on a tie the larger last stage: closer to the others
       best_cost = cost;
       best_last = last;
     }

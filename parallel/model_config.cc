@@ -1,5 +1,6 @@
 #include "parallel/model_config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -118,7 +119,8 @@ ModelConfig ModelConfig::preset(const std::string& name) {
 }
 
 ModelConfig ModelConfig::load(const std::string& s) {
-  bool file = s.find('/') != std::string::npos || (s.size() > 5 && s.substr(s.size() - 5) == ".json");
+  bool file = s.find('/') != std::string::npos || (s.size() > 5 && s.substr(s.size() - 5) == ".json") ||
+              std::filesystem::is_regular_file(s);
   return file ? from_json_file(s) : preset(s);
 }
 

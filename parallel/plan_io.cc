@@ -89,10 +89,36 @@ std::string plan_to_json(const tessera::plan::Plan& plan) {
   o.add_whitespace = true;
   o.preserve_proto_field_names = true;
   o.always_print_primitive_fields = true;
+  // protobuf's printer builds a tree node per value when printing defaults,
+  // which for 65,536 ranks takes seconds and hundreds of MB. The placement is
+  // a flat list of small records, so it is printed here, one rank per line,
+  // in the same proto3 JSON form (plan_from_json reads it back exactly).
+  tessera::plan::Plan head;
+  head.CopyFrom(plan);
+  head.clear_placement();
   std::string s;
-  auto st = google::protobuf::util::MessageToJsonString(plan, &s, o);
+  auto st = google::protobuf::util::MessageToJsonString(head, &s, o);
   if (!st.ok()) throw InternalError("cannot print plan as JSON: " + st.ToString());
-  return s;
+  if (plan.placement_size() == 0) return s;
+  size_t close = s.rfind('}');
+  TESSERA_CHECK(close != std::string::npos);
+  std::string p;
+  p.reserve(static_cast<size_t>(plan.placement_size()) * 80);
+  p += ",\n \"placement\": [";
+  for (int i = 0; i < plan.placement_size(); ++i) {
+    const auto& r = plan.placement(i);
+    p += i ? ",\n  " : "\n  ";
+    p += "{\"rank\": " + std::to_string(r.rank()) + ", \"tp\": " + std::to_string(r.tp()) +
+         ", \"dp\": " + std::to_string(r.dp()) + ", \"pp\": " + std::to_string(r.pp()) +
+         ", \"node\": " + std::to_string(r.node()) + ", \"coords\": [";
+    for (int k = 0; k < r.coords_size(); ++k) p += (k ? ", " : "") + std::to_string(r.coords(k));
+    p += "]}";
+  }
+  p += "\n ]\n";
+  // Drop the whitespace before the closing brace, then append.
+  size_t end = close;
+  while (end > 0 && (s[end - 1] == '\n' || s[end - 1] == ' ')) --end;
+  return s.substr(0, end) + p + "}\n";
 }
 
 tessera::plan::Plan plan_from_json(const std::string& text, const std::string& source) {

@@ -1,5 +1,6 @@
 #include "runtime/topology.h"
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -232,7 +233,7 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
 Topology Topology::load(const std::string& preset_or_file, const TopologyOptions& opts) {
   bool looks_like_file = preset_or_file.find('/') != std::string::npos ||
                          (preset_or_file.size() > 5 && preset_or_file.substr(preset_or_file.size() - 5) == ".json");
-  if (looks_like_file) return from_json_file(preset_or_file);
+  if (looks_like_file || std::filesystem::is_regular_file(preset_or_file)) return from_json_file(preset_or_file);
   return preset(preset_or_file, opts);
 }
 

@@ -179,3 +179,25 @@ TEST(PlanIo, RoundTripAndRejects) {
 
 }  // namespace
 }  // namespace tessera::parallel
+
+namespace tessera::parallel {
+namespace {
+
+TEST(PlanIo, FileRoundTrip) {
+  ModelConfig m = ModelConfig::preset("gpt2-124m");
+  Topology t = Topology::preset("trn1.32xlarge");
+  PlannerOptions o;
+  o.train.global_batch = 32;
+  o.train.seq = 1024;
+  o.top_k = 1;
+  tessera::plan::Plan p = make_plan_proto(m, t, o, plan(m, t, o).top[0]);
+  std::string path = ::testing::TempDir() + "/tessera_plan_test.json";
+  write_plan_json(path, p);
+  tessera::plan::Plan back = read_plan_json(path);
+  EXPECT_EQ(back.SerializeAsString(), p.SerializeAsString());
+  EXPECT_THROW(read_plan_json(path + ".missing"), InvalidArgument);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace tessera::parallel
