@@ -185,6 +185,9 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
     TESSERA_ARG_CHECK(has_arg, "topology preset '", head, "' needs an argument, e.g. ", head, ":4");
   };
 
+  TESSERA_ARG_CHECK(head == "torus4d" || (opts.link_bandwidth <= 0 && opts.link_latency <= 0),
+                    "link bandwidth and latency options apply to torus4d only, not '", spec,
+                    "' (use a JSON topology file for other figures)");
   Topology t;
   if (head == "trn1.32xlarge") {
     no_arg();
@@ -233,7 +236,12 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
 Topology Topology::load(const std::string& preset_or_file, const TopologyOptions& opts) {
   bool looks_like_file = preset_or_file.find('/') != std::string::npos ||
                          (preset_or_file.size() > 5 && preset_or_file.substr(preset_or_file.size() - 5) == ".json");
-  if (looks_like_file || std::filesystem::is_regular_file(preset_or_file)) return from_json_file(preset_or_file);
+  if (looks_like_file || std::filesystem::is_regular_file(preset_or_file)) {
+    TESSERA_ARG_CHECK(opts.link_bandwidth <= 0 && opts.link_latency <= 0 && opts.device.empty(),
+                      "link and device options apply to presets; topology file '", preset_or_file,
+                      "' sets its own figures");
+    return from_json_file(preset_or_file);
+  }
   return preset(preset_or_file, opts);
 }
 

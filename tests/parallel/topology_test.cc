@@ -92,6 +92,12 @@ TEST(Topology, UnknownPresetNamesPresets) {
   EXPECT_THROW(Topology::preset("torus4d:4x4x4"), InvalidArgument);
   EXPECT_THROW(Topology::preset("trn1-cluster:0"), InvalidArgument);
   EXPECT_THROW(Topology::preset("trn1-cluster"), InvalidArgument);
+  TopologyOptions o;
+  o.link_bandwidth = 1e9;  // only torus4d takes link figures
+  EXPECT_THROW(Topology::preset("trn1.32xlarge", o), InvalidArgument);
+  TopologyOptions d;
+  d.device = "a100-80gb";
+  EXPECT_DOUBLE_EQ(Topology::preset("torus4d:2x2x2x2", d).device().peak_flops_bf16, 312e12);
 }
 
 TEST(Topology, Json) {
