@@ -108,6 +108,20 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
     os << " (each stage holds " << c.virtual_stages << " chunks of " << c.stage_layers[0] / c.virtual_stages
        << " layers; chunk j of stage i is the (j*pp + i)-th block of layers)";
   os << "\n";
+  if (c.virtual_stages == 1 && c.pp > 1) {
+    os << "  layer ranges:";
+    int first = 0;
+    const int p = static_cast<int>(c.stage_layers.size());
+    for (int i = 0; i < p; ++i) {
+      int n = c.stage_layers[static_cast<size_t>(i)];
+      if (i < 6 || i >= p - 2)
+        os << " stage " << i << " [" << first << ", " << first + n << ")" << (i + 1 < p ? "," : "");
+      else if (i == 6)
+        os << " ...";
+      first += n;
+    }
+    os << "\n";
+  }
 
   Mesh mesh(c.tp, c.pp, c.dp, opts.order);
   Placement pl(topo, mesh);
