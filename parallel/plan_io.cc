@@ -151,6 +151,11 @@ tessera::plan::Plan plan_from_json(const std::string& text, const std::string& s
   return p;
 }
 
+Mesh plan_mesh(const tessera::plan::Plan& plan) {
+  return Mesh(plan.tp(), plan.pp(), plan.dp(),
+              plan.rank_order().empty() ? kDefaultMeshOrder : parse_mesh_order(plan.rank_order()));
+}
+
 void write_plan_json(const std::string& path, const tessera::plan::Plan& plan) {
   std::string s = plan_to_json(plan);
   std::string tmp = path + ".tmp";

@@ -21,6 +21,10 @@ std::string plan_to_json(const tessera::plan::Plan& plan);
 // plan that contradicts itself (stages not pp long, tp*pp*dp not the cores...).
 tessera::plan::Plan plan_from_json(const std::string& text, const std::string& source);
 
+// The device mesh a plan describes (tp, pp, dp and rank_order), for training
+// to build its groups with Mesh::tp_group(rank) and friends.
+Mesh plan_mesh(const tessera::plan::Plan& plan);
+
 void write_plan_json(const std::string& path, const tessera::plan::Plan& plan);
 tessera::plan::Plan read_plan_json(const std::string& path);
 

@@ -196,6 +196,10 @@ TEST(PlanIo, FileRoundTrip) {
   tessera::plan::Plan back = read_plan_json(path);
   EXPECT_EQ(back.SerializeAsString(), p.SerializeAsString());
   EXPECT_THROW(read_plan_json(path + ".missing"), InvalidArgument);
+  Mesh mesh = plan_mesh(back);
+  EXPECT_EQ(mesh.world_size(), 32);
+  EXPECT_EQ(mesh.tp(), back.tp());
+  EXPECT_EQ(mesh.tp_group(0).size(), static_cast<size_t>(back.tp()));
   std::remove(path.c_str());
 }
 
