@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/store.h"
@@ -65,6 +66,18 @@ class TransportError : public Error {
 
 class SharedMemoryPeers;
 
+// Consumer of a message received in fragments (see Transport::sendrecv_sink):
+// consume() is called in order of offset, covering [0, bytes) exactly once;
+// `data` is valid only during the call. Must not throw except to abandon
+// the transfer (the transport is then failed).
+class RecvSink {
+ public:
+  virtual void consume(size_t offset, const void* data, size_t bytes) = 0;
+
+ protected:
+  ~RecvSink() = default;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -85,6 +98,17 @@ class Transport {
   virtual void sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes,
                         uint32_t tag) = 0;
 
+  // As sendrecv, but the received bytes go to `sink` fragment by fragment as
+  // they arrive, so a ring can reduce fragment k (straight out of the
+  // transport's buffer) while fragment k+1 is in flight. The default receives
+  // the whole message into a scratch buffer first (correct, not pipelined).
+  virtual void sendrecv_sink(int to, const void* sbuf, size_t sbytes, int from, size_t rbytes, RecvSink& sink,
+                             uint32_t tag) {
+    if (scratch_.size() < rbytes) scratch_.resize(rbytes);
+    sendrecv(to, sbuf, sbytes, from, scratch_.data(), rbytes, tag);
+    sink.consume(0, scratch_.data(), rbytes);
+  }
+
   // Wakes every waiter with TransportError(Aborted) and tells the peers. Any thread.
   virtual void abort(const std::string& reason) = 0;
   virtual bool aborted() const = 0;
@@ -94,6 +118,9 @@ class Transport {
   // Optional zero-copy capability: non-null when the ranks share memory, so
   // algorithms may read their peers' buffers in place. Owned by the transport.
   virtual SharedMemoryPeers* shared_memory() { return nullptr; }
+
+ private:
+  std::vector<char> scratch_;  // grows to the largest message, then reused
 };
 
 // Zero-copy capability of transports whose ranks can map each other's memory
