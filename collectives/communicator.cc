@@ -12,11 +12,16 @@ namespace tessera::coll {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Prod: return "prod";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Prod:
+      return "prod";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Avg:
+      return "avg";
   }
   return "?";
 }
@@ -32,9 +37,12 @@ ReduceOp parse_reduce_op(const std::string& s) {
 
 const char* transport_name(TransportKind t) {
   switch (t) {
-    case TransportKind::Shm: return "shm";
-    case TransportKind::Tcp: return "tcp";
-    case TransportKind::Mpi: return "mpi";
+    case TransportKind::Shm:
+      return "shm";
+    case TransportKind::Tcp:
+      return "tcp";
+    case TransportKind::Mpi:
+      return "mpi";
   }
   return "?";
 }
@@ -60,9 +68,12 @@ CommOptions apply_env_overrides(CommOptions options) {
 std::unique_ptr<Transport> make_transport(TransportKind kind, std::shared_ptr<Store> store, int rank, int size,
                                           const CommOptions& options) {
   switch (kind) {
-    case TransportKind::Shm: return shm::create_transport(std::move(store), rank, size, options);
-    case TransportKind::Tcp: return tcp::create_transport(std::move(store), rank, size, options);
-    case TransportKind::Mpi: break;
+    case TransportKind::Shm:
+      return shm::create_transport(std::move(store), rank, size, options);
+    case TransportKind::Tcp:
+      return tcp::create_transport(std::move(store), rank, size, options);
+    case TransportKind::Mpi:
+      break;
   }
   throw InvalidArgument("the mpi backend has no Transport; use Communicator::create");
 }
@@ -79,8 +90,8 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   TESSERA_ARG_CHECK(static_cast<int>(options.world_ranks.size()) == size, "world_ranks has ",
                     options.world_ranks.size(), " entries for a group of ", size);
   if (options.transport == TransportKind::Mpi) return mpi::create_communicator(rank, size, options);
-  TESSERA_ARG_CHECK(store != nullptr, "Communicator::create needs a store for the ",
-                    transport_name(options.transport), " transport");
+  TESSERA_ARG_CHECK(store != nullptr, "Communicator::create needs a store for the ", transport_name(options.transport),
+                    " transport");
   // Ranks agree on a store prefix without talking: the n-th communicator
   // named X that rank r creates on a store gets generation n (creation is
   // collective and ordered, so every member counts alike).
