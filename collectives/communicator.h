@@ -63,7 +63,7 @@ TransportKind parse_transport(const std::string& s);
 struct CommOptions {
   TransportKind transport = TransportKind::Shm;
   std::chrono::milliseconds timeout{120000};  // every wait
-  std::string name = "world";                 // group name used in errors
+  std::string name = "world";                  // group name used in errors
   // Forced algorithm ("ring", "rhd", "torus", ...); empty: selection by size
   // and shape. TESSERA_ALGO overrides when set.
   std::string algo;
