@@ -98,7 +98,14 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   const int64_t gen = store->add("tessera/comm/" + options.name + "/generation/" + std::to_string(rank), 1) - 1;
   auto prefixed =
       std::make_shared<PrefixStore>(store, "tessera/comm/" + options.name + "/" + std::to_string(gen) + "/");
-  auto transport = make_transport(options.transport, prefixed, rank, size, options);
+  std::unique_ptr<Transport> transport;
+  try {
+    transport = make_transport(options.transport, prefixed, rank, size, options);
+  } catch (const TransportError& e) {
+    throw CollectiveError("creating communicator '" + options.name + "' (rank " + std::to_string(rank) + " of " +
+                              std::to_string(size) + ") failed: " + e.what(),
+                          "create", options.name, e.peer());
+  }
   return make_transport_communicator(prefixed, std::move(transport), std::move(options));
 }
 

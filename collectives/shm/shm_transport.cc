@@ -154,13 +154,23 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
         int pfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
         pidfds_[j] = pfd;  // -1: fall back to kill(pid, 0)
       }
-      peer_segs_.push_back(ShmSegment::open_peer(pid, fd, bytes));
+      try {
+        peer_segs_.push_back(ShmSegment::open_peer(pid, fd, bytes));
+      } catch (const Error& e) {
+        throw TransportError(TransportError::Kind::PeerDead, j,
+                             "shm transport of group '" + group_ + "': cannot map rank " + std::to_string(j) +
+                                 "'s segment (" + e.what() + ")");
+      }
       segs_[j] = peer_segs_.back()->data();
     }
     send_head_.assign(size_, 0);
     recv_tail_.assign(size_, 0);
     peer_ptrs_.assign(static_cast<size_t>(size_) * kMaxBuffers, nullptr);
     peer_inline_.assign(size_, nullptr);
+    // Nobody returns before every rank has mapped every segment, so a rank
+    // that dies right after creation fails the others' first collective,
+    // not their creation.
+    publish(nullptr, nullptr, 0, nullptr, 0);
   }
 
   ~ShmTransport() override {
