@@ -563,16 +563,8 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
           // Forward the signal itself first so workers see what the user sent.
           for (auto& w : workers_)
             if (!w.exited) kill(-w.pid, sig);
-          try {
-            pb::RootCause c;
-            c.set_rank(-1);
-            c.set_node_rank(opt_.node_rank);
-            c.set_host(host_);
-            c.set_reason(detail::concat("the launcher got ", strsignal(sig)));
-            client_->abort(c);
-          } catch (const Error& e) {
-            spdlog::debug("abort not delivered: {}", e.what());
-          }
+          // The other nodes hear of it after the local workers had their
+          // chance to handle the signal itself (see the end of the loop).
           stopping = true;
           kill_at = Clock::now() + opt_.kill_grace;
         } else if (kill_at) {
@@ -614,6 +606,7 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
         rep.set_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : 0);
         rep.set_signal(WIFSIGNALED(status) ? WTERMSIG(status) : 0);
         for (const auto& line : w.tail) rep.add_log_tail(line);
+        rep.set_after_stop(stopping);
         if (!ok && !stopping) {
           failed = true;
           begin_stop();
@@ -632,7 +625,19 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
       kill_at = Clock::now() + 1s;  // and again if somehow still alive
     }
   }
-  if (interrupted_) return RoundEnd::Interrupted;
+  if (interrupted_) {
+    try {
+      pb::RootCause c;
+      c.set_rank(-1);
+      c.set_node_rank(opt_.node_rank);
+      c.set_host(host_);
+      c.set_reason(detail::concat("the launcher got ", strsignal(interrupted_)));
+      client_->abort(c);
+    } catch (const Error& e) {
+      spdlog::debug("abort not delivered: {}", e.what());
+    }
+    return RoundEnd::Interrupted;
+  }
   if (failed) return RoundEnd::Failed;
   for (auto& w : workers_)
     if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return RoundEnd::Failed;

@@ -148,15 +148,16 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
       auto deadline = Clock::now() + bounded_timeout(req->timeout_ms());
       Status s = block(l, ctx, my_round, deadline, [&] { return started_; });
       if (!s.ok()) {
-        if (round_ == my_round && !started_) joined_.erase(req->node_rank());
         if (s.error_code() == StatusCode::DEADLINE_EXCEEDED) {
           std::vector<int> missing;
           for (int k = 0; k < opt_.num_nodes; ++k)
             if (!joined_.count(k)) missing.push_back(k);
-          return {StatusCode::DEADLINE_EXCEEDED,
-                  detail::concat("rendezvous timed out: ", joined_.size(), " of ", opt_.num_nodes,
-                                 " nodes joined round ", my_round, "; missing node rank(s) ", join_ints(missing))};
+          s = Status(StatusCode::DEADLINE_EXCEEDED,
+                     detail::concat("rendezvous timed out: ", joined_.size(), " of ", opt_.num_nodes,
+                                    " nodes joined round ", my_round, "; missing node rank(s) ", join_ints(missing)));
         }
+        // A node that gave up must not count in the rendezvous any more.
+        if (round_ == my_round && !started_) joined_.erase(req->node_rank());
         return s;
       }
       rep->set_round(round_);
@@ -377,6 +378,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
       }
       rank_beats_.erase(req->rank());
       pb::RootCause c;
+      if (req->after_stop() && !aborted_) return Status::OK;  // a consequence, never a cause
       c.set_rank(req->rank());
       c.set_node_rank(req->node_rank());
       c.set_host(req->host());
@@ -390,9 +392,11 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
         // The worker may have reported its own error first; complete that root cause.
         auto it = causes_.find(round_);
         if (it != causes_.end() && it->second.rank() == req->rank() && !it->second.has_exit()) {
-          it->second.set_has_exit(true);
-          it->second.set_exit_code(req->exit_code());
-          it->second.set_signal(req->signal());
+          if (!req->after_stop()) {
+            it->second.set_has_exit(true);
+            it->second.set_exit_code(req->exit_code());
+            it->second.set_signal(req->signal());
+          }
           if (it->second.log_tail_size() == 0) *it->second.mutable_log_tail() = req->log_tail();
         }
       }
@@ -533,7 +537,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
     aborted_ = true;
     causes_[round] = cause;
     while (causes_.size() > 64) causes_.erase(causes_.begin());
-    spdlog::error("coordinator: aborting round {}: {}", round, describe(cause));
+    spdlog::debug("coordinator: aborting round {}: {}", round, describe(cause));
     cv_.notify_all();
     return true;
   }

@@ -118,6 +118,23 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
   if (rank != r.world.rank || size != r.world.size)
     throw Error(detail::concat("MPI says rank ", rank, " of ", size, " but the environment says ", r.world.rank,
                                " of ", r.world.size));
+  // OMPI_COMM_WORLD_NODE_RANK is a process's rank *on* its node, not the
+  // node's index, so number the nodes here: node leaders in rank order.
+  {
+    MPI_Comm node_comm, leaders;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
+    int local = 0;
+    MPI_Comm_rank(node_comm, &local);
+    MPI_Comm_split(MPI_COMM_WORLD, local == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
+    int node = 0;
+    if (leaders != MPI_COMM_NULL) {
+      MPI_Comm_rank(leaders, &node);
+      MPI_Comm_free(&leaders);
+    }
+    MPI_Bcast(&node, 1, MPI_INT, 0, node_comm);
+    MPI_Comm_free(&node_comm);
+    r.world.node_rank = node;
+  }
   char buf[512] = {0};
   if (rank == 0) {
     std::string err;
@@ -169,7 +186,11 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   ctx.host = env_or("TESSERA_HOST", host_name());
   r.world = ctx.world;
   r.host = ctx.host;
-  init_logging(ctx.world.size > 1 || ctx.world.source != WorldSource::Single ? ctx.world.rank : -1);
+  // tessera run prefixes every line of a worker with its rank already.
+  const bool prefixed_by_launcher = ctx.world.source == WorldSource::Tessera;
+  init_logging(!prefixed_by_launcher && (ctx.world.size > 1 || ctx.world.source != WorldSource::Single)
+                   ? ctx.world.rank
+                   : -1);
 
   std::string address, token;
   std::chrono::milliseconds interval{2000};
@@ -184,6 +205,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   } else if (ctx.world.source == WorldSource::OpenMPI) {
     r.mode = BootstrapMode::Mpi;
     bootstrap_mpi(r, opt, address, token);
+    ctx.world.node_rank = r.world.node_rank;
     auto timeout = env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count());
     interval = std::chrono::milliseconds(std::clamp<int64_t>(timeout / 5, 10, 2000));
   } else {

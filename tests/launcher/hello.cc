@@ -5,7 +5,7 @@
 //   --fail-round K                  inject the failure only in restart rounds < K
 //   --throw-rank R                  rank R throws (reported as the root cause)
 //   --stop-rank R                   rank R sends itself SIGSTOP after the barrier
-//   --sleep S                       sleep S seconds after the barrier
+//   --sleep S                       sleep S seconds after the barrier (failing ranks don't)
 //   --pid-dir DIR                   write DIR/<rank>.pid (tests check nothing survives)
 //   --term-dir DIR                  on SIGTERM write DIR/<rank>.term and exit 143
 //   --print-env                     print the launcher's variables
@@ -110,11 +110,11 @@ int main(int argc, char** argv) {
     const bool inject = ctx.restart_count < fail_round;
     if (inject && rank == throw_rank) throw tessera::Error("injected failure on rank " + std::to_string(rank));
     if (inject && rank == stop_rank) raise(SIGSTOP);
-    if (sleep_s > 0) sleep_seconds(sleep_s);
     if (inject && exit_code != 0 && (fail_rank < 0 || fail_rank == rank)) {
       std::fprintf(stderr, "rank %d exiting with code %d as asked\n", rank, exit_code);
       return exit_code;
     }
+    if (sleep_s > 0) sleep_seconds(sleep_s);
     return 0;
   });
 }
