@@ -22,9 +22,12 @@ using namespace std::chrono_literals;
 
 const char* bootstrap_mode_name(BootstrapMode m) {
   switch (m) {
-    case BootstrapMode::Single: return "single process";
-    case BootstrapMode::TesseraRun: return "tessera run";
-    case BootstrapMode::Mpi: return "mpirun";
+    case BootstrapMode::Single:
+      return "single process";
+    case BootstrapMode::TesseraRun:
+      return "tessera run";
+    case BootstrapMode::Mpi:
+      return "mpirun";
   }
   return "?";
 }
@@ -112,8 +115,8 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (rank != r.world.rank || size != r.world.size)
-    throw Error(detail::concat("MPI says rank ", rank, " of ", size, " but the environment says ", r.world.rank,
-                               " of ", r.world.size));
+    throw Error(detail::concat("MPI says rank ", rank, " of ", size, " but the environment says ", r.world.rank, " of ",
+                               r.world.size));
   // OMPI_COMM_WORLD_NODE_RANK is a process's rank *on* its node, not the
   // node's index, so number the nodes here: node leaders in rank order.
   {
@@ -143,8 +146,8 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
       co.token = make_job_token();
       co.num_nodes = 0;
       co.world_size = size;
-      co.heartbeat_timeout = std::chrono::milliseconds(
-          env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count()));
+      co.heartbeat_timeout =
+          std::chrono::milliseconds(env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count()));
       r.coordinator = std::make_unique<Coordinator>(co);
       std::string msg = adv + ":" + std::to_string(r.coordinator->port()) + "\n" + co.token;
       if (msg.size() >= sizeof buf) throw Error("coordinator address too long");
@@ -184,9 +187,8 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   r.host = ctx.host;
   // tessera run prefixes every line of a worker with its rank already.
   const bool prefixed_by_launcher = ctx.world.source == WorldSource::Tessera;
-  init_logging(!prefixed_by_launcher && (ctx.world.size > 1 || ctx.world.source != WorldSource::Single)
-                   ? ctx.world.rank
-                   : -1);
+  init_logging(!prefixed_by_launcher && (ctx.world.size > 1 || ctx.world.source != WorldSource::Single) ? ctx.world.rank
+                                                                                                        : -1);
 
   std::string address, token;
   std::chrono::milliseconds interval{2000};
@@ -206,8 +208,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     interval = std::chrono::milliseconds(std::clamp<int64_t>(timeout / 5, 10, 2000));
   } else {
     TESSERA_ARG_CHECK(ctx.world.size == 1, "a world of ", ctx.world.size, " ranks from ",
-                      world_source_name(ctx.world.source),
-                      " needs a store: launch with `tessera run` or mpirun");
+                      world_source_name(ctx.world.source), " needs a store: launch with `tessera run` or mpirun");
     r.mode = BootstrapMode::Single;
     CoordinatorOptions co;
     co.token = make_job_token();
@@ -237,9 +238,8 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     pb::WatchRequest wr;
     wr.set_role(pb::WORKER);
     wr.set_id(ctx.world.rank);
-    r.watcher = std::make_unique<EventWatcher>(r.client, wr, [](const pb::JobEvent& ev) {
-      on_job_abort(describe_cause(ev.cause()));
-    });
+    r.watcher = std::make_unique<EventWatcher>(
+        r.client, wr, [](const pb::JobEvent& ev) { on_job_abort(describe_cause(ev.cause())); });
   }
 
   if (opt.create_communicator) {

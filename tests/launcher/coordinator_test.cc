@@ -1,5 +1,7 @@
 // The coordinator in-process: rendezvous, store and barrier semantics, token
 // refusal, bounds, malformed requests, heartbeat aborts and rounds.
+#include "launcher/coordinator.h"
+
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -11,7 +13,6 @@
 #include <thread>
 
 #include "launcher/client.h"
-#include "launcher/coordinator.h"
 #include "runtime/error.h"
 
 using namespace tessera;
