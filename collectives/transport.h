@@ -109,6 +109,13 @@ class Transport {
     sink.consume(0, scratch_.data(), rbytes);
   }
 
+  // recv() whose bytes go to `sink` fragment by fragment (reduce on arrival).
+  virtual void recv_sink(int from, size_t bytes, RecvSink& sink, uint32_t tag) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    recv(from, tag, scratch_.data(), bytes);
+    sink.consume(0, scratch_.data(), bytes);
+  }
+
   // Wakes every waiter with TransportError(Aborted) and tells the peers. Any thread.
   virtual void abort(const std::string& reason) = 0;
   virtual bool aborted() const = 0;
