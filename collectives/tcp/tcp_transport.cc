@@ -59,6 +59,9 @@ constexpr uint32_t kData = 0x7e55d47a;
 constexpr uint32_t kAbort = 0x7e55ab07;
 constexpr uint32_t kHello = 0x7e55e110;
 constexpr size_t kChunk = size_t{1} << 20;
+// Sink fragments: small enough to stay in cache between the read and the
+// reduction, large enough to amortise the hand-off.
+constexpr size_t kSinkChunk = size_t{256} << 10;
 
 struct Header {
   uint32_t kind = 0;
@@ -129,7 +132,9 @@ struct Op {
   size_t bytes = 0;
   size_t done = 0;
   uint32_t tag = 0;
+  RecvSink* sink = nullptr;  // sendrecv_sink: payload goes through the staging buffers
   bool active = false;
+  bool matched = false;  // the io thread paired a header with this op (recv)
   bool complete = false;
   // Set on failure (under the transport mutex).
   bool failed = false;
@@ -161,6 +166,17 @@ class Connection {
   Op send_op_, recv_op_;
   std::atomic<bool> dead_{false};
 
+  // Sink receives: two staging buffers, filled by the io thread and consumed
+  // by the caller, so the caller reduces fragment k while k+1 is read.
+  // Allocated (and pre-faulted) on first use, then reused. Flags under mu_.
+  std::vector<unsigned char> stage_[2];
+  bool stage_full_[2] = {false, false};
+  size_t stage_len_[2] = {0, 0}, stage_off_[2] = {0, 0};
+  bool io_paused_ = false;  // the io thread waits for a free stage
+  int fill_idx_ = 0;        // io thread only
+  HandlerMemory mem_resume_;
+  void post_resume();
+
   // io thread only.
   Header out_hdr_{}, in_hdr_{};
   bool header_pending_ = false;  // a data header was read; its payload waits for a recv
@@ -172,6 +188,7 @@ class Connection {
   void on_header(const boost::system::error_code& ec, size_t n);
   void try_match();
   void read_payload();
+  void read_payload_sink();
   void write_header();
   void write_payload();
   void fail(Kind kind, const std::string& what);
@@ -217,6 +234,32 @@ class TcpTransport final : public Transport {
     }
     try {
       wait_op(cf, cf.recv_op_, "recv from");
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  void sendrecv_sink(int to, const void* sbuf, size_t sbytes, int from, size_t rbytes, RecvSink& sink,
+                     uint32_t tag) override {
+    check_peer(to);
+    check_peer(from);
+    Connection& ct = *conns_[to];
+    Connection& cf = *conns_[from];
+    if (rbytes == 0) return sendrecv(to, sbuf, sbytes, from, nullptr, 0, tag);
+    if (cf.stage_[0].empty()) {
+      for (auto& st : cf.stage_) st.assign(kSinkChunk, 0);  // once per connection, pre-faulted
+    }
+    begin_recv(cf, tag, nullptr, rbytes, &sink);
+    begin_send(ct, tag, sbuf, sbytes);
+    std::exception_ptr first;
+    try {
+      consume_all(cf, sink);
+    } catch (...) {
+      first = std::current_exception();
+    }
+    try {
+      wait_op(ct, ct.send_op_, "send to");
     } catch (...) {
       if (!first) first = std::current_exception();
     }
@@ -274,7 +317,7 @@ class TcpTransport final : public Transport {
     }
     c.post_send();
   }
-  void begin_recv(Connection& c, uint32_t tag, void* buf, size_t bytes) {
+  void begin_recv(Connection& c, uint32_t tag, void* buf, size_t bytes, RecvSink* sink = nullptr) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (failed_) throw_failed_locked();
@@ -286,11 +329,16 @@ class TcpTransport final : public Transport {
       c.recv_op_.rbuf = static_cast<unsigned char*>(buf);
       c.recv_op_.bytes = bytes;
       c.recv_op_.tag = tag;
+      c.recv_op_.sink = sink;
       c.recv_op_.active = true;
+      c.stage_full_[0] = c.stage_full_[1] = false;
+      c.io_paused_ = false;
     }
     c.post_recv();
   }
   void wait_op(Connection& c, Op& op, const char* what);
+  [[noreturn]] void fail_op(Connection& c, Op& op, const char* what);
+  void consume_all(Connection& c, RecvSink& sink);
   void shutdown_all();  // tells every peer and closes every connection (any thread, once)
 
   std::shared_ptr<Store> store_;
@@ -411,7 +459,8 @@ void Connection::try_match() {
   size_t bytes;
   {
     std::lock_guard<std::mutex> lk(t_.mu_);
-    if (!recv_op_.active || recv_op_.complete || recv_op_.failed) return;
+    if (!recv_op_.active || recv_op_.matched || recv_op_.complete || recv_op_.failed) return;
+    recv_op_.matched = true;
     tag = recv_op_.tag;
     bytes = recv_op_.bytes;
   }
@@ -420,7 +469,53 @@ void Connection::try_match() {
     return fail(Kind::Protocol, "message mismatch: expected tag " + std::to_string(tag) + " and " +
                                     std::to_string(bytes) + " bytes, peer sent tag " + std::to_string(in_hdr_.tag) +
                                     " and " + std::to_string(in_hdr_.bytes) + " bytes");
-  read_payload();
+  if (recv_op_.sink) {
+    fill_idx_ = 0;
+    read_payload_sink();
+  } else {
+    read_payload();
+  }
+}
+
+void Connection::post_resume() {
+  asio::post(io_, bind_slot(mem_resume_, [this] { read_payload_sink(); }));
+}
+
+// Reads the next fragment into a free staging buffer; pauses when both are
+// full (the caller's consume resumes it). The operation completes when the
+// caller has consumed everything (TcpTransport::sendrecv_sink).
+void Connection::read_payload_sink() {
+  Op& op = recv_op_;
+  const int k = fill_idx_ % 2;
+  {
+    std::lock_guard<std::mutex> lk(t_.mu_);
+    if (op.done == op.bytes || op.failed || !op.active) return;
+    if (stage_full_[k]) {
+      io_paused_ = true;
+      return;
+    }
+  }
+  const size_t n = std::min(stage_[k].size(), op.bytes - op.done);
+  asio::async_read(socket_, asio::buffer(stage_[k].data(), n),
+                   bind_slot(mem_read_, [this, k, n](const boost::system::error_code& ec, size_t) {
+                     if (ec) {
+                       return fail(Kind::PeerDead, ec == asio::error::eof ? "connection closed by peer mid-message"
+                                                                          : "read from peer failed: " + ec.message());
+                     }
+                     bool last;
+                     {
+                       std::lock_guard<std::mutex> lk(t_.mu_);
+                       stage_full_[k] = true;
+                       stage_len_[k] = n;
+                       stage_off_[k] = recv_op_.done;
+                       recv_op_.done += n;
+                       last = recv_op_.done == recv_op_.bytes;
+                     }
+                     t_.cv_.notify_all();
+                     ++fill_idx_;
+                     if (last) read_header();
+                     else read_payload_sink();
+                   }));
 }
 
 void Connection::read_payload() {
@@ -586,6 +681,53 @@ TcpTransport::~TcpTransport() {
     if (c) c->stop();
 }
 
+// Caller thread: hands each staged fragment to the sink in order, freeing the
+// stage (and resuming a paused io thread) after each. Each wait is bounded by
+// the timeout; a failure or a throwing sink fails the transport.
+void TcpTransport::consume_all(Connection& c, RecvSink& sink) {
+  Op& op = c.recv_op_;
+  size_t consumed = 0;
+  int k = 0;
+  std::unique_lock<std::mutex> lk(mu_);
+  while (consumed < op.bytes) {
+    const auto deadline = Clock::now() + options_.timeout;
+    while (!c.stage_full_[k] && !op.failed && !failed_) {
+      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) break;
+    }
+    if (!c.stage_full_[k]) {
+      lk.unlock();
+      fail_op(c, op, "recv from");
+    }
+    const unsigned char* data = c.stage_[k].data();
+    const size_t len = c.stage_len_[k], off = c.stage_off_[k];
+    lk.unlock();
+    try {
+      sink.consume(off, data, len);
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (!failed_) set_failed_locked(Kind::Aborted, c.peer_, std::string("receive sink failed: ") + e.what());
+      }
+      // The io thread only touches the connection's own staging buffers, so
+      // nothing of the caller's is in use once we return.
+      shutdown_all();
+      std::lock_guard<std::mutex> g(mu_);
+      op.active = false;
+      throw;
+    }
+    consumed += len;
+    lk.lock();
+    c.stage_full_[k] = false;
+    if (c.io_paused_) {
+      c.io_paused_ = false;
+      c.post_resume();
+    }
+    k ^= 1;
+  }
+  op.complete = true;
+  op.active = false;
+}
+
 void TcpTransport::wait_op(Connection& c, Op& op, const char* what) {
   const auto deadline = Clock::now() + options_.timeout;
   std::unique_lock<std::mutex> lk(mu_);
@@ -596,6 +738,16 @@ void TcpTransport::wait_op(Connection& c, Op& op, const char* what) {
     op.active = false;
     return;
   }
+  lk.unlock();
+  fail_op(c, op, what);
+}
+
+// `op` did not complete: it failed, the transport failed, or the wait timed
+// out. Records the failure, shuts every connection down (so the peers learn
+// and the io thread lets go of the caller's buffer promptly), waits for the
+// io thread to settle the op, and throws.
+void TcpTransport::fail_op(Connection& c, Op& op, const char* what) {
+  std::unique_lock<std::mutex> lk(mu_);
   Kind k;
   std::string msg;
   if (op.failed) {
@@ -604,15 +756,13 @@ void TcpTransport::wait_op(Connection& c, Op& op, const char* what) {
     k = fail_kind_, msg = fail_what_;
   } else {
     k = Kind::Timeout, msg = "timed out after " + std::to_string(options_.timeout.count()) + " ms";
-    set_failed_locked(k, c.peer_, msg);
   }
-  // Every connection is shut down on the first failure, so an operation
-  // still running on the io thread ends promptly; wait until it lets go of
-  // the caller's buffer before throwing.
+  if (!failed_) set_failed_locked(k, c.peer_, msg);
   lk.unlock();
   shutdown_all();
   lk.lock();
-  cv_.wait_for(lk, std::chrono::seconds(5), [&] { return op.complete || op.failed; });
+  // (A sink op only ever touches the connection's own staging buffers.)
+  if (!op.sink) cv_.wait_for(lk, std::chrono::seconds(5), [&] { return op.complete || op.failed; });
   op.active = false;
   throw TransportError(k, c.peer_, std::string("tcp ") + what + " rank " + std::to_string(c.peer_) + " (group '" +
                                        options_.name + "'): " + msg);
