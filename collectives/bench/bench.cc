@@ -444,6 +444,8 @@ std::vector<Row> run_bench(Communicator& comm, const BenchConfig& cfg, Communica
   for (size_t size : cfg.sizes) {
     Row row;
     row.count = row_count(cfg.op, size, cfg.dtype, n);
+    // Sizes that round to the same element count would repeat a row.
+    if (!rows.empty() && rows.back().count == row.count) continue;
     row.size_bytes = row.count * ts;
     Call oop = make_call(cfg.op, row.count, r, n, ts, send_buf, recv_buf, false);
     Measured m = measure(comm, cfg, oop, row.count, false, recv_buf, checker ? &*checker : nullptr);
