@@ -22,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "collectives/bench/bench.h"
@@ -29,6 +30,7 @@
 #include "collectives/mpi/mpi_backend.h"
 #include "collectives/mpi/mpi_env.h"
 #include "collectives/store.h"
+#include "launcher/worker.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -217,7 +219,15 @@ NetModel topology_model(const std::string& spec, int nranks) {
 }
 
 int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
-  const World w = discover_world();
+  // Under `tessera run`, join the job through the launcher (GrpcStore on its
+  // coordinator, heartbeats, abort on a failed peer).
+  std::optional<launcher::WorkerContext> job;
+  if (!env_or("TESSERA_COORDINATOR").empty()) {
+    launcher::WorkerOptions wo;
+    wo.create_communicator = false;
+    job = launcher::init_worker(wo);
+  }
+  const World w = job ? job->world : discover_world();
   if (a.nworkers > 0 && w.size > 1 && a.nworkers != w.size)
     throw InvalidArgument("-r " + std::to_string(a.nworkers) + " does not match the launcher's world size " +
                           std::to_string(w.size));
@@ -238,7 +248,9 @@ int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
   // The store the shm and tcp transports rendezvous through.
   std::shared_ptr<Store> store;
   std::string own_dir;  // created here, removed at the end
-  if (kind != TransportKind::Mpi) {
+  if (kind != TransportKind::Mpi && job) {
+    store = std::make_shared<PrefixStore>(job->store, "bench/");
+  } else if (kind != TransportKind::Mpi) {
     std::string dir = env_or("TESSERA_STORE_DIR");
     if (dir.empty() && in_mpirun) {
       if (mpi::world_rank() == 0) own_dir = make_temp_dir();
@@ -322,6 +334,7 @@ int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
     std::error_code ec;
     std::filesystem::remove_all(own_dir, ec);
   }
+  if (job) launcher::shutdown(*job);
   if (mpi::initialized()) mpi::finalize();
   return rep.total_wrong() > 0 ? 1 : 0;
 }
@@ -332,7 +345,8 @@ int bench_main(const BenchArgs& a) {
     throw InvalidArgument("--compare takes 'mpi', got '" + a.compare + "'");
   const TransportKind kind = parse_transport(a.transport);
   if (!a.topology.empty()) (void)topology_model(a.topology, std::max(a.nworkers, 1));  // fail early on bad names
-  const bool launched = !env_or("TESSERA_RANK").empty() || mpi::under_mpirun();
+  const bool launched =
+      !env_or("TESSERA_RANK").empty() || !env_or("TESSERA_COORDINATOR").empty() || mpi::under_mpirun();
   if (!launched && a.nworkers > 1) {
     if (kind == TransportKind::Mpi || a.compare == "mpi") return spawn_with_mpirun(a.nworkers);
     return spawn_local(a.nworkers);

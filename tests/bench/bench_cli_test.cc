@@ -129,6 +129,16 @@ TEST_F(BenchCli, RunsUnderMpirun) {
   EXPECT_NE(s.out.find("2 ranks, transport shm"), std::string::npos) << s.out;
 }
 
+TEST_F(BenchCli, RunsUnderTesseraRun) {
+  std::string js = dir_ + "/l.json";
+  RunResult r = run(std::string("run --nproc-per-node 3 -- ") + TESSERA_BIN +
+                    " bench allr --transport shm -b 1K -e 64K -f 8 -n 2 -w 1 --json " + js);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = read_json(js);
+  EXPECT_EQ(j["ranks"], 3);
+  for (const auto& row : j["results"]) EXPECT_EQ(row["oop"]["wrong"], 0);
+}
+
 TEST_F(BenchCli, CompareMpiPrintsARatioPerRow) {
   std::string js = dir_ + "/c.json";
   RunResult r = run("bench allr -r 2 -b 4K -e 32K -f 8 -n 2 -w 1 --compare mpi --json " + js);
