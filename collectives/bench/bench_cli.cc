@@ -373,7 +373,9 @@ void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
   cmd->add_option("-w,--warmup_iters", a->warmup, "Warm-up iterations (default 5)")->check(CLI::Range(0, 1000000));
   cmd->add_option("-d,--datatype", a->datatype, "f32, bf16, f16, i32, i64 (also float, half, ...)");
   cmd->add_option("-o,--op", a->redop, "Reduction: sum, prod, min, max, avg");
-  cmd->add_option("-c,--check", a->check, "Check every result element (0 or 1, default 1)")
+  cmd->add_option("-c,--check", a->check, "Check every result element (0 or 1; -c alone is 1; default 1)")
+      ->expected(0, 1)
+      ->default_str("1")
       ->check(CLI::Range(0, 1));
   cmd->add_option("--root", a->root, "Root rank of broadcast and reduce (default 0)");
   cmd->add_option("--transport", a->transport, "shm, tcp or mpi (default shm)")

@@ -72,23 +72,25 @@ static_assert(sizeof(Header) == 16);
 
 // Fixed storage for one outstanding Asio operation; falls back to the heap
 // only if the block is busy or too small (never on the steady-state path).
+// Operations are allocated on the posting thread and freed on the io thread,
+// and the abort/stop slot can be taken from two threads at once, so the
+// in-use flag is atomic (acquire on take, release on give back).
 class HandlerMemory {
  public:
   void* allocate(size_t n) {
-    if (!in_use_ && n <= sizeof(storage_)) {
-      in_use_ = true;
+    bool expected = false;
+    if (n <= sizeof(storage_) && in_use_.compare_exchange_strong(expected, true, std::memory_order_acquire))
       return &storage_;
-    }
     return ::operator new(n);
   }
   void deallocate(void* p) {
-    if (p == &storage_) in_use_ = false;
+    if (p == &storage_) in_use_.store(false, std::memory_order_release);
     else ::operator delete(p);
   }
 
  private:
   alignas(std::max_align_t) unsigned char storage_[512];
-  bool in_use_ = false;
+  std::atomic<bool> in_use_{false};
 };
 
 template <typename T>
