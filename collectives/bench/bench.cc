@@ -303,19 +303,29 @@ class Checker {
       exp_.emplace_back(dt, [&](size_t j) { return reduce_expected(redop, n, j); });
     } else {
       for (int s = 0; s < n; ++s) exp_.emplace_back(dt, [&](size_t j) { return move_input(s, j); });
-      sentinel_.emplace(dt, [](size_t) { return -1.0; });
     }
+    sentinel_.emplace(dt, [](size_t) { return -1.0; });
   }
 
   // Fills what `k` reads (total = row count).
   void prepare(const Call& k, size_t total, bool inplace, void* R) {
     void* send = const_cast<void*>(k.send);
     switch (op_) {
+      // Out of place, the result region starts as a sentinel, so an op that
+      // writes nothing cannot pass on an earlier run's results.
       case BenchOp::AllReduce:
-      case BenchOp::Reduce: in_[0].fill(send, total, 0); break;
-      case BenchOp::ReduceScatter: in_[0].fill(send, total, 0); break;
-      case BenchOp::AllGather:
+      case BenchOp::Reduce:
         if (!inplace) sentinel_->fill(R, total, 0);
+        in_[0].fill(send, total, 0);
+        break;
+      case BenchOp::ReduceScatter:
+        if (!inplace) sentinel_->fill(R, total / static_cast<size_t>(n_), 0);
+        in_[0].fill(send, total, 0);
+        break;
+      case BenchOp::AllGather:
+        // Sentinel first (in place, the input block lies inside R), so stale
+        // results of an earlier run can never pass for this one's.
+        sentinel_->fill(R, total, 0);
         exp_[r_].fill(send, k.count, 0);
         break;
       case BenchOp::AllToAll:
