@@ -385,6 +385,7 @@ struct Measured {
   double seconds;  // per iteration, mean over ranks
   double modeled;  // seconds, this rank's model of the last call
   int64_t wrong;   // summed over ranks; -1 unchecked
+  std::string algorithm;  // what served the timed calls
 };
 
 Measured measure(Communicator& c, const BenchConfig& cfg, const Call& k, size_t total, bool inplace, void* R,
@@ -397,6 +398,7 @@ Measured measure(Communicator& c, const BenchConfig& cfg, const Call& k, size_t 
   for (int i = 0; i < cfg.iters; ++i) issue(c, cfg.op, k, cfg.dtype, cfg.redop, cfg.root);
   double per_iter = cfg.iters > 0 ? (now_s() - t0) / cfg.iters : 0.0;
   double modeled = c.last_modeled_seconds();
+  std::string algorithm = c.last_algorithm();
 
   int64_t wrong = 0;
   if (checker) {
@@ -414,7 +416,7 @@ Measured measure(Communicator& c, const BenchConfig& cfg, const Call& k, size_t 
   // One all-reduce combines the ranks' times (mean, as nccl-tests) and #wrong (sum).
   int64_t vals[2] = {static_cast<int64_t>(per_iter * 1e9), wrong};
   c.all_reduce(vals, vals, 2, DType::I64, ReduceOp::Sum);
-  return Measured{static_cast<double>(vals[0]) / 1e9 / c.size(), modeled, checker ? vals[1] : -1};
+  return Measured{static_cast<double>(vals[0]) / 1e9 / c.size(), modeled, checker ? vals[1] : -1, algorithm};
 }
 
 Result to_result(const Measured& m, size_t bytes, double factor) {
@@ -460,6 +462,7 @@ std::vector<Row> run_bench(Communicator& comm, const BenchConfig& cfg, Communica
     Call oop = make_call(cfg.op, row.count, r, n, ts, send_buf, recv_buf, false);
     Measured m = measure(comm, cfg, oop, row.count, false, recv_buf, checker ? &*checker : nullptr);
     row.oop = to_result(m, row.size_bytes, factor);
+    row.algorithm = m.algorithm;
     if (m.modeled > 0) row.modeled_busbw_gbps = static_cast<double>(row.size_bytes) / m.modeled / 1e9 * factor;
     if (cfg.op != BenchOp::SendRecv) {
       Call ip = make_call(cfg.op, row.count, r, n, ts, send_buf, recv_buf, true);
@@ -595,6 +598,7 @@ nlohmann::json to_json(const Report& r) {
            {"oop", res(row.oop)},
            {"ip", row.ip ? res(*row.ip) : json(nullptr)},
            {"modeled_busbw_gbps", row.modeled_busbw_gbps > 0 ? json(row.modeled_busbw_gbps) : json(nullptr)}};
+    if (!row.algorithm.empty()) o["algorithm"] = row.algorithm;
     if (row.compare_busbw_gbps) {
       o["compare_busbw_gbps"] = *row.compare_busbw_gbps;
       o["compare_ratio"] = *row.compare_busbw_gbps > 0 ? json(row.oop.busbw_gbps / *row.compare_busbw_gbps)

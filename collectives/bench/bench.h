@@ -65,6 +65,7 @@ struct Row {
   std::optional<Result> ip;  // absent when the op has no in-place form (sendrecv)
   double modeled_busbw_gbps = 0;
   std::optional<double> compare_busbw_gbps;  // --compare mpi: MPI's own, out-of-place
+  std::string algorithm;                     // last_algorithm() of the timed calls (JSON only)
 };
 
 struct Report {
