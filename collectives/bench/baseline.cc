@@ -161,12 +161,12 @@ void plot_png(const Report& r, const std::string& png) {
   }
   {
     std::ofstream g(gp);
-    g << "set terminal pngcairo size 960,600\n"
+    g << "set terminal pngcairo size 960,600 noenhanced\n"
       << "set output '" << png << "'\n"
       << "set title 'tessera bench " << r.op << ": " << r.ranks << " ranks, " << r.transport << ", " << r.dtype
       << "'\n"
       << "set logscale x 2\nset xlabel 'size (bytes)'\nset ylabel 'busbw (GB/s)'\nset grid\nset key left top\n"
-      << "set format x '%.0s%cB'\n"
+      << "set format x '%.0b %BB'\n"
       << "plot '" << dat.string() << "' using 1:2 with linespoints title 'out-of-place'";
     bool ip = false;
     for (const auto& row : r.rows) ip |= row.ip.has_value();
