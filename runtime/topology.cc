@@ -1,5 +1,6 @@
 #include "runtime/topology.h"
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -63,8 +64,8 @@ int parse_count(const std::string& spec, const std::string& text) {
   } catch (const std::exception&) {
     pos = 0;
   }
-  TESSERA_ARG_CHECK(pos == text.size() && !text.empty() && v >= 1 && v <= (1 << 24), "topology preset '", spec,
-                    "': '", text, "' is not a positive count");
+  TESSERA_ARG_CHECK(pos == text.size() && !text.empty() && v >= 1 && v <= (1 << 24), "topology preset '", spec, "': '",
+                    text, "' is not a positive count");
   return static_cast<int>(v);
 }
 
@@ -75,20 +76,18 @@ std::string presets_text() {
 }
 
 Topology trn1(const std::string& name, int instances) {
-  std::vector<TopologyDim> dims = {
-      make_dim("core", TopoLevel::Core, 2, LinkKind::Switch, kTrn1CoreBw, kOnChipLat),
-      make_dim("x", TopoLevel::Chip, 4, LinkKind::Ring, kTrn1LinkBw, kNeuronLinkLat),
-      make_dim("y", TopoLevel::Chip, 4, LinkKind::Ring, kTrn1LinkBw, kNeuronLinkLat)};
+  std::vector<TopologyDim> dims = {make_dim("core", TopoLevel::Core, 2, LinkKind::Switch, kTrn1CoreBw, kOnChipLat),
+                                   make_dim("x", TopoLevel::Chip, 4, LinkKind::Ring, kTrn1LinkBw, kNeuronLinkLat),
+                                   make_dim("y", TopoLevel::Chip, 4, LinkKind::Ring, kTrn1LinkBw, kNeuronLinkLat)};
   if (instances > 1)
     dims.push_back(make_dim("instance", TopoLevel::Instance, instances, LinkKind::Switch, kTrn1EfaBw / 32, kEfaLat));
   return Topology(name, std::move(dims), DeviceSpec::preset("trn1-core"));
 }
 
 Topology trn2(const std::string& name, int instances, bool ultraserver) {
-  std::vector<TopologyDim> dims = {
-      make_dim("core", TopoLevel::Core, 8, LinkKind::Switch, kTrn2CoreBw, kOnChipLat),
-      make_dim("x", TopoLevel::Chip, 4, LinkKind::Ring, kTrn2LinkBw, kNeuronLinkLat),
-      make_dim("y", TopoLevel::Chip, 4, LinkKind::Ring, kTrn2LinkBw, kNeuronLinkLat)};
+  std::vector<TopologyDim> dims = {make_dim("core", TopoLevel::Core, 8, LinkKind::Switch, kTrn2CoreBw, kOnChipLat),
+                                   make_dim("x", TopoLevel::Chip, 4, LinkKind::Ring, kTrn2LinkBw, kNeuronLinkLat),
+                                   make_dim("y", TopoLevel::Chip, 4, LinkKind::Ring, kTrn2LinkBw, kNeuronLinkLat)};
   if (ultraserver)
     dims.push_back(make_dim("z", TopoLevel::Instance, 4, LinkKind::Ring, kTrn2ZLinkBw, kNeuronLinkLat));
   else if (instances > 1)
@@ -133,9 +132,12 @@ std::string get_string(const json& j, const char* key, const std::string& where,
 
 const char* topo_level_name(TopoLevel l) {
   switch (l) {
-    case TopoLevel::Core: return "core";
-    case TopoLevel::Chip: return "chip";
-    case TopoLevel::Instance: return "instance";
+    case TopoLevel::Core:
+      return "core";
+    case TopoLevel::Chip:
+      return "chip";
+    case TopoLevel::Instance:
+      return "instance";
   }
   return "?";
 }
@@ -169,7 +171,7 @@ DeviceSpec Topology::device_preset(const std::string& name) {
 }
 
 std::vector<std::string> Topology::preset_names() {
-  return {"trn1.32xlarge", "trn1-cluster:N", "trn2.48xlarge",   "trn2-cluster:N",
+  return {"trn1.32xlarge",    "trn1-cluster:N",  "trn2.48xlarge", "trn2-cluster:N",
           "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N"};
 }
 
@@ -179,8 +181,13 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
   std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   bool has_arg = colon != std::string::npos;
   auto no_arg = [&] { TESSERA_ARG_CHECK(!has_arg, "topology preset '", head, "' takes no ':' argument"); };
-  auto need_arg = [&] { TESSERA_ARG_CHECK(has_arg, "topology preset '", head, "' needs an argument, e.g. ", head, ":4"); };
+  auto need_arg = [&] {
+    TESSERA_ARG_CHECK(has_arg, "topology preset '", head, "' needs an argument, e.g. ", head, ":4");
+  };
 
+  TESSERA_ARG_CHECK(head == "torus4d" || (opts.link_bandwidth <= 0 && opts.link_latency <= 0),
+                    "link bandwidth and latency options apply to torus4d only, not '", spec,
+                    "' (use a JSON topology file for other figures)");
   Topology t;
   if (head == "trn1.32xlarge") {
     no_arg();
@@ -200,8 +207,7 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
   } else if (head == "dgx-a100") {
     need_arg();
     int n = parse_count(spec, arg);
-    std::vector<TopologyDim> dims = {
-        make_dim("gpu", TopoLevel::Chip, 8, LinkKind::Switch, kA100NvlinkBw, kNvlinkLat)};
+    std::vector<TopologyDim> dims = {make_dim("gpu", TopoLevel::Chip, 8, LinkKind::Switch, kA100NvlinkBw, kNvlinkLat)};
     if (n > 1) dims.push_back(make_dim("node", TopoLevel::Instance, n, LinkKind::Switch, kDgxIbBw / 8, kIbLat));
     t = Topology(spec, std::move(dims), device_preset("a100-80gb"));
   } else if (head == "torus4d") {
@@ -210,7 +216,8 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
     std::stringstream ss(arg);
     std::string part;
     while (std::getline(ss, part, 'x')) sizes.push_back(parse_count(spec, part));
-    TESSERA_ARG_CHECK(sizes.size() == 4, "topology preset '", spec, "': expected torus4d:AxBxCxD, e.g. torus4d:16x16x16x16");
+    TESSERA_ARG_CHECK(sizes.size() == 4, "topology preset '", spec,
+                      "': expected torus4d:AxBxCxD, e.g. torus4d:16x16x16x16");
     double bw = opts.link_bandwidth > 0 ? opts.link_bandwidth : kTrn1LinkBw;
     double lat = opts.link_latency > 0 ? opts.link_latency : kNeuronLinkLat;
     std::vector<TopologyDim> dims;
@@ -229,7 +236,12 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
 Topology Topology::load(const std::string& preset_or_file, const TopologyOptions& opts) {
   bool looks_like_file = preset_or_file.find('/') != std::string::npos ||
                          (preset_or_file.size() > 5 && preset_or_file.substr(preset_or_file.size() - 5) == ".json");
-  if (looks_like_file) return from_json_file(preset_or_file);
+  if (looks_like_file || std::filesystem::is_regular_file(preset_or_file)) {
+    TESSERA_ARG_CHECK(opts.link_bandwidth <= 0 && opts.link_latency <= 0 && opts.device.empty(),
+                      "link and device options apply to presets; topology file '", preset_or_file,
+                      "' sets its own figures");
+    return from_json_file(preset_or_file);
+  }
   return preset(preset_or_file, opts);
 }
 

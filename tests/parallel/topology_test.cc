@@ -92,6 +92,12 @@ TEST(Topology, UnknownPresetNamesPresets) {
   EXPECT_THROW(Topology::preset("torus4d:4x4x4"), InvalidArgument);
   EXPECT_THROW(Topology::preset("trn1-cluster:0"), InvalidArgument);
   EXPECT_THROW(Topology::preset("trn1-cluster"), InvalidArgument);
+  TopologyOptions o;
+  o.link_bandwidth = 1e9;  // only torus4d takes link figures
+  EXPECT_THROW(Topology::preset("trn1.32xlarge", o), InvalidArgument);
+  TopologyOptions d;
+  d.device = "a100-80gb";
+  EXPECT_DOUBLE_EQ(Topology::preset("torus4d:2x2x2x2", d).device().peak_flops_bf16, 312e12);
 }
 
 TEST(Topology, Json) {
@@ -122,8 +128,9 @@ TEST(Topology, JsonErrorsNameTheFile) {
                "unknown field 'speed'");
   expect_error(R"({"device": "trn1-core", "dims": [{"size": 0, "bandwidth_gb_s": 1, "latency_us": 1}]})", "size");
   expect_error(R"({"device": "nope", "dims": [{"size": 2, "bandwidth_gb_s": 1, "latency_us": 1}]})", "nope");
-  expect_error(R"({"device": "trn1-core", "dims": [{"size": 2, "kind": "tree", "bandwidth_gb_s": 1, "latency_us": 1}]})",
-               "tree");
+  expect_error(
+      R"({"device": "trn1-core", "dims": [{"size": 2, "kind": "tree", "bandwidth_gb_s": 1, "latency_us": 1}]})",
+      "tree");
 }
 
 }  // namespace
