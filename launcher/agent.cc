@@ -228,11 +228,13 @@ int Agent::run() {
   beat.set_id(opt_.node_rank);
   beat.set_node_rank(opt_.node_rank);
   beat.set_host(host_);
-  auto interval = std::clamp(opt_.heartbeat_timeout / 5, std::chrono::milliseconds(50), std::chrono::milliseconds(2000));
+  auto interval =
+      std::clamp(opt_.heartbeat_timeout / 5, std::chrono::milliseconds(50), std::chrono::milliseconds(2000));
   // Its own client: node beats span rounds, so they carry no round.
   auto beat_client = std::make_shared<CoordinatorClient>(coord_addr_, token_);
-  heartbeat_ = std::make_unique<Heartbeater>(beat_client, beat, interval, std::max(opt_.heartbeat_timeout, 2000ms),
-                                             /*stop_on_abort=*/false, [this](const std::string& why) { on_abort(why); });
+  heartbeat_ =
+      std::make_unique<Heartbeater>(beat_client, beat, interval, std::max(opt_.heartbeat_timeout, 2000ms),
+                                    /*stop_on_abort=*/false, [this](const std::string& why) { on_abort(why); });
 
   int code = 1;
   for (int round = 0;; ++round) {
@@ -256,9 +258,8 @@ int Agent::run() {
     pb::WatchRequest wr;
     wr.set_role(pb::NODE);
     wr.set_id(opt_.node_rank);
-    watcher_ = std::make_unique<EventWatcher>(client_, wr, [this](const pb::JobEvent& ev) {
-      on_abort(describe_cause(ev.cause()));
-    });
+    watcher_ = std::make_unique<EventWatcher>(client_, wr,
+                                              [this](const pb::JobEvent& ev) { on_abort(describe_cause(ev.cause())); });
     spdlog::debug("round {}: world {} ranks, this node has ranks {}..{}", round, layout.world_size(),
                   layout.first_rank(), layout.first_rank() + opt_.nproc_per_node - 1);
     RoundEnd end = run_round(round, layout);
@@ -284,7 +285,9 @@ int Agent::run() {
           aborted = !all_done;
         }
         if (!all_done && !aborted) {
-          struct pollfd p {abort_fd_, POLLIN, 0};
+          struct pollfd p {
+            abort_fd_, POLLIN, 0
+          };
           poll(&p, 1, 50);
         }
       }
@@ -353,13 +356,30 @@ void Agent::spawn(Worker& w, int round, const pb::JoinReply& layout) {
   // async-signal-safe calls are allowed (gRPC threads exist).
   std::vector<std::string> env;
   auto ours = [](const char* kv) {
-    static const char* names[] = {"TESSERA_RANK=", "TESSERA_WORLD_SIZE=", "TESSERA_LOCAL_RANK=",
-                                  "TESSERA_LOCAL_SIZE=", "TESSERA_NODE_RANK=", "TESSERA_NUM_NODES=",
-                                  "TESSERA_COORDINATOR=", "TESSERA_JOB_TOKEN=", "TESSERA_HEARTBEAT_MS=",
-                                  "TESSERA_HOST=", "TESSERA_RESTART_COUNT=", "RANK=", "WORLD_SIZE=",
-                                  "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=", "MASTER_ADDR=",
-                                  "MASTER_PORT=", "TORCHELASTIC_RESTART_COUNT=", "TORCHELASTIC_MAX_RESTARTS=",
-                                  "TORCHELASTIC_RUN_ID=", "ROLE_RANK=", "ROLE_WORLD_SIZE=", "GROUP_WORLD_SIZE="};
+    static const char* names[] = {"TESSERA_RANK=",
+                                  "TESSERA_WORLD_SIZE=",
+                                  "TESSERA_LOCAL_RANK=",
+                                  "TESSERA_LOCAL_SIZE=",
+                                  "TESSERA_NODE_RANK=",
+                                  "TESSERA_NUM_NODES=",
+                                  "TESSERA_COORDINATOR=",
+                                  "TESSERA_JOB_TOKEN=",
+                                  "TESSERA_HEARTBEAT_MS=",
+                                  "TESSERA_HOST=",
+                                  "TESSERA_RESTART_COUNT=",
+                                  "RANK=",
+                                  "WORLD_SIZE=",
+                                  "LOCAL_RANK=",
+                                  "LOCAL_WORLD_SIZE=",
+                                  "GROUP_RANK=",
+                                  "MASTER_ADDR=",
+                                  "MASTER_PORT=",
+                                  "TORCHELASTIC_RESTART_COUNT=",
+                                  "TORCHELASTIC_MAX_RESTARTS=",
+                                  "TORCHELASTIC_RUN_ID=",
+                                  "ROLE_RANK=",
+                                  "ROLE_WORLD_SIZE=",
+                                  "GROUP_WORLD_SIZE="};
     for (const char* n : names)
       if (std::strncmp(kv, n, std::strlen(n)) == 0) return true;
     return false;
@@ -370,7 +390,8 @@ void Agent::spawn(Worker& w, int round, const pb::JoinReply& layout) {
   const std::string rank = std::to_string(w.rank), ws = std::to_string(layout.world_size());
   const std::string lr = std::to_string(w.local_rank), ls = std::to_string(opt_.nproc_per_node);
   const std::string nr = std::to_string(opt_.node_rank), rc = std::to_string(round);
-  auto interval = std::clamp(opt_.heartbeat_timeout / 5, std::chrono::milliseconds(50), std::chrono::milliseconds(2000));
+  auto interval =
+      std::clamp(opt_.heartbeat_timeout / 5, std::chrono::milliseconds(50), std::chrono::milliseconds(2000));
   add("TESSERA_RANK", rank);
   add("TESSERA_WORLD_SIZE", ws);
   add("TESSERA_LOCAL_RANK", lr);
@@ -503,6 +524,7 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
   bool stopping = false;  // workers are being terminated (failure, abort or signal)
   bool failed = false;
   std::optional<Clock::time_point> kill_at;
+  std::optional<Clock::time_point> drain_until;
   auto begin_stop = [&] {
     if (stopping) return;
     stopping = true;
@@ -527,8 +549,10 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
     }
     if (all_exited && all_closed) break;
     if (all_exited && !all_closed) {
-      // Workers are gone but something they spawned holds a pipe: don't wait for it.
-      if (!kill_at || Clock::now() > *kill_at) {
+      // Workers are gone but something they spawned holds a pipe: read what
+      // comes within half a second, then stop waiting for it.
+      if (!drain_until) drain_until = Clock::now() + 500ms;
+      if (Clock::now() > *drain_until) {
         for (auto& w : workers_)
           for (Stream* s : {&w.out, &w.err})
             if (s->fd >= 0) {
@@ -547,7 +571,7 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - Clock::now()).count();
       wait_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 200));
     }
-    if (all_exited && !kill_at) kill_at = Clock::now() + 500ms;
+    if (drain_until) wait_ms = 50;
     int n = poll(fds.data(), fds.size(), wait_ms);
     if (n < 0 && errno != EINTR) throw Error(detail::concat("poll: ", std::strerror(errno)));
     for (size_t i = 2; i < fds.size(); ++i)
@@ -563,16 +587,8 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
           // Forward the signal itself first so workers see what the user sent.
           for (auto& w : workers_)
             if (!w.exited) kill(-w.pid, sig);
-          try {
-            pb::RootCause c;
-            c.set_rank(-1);
-            c.set_node_rank(opt_.node_rank);
-            c.set_host(host_);
-            c.set_reason(detail::concat("the launcher got ", strsignal(sig)));
-            client_->abort(c);
-          } catch (const Error& e) {
-            spdlog::debug("abort not delivered: {}", e.what());
-          }
+          // The other nodes hear of it after the local workers had their
+          // chance to handle the signal itself (see the end of the loop).
           stopping = true;
           kill_at = Clock::now() + opt_.kill_grace;
         } else if (kill_at) {
@@ -614,6 +630,7 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
         rep.set_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : 0);
         rep.set_signal(WIFSIGNALED(status) ? WTERMSIG(status) : 0);
         for (const auto& line : w.tail) rep.add_log_tail(line);
+        rep.set_after_stop(stopping);
         if (!ok && !stopping) {
           failed = true;
           begin_stop();
@@ -632,7 +649,19 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
       kill_at = Clock::now() + 1s;  // and again if somehow still alive
     }
   }
-  if (interrupted_) return RoundEnd::Interrupted;
+  if (interrupted_) {
+    try {
+      pb::RootCause c;
+      c.set_rank(-1);
+      c.set_node_rank(opt_.node_rank);
+      c.set_host(host_);
+      c.set_reason(detail::concat("the launcher got ", strsignal(interrupted_)));
+      client_->abort(c);
+    } catch (const Error& e) {
+      spdlog::debug("abort not delivered: {}", e.what());
+    }
+    return RoundEnd::Interrupted;
+  }
   if (failed) return RoundEnd::Failed;
   for (auto& w : workers_)
     if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return RoundEnd::Failed;
@@ -697,7 +726,9 @@ void Agent::print_summary(int round, const pb::RootCause& c) {
     for (const auto& line : c.log_tail()) s += "      " + line + "\n";
   }
   if (!opt_.log_dir.empty() && c.rank() >= 0 && c.node_rank() == opt_.node_rank)
-    s += detail::concat("    full log:  ", (std::filesystem::path(opt_.log_dir) / ("rank_" + std::to_string(c.rank()) + ".log")).string(), "\n");
+    s += detail::concat("    full log:  ",
+                        (std::filesystem::path(opt_.log_dir) / ("rank_" + std::to_string(c.rank()) + ".log")).string(),
+                        "\n");
   write_all(2, s);
 }
 

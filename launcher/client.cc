@@ -20,13 +20,19 @@ void throw_if_error(const grpc::Status& s, const std::string& what) {
   if (s.ok()) return;
   std::string msg = what + ": " + s.error_message();
   switch (s.error_code()) {
-    case grpc::StatusCode::DEADLINE_EXCEEDED: throw TimeoutError(msg);
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      throw TimeoutError(msg);
     case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::FAILED_PRECONDITION: throw AbortedError(msg);
-    case grpc::StatusCode::INVALID_ARGUMENT: throw InvalidArgument(msg);
-    case grpc::StatusCode::PERMISSION_DENIED: throw Error(msg + " (is TESSERA_JOB_TOKEN the job's token?)");
-    case grpc::StatusCode::UNAVAILABLE: throw Error(msg + " (coordinator unreachable or gone)");
-    default: throw Error(msg);
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      throw AbortedError(msg);
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      throw InvalidArgument(msg);
+    case grpc::StatusCode::PERMISSION_DENIED:
+      throw Error(msg + " (is TESSERA_JOB_TOKEN the job's token?)");
+    case grpc::StatusCode::UNAVAILABLE:
+      throw Error(msg + " (coordinator unreachable or gone)");
+    default:
+      throw Error(msg);
   }
 }
 
@@ -48,13 +54,17 @@ void CoordinatorClient::prepare(grpc::ClientContext& ctx, std::chrono::milliseco
   int r = round_.load();
   if (r >= 0) ctx.AddMetadata("x-tessera-round", std::to_string(r));
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  // A connection that is still being set up (or a handshake lost under load)
+  // is retried until the deadline instead of failing the call at once; a
+  // coordinator that is really gone is noticed by the heartbeat's give-up and
+  // by the watch stream breaking.
+  ctx.set_wait_for_ready(true);
 }
 
 pb::JoinReply CoordinatorClient::join(int node_rank, const std::string& host, int nproc, int round,
                                       std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
-  prepare(ctx, timeout + kSlack);
-  ctx.set_wait_for_ready(true);  // node 0 may not be listening yet
+  prepare(ctx, timeout + kSlack);  // waits for node 0 to come up, too
   pb::JoinRequest req;
   req.set_node_rank(node_rank);
   req.set_host(host);
@@ -64,8 +74,8 @@ pb::JoinReply CoordinatorClient::join(int node_rank, const std::string& host, in
   pb::JoinReply rep;
   auto s = stub_->Join(&ctx, req, &rep);
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")
-    throw TimeoutError(detail::concat("rendezvous: no coordinator answered at ", address_, " within ",
-                                      timeout.count(), " ms"));
+    throw TimeoutError(
+        detail::concat("rendezvous: no coordinator answered at ", address_, " within ", timeout.count(), " ms"));
   throw_if_error(s, "rendezvous (Join) at " + address_);
   return rep;
 }
@@ -171,8 +181,8 @@ pb::JobState CoordinatorClient::job_state(std::chrono::milliseconds timeout) {
 // ---- Heartbeater ----------------------------------------------------------------
 
 Heartbeater::Heartbeater(std::shared_ptr<CoordinatorClient> client, pb::HeartbeatRequest beat,
-                         std::chrono::milliseconds interval, std::chrono::milliseconds give_up,
-                         bool stop_on_abort, std::function<void(const std::string&)> on_lost)
+                         std::chrono::milliseconds interval, std::chrono::milliseconds give_up, bool stop_on_abort,
+                         std::function<void(const std::string&)> on_lost)
     : client_(std::move(client)),
       beat_(std::move(beat)),
       interval_(interval),

@@ -121,8 +121,8 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
                                " stopped sending heartbeats; no new round can start")};
       }
       if (joined_.count(req->node_rank())) {
-        return {StatusCode::ALREADY_EXISTS, detail::concat("node ", req->node_rank(), " already joined round ",
-                                                            round_, " (host ", joined_[req->node_rank()].host(), ")")};
+        return {StatusCode::ALREADY_EXISTS, detail::concat("node ", req->node_rank(), " already joined round ", round_,
+                                                           " (host ", joined_[req->node_rank()].host(), ")")};
       }
       pb::NodeInfo info;
       info.set_node_rank(req->node_rank());
@@ -148,15 +148,16 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
       auto deadline = Clock::now() + bounded_timeout(req->timeout_ms());
       Status s = block(l, ctx, my_round, deadline, [&] { return started_; });
       if (!s.ok()) {
-        if (round_ == my_round && !started_) joined_.erase(req->node_rank());
         if (s.error_code() == StatusCode::DEADLINE_EXCEEDED) {
           std::vector<int> missing;
           for (int k = 0; k < opt_.num_nodes; ++k)
             if (!joined_.count(k)) missing.push_back(k);
-          return {StatusCode::DEADLINE_EXCEEDED,
-                  detail::concat("rendezvous timed out: ", joined_.size(), " of ", opt_.num_nodes,
-                                 " nodes joined round ", my_round, "; missing node rank(s) ", join_ints(missing))};
+          s = Status(StatusCode::DEADLINE_EXCEEDED,
+                     detail::concat("rendezvous timed out: ", joined_.size(), " of ", opt_.num_nodes,
+                                    " nodes joined round ", my_round, "; missing node rank(s) ", join_ints(missing)));
         }
+        // A node that gave up must not count in the rendezvous any more.
+        if (round_ == my_round && !started_) joined_.erase(req->node_rank());
         return s;
       }
       rep->set_round(round_);
@@ -299,9 +300,9 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
             if (!i->second.arrived.count(r) && r != req->rank()) missing.push_back(r);
         }
         if (s.error_code() == StatusCode::DEADLINE_EXCEEDED)
-          return {StatusCode::DEADLINE_EXCEEDED, detail::concat("barrier '", name, "' timed out after ",
-                                                                req->timeout_ms(), " ms; missing rank(s) ",
-                                                                join_ints(missing))};
+          return {StatusCode::DEADLINE_EXCEEDED,
+                  detail::concat("barrier '", name, "' timed out after ", req->timeout_ms(), " ms; missing rank(s) ",
+                                 join_ints(missing))};
       }
       return s;
     });
@@ -316,7 +317,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
           return invalid("heartbeat from rank ", req->id(), " outside the world of ", world_size_);
         if (req->leaving()) {
           rank_beats_.erase(req->id());
-        } else if (!aborted_) {
+        } else if (!aborted_ && !exited_ranks_.count(req->id())) {  // a beat racing its rank's exit report
           rank_beats_[req->id()] = Beat{req->node_rank(), req->host(), Clock::now()};
         }
       } else {
@@ -371,28 +372,30 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
       if (req->host().size() > kMaxHostBytes || req->log_tail_size() > 64) return invalid("exit report too large");
       std::lock_guard<std::mutex> l(mu_);
       if (round >= 0 && round != round_) return Status::OK;  // a straggler of an old round
-      if (req->exit_code() == 0 && req->signal() == 0) {
-        rank_beats_.erase(req->rank());
-        return Status::OK;
-      }
+      if (exited_ranks_.size() < static_cast<size_t>(kMaxRanks)) exited_ranks_.insert(req->rank());
       rank_beats_.erase(req->rank());
+      if (req->exit_code() == 0 && req->signal() == 0) return Status::OK;
       pb::RootCause c;
+      if (req->after_stop() && !aborted_) return Status::OK;  // a consequence, never a cause
       c.set_rank(req->rank());
       c.set_node_rank(req->node_rank());
       c.set_host(req->host());
       c.set_has_exit(true);
       c.set_exit_code(req->exit_code());
       c.set_signal(req->signal());
-      c.set_reason(req->signal() ? detail::concat("killed by signal ", req->signal(), " (", strsignal(req->signal()), ")")
-                                 : detail::concat("exited with code ", req->exit_code()));
+      c.set_reason(req->signal()
+                       ? detail::concat("killed by signal ", req->signal(), " (", strsignal(req->signal()), ")")
+                       : detail::concat("exited with code ", req->exit_code()));
       *c.mutable_log_tail() = req->log_tail();
       if (!abort_locked(round_, c)) {
         // The worker may have reported its own error first; complete that root cause.
         auto it = causes_.find(round_);
         if (it != causes_.end() && it->second.rank() == req->rank() && !it->second.has_exit()) {
-          it->second.set_has_exit(true);
-          it->second.set_exit_code(req->exit_code());
-          it->second.set_signal(req->signal());
+          if (!req->after_stop()) {
+            it->second.set_has_exit(true);
+            it->second.set_exit_code(req->exit_code());
+            it->second.set_signal(req->signal());
+          }
           if (it->second.log_tail_size() == 0) *it->second.mutable_log_tail() = req->log_tail();
         }
       }
@@ -501,8 +504,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
   // `round` or a newer round (ABORTED), shutdown (UNAVAILABLE) or the caller
   // cancelling (CANCELLED).
   template <typename Pred>
-  Status block(std::unique_lock<std::mutex>& l, ServerContext* ctx, int round, Clock::time_point deadline,
-               Pred pred) {
+  Status block(std::unique_lock<std::mutex>& l, ServerContext* ctx, int round, Clock::time_point deadline, Pred pred) {
     for (;;) {
       if (stopping_) return {StatusCode::UNAVAILABLE, "coordinator is shutting down"};
       if (round >= 0 && (round != round_ || aborted_)) return aborted_status_locked(round);
@@ -533,7 +535,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
     aborted_ = true;
     causes_[round] = cause;
     while (causes_.size() > 64) causes_.erase(causes_.begin());
-    spdlog::error("coordinator: aborting round {}: {}", round, describe(cause));
+    spdlog::debug("coordinator: aborting round {}: {}", round, describe(cause));
     cv_.notify_all();
     return true;
   }
@@ -548,6 +550,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
     kv_bytes_ = 0;
     barriers_.clear();
     rank_beats_.clear();
+    exited_ranks_.clear();
     nodes_done_.clear();
     cv_.notify_all();
   }
@@ -611,6 +614,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
   size_t kv_bytes_ = 0;
   std::map<std::string, BarrierState> barriers_;
   std::map<int, Beat> rank_beats_;
+  std::set<int> exited_ranks_;  // of the current round, as reported by the agents
   std::map<int, Beat> node_beats_;
   std::set<int> nodes_done_;  // finished the current round successfully
   std::set<int> nodes_left_;

@@ -11,11 +11,11 @@ namespace tessera::launcher {
 void add_run_command(CLI::App& root, tessera::cli::Action& action) {
   auto opts = std::make_shared<RunOptions>();
   auto secs = std::make_shared<std::array<double, 3>>(std::array<double, 3>{10.0, 300.0, 2.0});
-  auto* cmd = root.add_subcommand(
-      "run",
-      "Launch workers (torchrun-style) with a gRPC coordinator.\n"
-      "Usage: tessera run --nproc-per-node N [--nnodes M --node-rank K --coordinator HOST:PORT]\n"
-      "                   [--max-restarts R] [--log-dir DIR] -- PROGRAM ARGS...");
+  auto* cmd =
+      root.add_subcommand("run",
+                          "Launch workers (torchrun-style) with a gRPC coordinator.\n"
+                          "Usage: tessera run --nproc-per-node N [--nnodes M --node-rank K --coordinator HOST:PORT]\n"
+                          "                   [--max-restarts R] [--log-dir DIR] -- PROGRAM ARGS...");
   cmd->add_option("--nproc-per-node,--nproc_per_node", opts->nproc_per_node, "Workers on this node")
       ->required()
       ->check(CLI::Range(1, 4096));

@@ -15,10 +15,6 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 
-#ifndef TESSERA_WITH_COMMUNICATOR
-#define TESSERA_WITH_COMMUNICATOR 0
-#endif
-
 namespace tessera::launcher {
 
 namespace pb = tessera::launcher::proto;
@@ -26,9 +22,12 @@ using namespace std::chrono_literals;
 
 const char* bootstrap_mode_name(BootstrapMode m) {
   switch (m) {
-    case BootstrapMode::Single: return "single process";
-    case BootstrapMode::TesseraRun: return "tessera run";
-    case BootstrapMode::Mpi: return "mpirun";
+    case BootstrapMode::Single:
+      return "single process";
+    case BootstrapMode::TesseraRun:
+      return "tessera run";
+    case BootstrapMode::Mpi:
+      return "mpirun";
   }
   return "?";
 }
@@ -116,8 +115,25 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (rank != r.world.rank || size != r.world.size)
-    throw Error(detail::concat("MPI says rank ", rank, " of ", size, " but the environment says ", r.world.rank,
-                               " of ", r.world.size));
+    throw Error(detail::concat("MPI says rank ", rank, " of ", size, " but the environment says ", r.world.rank, " of ",
+                               r.world.size));
+  // OMPI_COMM_WORLD_NODE_RANK is a process's rank *on* its node, not the
+  // node's index, so number the nodes here: node leaders in rank order.
+  {
+    MPI_Comm node_comm, leaders;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
+    int local = 0;
+    MPI_Comm_rank(node_comm, &local);
+    MPI_Comm_split(MPI_COMM_WORLD, local == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
+    int node = 0;
+    if (leaders != MPI_COMM_NULL) {
+      MPI_Comm_rank(leaders, &node);
+      MPI_Comm_free(&leaders);
+    }
+    MPI_Bcast(&node, 1, MPI_INT, 0, node_comm);
+    MPI_Comm_free(&node_comm);
+    r.world.node_rank = node;
+  }
   char buf[512] = {0};
   if (rank == 0) {
     std::string err;
@@ -130,8 +146,8 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
       co.token = make_job_token();
       co.num_nodes = 0;
       co.world_size = size;
-      co.heartbeat_timeout = std::chrono::milliseconds(
-          env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count()));
+      co.heartbeat_timeout =
+          std::chrono::milliseconds(env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count()));
       r.coordinator = std::make_unique<Coordinator>(co);
       std::string msg = adv + ":" + std::to_string(r.coordinator->port()) + "\n" + co.token;
       if (msg.size() >= sizeof buf) throw Error("coordinator address too long");
@@ -169,7 +185,10 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   ctx.host = env_or("TESSERA_HOST", host_name());
   r.world = ctx.world;
   r.host = ctx.host;
-  init_logging(ctx.world.size > 1 || ctx.world.source != WorldSource::Single ? ctx.world.rank : -1);
+  // tessera run prefixes every line of a worker with its rank already.
+  const bool prefixed_by_launcher = ctx.world.source == WorldSource::Tessera;
+  init_logging(!prefixed_by_launcher && (ctx.world.size > 1 || ctx.world.source != WorldSource::Single) ? ctx.world.rank
+                                                                                                        : -1);
 
   std::string address, token;
   std::chrono::milliseconds interval{2000};
@@ -184,12 +203,12 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   } else if (ctx.world.source == WorldSource::OpenMPI) {
     r.mode = BootstrapMode::Mpi;
     bootstrap_mpi(r, opt, address, token);
+    ctx.world.node_rank = r.world.node_rank;
     auto timeout = env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count());
     interval = std::chrono::milliseconds(std::clamp<int64_t>(timeout / 5, 10, 2000));
   } else {
     TESSERA_ARG_CHECK(ctx.world.size == 1, "a world of ", ctx.world.size, " ranks from ",
-                      world_source_name(ctx.world.source),
-                      " needs a store: launch with `tessera run` or mpirun");
+                      world_source_name(ctx.world.source), " needs a store: launch with `tessera run` or mpirun");
     r.mode = BootstrapMode::Single;
     CoordinatorOptions co;
     co.token = make_job_token();
@@ -219,20 +238,15 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     pb::WatchRequest wr;
     wr.set_role(pb::WORKER);
     wr.set_id(ctx.world.rank);
-    r.watcher = std::make_unique<EventWatcher>(r.client, wr, [](const pb::JobEvent& ev) {
-      on_job_abort(describe_cause(ev.cause()));
-    });
+    r.watcher = std::make_unique<EventWatcher>(
+        r.client, wr, [](const pb::JobEvent& ev) { on_job_abort(describe_cause(ev.cause())); });
   }
 
   if (opt.create_communicator) {
-#if TESSERA_WITH_COMMUNICATOR
     auto comm_store = std::make_shared<coll::PrefixStore>(ctx.store, "tessera/comm/world/");
     ctx.world_comm = coll::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, opt.comm);
     std::lock_guard<std::mutex> l(r.mu);
     r.comm = ctx.world_comm;
-#else
-    throw Error("this build has no Communicator implementation yet; use WorkerOptions::create_communicator = false");
-#endif
   }
   spdlog::debug("joined as rank {} of {} ({})", ctx.world.rank, ctx.world.size, bootstrap_mode_name(ctx.mode));
   return ctx;

@@ -5,11 +5,13 @@
 //   --fail-round K                  inject the failure only in restart rounds < K
 //   --throw-rank R                  rank R throws (reported as the root cause)
 //   --stop-rank R                   rank R sends itself SIGSTOP after the barrier
-//   --sleep S                       sleep S seconds after the barrier
+//   --kill-rank R                   rank R sends itself SIGKILL after the barrier
+//   --sleep S                       sleep S seconds after the barrier (failing ranks don't)
 //   --pid-dir DIR                   write DIR/<rank>.pid (tests check nothing survives)
 //   --term-dir DIR                  on SIGTERM write DIR/<rank>.term and exit 143
 //   --print-env                     print the launcher's variables
 //   --comm                          build the world communicator and all-reduce the ranks
+//   --loop-seconds S                with --comm: all-reduce in a loop for S seconds (after injections)
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -51,8 +53,8 @@ void sleep_seconds(double s) {
 
 int main(int argc, char** argv) {
   CLI::App app{"tessera launcher test program"};
-  int exit_code = 0, fail_rank = -1, fail_round = 1 << 30, throw_rank = -1, stop_rank = -1;
-  double sleep_s = 0;
+  int exit_code = 0, fail_rank = -1, fail_round = 1 << 30, throw_rank = -1, stop_rank = -1, kill_rank = -1;
+  double sleep_s = 0, loop_s = 0;
   std::string pid_dir, term_dir;
   bool print_env = false, comm = false;
   app.add_option("--exit-code", exit_code);
@@ -60,11 +62,13 @@ int main(int argc, char** argv) {
   app.add_option("--fail-round", fail_round);
   app.add_option("--throw-rank", throw_rank);
   app.add_option("--stop-rank", stop_rank);
+  app.add_option("--kill-rank", kill_rank);
   app.add_option("--sleep", sleep_s);
   app.add_option("--pid-dir", pid_dir);
   app.add_option("--term-dir", term_dir);
   app.add_flag("--print-env", print_env);
   app.add_flag("--comm", comm);
+  app.add_option("--loop-seconds", loop_s);
   CLI11_PARSE(app, argc, argv);
 
   tessera::launcher::WorkerOptions opts;
@@ -77,10 +81,10 @@ int main(int argc, char** argv) {
       signal(SIGTERM, on_term);
     }
     if (print_env) {
-      for (const char* v : {"TESSERA_RANK", "TESSERA_WORLD_SIZE", "TESSERA_LOCAL_RANK", "TESSERA_LOCAL_SIZE",
-                            "TESSERA_NODE_RANK", "TESSERA_COORDINATOR", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                            "TORCHELASTIC_RESTART_COUNT"}) {
+      for (const char* v :
+           {"TESSERA_RANK", "TESSERA_WORLD_SIZE", "TESSERA_LOCAL_RANK", "TESSERA_LOCAL_SIZE", "TESSERA_NODE_RANK",
+            "TESSERA_COORDINATOR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+            "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"}) {
         const char* x = std::getenv(v);
         std::printf("env %s=%s\n", v, x ? x : "");
       }
@@ -99,7 +103,8 @@ int main(int argc, char** argv) {
     ctx.store->add("hello/count", 1);
     ctx.barrier("hello");
     int64_t count = ctx.store->add("hello/count", 0);
-    if (count != size) throw tessera::Error("store add: count " + std::to_string(count) + " != " + std::to_string(size));
+    if (count != size)
+      throw tessera::Error("store add: count " + std::to_string(count) + " != " + std::to_string(size));
     if (comm && ctx.world_comm) {
       int64_t v = rank, sum = 0;
       ctx.world_comm->all_reduce(&v, &sum, 1, tessera::DType::I64, tessera::coll::ReduceOp::Sum);
@@ -110,11 +115,20 @@ int main(int argc, char** argv) {
     const bool inject = ctx.restart_count < fail_round;
     if (inject && rank == throw_rank) throw tessera::Error("injected failure on rank " + std::to_string(rank));
     if (inject && rank == stop_rank) raise(SIGSTOP);
-    if (sleep_s > 0) sleep_seconds(sleep_s);
+    if (inject && rank == kill_rank) raise(SIGKILL);
     if (inject && exit_code != 0 && (fail_rank < 0 || fail_rank == rank)) {
       std::fprintf(stderr, "rank %d exiting with code %d as asked\n", rank, exit_code);
       return exit_code;
     }
+    if (comm && ctx.world_comm && loop_s > 0) {
+      auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(loop_s);
+      while (std::chrono::steady_clock::now() < end) {
+        int64_t v = rank, sum = 0;
+        ctx.world_comm->all_reduce(&v, &sum, 1, tessera::DType::I64, tessera::coll::ReduceOp::Sum);
+        if (sum != int64_t(size) * (size - 1) / 2) throw tessera::Error("all_reduce: wrong sum");
+      }
+    }
+    if (sleep_s > 0) sleep_seconds(sleep_s);
     return 0;
   });
 }
