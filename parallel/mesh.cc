@@ -236,11 +236,10 @@ Placement::Placement(const Topology& topo, const Mesh& mesh) : net_(topo.net_mod
       cap[d] /= g;
       need /= g;
     }
-    if (need > 1) boxed_ = false;
-  }
-  if (!boxed_) {
-    for (auto& p : parts_) p.clear();
-    return;
+    // gcd allocation works prime by prime: each axis takes every factor of a
+    // prime it needs from the dimensions that still have it, and the axes'
+    // exponents sum to the dimensions' (world = cores), so it never runs short.
+    TESSERA_CHECK_EQ(need, 1, "placement of ", mesh_axis_name(a), " ran out of torus factors");
   }
   for (MeshAxis a : {MeshAxis::TP, MeshAxis::PP, MeshAxis::DP}) {
     auto& parts = parts_[static_cast<int>(a)];
@@ -261,7 +260,6 @@ Placement::Placement(const Topology& topo, const Mesh& mesh) : net_(topo.net_mod
 }
 
 int Placement::node(int rank) const {
-  if (!boxed_) return rank;
   MeshCoord c = mesh_.coord(rank);
   return offset_[0][static_cast<size_t>(c.tp)] + offset_[1][static_cast<size_t>(c.dp)] +
          offset_[2][static_cast<size_t>(c.pp)];
@@ -272,23 +270,6 @@ std::vector<int> Placement::coords(int rank) const { return net_.coords(node(ran
 NetModel Placement::group_model(MeshAxis a) const {
   const auto& dims = net_.dims();
   if (mesh_.size(a) <= 1) return NetModel();
-  if (!boxed_) {
-    std::vector<int> g = mesh_.group(a, 0);
-    int worst = 0;
-    for (size_t i = 0; i < g.size(); ++i)
-      worst = std::max(worst, net_.hops_between(node(g[i]), node(g[(i + 1) % g.size()])));
-    NetDim nd;
-    nd.size = mesh_.size(a);
-    nd.kind = LinkKind::Ring;
-    nd.bandwidth = dims[0].bandwidth;
-    nd.latency = 0;
-    for (const auto& d : dims) {
-      nd.bandwidth = std::min(nd.bandwidth, d.bandwidth);
-      nd.latency = std::max(nd.latency, d.latency);
-    }
-    nd.latency *= std::max(1, worst);
-    return NetModel({nd});
-  }
   std::vector<NetDim> out;
   for (const auto& p : parts(a)) {
     if (p.extent <= 1) continue;

@@ -95,9 +95,6 @@ class Placement {
   Placement(const Topology& topo, const Mesh& mesh);
 
   const Mesh& mesh() const { return mesh_; }
-  // True when each axis got a sub-box of the torus; false means ranks were
-  // laid out in order over the cores (an axis did not factor into the dims).
-  bool boxed() const { return boxed_; }
   const std::vector<AxisPart>& parts(MeshAxis a) const { return parts_[static_cast<int>(a)]; }
 
   // Topology core (NetModel node) of a rank, and its coordinates.
@@ -107,8 +104,7 @@ class Placement {
   // The network one group of `axis` sees, for the NetModel closed forms: one
   // dimension per part, bandwidth divided by the stride (that many
   // interleaved groups share each link), latency times the stride, and twice
-  // that on an open line (folded ring). Unboxed placements get a single ring
-  // whose hop count is the worst neighbour distance.
+  // that on an open line (folded ring).
   NetModel group_model(MeshAxis a) const;
 
   // Over every group of `axis`; PP counts neighbours only (no wrap).
@@ -119,9 +115,8 @@ class Placement {
 
   NetModel net_;  // the whole topology
   Mesh mesh_;
-  bool boxed_ = true;
   std::array<std::vector<AxisPart>, 3> parts_;
-  std::array<std::vector<int>, 3> offset_;  // per axis: axis index -> node offset (boxed)
+  std::array<std::vector<int>, 3> offset_;  // per axis: axis index -> node offset
   std::vector<int> dim_stride_;             // node id stride of each topology dim
 };
 

@@ -70,7 +70,6 @@ std::string coords_text(const std::vector<int>& c) {
 }
 
 std::string parts_text(const Placement& pl, const Topology& topo, MeshAxis a) {
-  if (!pl.boxed()) return "in rank order";
   std::string s;
   for (const auto& p : pl.parts(a)) {
     if (p.extent <= 1) continue;
@@ -126,7 +125,7 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
   Mesh mesh(c.tp, c.pp, c.dp, opts.order);
   Placement pl(topo, mesh);
   PlacementSummary s = summarize_placement(pl);
-  os << "  placement" << (pl.boxed() ? "" : " (axes do not factor into the torus; ranks in order)") << ":\n";
+  os << "  placement:\n";
   os << "    TP groups on " << parts_text(pl, topo, MeshAxis::TP) << ": " << hops_text(s.tp) << "\n";
   os << "    PP stages on " << parts_text(pl, topo, MeshAxis::PP) << ": " << hops_text(s.pp) << "\n";
   os << "    DP groups on " << parts_text(pl, topo, MeshAxis::DP) << ": " << hops_text(s.dp) << "\n";
@@ -203,9 +202,9 @@ int run_plan(const PlanArgs& a) {
                   "%8.4f %8.4f%s\n",
                   i + 1, c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages, onoff(c.zero1).c_str(),
                   onoff(c.sequence_parallel).c_str(), recompute_name(c.recompute), k.memory.params / kGiB,
-                  k.memory.grads / kGiB, k.memory.optimizer / kGiB, k.memory.activations / kGiB,
-                  k.memory.total / kGiB, k.time.compute, k.time.tp_comm, k.time.pp_comm, k.time.bubble,
-                  k.time.dp_comm, k.time.total, c.balanced ? "  balanced stages" : "");
+                  k.memory.grads / kGiB, k.memory.optimizer / kGiB, k.memory.activations / kGiB, k.memory.total / kGiB,
+                  k.time.compute, k.time.tp_comm, k.time.pp_comm, k.time.bubble, k.time.dp_comm, k.time.total,
+                  c.balanced ? "  balanced stages" : "");
     os << buf;
   }
   if (!a.json.empty()) {

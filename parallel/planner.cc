@@ -95,7 +95,6 @@ void validate_pins(const ModelConfig& m, const Topology& topo, const PlannerOpti
 
 PlacementSummary summarize_placement(const Placement& pl) {
   PlacementSummary s;
-  s.boxed = pl.boxed();
   s.tp = pl.hop_stats(MeshAxis::TP);
   s.dp = pl.hop_stats(MeshAxis::DP);
   s.pp = pl.hop_stats(MeshAxis::PP);

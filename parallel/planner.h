@@ -47,7 +47,6 @@ struct RankedPlan {
 
 // Hop statistics of a placement, per axis (TP, DP, PP).
 struct PlacementSummary {
-  bool boxed = true;
   HopStats tp, dp, pp;
 };
 

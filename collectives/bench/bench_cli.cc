@@ -1,18 +1,395 @@
+// `tessera bench OP ...`: the command line, and how the ranks come to be.
+//
+// Three ways to run (docs/bench.md):
+// - `tessera bench OP -r N`: this process spawns N ranks of itself (fork +
+//   exec, TESSERA_* variables, a FileStore in a fresh temporary directory)
+//   and waits for them; with --transport mpi or --compare mpi it runs
+//   `mpirun -np N` on itself instead, since MPI must start the processes.
+// - under `tessera run` (TESSERA_RANK set): the launcher made the ranks; the
+//   store is the directory in TESSERA_STORE_DIR.
+// - under `mpirun -np N tessera bench OP`: MPI made the ranks; for shm and
+//   tcp, rank 0 makes a store directory and broadcasts its path over MPI.
 #include "collectives/bench/bench_cli.h"
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "collectives/bench/bench.h"
+#include "collectives/communicator.h"
+#include "collectives/mpi/mpi_backend.h"
+#include "collectives/mpi/mpi_env.h"
+#include "collectives/store.h"
+#include "launcher/worker.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+#include "runtime/shm_memory.h"
+#include "runtime/topology.h"
+#include "runtime/world.h"
 
 namespace tessera::coll {
+namespace {
+
+struct BenchArgs {
+  std::string op;
+  int nworkers = 0;
+  std::string minbytes = "32M", maxbytes = "32M";
+  double stepfactor = 0;
+  std::string stepbytes;
+  int iters = 20, warmup = 5;
+  std::string datatype = "f32", redop = "sum";
+  int check = 1;
+  int root = 0;
+  std::string transport = "shm", algo, topology, json, plot, compare;
+  bool baseline = false;
+  double timeout_s = 120;
+};
+
+std::string env_or(const char* name, const std::string& dflt = "") {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : dflt;
+}
+
+bench::BenchConfig make_config(const BenchArgs& a) {
+  bench::BenchConfig c;
+  c.op = bench::parse_bench_op(a.op);
+  size_t lo = bench::parse_size(a.minbytes), hi = bench::parse_size(a.maxbytes);
+  if (a.stepfactor != 0 && !a.stepbytes.empty())
+    throw InvalidArgument("give -f/--stepfactor or -i/--stepbytes, not both");
+  if (a.stepfactor != 0 && a.stepfactor <= 1.0)
+    throw InvalidArgument("-f/--stepfactor must be > 1, got " + std::to_string(a.stepfactor));
+  double factor = a.stepfactor;
+  size_t step = 0;
+  if (!a.stepbytes.empty()) step = bench::parse_size(a.stepbytes);
+  else if (factor == 0) factor = 2.0;  // nccom-test's default sweep doubles
+  c.sizes = bench::size_sweep(lo, hi, factor, step);
+  c.iters = a.iters;
+  c.warmup = a.warmup;
+  c.dtype = parse_dtype(a.datatype);
+  c.redop = parse_reduce_op(a.redop);
+  c.check = a.check != 0;
+  c.root = a.root;
+  if (std::string s = env_or("TESSERA_BENCH_CORRUPT"); !s.empty()) {
+    char* end = nullptr;
+    long r = std::strtol(s.c_str(), &end, 10);
+    if (!end || *end || r < 0) throw InvalidArgument("TESSERA_BENCH_CORRUPT='" + s + "' is not a rank");
+    c.corrupt_rank = static_cast<int>(r);
+  }
+  return c;
+}
+
+// ---- spawning ranks ------------------------------------------------------------
+
+std::vector<std::string> own_argv() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> out;
+  std::string s;
+  while (std::getline(f, s, '\0')) out.push_back(s);
+  return out;
+}
+
+std::string own_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("bench: cannot resolve /proc/self/exe: " + ec.message());
+  return p.string();
+}
+
+std::string make_temp_dir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "tessera-bench-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw Error("bench: cannot create a temporary store directory in " + tmpl);
+  return tmpl;
+}
+
+std::vector<char*> c_argv(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (auto& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+// mpirun on ourselves: MPI has to start the processes it connects.
+int spawn_with_mpirun(int n) {
+  std::vector<std::string> args{"mpirun", "--oversubscribe", "-np", std::to_string(n), own_exe()};
+  auto mine = own_argv();
+  args.insert(args.end(), mine.begin() + 1, mine.end());
+  // mpirun refuses root unless told; the user asked us to start the ranks.
+  if (geteuid() == 0) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  }
+  std::cout.flush();
+  pid_t pid = fork();
+  if (pid < 0) throw Error("bench: fork failed");
+  if (pid == 0) {
+    auto cv = c_argv(args);
+    execvp("mpirun", cv.data());
+    std::perror("tessera bench: cannot run mpirun");
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return exit_code_of(status);
+}
+
+// fork + exec of ourselves N times with tessera's launcher variables.
+int spawn_local(int n) {
+  const std::string dir = make_temp_dir();
+  const std::string exe = own_exe();
+  auto args = own_argv();
+  args[0] = exe;
+  std::cout.flush();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      for (pid_t p : pids) kill(p, SIGKILL);
+      throw Error("bench: fork failed");
+    }
+    if (pid == 0) {
+      setenv("TESSERA_RANK", std::to_string(r).c_str(), 1);
+      setenv("TESSERA_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("TESSERA_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("TESSERA_LOCAL_SIZE", std::to_string(n).c_str(), 1);
+      setenv("TESSERA_NODE_RANK", "0", 1);
+      setenv("TESSERA_STORE_DIR", dir.c_str(), 1);
+      auto cv = c_argv(args);
+      execv(exe.c_str(), cv.data());
+      std::perror("tessera bench: exec failed");
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  // Wait for all. When one fails, the others notice within about a second
+  // (the transports watch their peers); give them a grace period, then kill.
+  int code = 0;
+  size_t left = pids.size();
+  auto grace_end = std::chrono::steady_clock::time_point::max();
+  while (left > 0) {
+    int status = 0;
+    pid_t p = waitpid(-1, &status, WNOHANG);
+    if (p > 0) {
+      for (auto& q : pids)
+        if (q == p) q = -1, --left;
+      int c = exit_code_of(status);
+      if (c != 0 && code == 0) {
+        code = c;
+        grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      }
+      continue;
+    }
+    if (p < 0 && errno != EINTR) break;
+    if (std::chrono::steady_clock::now() > grace_end) {
+      for (pid_t q : pids)
+        if (q > 0) kill(q, SIGKILL);
+      grace_end = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return code;
+}
+
+// ---- one rank ------------------------------------------------------------------
+
+NetModel topology_model(const std::string& spec, int nranks) {
+  if (spec.empty()) return NetModel{};  // the communicator's default ring
+  Topology t = Topology::load(spec);
+  if (t.num_cores() > nranks) t = t.first_cores(nranks);
+  return t.net_model();
+}
+
+int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
+  // Under `tessera run`, join the job through the launcher (GrpcStore on its
+  // coordinator, heartbeats, abort on a failed peer).
+  std::optional<launcher::WorkerContext> job;
+  if (!env_or("TESSERA_COORDINATOR").empty()) {
+    launcher::WorkerOptions wo;
+    wo.create_communicator = false;
+    job = launcher::init_worker(wo);
+  }
+  const World w = job ? job->world : discover_world();
+  if (a.nworkers > 0 && w.size > 1 && a.nworkers != w.size)
+    throw InvalidArgument("-r " + std::to_string(a.nworkers) + " does not match the launcher's world size " +
+                          std::to_string(w.size));
+  init_logging(w.size > 1 ? w.rank : -1);
+  const TransportKind kind = parse_transport(a.transport);
+  const bool want_mpi = kind == TransportKind::Mpi || a.compare == "mpi";
+  const bool in_mpirun = mpi::under_mpirun();
+  if (want_mpi || in_mpirun) {
+    mpi::install();
+    mpi::init();
+  }
+  if (want_mpi && !in_mpirun && w.size > 1)
+    throw InvalidArgument("--transport mpi and --compare mpi need the ranks started by mpirun "
+                          "(use -r N, or mpirun -np N tessera bench ...)");
+  if (cfg.root < 0 || cfg.root >= w.size)
+    throw InvalidArgument("--root " + std::to_string(cfg.root) + " is not a rank of " + std::to_string(w.size));
+
+  // The store the shm and tcp transports rendezvous through.
+  std::shared_ptr<Store> store;
+  std::string own_dir;  // created here, removed at the end
+  if (kind != TransportKind::Mpi && job) {
+    store = std::make_shared<PrefixStore>(job->store, "bench/");
+  } else if (kind != TransportKind::Mpi) {
+    std::string dir = env_or("TESSERA_STORE_DIR");
+    if (dir.empty() && in_mpirun) {
+      if (mpi::world_rank() == 0) own_dir = make_temp_dir();
+      dir = mpi::broadcast_string(own_dir);
+    } else if (dir.empty() && w.size == 1) {
+      own_dir = dir = make_temp_dir();
+    }
+    if (dir.empty())
+      throw InvalidArgument("no store to rendezvous through: set TESSERA_STORE_DIR to a directory all ranks share");
+    store = std::make_shared<PrefixStore>(make_file_store(dir), "bench/");
+  }
+
+  CommOptions opts;
+  opts.transport = kind;
+  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  opts.name = "bench";
+  opts.algo = a.algo;
+  opts.net = topology_model(a.topology, w.size);
+  auto comm = Communicator::create(store, w.rank, w.size, opts);
+  std::shared_ptr<Communicator> compare;
+  if (a.compare == "mpi") {
+    CommOptions o = opts;
+    o.transport = TransportKind::Mpi;
+    o.name = "bench-mpi";
+    compare = Communicator::create(nullptr, w.rank, w.size, o);
+  }
+
+  // Buffers: from a shared-memory arena for shm, so peers read them in place.
+  const size_t need = bench::bytes_needed(cfg, w.size);
+  std::unique_ptr<DeviceMemory> arena;
+  void* sbuf = nullptr;
+  void* rbuf = nullptr;
+  if (kind == TransportKind::Shm && need > 0) {
+    const size_t rounded = (need + 4095) / 4096 * 4096;
+    arena = make_shm_memory(2 * rounded + (1 << 20));
+    sbuf = arena->allocate(rounded);
+    rbuf = arena->allocate(rounded);
+    if (!sbuf || !rbuf) throw Error("bench: shared-memory arena could not hold the buffers");
+    std::memset(sbuf, 0, rounded);  // pre-fault
+    std::memset(rbuf, 0, rounded);
+  }
+
+  bench::Report rep;
+  rep.op = bench::bench_op_name(cfg.op);
+  rep.ranks = w.size;
+  rep.transport = transport_name(kind);
+  rep.algo = a.algo;
+  rep.dtype = dtype_name(cfg.dtype);
+  rep.redop = bench::op_reduces(cfg.op) ? reduce_op_name(cfg.redop) : "none";
+  rep.compare = a.compare;
+  rep.rows = bench::run_bench(*comm, cfg, compare.get(), sbuf, rbuf);
+
+  if (a.baseline) {
+    size_t bytes = std::max<size_t>(need, 1 << 20);
+    if (w.rank == 0) {
+      int reps = static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000));
+      rep.memcpy_gbps = bench::measure_memcpy_gbps(bytes, reps);
+    }
+    auto tcp = bench::measure_tcp_loopback(*comm, bytes, static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
+    rep.tcp_loopback_gbps = tcp.bidir_gbps;
+    rep.tcp_loopback_unidir_gbps = tcp.unidir_gbps;
+  }
+
+  if (w.rank == 0) {
+    std::cout << bench::format_table(rep) << std::flush;
+    if (!a.json.empty()) {
+      std::ofstream f(a.json);
+      f << bench::to_json(rep).dump(2) << "\n";
+      if (!f) throw Error("bench: cannot write --json file '" + a.json + "'");
+    }
+    if (!a.plot.empty()) bench::plot_png(rep, a.plot);
+  }
+  comm->barrier();
+  if (arena) {
+    arena->free(sbuf, 0);
+    arena->free(rbuf, 0);
+  }
+  compare.reset();
+  comm.reset();
+  if (!own_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(own_dir, ec);
+  }
+  if (job) launcher::shutdown(*job);
+  if (mpi::initialized()) mpi::finalize();
+  return rep.total_wrong() > 0 ? 1 : 0;
+}
+
+int bench_main(const BenchArgs& a) {
+  const bench::BenchConfig cfg = make_config(a);  // validate before spawning anything
+  if (!a.compare.empty() && a.compare != "mpi")
+    throw InvalidArgument("--compare takes 'mpi', got '" + a.compare + "'");
+  const TransportKind kind = parse_transport(a.transport);
+  if (!a.topology.empty()) (void)topology_model(a.topology, std::max(a.nworkers, 1));  // fail early on bad names
+  const bool launched =
+      !env_or("TESSERA_RANK").empty() || !env_or("TESSERA_COORDINATOR").empty() || mpi::under_mpirun();
+  if (!launched && a.nworkers > 1) {
+    if (kind == TransportKind::Mpi || a.compare == "mpi") return spawn_with_mpirun(a.nworkers);
+    return spawn_local(a.nworkers);
+  }
+  return run_rank(a, cfg);
+}
+
+}  // namespace
 
 void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
-  auto* cmd = root.add_subcommand("bench", "Measure collective bandwidth (nccl-tests style)");
-  cmd->allow_extras();
-  cmd->callback([&action] {
-    action = [] {
-      std::cerr << "tessera bench: not built yet\n";
-      return tessera::cli::kUsageExit;
-    };
-  });
+  auto a = std::make_shared<BenchArgs>();
+  auto* cmd = root.add_subcommand("bench", "Measure collective bandwidth (nccl-tests / nccom-test style)");
+  cmd->add_option("op", a->op,
+                  "all_reduce|allr, all_gather|allg, reduce_scatter|redsct, all_to_all|alltoall, broadcast, reduce, "
+                  "sendrecv")
+      ->required();
+  cmd->add_option("-r,--nworkers", a->nworkers, "Ranks to spawn on this host")->check(CLI::Range(1, 1024));
+  cmd->add_option("-b,--minbytes", a->minbytes, "Smallest size, e.g. 8, 64K, 1M (default 32M)");
+  cmd->add_option("-e,--maxbytes", a->maxbytes, "Largest size (default 32M)");
+  auto* f = cmd->add_option("-f,--stepfactor", a->stepfactor, "Multiply the size by this factor (default 2)");
+  auto* i = cmd->add_option("-i,--stepbytes", a->stepbytes, "Add this many bytes per step instead");
+  f->excludes(i);
+  cmd->add_option("-n,--iters", a->iters, "Timed iterations per size (default 20)")->check(CLI::Range(1, 1000000));
+  cmd->add_option("-w,--warmup_iters", a->warmup, "Warm-up iterations (default 5)")->check(CLI::Range(0, 1000000));
+  cmd->add_option("-d,--datatype", a->datatype, "f32, bf16, f16, i32, i64 (also float, half, ...)");
+  cmd->add_option("-o,--op", a->redop, "Reduction: sum, prod, min, max, avg");
+  cmd->add_option("-c,--check", a->check, "Check every result element (0 or 1; -c alone is 1; default 1)")
+      ->expected(0, 1)
+      ->default_str("1")
+      ->check(CLI::Range(0, 1));
+  cmd->add_option("--root", a->root, "Root rank of broadcast and reduce (default 0)");
+  cmd->add_option("--transport", a->transport, "shm, tcp or mpi (default shm)")
+      ->check(CLI::IsMember({"shm", "tcp", "mpi"}));
+  cmd->add_option("--algo", a->algo, "Force an algorithm (ring, rhd, torus, ...)");
+  cmd->add_option("--topology", a->topology, "Topology preset or JSON file for the modeled busbw");
+  cmd->add_option("--json", a->json, "Also write the results as JSON to FILE");
+  cmd->add_option("--plot", a->plot, "Draw busbw vs size to FILE.png (gnuplot)");
+  cmd->add_flag("--baseline", a->baseline, "Also measure single-core memcpy and raw TCP loopback bandwidth");
+  cmd->add_option("--compare", a->compare, "Run the same sizes through MPI's own collectives: mpi")
+      ->check(CLI::IsMember({"mpi"}));
+  cmd->add_option("--timeout", a->timeout_s, "Seconds any wait may take (default 120)")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([&action, a] { action = [a] { return bench_main(*a); }; });
 }
 
 }  // namespace tessera::coll

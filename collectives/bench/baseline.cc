@@ -1,0 +1,194 @@
+// Baselines measured in the same run as the benchmark (docs/bench.md), and
+// the gnuplot plot.
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
+#include <boost/asio.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "collectives/bench/bench.h"
+#include "runtime/error.h"
+
+namespace tessera::coll::bench {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Pre-faulted anonymous memory.
+struct Mem {
+  explicit Mem(size_t n) : n_(std::max<size_t>(n, 1)) {
+    p_ = mmap(nullptr, n_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p_ == MAP_FAILED) throw Error("baseline: cannot map " + std::to_string(n_) + " bytes");
+    std::memset(p_, 1, n_);
+  }
+  ~Mem() { munmap(p_, n_); }
+  Mem(const Mem&) = delete;
+  Mem& operator=(const Mem&) = delete;
+  void* p_;
+  size_t n_;
+};
+
+void tune(tcp::socket& s) {
+  // The same socket options as the TCP transport, so the baseline is the
+  // limit that transport works under.
+  s.set_option(tcp::no_delay(true));
+  boost::system::error_code ec;
+  s.set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
+  s.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
+}
+
+// Both ends run the same script: phase 1, A streams to B; phase 2, both stream
+// at once. Each phase starts on a one-byte go and ends with a one-byte ack, so
+// A's clock covers the whole transfer. Returns A's figures (B returns zeros).
+TcpBaseline run_stream(tcp::socket& s, bool is_a, size_t bytes, int reps) {
+  Mem sbuf(bytes), rbuf(bytes);
+  char b = 0;
+  TcpBaseline out;
+  const double total = static_cast<double>(bytes) * reps;
+  // Phase 1: one direction.
+  if (is_a) {
+    asio::write(s, asio::buffer(&b, 1));
+    double t0 = now_s();
+    for (int i = 0; i < reps; ++i) asio::write(s, asio::buffer(sbuf.p_, bytes));
+    asio::read(s, asio::buffer(&b, 1));
+    out.unidir_gbps = total / (now_s() - t0) / 1e9;
+  } else {
+    asio::read(s, asio::buffer(&b, 1));
+    for (int i = 0; i < reps; ++i) asio::read(s, asio::buffer(rbuf.p_, bytes));
+    asio::write(s, asio::buffer(&b, 1));
+  }
+  // Phase 2: both directions at once; a reader thread per side.
+  if (is_a) asio::write(s, asio::buffer(&b, 1));
+  else asio::read(s, asio::buffer(&b, 1));
+  double t0 = now_s();
+  boost::system::error_code rec;
+  std::thread reader([&] {
+    for (int i = 0; i < reps && !rec; ++i) asio::read(s, asio::buffer(rbuf.p_, bytes), rec);
+  });
+  boost::system::error_code wec;
+  for (int i = 0; i < reps && !wec; ++i) asio::write(s, asio::buffer(sbuf.p_, bytes), wec);
+  reader.join();
+  if (rec || wec) throw Error("TCP baseline: transfer failed: " + (rec ? rec : wec).message());
+  if (is_a) {
+    asio::read(s, asio::buffer(&b, 1));
+    out.bidir_gbps = total / (now_s() - t0) / 1e9;
+  } else {
+    asio::write(s, asio::buffer(&b, 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+TcpBaseline measure_tcp_loopback(Communicator& comm, size_t bytes, int reps) {
+  asio::io_context io;
+  TcpBaseline res;
+  if (comm.size() >= 2) {
+    // Ranks 0 (A) and 1 (B); rank 1 listens and shares its port.
+    int64_t port = 0;
+    std::unique_ptr<tcp::acceptor> acc;
+    if (comm.rank() == 1) {
+      acc = std::make_unique<tcp::acceptor>(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+      port = acc->local_endpoint().port();
+    }
+    comm.broadcast(&port, 1, DType::I64, 1);
+    if (comm.rank() == 0) {
+      tcp::socket s(io);
+      s.connect(tcp::endpoint(asio::ip::address_v4::loopback(), static_cast<uint16_t>(port)));
+      tune(s);
+      res = run_stream(s, true, bytes, reps);
+    } else if (comm.rank() == 1) {
+      tcp::socket s(io);
+      acc->accept(s);
+      tune(s);
+      run_stream(s, false, bytes, reps);
+    }
+    comm.barrier();
+    return res;
+  }
+  // One rank: a forked child is the peer (it only runs this code, then exits).
+  tcp::acceptor acc(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+  const auto ep = acc.local_endpoint();
+  pid_t pid = fork();
+  if (pid < 0) throw Error("TCP baseline: fork failed");
+  if (pid == 0) {
+    int code = 0;
+    try {
+      asio::io_context cio;
+      tcp::socket s(cio);
+      s.connect(ep);
+      tune(s);
+      run_stream(s, false, bytes, reps);
+    } catch (...) {
+      code = 1;
+    }
+    _exit(code);
+  }
+  tcp::socket s(io);
+  acc.accept(s);
+  tune(s);
+  res = run_stream(s, true, bytes, reps);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return res;
+}
+
+void plot_png(const Report& r, const std::string& png) {
+  namespace fs = std::filesystem;
+  const fs::path dat = fs::path(png).replace_extension(".dat");
+  const fs::path gp = fs::path(png).replace_extension(".gp");
+  {
+    std::ofstream d(dat);
+    d << "# size_bytes oop_busbw ip_busbw modeled_busbw compare_busbw\n";
+    for (const auto& row : r.rows) {
+      if (row.size_bytes == 0) continue;  // no place on a log axis
+      d << row.size_bytes << " " << row.oop.busbw_gbps << " " << (row.ip ? row.ip->busbw_gbps : 0) << " "
+        << row.modeled_busbw_gbps << " " << row.compare_busbw_gbps.value_or(0) << "\n";
+    }
+    if (!d) throw Error("--plot: cannot write '" + dat.string() + "'");
+  }
+  {
+    std::ofstream g(gp);
+    g << "set terminal pngcairo size 960,600 noenhanced\n"
+      << "set output '" << png << "'\n"
+      << "set title 'tessera bench " << r.op << ": " << r.ranks << " ranks, " << r.transport << ", " << r.dtype
+      << "'\n"
+      << "set logscale x 2\nset xlabel 'size (bytes)'\nset ylabel 'busbw (GB/s)'\nset grid\nset key left top\n"
+      << "set format x '%.0b %BB'\n"
+      << "plot '" << dat.string() << "' using 1:2 with linespoints title 'out-of-place'";
+    bool ip = false;
+    for (const auto& row : r.rows) ip |= row.ip.has_value();
+    if (ip) g << ", '' using 1:3 with linespoints title 'in-place'";
+    bool modeled = false;
+    for (const auto& row : r.rows) modeled |= row.modeled_busbw_gbps > 0;
+    if (modeled) g << ", '' using 1:4 with lines dashtype 2 title 'modeled'";
+    if (!r.compare.empty()) g << ", '' using 1:5 with linespoints title '" << r.compare << "'";
+    if (r.memcpy_gbps) g << ", " << *r.memcpy_gbps << " with lines title 'memcpy baseline'";
+    if (r.tcp_loopback_gbps) g << ", " << *r.tcp_loopback_gbps << " with lines title 'TCP loopback baseline'";
+    g << "\n";
+    if (!g) throw Error("--plot: cannot write '" + gp.string() + "'");
+  }
+  const std::string cmd = "gnuplot '" + gp.string() + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) throw Error("--plot: cannot run gnuplot");
+  std::string out;
+  char buf[256];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  int rc = pclose(p);
+  if (rc != 0 || !fs::exists(png))
+    throw Error("--plot: gnuplot failed to draw '" + png + "' (is the Debian package gnuplot installed?): " + out);
+}
+
+}  // namespace tessera::coll::bench

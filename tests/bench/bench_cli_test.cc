@@ -1,0 +1,179 @@
+// `tessera bench` end to end: the real binary, its ranks, exit codes and files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int code;
+  std::string out;
+};
+
+RunResult run(const std::string& args, const std::string& env = "") {
+  std::string cmd = env + " " + TESSERA_BIN + std::string(" ") + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, out};
+}
+
+class BenchCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    setenv("TESSERA_TIMEOUT_S", "60", 1);
+    char tmpl[] = "/tmp/tessera-bench-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  nlohmann::json read_json(const std::string& path) {
+    std::ifstream f(path);
+    return nlohmann::json::parse(f);
+  }
+  std::string dir_;
+};
+
+// A small sweep, checked, for every transport and group size.
+TEST_F(BenchCli, TransportsOverTwoToFourRanksGiveCheckedResults) {
+  for (const char* t : {"shm", "tcp"}) {
+    for (int n : {2, 3, 4}) {
+      for (const char* op : {"all_reduce", "all_gather", "sendrecv"}) {
+        SCOPED_TRACE(std::string(t) + " " + op + " ranks " + std::to_string(n));
+        std::string js = dir_ + "/r.json";
+        RunResult r = run(std::string("bench ") + op + " -r " + std::to_string(n) + " --transport " + t +
+                    " -b 4K -e 256K -f 8 -n 2 -w 1 --json " + js);
+        ASSERT_EQ(r.code, 0) << r.out;
+        auto j = read_json(js);
+        EXPECT_EQ(j["ranks"], n);
+        EXPECT_EQ(j["transport"], t);
+        ASSERT_EQ(j["results"].size(), 3u);  // 4K, 32K, 256K
+        for (const auto& row : j["results"]) {
+          EXPECT_EQ(row["oop"]["wrong"], 0);
+          EXPECT_GT(row["oop"]["busbw_gbps"].get<double>(), 0.0);
+          if (std::string(op) != "sendrecv") {
+            EXPECT_EQ(row["ip"]["wrong"], 0);
+          }
+        }
+        EXPECT_NE(r.out.find("# Avg bus bandwidth : "), std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_F(BenchCli, FaultHookCorruptsOneElementAndFailsTheRun) {
+  std::string js = dir_ + "/f.json";
+  RunResult r = run("bench allr -r 3 -b 1K -e 16K -f 4 -n 1 -w 0 --json " + js, "TESSERA_BENCH_CORRUPT=2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  auto j = read_json(js);
+  ASSERT_EQ(j["results"].size(), 3u);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["oop"]["wrong"], 1);
+    EXPECT_EQ(row["ip"]["wrong"], 1);
+  }
+  EXPECT_NE(r.out.find("FAILED"), std::string::npos);
+  // The same run without the hook passes: the count came from the corruption.
+  RunResult ok = run("bench allr -r 3 -b 1K -e 16K -f 4 -n 1 -w 0");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+TEST_F(BenchCli, EveryOpChecksOutOnOddRankCounts) {
+  for (const char* op : {"reduce_scatter", "alltoall", "broadcast", "reduce"}) {
+    SCOPED_TRACE(op);
+    RunResult r = run(std::string("bench ") + op + " -r 3 -b 0 -e 100K -f 9 -n 1 -w 0 -d bf16 -o max --root 2");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("Out of bounds values : 0 OK"), std::string::npos) << r.out;
+  }
+}
+
+TEST_F(BenchCli, BadFlagsExitTwo) {
+  for (const char* args :
+       {"bench", "bench nosuchop", "bench allr -b 1X", "bench allr --transport udp", "bench allr -f 2 -i 1K",
+        "bench allr -c 5", "bench allr -b 64M -e 1M", "bench allr --compare nccl", "bench allr --topology nosuch",
+        "bench allr -d f128", "bench allr -o median", "bench allr -n 0", "bench allr --no-such-flag"}) {
+    SCOPED_TRACE(args);
+    RunResult r = run(args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_FALSE(r.out.empty());
+  }
+}
+
+TEST_F(BenchCli, RunsUnderMpirun) {
+  std::string js = dir_ + "/m.json";
+  RunResult r = run(std::string("bench allr --transport mpi -b 1K -e 64K -f 8 -n 2 -w 1 --json ") + js,
+              std::string("mpirun --oversubscribe -np 2"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = read_json(js);
+  EXPECT_EQ(j["ranks"], 2);
+  EXPECT_EQ(j["transport"], "mpi");
+  for (const auto& row : j["results"]) EXPECT_EQ(row["oop"]["wrong"], 0);
+  // shm under mpirun: the store directory travels over MPI.
+  RunResult s = run("bench allg --transport shm -b 1K -e 8K -f 8 -n 1 -w 0", "mpirun --oversubscribe -np 2");
+  EXPECT_EQ(s.code, 0) << s.out;
+  EXPECT_NE(s.out.find("2 ranks, transport shm"), std::string::npos) << s.out;
+}
+
+TEST_F(BenchCli, RunsUnderTesseraRun) {
+  std::string js = dir_ + "/l.json";
+  RunResult r = run(std::string("run --nproc-per-node 3 -- ") + TESSERA_BIN +
+                    " bench allr --transport shm -b 1K -e 64K -f 8 -n 2 -w 1 --json " + js);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = read_json(js);
+  EXPECT_EQ(j["ranks"], 3);
+  for (const auto& row : j["results"]) EXPECT_EQ(row["oop"]["wrong"], 0);
+}
+
+TEST_F(BenchCli, CompareMpiPrintsARatioPerRow) {
+  std::string js = dir_ + "/c.json";
+  RunResult r = run("bench allr -r 2 -b 4K -e 32K -f 8 -n 2 -w 1 --compare mpi --json " + js);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = read_json(js);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    double mine = row["oop"]["busbw_gbps"], theirs = row["compare_busbw_gbps"];
+    ASSERT_GT(theirs, 0.0);
+    EXPECT_NEAR(row["compare_ratio"].get<double>(), mine / theirs, 1e-9);
+  }
+  EXPECT_NE(r.out.find("ratio"), std::string::npos);
+}
+
+TEST_F(BenchCli, BaselinesAndPlot) {
+  std::string js = dir_ + "/b.json", png = dir_ + "/b.png";
+  RunResult r = run("bench allr -r 2 --transport tcp -b 64K -e 1M -f 4 -n 2 -w 1 --baseline --json " + js + " --plot " +
+              png);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = read_json(js);
+  EXPECT_GT(j["baselines"]["memcpy_gbps"].get<double>(), 0.0);
+  EXPECT_GT(j["baselines"]["tcp_loopback_gbps"].get<double>(), 0.0);
+  EXPECT_GT(j["baselines"]["tcp_loopback_unidir_gbps"].get<double>(), 0.0);
+  std::ifstream f(png, std::ios::binary);
+  char magic[8] = {};
+  f.read(magic, 8);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+TEST_F(BenchCli, TopologyPresetGivesModeledBusbw) {
+  std::string js = dir_ + "/t.json";
+  RunResult r = run("bench allr -r 2 -b 1M -e 1M -n 1 -w 0 --topology trn1.32xlarge --json " + js);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = read_json(js);
+  EXPECT_GT(j["results"][0]["modeled_busbw_gbps"].get<double>(), 0.0);
+}
+
+}  // namespace

@@ -1,0 +1,207 @@
+// The TCP transport on its own: forked ranks on loopback, exact payloads,
+// protocol errors, a dead peer and a timeout.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "collectives/store.h"
+#include "collectives/tcp/tcp_transport.h"
+#include "tests/bench/rank_fork.h"
+
+namespace tessera::coll {
+namespace {
+
+class TcpTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tessera-tcp-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::unique_ptr<Transport> make(int rank, int size, int timeout_ms = 20000, const std::string& prefix = "") {
+    CommOptions o;
+    o.transport = TransportKind::Tcp;
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    o.name = "tcp-test";
+    return tcp::create_transport(std::make_shared<PrefixStore>(make_file_store(dir_), prefix), rank, size, o);
+  }
+  std::string dir_;
+};
+
+uint8_t byte_of(int src, size_t i) { return static_cast<uint8_t>((src * 131 + i * 7 + (i >> 13)) & 0xff); }
+
+TEST_F(TcpTransportTest, RingSendrecvDeliversExactBytes) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE("ranks " + std::to_string(n));
+    // Not a multiple of the transport's chunk size, and large enough to stream.
+    const size_t bytes = (size_t{2} << 20) + 5;
+    auto codes = test::run_ranks(n, [&](int r) {
+      auto t = make(r, n, 20000, "n" + std::to_string(n) + "/");
+      std::vector<uint8_t> s(bytes), rbuf(bytes, 0);
+      for (size_t i = 0; i < bytes; ++i) s[i] = byte_of(r, i);
+      int to = (r + 1) % n, from = (r + n - 1) % n;
+      for (int round = 0; round < 2; ++round) {
+        std::fill(rbuf.begin(), rbuf.end(), 0);
+        t->sendrecv(to, s.data(), bytes, from, rbuf.data(), bytes, static_cast<uint32_t>(round));
+        for (size_t i = 0; i < bytes; ++i)
+          if (rbuf[i] != byte_of(from, i)) return false;
+        // Every peer still has rounds to go, so none can have exited yet.
+        if (round == 0 && !(t->peer_alive(to) && t->peer_alive(from))) return false;
+      }
+      // Zero-byte messages and blocking send/recv (even ranks send first).
+      t->sendrecv(to, nullptr, 0, from, nullptr, 0, 99);
+      if (r % 2 == 0) {
+        t->send(to, 5, s.data(), 1000);
+        t->recv(from, 5, rbuf.data(), 1000);
+      } else {
+        t->recv(from, 5, rbuf.data(), 1000);
+        t->send(to, 5, s.data(), 1000);
+      }
+      for (size_t i = 0; i < 1000; ++i)
+        if (rbuf[i] != byte_of(from, i)) return false;
+      return true;
+    });
+    for (int r = 0; r < n; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  }
+}
+
+// Collects fragments; checks they arrive in order and cover the message once.
+class CopySink final : public RecvSink {
+ public:
+  explicit CopySink(std::vector<uint8_t>& out) : out_(out) {}
+  void consume(size_t off, const void* data, size_t bytes) override {
+    if (off != next_) ok_ = false;
+    std::memcpy(out_.data() + off, data, bytes);
+    next_ = off + bytes;
+    ++fragments_;
+  }
+  bool ok(size_t total) const { return ok_ && next_ == total; }
+  int fragments() const { return fragments_; }
+
+ private:
+  std::vector<uint8_t>& out_;
+  size_t next_ = 0;
+  bool ok_ = true;
+  int fragments_ = 0;
+};
+
+TEST_F(TcpTransportTest, SinkReceivesFragmentsInOrder) {
+  for (int n : {2, 3}) {
+    SCOPED_TRACE("ranks " + std::to_string(n));
+    auto codes = test::run_ranks(n, [&](int r) {
+      auto t = make(r, n, 20000, "sink" + std::to_string(n) + "/");
+      int to = (r + 1) % n, from = (r + n - 1) % n;
+      for (size_t bytes : {size_t{0}, size_t{8}, (size_t{5} << 20) + 24}) {
+        std::vector<uint8_t> s(bytes), got(bytes, 0);
+        for (size_t i = 0; i < bytes; ++i) s[i] = byte_of(r, i);
+        CopySink sink(got);
+        t->sendrecv_sink(to, s.data(), bytes, from, bytes, sink, 3);
+        if (!sink.ok(bytes)) return false;
+        if (bytes > (size_t{1} << 20) && sink.fragments() < 2) return false;  // really fragment-wise
+        for (size_t i = 0; i < bytes; ++i)
+          if (got[i] != byte_of(from, i)) return false;
+      }
+      // A plain sendrecv right after a sink one stays in step.
+      std::vector<uint8_t> s(100), got(100);
+      for (size_t i = 0; i < 100; ++i) s[i] = byte_of(r, i);
+      t->sendrecv(to, s.data(), 100, from, got.data(), 100, 4);
+      for (size_t i = 0; i < 100; ++i)
+        if (got[i] != byte_of(from, i)) return false;
+      return true;
+    });
+    for (int r = 0; r < n; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  }
+}
+
+TEST_F(TcpTransportTest, TagOrSizeMismatchIsAProtocolError) {
+  auto codes = test::run_ranks(2, [&](int r) {
+    auto t = make(r, 2);
+    std::vector<char> buf(64);
+    if (r == 0) {
+      t->send(1, 1, buf.data(), 64);
+      return true;
+    }
+    try {
+      t->recv(0, 2, buf.data(), 64);
+    } catch (const TransportError& e) {
+      return e.kind() == TransportError::Kind::Protocol && e.peer() == 0;
+    }
+    return false;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST_F(TcpTransportTest, DeadPeerFailsFastNotAtTheTimeout) {
+  auto codes = test::run_ranks(3, [&](int r) {
+    auto t = make(r, 3, /*timeout_ms=*/60000);
+    if (r == 2) _exit(0);  // exits without a word, mid-job
+    std::vector<char> buf(1 << 20);
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      t->recv(2, 0, buf.data(), buf.size());
+    } catch (const TransportError& e) {
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      bool named = std::string(e.what()).find("rank 2") != std::string::npos;
+      return e.peer() == 2 && named && s < 5.0 && !t->peer_alive(2);
+    }
+    return false;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+TEST_F(TcpTransportTest, StuckPeerTimesOutAndLaterCallsFailAtOnce) {
+  auto codes = test::run_ranks(2, [&](int r) {
+    auto t = make(r, 2, /*timeout_ms=*/800);
+    std::vector<char> buf(128);
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // never sends
+      return true;
+    }
+    try {
+      t->recv(1, 0, buf.data(), buf.size());
+    } catch (const TransportError& e) {
+      if (e.kind() != TransportError::Kind::Timeout || e.peer() != 1) return false;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      t->send(1, 0, buf.data(), buf.size());
+    } catch (const TransportError&) {
+      return std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200);
+    }
+    return false;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST_F(TcpTransportTest, AbortWakesAWaiter) {
+  auto codes = test::run_ranks(2, [&](int r) {
+    auto t = make(r, 2, 30000);
+    std::vector<char> buf(128);
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return true;
+    }
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      t->abort("test");
+    });
+    bool ok = false;
+    try {
+      t->recv(1, 0, buf.data(), buf.size());
+    } catch (const TransportError& e) {
+      ok = e.kind() == TransportError::Kind::Aborted && t->aborted();
+    }
+    killer.join();
+    return ok;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+}  // namespace
+}  // namespace tessera::coll
