@@ -1,0 +1,277 @@
+#include "parallel/checkpoint/hf_gpt2.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+namespace tessera::ckpt {
+
+namespace {
+
+constexpr const char* kPrefix = "transformer.";
+
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+
+// Parses "h.<digits>.<rest>"; returns false when `s` does not have that form.
+bool parse_layer(const std::string& s, int64_t* layer, std::string* rest) {
+  if (!starts_with(s, "h.")) return false;
+  size_t i = 2, j = i;
+  while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
+  if (j == i || j - i > 9 || j >= s.size() || s[j] != '.') return false;
+  if (s[i] == '0' && j - i > 1) return false;  // "h.01." is not a layer index
+  *layer = std::stoll(s.substr(i, j - i));
+  *rest = s.substr(j + 1);
+  return true;
+}
+
+// Shape of a per-layer tensor by the part after "h.N."; empty optional-like
+// flag when unknown.
+bool layer_shape(const Gpt2Config& c, const std::string& rest, Shape* out) {
+  const int64_t C = c.hidden;
+  if (rest == "ln_1.weight" || rest == "ln_1.bias" || rest == "ln_2.weight" || rest == "ln_2.bias" ||
+      rest == "attn.c_proj.bias" || rest == "mlp.c_proj.bias") {
+    *out = {C};
+  } else if (rest == "attn.c_attn.weight") {
+    *out = {C, 3 * C};
+  } else if (rest == "attn.c_attn.bias") {
+    *out = {3 * C};
+  } else if (rest == "attn.c_proj.weight") {
+    *out = {C, C};
+  } else if (rest == "mlp.c_fc.weight") {
+    *out = {C, 4 * C};
+  } else if (rest == "mlp.c_fc.bias") {
+    *out = {4 * C};
+  } else if (rest == "mlp.c_proj.weight") {
+    *out = {4 * C, C};
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* const kLayerParts[] = {"ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+                                   "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+                                   "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+// "" or "transformer.", whichever the file uses for wte.
+std::string stored_prefix(const TensorSource& src) {
+  if (src.contains(std::string(kPrefix) + "wte.weight")) return kPrefix;
+  if (src.contains("wte.weight")) return "";
+  throw FormatError(src.path() +
+                    ": no tensor 'transformer.wte.weight' (nor 'wte.weight'): not a Hugging Face GPT-2 checkpoint");
+}
+
+// Canonical name -> name without "transformer." (or empty when not prefixed).
+std::string strip(const std::string& canonical) {
+  return starts_with(canonical, kPrefix) ? canonical.substr(std::strlen(kPrefix)) : std::string();
+}
+
+}  // namespace
+
+std::string gpt2_config_str(const Gpt2Config& c) {
+  return detail::concat("vocab=", c.vocab, " n_positions=", c.n_positions, " hidden=", c.hidden,
+                        " layers=", c.layers, " heads=", c.heads);
+}
+
+Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
+  const std::string p = stored_prefix(src);
+  const std::string& file = src.path();
+  auto shape2 = [&](const std::string& n) {
+    if (!src.contains(p + n)) throw FormatError(detail::concat(file, ": tensor '", p + n, "' is missing"));
+    const Shape& s = src.entry(p + n).shape;
+    if (s.size() != 2) {
+      throw FormatError(detail::concat(file, ": tensor '", p + n, "' has shape ", shape_str(s), ", expected 2-d"));
+    }
+    return s;
+  };
+  Gpt2Config c;
+  Shape wte = shape2("wte.weight"), wpe = shape2("wpe.weight");
+  c.vocab = wte[0];
+  c.hidden = wte[1];
+  c.n_positions = wpe[0];
+  int64_t max_layer = -1;
+  for (const std::string& n : src.names()) {
+    if (!starts_with(n, p)) continue;
+    int64_t layer;
+    std::string rest;
+    if (parse_layer(n.substr(p.size()), &layer, &rest)) max_layer = std::max(max_layer, layer);
+  }
+  c.layers = max_layer + 1;
+  if (heads_hint > 0) {
+    TESSERA_ARG_CHECK(c.hidden % heads_hint == 0, "GPT-2 heads ", heads_hint, " do not divide the hidden size ",
+                      c.hidden, " of ", file);
+    c.heads = heads_hint;
+  } else {
+    auto it = src.metadata().find("n_head");
+    if (it != src.metadata().end()) {
+      int64_t h = 0;
+      try {
+        h = std::stoll(it->second);
+      } catch (const std::exception&) {
+      }
+      if (h <= 0 || c.hidden % h != 0) {
+        throw FormatError(detail::concat(file, ": metadata n_head '", it->second, "' does not divide hidden ",
+                                         c.hidden));
+      }
+      c.heads = h;
+    } else if (c.hidden % 64 == 0 && c.hidden > 0) {
+      c.heads = c.hidden / 64;
+    } else {
+      throw FormatError(detail::concat(file, ": hidden size ", c.hidden,
+                                       " is not a multiple of 64 and the file has no n_head metadata; give the number "
+                                       "of heads explicitly"));
+    }
+  }
+  return c;
+}
+
+std::vector<std::string> gpt2_tensor_names(const Gpt2Config& c) {
+  std::vector<std::string> out = {"transformer.wte.weight", "transformer.wpe.weight"};
+  for (int64_t l = 0; l < c.layers; ++l) {
+    for (const char* part : kLayerParts) out.push_back(detail::concat("transformer.h.", l, ".", part));
+  }
+  out.push_back("transformer.ln_f.weight");
+  out.push_back("transformer.ln_f.bias");
+  return out;
+}
+
+Shape gpt2_tensor_shape(const Gpt2Config& c, const std::string& name) {
+  const std::string s = strip(name);
+  if (s == "wte.weight") return {c.vocab, c.hidden};
+  if (s == "wpe.weight") return {c.n_positions, c.hidden};
+  if (s == "ln_f.weight" || s == "ln_f.bias") return {c.hidden};
+  int64_t layer;
+  std::string rest;
+  Shape out;
+  if (parse_layer(s, &layer, &rest) && layer < c.layers && layer_shape(c, rest, &out)) return out;
+  throw InvalidArgument(detail::concat("'", name, "' is not a GPT-2 tensor name for ", gpt2_config_str(c)));
+}
+
+std::string gpt2_stored_name(const TensorSource& src, const std::string& name) {
+  if (src.contains(name)) return name;
+  const std::string s = strip(name);
+  if (!s.empty() && src.contains(s)) return s;
+  throw InvalidArgument(detail::concat("tensor '", name, "' is not in ", src.path()));
+}
+
+void read_gpt2_tensor(const TensorSource& src, const std::string& name, Tensor& dst) {
+  src.read_into(gpt2_stored_name(src, name), dst);
+}
+
+std::vector<std::string> gpt2_problems(const TensorSource& src, const Gpt2Config& c) {
+  std::vector<std::string> problems;
+  const std::string& file = src.path();
+  std::string p;
+  try {
+    p = stored_prefix(src);
+  } catch (const FormatError& e) {
+    return {e.what()};
+  }
+  std::set<std::string> expected;
+  for (const std::string& canon : gpt2_tensor_names(c)) {
+    const std::string stored = p.empty() ? strip(canon) : canon;
+    expected.insert(stored);
+    if (!src.contains(stored)) {
+      problems.push_back(detail::concat(file, ": tensor '", stored, "' is missing"));
+      continue;
+    }
+    const SafetensorsEntry& e = src.entry(stored);
+    const Shape want = gpt2_tensor_shape(c, canon);
+    if (e.shape != want) {
+      problems.push_back(detail::concat(src.file_of(stored), ": tensor '", stored, "' has shape ", shape_str(e.shape),
+                                        ", expected ", shape_str(want), " for ", gpt2_config_str(c)));
+    }
+    if (!is_floating(e.dtype)) {
+      problems.push_back(detail::concat(src.file_of(stored), ": tensor '", stored, "' has dtype ",
+                                        dtype_safetensors_name(e.dtype), ", expected F32, BF16 or F16"));
+    }
+  }
+  for (const std::string& n : src.names()) {
+    if (expected.count(n)) continue;
+    int64_t layer;
+    std::string rest;
+    // transformers ignores the causal-mask buffers some GPT-2 files carry.
+    if (starts_with(n, p) && parse_layer(n.substr(p.size()), &layer, &rest) && layer < c.layers &&
+        (rest == "attn.bias" || rest == "attn.masked_bias")) {
+      continue;
+    }
+    if (n == "lm_head.weight") {
+      // Tied to wte: fine when it is the same matrix, an error when it is not (it would be lost).
+      const std::string wte = p + "wte.weight";
+      const SafetensorsEntry& e = src.entry(n);
+      bool same = false;
+      if (src.contains(wte)) {
+        const SafetensorsEntry& w = src.entry(wte);
+        if (e.shape == w.shape) {
+          Tensor a = src.get(n), b = src.get(wte);
+          same = a.dtype() == b.dtype() ? std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0
+                                        : a.to_float_vector() == b.to_float_vector();
+        }
+      }
+      if (!same) {
+        problems.push_back(detail::concat(src.file_of(n), ": tensor 'lm_head.weight' differs from '", wte,
+                                          "'; tessera ties the LM head to the token embedding"));
+      }
+      continue;
+    }
+    problems.push_back(detail::concat(src.file_of(n), ": extra tensor '", n, "' (", dtype_safetensors_name(src.entry(n).dtype),
+                                      shape_str(src.entry(n).shape), ") is not part of GPT-2 with ",
+                                      gpt2_config_str(c)));
+  }
+  return problems;
+}
+
+void check_gpt2(const TensorSource& src, const Gpt2Config& c) {
+  std::vector<std::string> problems = gpt2_problems(src, c);
+  if (problems.empty()) return;
+  std::ostringstream os;
+  os << src.path() << ": not a GPT-2 checkpoint for " << gpt2_config_str(c) << " (" << problems.size()
+     << " problem" << (problems.size() == 1 ? "" : "s") << "):";
+  for (const std::string& pr : problems) os << "\n  " << pr;
+  throw FormatError(os.str());
+}
+
+void write_gpt2_safetensors(const std::string& path, const Gpt2Config& c,
+                            const std::vector<std::pair<std::string, Tensor>>& tensors,
+                            const std::map<std::string, std::string>& extra_metadata) {
+  std::map<std::string, const Tensor*> given;
+  std::vector<std::string> problems;
+  for (const auto& [n, t] : tensors) {
+    if (!given.emplace(n, &t).second) problems.push_back(detail::concat("tensor '", n, "' given twice"));
+  }
+  std::vector<std::pair<std::string, Tensor>> ordered;
+  for (const std::string& n : gpt2_tensor_names(c)) {
+    auto it = given.find(n);
+    if (it == given.end()) {
+      problems.push_back(detail::concat("tensor '", n, "' is missing"));
+      continue;
+    }
+    const Tensor& t = *it->second;
+    Shape want = gpt2_tensor_shape(c, n);
+    if (!t.defined() || t.shape() != want || !is_floating(t.dtype())) {
+      problems.push_back(detail::concat("tensor '", n, "' is ", t.defined() ? t.str() : std::string("undefined"),
+                                        ", expected a float tensor of shape ", shape_str(want)));
+    }
+    ordered.emplace_back(n, t);
+    given.erase(it);
+  }
+  for (const auto& kv : given) problems.push_back(detail::concat("extra tensor '", kv.first, "'"));
+  if (!problems.empty()) {
+    std::ostringstream os;
+    os << "write_gpt2_safetensors(" << path << ") for " << gpt2_config_str(c) << ":";
+    for (const std::string& pr : problems) os << "\n  " << pr;
+    throw InvalidArgument(os.str());
+  }
+  std::map<std::string, std::string> md = extra_metadata;
+  // transformers refuses a safetensors file whose "format" is not pt/tf/flax/mlx.
+  md["format"] = "pt";
+  md["n_embd"] = std::to_string(c.hidden);
+  md["n_head"] = std::to_string(c.heads);
+  md["n_layer"] = std::to_string(c.layers);
+  md["n_positions"] = std::to_string(c.n_positions);
+  md["vocab_size"] = std::to_string(c.vocab);
+  write_safetensors(path, ordered, md);
+}
+
+}  // namespace tessera::ckpt

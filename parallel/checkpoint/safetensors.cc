@@ -1,0 +1,588 @@
+#include "parallel/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <new>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/device.h"
+
+namespace tessera::ckpt {
+
+static_assert(std::endian::native == std::endian::little, "safetensors is little-endian; so is every target here");
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw FormatError(path + ": " + what);
+}
+
+std::string os_error(const std::string& what, const std::string& path, int err) {
+  return detail::concat(what, " '", path, "': ", std::strerror(err));
+}
+
+// safetensors dtypes tessera does not hold in memory, so a file with them gets
+// a "not supported" message rather than "unknown".
+bool is_known_foreign_dtype(const std::string& s) {
+  static const std::set<std::string> kForeign = {"BOOL", "U8",  "I8",  "I16",     "U16",     "U32",
+                                                 "U64",  "F64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4",
+                                                 "F6_E2M3", "F6_E3M2", "C64"};
+  return kForeign.count(s) > 0;
+}
+
+// Parses JSON rejecting duplicate keys in any object (nlohmann would keep the
+// last silently; Hugging Face's reader refuses a header with a name twice).
+json parse_json_strict(const std::string& path, const char* begin, const char* end, const char* what) {
+  std::vector<std::set<std::string>> keys;
+  std::string dup;
+  auto cb = [&](int /*depth*/, json::parse_event_t ev, json& parsed) {
+    switch (ev) {
+      case json::parse_event_t::object_start: keys.emplace_back(); break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && dup.empty()) {
+          dup = parsed.get<std::string>();
+        }
+        break;
+      default: break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(begin, end, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::exception& e) {
+    fail(path, detail::concat(what, " is not valid JSON: ", e.what()));
+  }
+  if (!dup.empty()) fail(path, detail::concat(what, " has the name '", dup, "' twice (duplicate names are rejected)"));
+  return j;
+}
+
+bool valid_utf8(const uint8_t* s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    uint8_t c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0) {
+      len = 2;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((s[i + k] & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (s[i + k] & 0x3f);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+uint64_t get_u64(const std::string& path, const std::string& tensor, const char* field, const json& v) {
+  if (!v.is_number_unsigned()) {
+    fail(path, detail::concat("tensor '", tensor, "': ", field, " must hold non-negative integers, got ", v.dump()));
+  }
+  return v.get<uint64_t>();
+}
+
+// Host storage without the zero fill Storage::host does: every byte is about
+// to be overwritten, and touching 512 MiB twice costs as much as the copy.
+std::shared_ptr<Storage> uninitialised_storage(size_t bytes, Device* device) {
+  if (device) return std::make_shared<Storage>(device->allocate(bytes), bytes, device);
+  size_t rounded = (bytes + 63) & ~size_t{63};
+  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  if (!p) throw std::bad_alloc();
+  return std::make_shared<Storage>(p, bytes, nullptr);
+}
+
+// ---- POSIX file helpers ----
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+
+ private:
+  int fd_;
+};
+
+void write_all(int fd, const void* p, size_t n, const std::string& path) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    // Linux caps one write at ~2 GiB; larger tensors go in pieces.
+    ssize_t w = ::write(fd, c, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw Error(os_error("cannot write", path, errno));
+    }
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void fsync_dir(const fs::path& dir) {
+  Fd d(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.get() < 0) throw Error(os_error("cannot open directory", dir.string(), errno));
+  if (::fsync(d.get()) != 0) throw Error(os_error("cannot fsync directory", dir.string(), errno));
+}
+
+// Writes `fill(fd)` to a temp file next to `path`, fsyncs it, renames it over
+// `path`, fsyncs the directory. On any failure the temp file is removed and
+// `path` is untouched.
+template <typename Fill>
+void write_atomically(const std::string& path, Fill fill) {
+  fs::path target(path);
+  fs::path dir = target.parent_path();
+  std::random_device rd;
+  std::string tmp = detail::concat(path, ".tmp.", ::getpid(), ".", std::hex, rd());
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) throw Error(os_error("cannot create", tmp, errno));
+  try {
+    fill(fd.get(), tmp);
+    if (::fsync(fd.get()) != 0) throw Error(os_error("cannot fsync", tmp, errno));
+    if (::close(fd.release()) != 0) throw Error(os_error("cannot close", tmp, errno));
+    if (::rename(tmp.c_str(), path.c_str()) != 0) throw Error(os_error("cannot rename temp file to", path, errno));
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_dir(dir);
+}
+
+std::string header_json(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  // Built by hand (not through json objects) to keep the caller's tensor order
+  // in the header, which makes the files byte-for-byte predictable.
+  std::string h = "{";
+  bool first = true;
+  if (!metadata.empty()) {
+    h += "\"__metadata__\":";
+    h += json(metadata).dump();
+    first = false;
+  }
+  uint64_t at = 0;
+  for (const auto& [name, t] : tensors) {
+    if (!first) h += ",";
+    first = false;
+    h += json(name).dump();
+    h += ":{\"dtype\":\"";
+    h += dtype_safetensors_name(t.dtype());
+    h += "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape().size(); ++i) {
+      if (i) h += ",";
+      h += std::to_string(t.shape()[i]);
+    }
+    uint64_t n = t.nbytes();
+    h += detail::concat("],\"data_offsets\":[", at, ",", at + n, "]}");
+    at += n;
+  }
+  h += "}";
+  // Pad with spaces so the data section starts 8-byte aligned, as Hugging
+  // Face's writer does; readers treat trailing spaces as JSON whitespace.
+  while ((8 + h.size()) % 8 != 0) h += ' ';
+  return h;
+}
+
+void check_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::set<std::string> seen;
+  for (const auto& [name, t] : tensors) {
+    TESSERA_ARG_CHECK(!name.empty(), "write_safetensors: empty tensor name");
+    TESSERA_ARG_CHECK(valid_utf8(reinterpret_cast<const uint8_t*>(name.data()), name.size()),
+                      "write_safetensors: tensor name is not valid UTF-8");
+    TESSERA_ARG_CHECK(name != "__metadata__", "write_safetensors: '__metadata__' is reserved, not a tensor name");
+    TESSERA_ARG_CHECK(seen.insert(name).second, "write_safetensors: tensor name '", name, "' given twice");
+    TESSERA_ARG_CHECK(t.defined(), "write_safetensors: tensor '", name, "' is undefined");
+  }
+}
+
+}  // namespace
+
+// ---- reader -------------------------------------------------------------------
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw FormatError(os_error("cannot open safetensors file", path, errno));
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0) throw FormatError(os_error("cannot stat", path, errno));
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) fail(path, detail::concat("file is ", size, " bytes, too short for the 8-byte header length (truncated)"));
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (m == MAP_FAILED) throw FormatError(os_error("cannot mmap", path, errno));
+  map_ = static_cast<const uint8_t*>(m);
+  map_size_ = size;
+  try {
+    uint64_t n;
+    std::memcpy(&n, map_, 8);
+    if (n > kMaxSafetensorsHeader) {
+      fail(path, detail::concat("header length ", n, " exceeds the limit of ", kMaxSafetensorsHeader, " bytes"));
+    }
+    if (8 + n > size) {
+      fail(path, detail::concat("header length ", n, " runs past the end of the ", size, "-byte file (truncated)"));
+    }
+    header_size_ = n;
+    data_ = map_ + 8 + n;
+    data_size_ = size - 8 - n;
+    const char* hb = reinterpret_cast<const char*>(map_ + 8);
+    if (!valid_utf8(map_ + 8, n)) fail(path, "header is not valid UTF-8");
+    if (n == 0 || hb[0] != '{') fail(path, "header does not start with '{'");
+    json h = parse_json_strict(path, hb, hb + n, "header");
+    if (!h.is_object()) fail(path, "header is not a JSON object");
+
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      const std::string& name = it.key();
+      const json& v = it.value();
+      if (name == "__metadata__") {
+        if (!v.is_object()) fail(path, "__metadata__ must be an object of strings");
+        for (auto m2 = v.begin(); m2 != v.end(); ++m2) {
+          if (!m2.value().is_string()) {
+            fail(path, detail::concat("__metadata__ value of '", m2.key(), "' must be a string, got ", m2.value().dump()));
+          }
+          metadata_[m2.key()] = m2.value().get<std::string>();
+        }
+        continue;
+      }
+      if (!v.is_object()) fail(path, detail::concat("tensor '", name, "': entry is not an object"));
+      for (const char* field : {"dtype", "shape", "data_offsets"}) {
+        if (!v.contains(field)) fail(path, detail::concat("tensor '", name, "': missing \"", field, "\""));
+      }
+      SafetensorsEntry e;
+      e.name = name;
+      const json& dt = v["dtype"];
+      if (!dt.is_string()) fail(path, detail::concat("tensor '", name, "': dtype must be a string"));
+      const std::string ds = dt.get<std::string>();
+      if (ds == "F32" || ds == "BF16" || ds == "F16" || ds == "I32" || ds == "I64") {
+        e.dtype = parse_safetensors_dtype(ds);
+      } else if (is_known_foreign_dtype(ds)) {
+        fail(path, detail::concat("tensor '", name, "': dtype ", ds,
+                                  " is not supported by tessera (supported: F32, BF16, F16, I32, I64)"));
+      } else {
+        fail(path, detail::concat("tensor '", name, "': unknown dtype '", ds, "'"));
+      }
+      const json& shp = v["shape"];
+      if (!shp.is_array()) fail(path, detail::concat("tensor '", name, "': shape must be an array"));
+      uint64_t numel = 1;
+      bool overflow = false;
+      for (const json& d : shp) {
+        uint64_t x = get_u64(path, name, "shape", d);
+        if (x > static_cast<uint64_t>(INT64_MAX)) overflow = true;
+        e.shape.push_back(static_cast<int64_t>(x));
+        overflow |= __builtin_mul_overflow(numel, x, &numel);
+      }
+      const json& off = v["data_offsets"];
+      if (!off.is_array() || off.size() != 2) {
+        fail(path, detail::concat("tensor '", name, "': data_offsets must be [begin, end]"));
+      }
+      e.begin = get_u64(path, name, "data_offsets", off[0]);
+      e.end = get_u64(path, name, "data_offsets", off[1]);
+      if (e.end < e.begin) {
+        fail(path, detail::concat("tensor '", name, "': data_offsets [", e.begin, ", ", e.end, "] end before begin"));
+      }
+      uint64_t nbytes = 0;
+      overflow |= __builtin_mul_overflow(numel, dtype_size(e.dtype), &nbytes);
+      if (overflow) fail(path, detail::concat("tensor '", name, "': shape ", shp.dump(), " overflows"));
+      if (e.end - e.begin != nbytes) {
+        fail(path, detail::concat("tensor '", name, "': data_offsets [", e.begin, ", ", e.end, "] hold ",
+                                  e.end - e.begin, " bytes but shape ", shape_str(e.shape), " of ", ds, " needs ",
+                                  nbytes, " (end - begin must equal numel x dtype size)"));
+      }
+      entries_.push_back(std::move(e));
+    }
+    std::sort(entries_.begin(), entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+      return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+    });
+    uint64_t at = 0;
+    for (const SafetensorsEntry& e : entries_) {
+      if (e.begin != at) {
+        fail(path, detail::concat("tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end, "] ",
+                                  e.begin > at ? "leave a gap" : "overlap the previous tensor", " (expected begin ",
+                                  at, "; offsets must be contiguous from 0)"));
+      }
+      at = e.end;
+    }
+    if (at != data_size_) {
+      fail(path, detail::concat("tensors cover ", at, " data bytes but the file holds ", data_size_,
+                                " after the header (",
+                                at > data_size_ ? "truncated" : "data must cover the rest of the file exactly", ")"));
+    }
+    for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
+  } catch (...) {
+    ::munmap(const_cast<uint8_t*>(map_), map_size_);
+    throw;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (map_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+}
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& e : entries_) out.push_back(e.name);
+  return out;
+}
+
+bool SafetensorsReader::contains(const std::string& name) const { return index_.count(name) > 0; }
+
+const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
+  auto it = index_.find(name);
+  TESSERA_ARG_CHECK(it != index_.end(), "tensor '", name, "' is not in ", path_);
+  return entries_[it->second];
+}
+
+Tensor SafetensorsReader::get(const std::string& name, Device* device) const {
+  const SafetensorsEntry& e = entry(name);
+  const size_t n = e.end - e.begin;
+  auto storage = uninitialised_storage(n, device);
+  if (n) std::memcpy(storage->data(), bytes(e), n);
+  return Tensor(std::move(storage), e.dtype, e.shape, contiguous_strides(e.shape), 0);
+}
+
+void SafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
+  const SafetensorsEntry& e = entry(name);
+  TESSERA_ARG_CHECK(dst.defined() && dst.shape() == e.shape, "read_into: tensor '", name, "' in ", path_, " is ",
+                    dtype_safetensors_name(e.dtype), shape_str(e.shape), ", destination is ",
+                    dst.defined() ? dst.str() : std::string("undefined"));
+  const uint8_t* src = bytes(e);
+  const size_t es = dtype_size(e.dtype);
+  const bool aligned = reinterpret_cast<uintptr_t>(src) % es == 0;
+  if (dst.is_contiguous() && (dst.dtype() == e.dtype || aligned)) {
+    // memcpy (same dtype) does not care about alignment; convert() reads typed pointers.
+    convert(src, e.dtype, dst.raw_data(), dst.dtype(), static_cast<size_t>(shape_numel(e.shape)));
+    return;
+  }
+  dst.copy_from(get(name));
+}
+
+// ---- writer -------------------------------------------------------------------
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  check_tensors(tensors);
+  for (const auto& [k, v] : metadata) {
+    TESSERA_ARG_CHECK(valid_utf8(reinterpret_cast<const uint8_t*>(k.data()), k.size()) &&
+                          valid_utf8(reinterpret_cast<const uint8_t*>(v.data()), v.size()),
+                      "write_safetensors: metadata '", k, "' is not valid UTF-8");
+  }
+  const std::string header = header_json(tensors, metadata);
+  write_atomically(path, [&](int fd, const std::string& tmp) {
+    uint64_t n = header.size();
+    write_all(fd, &n, 8, tmp);
+    write_all(fd, header.data(), header.size(), tmp);
+    for (const auto& [name, t] : tensors) {
+      if (t.numel() == 0) continue;
+      Tensor c = t.contiguous();
+      write_all(fd, c.raw_data(), c.nbytes(), tmp);
+    }
+  });
+}
+
+std::string shard_file_name(const std::string& prefix, int k, int n) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "-%05d-of-%05d.safetensors", k, n);
+  return prefix + buf;
+}
+
+std::vector<std::string> write_sharded_safetensors(const std::string& dir,
+                                                   const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                                   uint64_t max_shard_bytes,
+                                                   const std::map<std::string, std::string>& metadata,
+                                                   const std::string& prefix) {
+  TESSERA_ARG_CHECK(max_shard_bytes > 0, "write_sharded_safetensors: max_shard_bytes must be positive");
+  check_tensors(tensors);
+  std::vector<std::vector<std::pair<std::string, Tensor>>> groups(1);
+  uint64_t in_group = 0, total = 0;
+  for (const auto& nt : tensors) {
+    uint64_t b = nt.second.nbytes();
+    if (!groups.back().empty() && in_group + b > max_shard_bytes) {
+      groups.emplace_back();
+      in_group = 0;
+    }
+    groups.back().push_back(nt);
+    in_group += b;
+    total += b;
+  }
+  const int n = static_cast<int>(groups.size());
+  std::vector<std::string> paths;
+  json weight_map = json::object();
+  for (int k = 0; k < n; ++k) {
+    std::string file = shard_file_name(prefix, k + 1, n);
+    std::string p = (fs::path(dir) / file).string();
+    write_safetensors(p, groups[static_cast<size_t>(k)], metadata);
+    paths.push_back(p);
+    for (const auto& nt : groups[static_cast<size_t>(k)]) weight_map[nt.first] = file;
+  }
+  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  const std::string text = index.dump(2) + "\n";
+  std::string ipath = (fs::path(dir) / (prefix + ".safetensors.index.json")).string();
+  write_atomically(ipath, [&](int fd, const std::string& tmp) { write_all(fd, text.data(), text.size(), tmp); });
+  return paths;
+}
+
+// ---- sharded reader -------------------------------------------------------------
+
+ShardedSafetensorsReader::ShardedSafetensorsReader(const std::string& index_path) : index_path_(index_path) {
+  const std::string& ip = index_path_;
+  std::string text;
+  {
+    Fd fd(::open(ip.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) throw FormatError(os_error("cannot open safetensors index", ip, errno));
+    char buf[1 << 16];
+    for (;;) {
+      ssize_t r = ::read(fd.get(), buf, sizeof(buf));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        throw FormatError(os_error("cannot read", ip, errno));
+      }
+      if (r == 0) break;
+      text.append(buf, static_cast<size_t>(r));
+    }
+  }
+  json j = parse_json_strict(ip, text.data(), text.data() + text.size(), "index");
+  if (!j.is_object()) fail(ip, "index is not a JSON object");
+  if (!j.contains("weight_map") || !j["weight_map"].is_object()) fail(ip, "index has no \"weight_map\" object");
+  if (j.contains("metadata")) {
+    const json& m = j["metadata"];
+    if (!m.is_object()) fail(ip, "\"metadata\" is not an object");
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      index_metadata_[it.key()] = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
+    }
+    if (m.contains("total_size")) {
+      const json& t = m["total_size"];
+      if (t.is_number_unsigned()) {
+        total_size_ = t.get<uint64_t>();
+      } else if (t.is_number_float() && t.get<double>() >= 0 && t.get<double>() == static_cast<double>(
+                                                                                       static_cast<uint64_t>(t.get<double>()))) {
+        total_size_ = static_cast<uint64_t>(t.get<double>());  // some exporters write 1234.0
+      } else {
+        fail(ip, "\"total_size\" must be a non-negative integer, got " + t.dump());
+      }
+    }
+  }
+  const fs::path dir = fs::path(ip).parent_path();
+  std::map<std::string, size_t> shard_index;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) fail(ip, detail::concat("weight_map['", it.key(), "'] is not a file name"));
+    const std::string file = it.value().get<std::string>();
+    fs::path fp(file);
+    if (file.empty() || fp.is_absolute() || std::find(fp.begin(), fp.end(), "..") != fp.end()) {
+      fail(ip, detail::concat("weight_map['", it.key(), "'] = '", file,
+                              "' must be a file name relative to the index's directory"));
+    }
+    auto [sit, inserted] = shard_index.emplace(file, shards_.size());
+    if (inserted) {
+      std::string sp = (dir / fp).string();
+      if (!fs::exists(sp)) fail(ip, detail::concat("shard '", sp, "' (holding '", it.key(), "') does not exist"));
+      shards_.push_back(std::make_unique<SafetensorsReader>(sp));
+    }
+    const SafetensorsReader& shard = *shards_[sit->second];
+    if (!shard.contains(it.key())) {
+      fail(ip, detail::concat("tensor '", it.key(), "' is mapped to '", shard.path(), "' which does not hold it"));
+    }
+    weight_map_[it.key()] = sit->second;
+  }
+  for (const auto& s : shards_) {
+    for (const SafetensorsEntry& e : s->entries()) {
+      auto w = weight_map_.find(e.name);
+      if (w == weight_map_.end()) {
+        fail(ip, detail::concat("shard '", s->path(), "' holds tensor '", e.name, "' which the weight_map does not list"));
+      }
+      if (shards_[w->second].get() != s.get()) {
+        fail(ip, detail::concat("tensor '", e.name, "' is in both '", s->path(), "' and '",
+                                shards_[w->second]->path(), "'"));
+      }
+    }
+  }
+}
+
+std::vector<std::string> ShardedSafetensorsReader::names() const {
+  std::vector<std::string> out;
+  out.reserve(weight_map_.size());
+  for (const auto& kv : weight_map_) out.push_back(kv.first);
+  return out;
+}
+
+bool ShardedSafetensorsReader::contains(const std::string& name) const { return weight_map_.count(name) > 0; }
+
+const SafetensorsReader& ShardedSafetensorsReader::shard_of(const std::string& name) const {
+  auto it = weight_map_.find(name);
+  TESSERA_ARG_CHECK(it != weight_map_.end(), "tensor '", name, "' is not in the weight_map of ", index_path_);
+  return *shards_[it->second];
+}
+
+const SafetensorsEntry& ShardedSafetensorsReader::entry(const std::string& name) const {
+  return shard_of(name).entry(name);
+}
+const std::string& ShardedSafetensorsReader::file_of(const std::string& name) const { return shard_of(name).path(); }
+Tensor ShardedSafetensorsReader::get(const std::string& name, Device* device) const {
+  return shard_of(name).get(name, device);
+}
+void ShardedSafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
+  shard_of(name).read_into(name, dst);
+}
+const std::map<std::string, std::string>& ShardedSafetensorsReader::metadata() const {
+  static const std::map<std::string, std::string> kEmpty;
+  return shards_.empty() ? kEmpty : shards_.front()->metadata();
+}
+
+std::unique_ptr<TensorSource> open_safetensors(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    fs::path idx = fs::path(path) / "model.safetensors.index.json";
+    if (fs::exists(idx, ec)) return std::make_unique<ShardedSafetensorsReader>(idx.string());
+    fs::path one = fs::path(path) / "model.safetensors";
+    if (fs::exists(one, ec)) return std::make_unique<SafetensorsReader>(one.string());
+    throw FormatError(path + ": directory holds neither model.safetensors.index.json nor model.safetensors");
+  }
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    return std::make_unique<ShardedSafetensorsReader>(path);
+  }
+  return std::make_unique<SafetensorsReader>(path);
+}
+
+}  // namespace tessera::ckpt
