@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "runtime/device.h"
 
@@ -11,6 +12,10 @@ namespace tessera::kern {
 
 namespace {
 constexpr double kF = 4.0;  // bytes per fp32 element
+}
+
+void default_blas_threads() {
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
 }
 
 void charge(Device* dev, double flops, double bytes) {

@@ -19,6 +19,10 @@ class Device;
 
 namespace kern {
 
+// One BLAS thread per rank unless OPENBLAS_NUM_THREADS says otherwise (ranks
+// are the parallelism; BLAS threads would oversubscribe the cores).
+void default_blas_threads();
+
 // Charges `dev` (if not null) for a kernel of `flops` FLOPs touching `bytes` bytes.
 void charge(Device* dev, double flops, double bytes);
 
