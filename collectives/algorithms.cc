@@ -1,0 +1,737 @@
+#include "collectives/algorithms.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <new>
+#include <set>
+
+#include "collectives/reduce.h"
+
+namespace tessera::coll {
+
+const char* coll_kind_name(CollKind k) {
+  switch (k) {
+    case CollKind::AllReduce: return "all_reduce";
+    case CollKind::ReduceScatter: return "reduce_scatter";
+    case CollKind::AllGather: return "all_gather";
+    case CollKind::Broadcast: return "broadcast";
+    case CollKind::Reduce: return "reduce";
+    case CollKind::AllToAll: return "all_to_all";
+    case CollKind::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+LinkCosts::LinkCosts(const NetModel& net, const std::vector<int>& nodes) : p_(static_cast<int>(nodes.size())) {
+  lat_.assign(nodes.size() * nodes.size(), 0.0);
+  bw_.assign(nodes.size() * nodes.size(), 0.0);
+  const double probe = 1e9;
+  for (int a = 0; a < p_; ++a) {
+    for (int b = 0; b < p_; ++b) {
+      if (a == b) continue;
+      const size_t i = static_cast<size_t>(a) * nodes.size() + static_cast<size_t>(b);
+      const double l = net.p2p_time(nodes[a], nodes[b], 0);
+      const double t = net.p2p_time(nodes[a], nodes[b], probe);
+      lat_[i] = l;
+      bw_[i] = (t > l) ? probe / (t - l) : 0.0;
+    }
+  }
+}
+
+TorusShape torus_shape(const NetModel& net, const std::vector<int>& nodes) {
+  TorusShape s;
+  const int p = static_cast<int>(nodes.size());
+  const auto& dims = net.dims();
+  if (dims.empty() || p == 0) return s;
+  for (int n : nodes)
+    if (n < 0 || n >= net.num_nodes()) return s;
+  std::vector<std::vector<int>> c(static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) c[r] = net.coords(nodes[r]);
+  std::vector<std::vector<int>> values;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    std::set<int> v;
+    for (int r = 0; r < p; ++r) v.insert(c[r][i]);
+    if (v.size() > 1) {
+      s.dim_index.push_back(static_cast<int>(i));
+      values.emplace_back(v.begin(), v.end());
+      s.extent.push_back(static_cast<int>(v.size()));
+    }
+  }
+  int prod = 1;
+  for (int e : s.extent) prod *= e;
+  if (prod != p) return s;
+  s.coord.assign(static_cast<size_t>(p), std::vector<int>(s.dim_index.size()));
+  s.linear.assign(static_cast<size_t>(p), 0);
+  s.rank_of_linear.assign(static_cast<size_t>(p), -1);
+  for (int r = 0; r < p; ++r) {
+    int lin = 0, stride = 1;
+    for (size_t i = 0; i < s.dim_index.size(); ++i) {
+      const auto& v = values[i];
+      const int idx = static_cast<int>(std::lower_bound(v.begin(), v.end(), c[r][s.dim_index[i]]) - v.begin());
+      s.coord[r][i] = idx;
+      lin += idx * stride;
+      stride *= s.extent[i];
+    }
+    if (s.rank_of_linear[lin] != -1) return TorusShape{};  // two members on one node
+    s.linear[r] = lin;
+    s.rank_of_linear[lin] = r;
+  }
+  s.identity = true;
+  for (int r = 0; r < p; ++r) s.identity = s.identity && s.linear[r] == r;
+  s.valid = true;
+  return s;
+}
+
+void* Workspace::get(size_t bytes) {
+  if (bytes <= bytes_) return p_;
+  std::free(p_);
+  const size_t b = (std::max<size_t>(bytes, 4096) + 4095) / 4096 * 4096;
+  p_ = std::aligned_alloc(64, b);
+  if (!p_) {
+    bytes_ = 0;
+    throw std::bad_alloc();
+  }
+  std::memset(p_, 0, b);  // fault the pages in now, once
+  bytes_ = b;
+  return p_;
+}
+
+Workspace::~Workspace() { std::free(p_); }
+
+namespace {
+
+struct Range {
+  size_t off, len;  // elements
+};
+
+inline Range part(size_t n, int parts, int i) {
+  const size_t b = n / static_cast<size_t>(parts), r = n % static_cast<size_t>(parts);
+  const size_t ui = static_cast<size_t>(i);
+  return {ui * b + std::min(ui, r), b + (ui < r ? 1 : 0)};
+}
+
+inline int mod(int a, int m) { return ((a % m) + m) % m; }
+
+// Reduces each arriving fragment into dst = src op fragment.
+class ReduceSink final : public RecvSink {
+ public:
+  ReduceSink(char* dst, const char* src, DType dt, ReduceOp op) : dst_(dst), src_(src), dt_(dt), op_(op) {}
+  void consume(size_t off, const void* data, size_t bytes) override {
+    const size_t es = dtype_size(dt_);
+    TESSERA_CHECK_EQ(off % es, 0u);
+    reduce2(dst_ + off, src_ + off, data, bytes / es, dt_, op_);
+  }
+
+ private:
+  char* dst_;
+  const char* src_;
+  DType dt_;
+  ReduceOp op_;
+};
+
+// Cost of one ring step in which every member sends `bytes` to the next.
+double ring_step_cost(const AlgoContext& c, const int* members, int m, int dir_next_stride, double bytes) {
+  double t = 0;
+  for (int i = 0; i < m; ++i) t = std::max(t, c.links->time(members[i], members[mod(i + dir_next_stride, m)], bytes));
+  return t;
+}
+
+// Ring reduce-scatter among `members` (group ranks; this rank at position q):
+// block(i) is the element range member i owns at the end. Local
+// contributions are read from src, partial sums kept in dst (src may equal
+// dst). Step s sends block q-s-1 and reduces the incoming block q-s-2 as its
+// fragments arrive. Returns the modeled seconds.
+template <typename BlockFn>
+double ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, BlockFn block, const char* src,
+                           char* dst, DType dt, ReduceOp op, char* final_dst = nullptr) {
+  const size_t es = dtype_size(dt);
+  size_t maxb = 0;
+  for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
+  double t = 0;
+  const int next = members[mod(q + 1, m)], prev = members[mod(q - 1, m)];
+  for (int s = 0; s < m - 1; ++s) {
+    const Range S = block(mod(q - s - 1, m)), R = block(mod(q - s - 2, m));
+    const char* sp = (s == 0 ? src : dst) + S.off * es;
+    char* rp = (s == m - 2 && final_dst) ? final_dst : dst + R.off * es;
+    ReduceSink sink(rp, src + R.off * es, dt, op);
+    c.transport->sendrecv_sink(next, sp, S.len * es, prev, R.len * es, sink, c.tag);
+    t += ring_step_cost(c, members, m, 1, static_cast<double>(maxb * es));
+  }
+  return t;
+}
+
+// Ring all-gather: member i starts with block(i) of buf; step s sends block
+// q-s and receives block q-s-1 in place.
+template <typename BlockFn>
+double ring_all_gather(AlgoContext& c, const int* members, int m, int q, BlockFn block, char* buf, size_t es) {
+  size_t maxb = 0;
+  for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
+  double t = 0;
+  const int next = members[mod(q + 1, m)], prev = members[mod(q - 1, m)];
+  for (int s = 0; s < m - 1; ++s) {
+    const Range S = block(mod(q - s, m)), R = block(mod(q - s - 1, m));
+    c.transport->sendrecv(next, buf + S.off * es, S.len * es, prev, buf + R.off * es, R.len * es, c.tag);
+    t += ring_step_cost(c, members, m, 1, static_cast<double>(maxb * es));
+  }
+  return t;
+}
+
+void copy_if_needed(void* dst, const void* src, size_t bytes) {
+  if (dst != src && bytes) std::memmove(dst, src, bytes);
+}
+
+// Members 0..p-1 without allocating (p <= kMaxRanks).
+constexpr int kMaxRanks = 4096;
+const int* identity_members() {
+  static const auto* ids = [] {
+    auto* a = new int[kMaxRanks];
+    for (int i = 0; i < kMaxRanks; ++i) a[i] = i;
+    return a;
+  }();
+  return ids;
+}
+
+// ---------------------------------------------------------------- ring
+class RingAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "ring"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    const int p = c.size, r = c.rank;
+    const size_t es = dtype_size(k.dtype);
+    if (p > kMaxRanks) return false;
+    const int* all = identity_members();
+    switch (k.kind) {
+      case CollKind::AllReduce: {
+        if (p == 1) return copy_if_needed(k.recv, k.send, k.count * es), true;
+        auto blk = [&](int i) { return part(k.count, p, i); };
+        c.model += ring_reduce_scatter(c, all, p, r, blk, static_cast<const char*>(k.send),
+                                       static_cast<char*>(k.recv), k.dtype, k.op);
+        c.model += ring_all_gather(c, all, p, r, blk, static_cast<char*>(k.recv), es);
+        return true;
+      }
+      case CollKind::ReduceScatter: {
+        if (p == 1) return copy_if_needed(k.recv, k.send, k.count * es), true;
+        auto blk = [&](int i) { return Range{static_cast<size_t>(i) * k.count, k.count}; };
+        char* ws = static_cast<char*>(c.ws->get(static_cast<size_t>(p) * k.count * es));
+        c.model += ring_reduce_scatter(c, all, p, r, blk, static_cast<const char*>(k.send), ws, k.dtype, k.op,
+                                       static_cast<char*>(k.recv));
+        return true;
+      }
+      case CollKind::AllGather: {
+        char* buf = static_cast<char*>(k.recv);
+        copy_if_needed(buf + static_cast<size_t>(r) * k.count * es, k.send, k.count * es);
+        if (p == 1) return true;
+        auto blk = [&](int i) { return Range{static_cast<size_t>(i) * k.count, k.count}; };
+        c.model += ring_all_gather(c, all, p, r, blk, buf, es);
+        return true;
+      }
+      default: return false;
+    }
+  }
+};
+
+// ---------------------------------------------------------------- rhd
+// Rabenseifner: recursive-halving reduce-scatter then recursive-doubling
+// all-gather among the largest power of two p' <= p; the first 2(p-p')
+// ranks fold pairwise before (even into odd) and unfold after.
+class RhdAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "rhd"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    if (k.kind != CollKind::AllReduce) return false;
+    const int p = c.size, r = c.rank;
+    const size_t es = dtype_size(k.dtype), n = k.count;
+    char* buf = static_cast<char*>(k.recv);
+    copy_if_needed(buf, k.send, n * es);
+    if (p == 1) return true;
+    int pp = 1;
+    while (pp * 2 <= p) pp *= 2;
+    const int rem = p - pp;
+    auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
+    int nr;
+    if (r < 2 * rem) {
+      if (r % 2 == 0) {
+        c.transport->send(r + 1, c.tag, buf, n * es);
+        nr = -1;
+      } else {
+        ReduceSink sink(buf, buf, k.dtype, k.op);
+        c.transport->recv_sink(r - 1, n * es, sink, c.tag);
+        nr = r / 2;
+      }
+    } else {
+      nr = r - rem;
+    }
+    double fold = 0;
+    for (int e = 0; e < 2 * rem; e += 2) fold = std::max(fold, c.links->time(e, e + 1, static_cast<double>(n * es)));
+    c.model += fold;
+
+    auto bytes_of = [&](int lo, int hi) -> Range {  // block range -> element range
+      const Range a = part(n, pp, lo), b = part(n, pp, hi - 1);
+      return {a.off, b.off + b.len - a.off};
+    };
+    int levels = 0;
+    for (int m = pp / 2; m >= 1; m /= 2) ++levels;
+    // Per level: the block range before the split (same for all pairs' cost).
+    int lo_at[32], hi_at[32];
+    if (nr >= 0) {
+      int lo = 0, hi = pp, lvl = 0;
+      for (int mask = pp / 2; mask >= 1; mask /= 2, ++lvl) {
+        const int partner = nr ^ mask, mid = lo + (hi - lo) / 2;
+        lo_at[lvl] = lo;
+        hi_at[lvl] = hi;
+        const bool lower = (nr & mask) == 0;
+        const Range keep = lower ? bytes_of(lo, mid) : bytes_of(mid, hi);
+        const Range give = lower ? bytes_of(mid, hi) : bytes_of(lo, mid);
+        ReduceSink sink(buf + keep.off * es, buf + keep.off * es, k.dtype, k.op);
+        c.transport->sendrecv_sink(real(partner), buf + give.off * es, give.len * es, real(partner),
+                                   keep.len * es, sink, c.tag);
+        if (lower) hi = mid; else lo = mid;
+      }
+      for (int lvl2 = levels - 1; lvl2 >= 0; --lvl2) {
+        const int mask = pp >> (lvl2 + 1);
+        const int partner = nr ^ mask;
+        const int L = lo_at[lvl2], H = hi_at[lvl2], mid = L + (H - L) / 2;
+        const bool lower = (nr & mask) == 0;
+        const Range mine = lower ? bytes_of(L, mid) : bytes_of(mid, H);
+        const Range theirs = lower ? bytes_of(mid, H) : bytes_of(L, mid);
+        c.transport->sendrecv(real(partner), buf + mine.off * es, mine.len * es, real(partner),
+                              buf + theirs.off * es, theirs.len * es, c.tag);
+      }
+    }
+    // Model: every level's exchanges run concurrently; halving level l moves
+    // about n/2^(l+1) elements per pair, doubling the same in reverse.
+    for (int lvl = 0, mask = pp / 2; mask >= 1; mask /= 2, ++lvl) {
+      const Range half = bytes_of(0, std::max(1, pp >> (lvl + 1)));
+      double worst = 0;
+      for (int a = 0; a < pp; ++a)
+        worst = std::max(worst, c.links->time(real(a), real(a ^ mask), static_cast<double>(half.len * es)));
+      c.model += 2 * worst;  // halving + doubling at this distance
+    }
+    if (r < 2 * rem) {
+      if (r % 2 == 1) c.transport->send(r - 1, c.tag, buf, n * es);
+      else c.transport->recv(r + 1, c.tag, buf, n * es);
+    }
+    c.model += fold;
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------- torus
+// Dimension by dimension over the group's grid on the torus. Reduce-scatter
+// goes through the dims from the slowest-varying to the fastest, so every
+// rank's share stays one contiguous range; all-gather comes back in reverse.
+// All-reduce splits the vector in halves and runs one half on rings in the
+// forward direction and the other on rings in the backward direction.
+class TorusAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "torus"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    const TorusShape& ts = *c.torus;
+    if (!ts.valid || c.size > kMaxRanks) return false;
+    for (int e : ts.extent)
+      if (e > 64) return false;
+    const size_t es = dtype_size(k.dtype);
+    const int p = c.size;
+    switch (k.kind) {
+      case CollKind::AllReduce: {
+        char* buf = static_cast<char*>(k.recv);
+        copy_if_needed(buf, k.send, k.count * es);
+        if (p == 1) return true;
+        const size_t h0 = (k.count + 1) / 2;
+        double t0 = 0, t1 = 0;
+        for (int half = 0; half < 2; ++half) {
+          const size_t off = half == 0 ? 0 : h0, len = half == 0 ? h0 : k.count - h0;
+          auto blk = [&](int lin) {
+            Range b = part(len, p, lin);
+            b.off += off;
+            return b;
+          };
+          double& t = half == 0 ? t0 : t1;
+          t += reduce_scatter(c, blk, buf, buf, k.dtype, k.op, half == 1, nullptr);
+          t += all_gather(c, blk, buf, es, half == 1);
+        }
+        c.model += std::max(t0, t1);  // the two directions use separate links
+        return true;
+      }
+      case CollKind::ReduceScatter: {
+        if (!ts.identity) return false;
+        if (p == 1) return copy_if_needed(k.recv, k.send, k.count * es), true;
+        auto blk = [&](int lin) { return Range{static_cast<size_t>(lin) * k.count, k.count}; };
+        char* ws = static_cast<char*>(c.ws->get(static_cast<size_t>(p) * k.count * es));
+        c.model += reduce_scatter(c, blk, static_cast<const char*>(k.send), ws, k.dtype, k.op, false,
+                                  static_cast<char*>(k.recv));
+        return true;
+      }
+      case CollKind::AllGather: {
+        if (!ts.identity) return false;
+        char* buf = static_cast<char*>(k.recv);
+        copy_if_needed(buf + static_cast<size_t>(c.rank) * k.count * es, k.send, k.count * es);
+        if (p == 1) return true;
+        auto blk = [&](int lin) { return Range{static_cast<size_t>(lin) * k.count, k.count}; };
+        c.model += all_gather(c, blk, buf, es, false);
+        return true;
+      }
+      default: return false;
+    }
+  }
+
+ private:
+  // Fills members (group ranks along dim i through this rank, ordered by
+  // coordinate, reversed when backward) and returns this rank's position.
+  int line(const AlgoContext& c, int i, bool backward, int* members) const {
+    const TorusShape& ts = *c.torus;
+    int stride = 1;
+    for (int j = 0; j < i; ++j) stride *= ts.extent[j];
+    const int k = ts.extent[i], me = ts.linear[c.rank], my = ts.coord[c.rank][i];
+    for (int t = 0; t < k; ++t) {
+      const int pos = backward ? k - 1 - t : t;
+      members[pos] = ts.rank_of_linear[me + (t - my) * stride];
+    }
+    return backward ? k - 1 - my : my;
+  }
+
+  // Linear-block range [glo, ghi) this rank covers before dim i's step (RS order).
+  template <typename BlockFn>
+  double reduce_scatter(AlgoContext& c, BlockFn blk, const char* src, char* dst, DType dt, ReduceOp op,
+                        bool backward, char* final_dst) {
+    const TorusShape& ts = *c.torus;
+    const int D = static_cast<int>(ts.extent.size());
+    int glo = 0, ghi = c.size;
+    double t = 0;
+    int members[64];
+    const char* cur_src = src;
+    // The last dim with extent > 1 in this order writes the final block.
+    for (int i = D - 1; i >= 0; --i) {
+      const int k = ts.extent[i];
+      const int q = line(c, i, backward, members);
+      const int sz = (ghi - glo) / k;
+      auto block = [&](int pos) {
+        const int g = backward ? k - 1 - pos : pos;
+        const Range a = blk(glo + g * sz), b = blk(glo + (g + 1) * sz - 1);
+        return Range{a.off, b.off + b.len - a.off};
+      };
+      const bool last = (i == 0);
+      t += ring_reduce_scatter(c, members, k, q, block, cur_src, dst, dt, op, last ? final_dst : nullptr);
+      cur_src = dst;
+      const int g = ts.coord[c.rank][i];
+      glo = glo + g * sz;
+      ghi = glo + sz;
+    }
+    return t;
+  }
+
+  template <typename BlockFn>
+  double all_gather(AlgoContext& c, BlockFn blk, char* buf, size_t es, bool backward) {
+    const TorusShape& ts = *c.torus;
+    const int D = static_cast<int>(ts.extent.size());
+    double t = 0;
+    int members[64];
+    int span = 1;  // linear blocks this rank holds, aligned
+    for (int i = 0; i < D; ++i) {
+      const int k = ts.extent[i];
+      const int q = line(c, i, backward, members);
+      const int base = (ts.linear[c.rank] / (span * k)) * (span * k);
+      auto block = [&](int pos) {
+        const int g = backward ? k - 1 - pos : pos;
+        const Range a = blk(base + g * span), b = blk(base + (g + 1) * span - 1);
+        return Range{a.off, b.off + b.len - a.off};
+      };
+      t += ring_all_gather(c, members, k, q, block, buf, es);
+      span *= k;
+    }
+    return t;
+  }
+};
+
+// ---------------------------------------------------------------- shm direct
+// Shared memory only: every rank reduces its block of the vector reading
+// all peers' buffers in place, then copies the other blocks from their
+// owners. Three publish rounds (exchange pointers, reduced, done reading).
+// Declines (after the first round, which every rank sees alike) when some
+// rank's buffers are outside every shared arena.
+class DirectAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "direct"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    SharedMemoryPeers* shm = c.transport->shared_memory();
+    if (!shm) return false;
+    const int p = c.size;
+    const size_t es = dtype_size(k.dtype);
+    if (k.kind == CollKind::Barrier) {
+      shm->publish(nullptr, nullptr, 0, nullptr, 0);
+      return true;
+    }
+    if (p == 1 || p > 64) return false;
+    if (k.kind == CollKind::AllReduce) return all_reduce(c, *shm, k, es);
+    if (k.kind == CollKind::Broadcast) return broadcast(c, *shm, k, es);
+    return false;
+  }
+
+ private:
+  // Round 1 for (send, recv): true when every rank's buffers are shared.
+  static bool exchange(SharedMemoryPeers& shm, const void* a, size_t abytes, const void* b, size_t bbytes,
+                       void** ptrs, int p) {
+    const uint8_t ok = shm.is_shared(a, abytes) && shm.is_shared(b, bbytes);
+    const void* bufs[2] = {a, b};
+    const size_t sizes[2] = {abytes, bbytes};
+    shm.publish(bufs, sizes, ok ? 2 : 0, &ok, 1);
+    bool all = true;
+    for (int j = 0; j < p; ++j) all = all && *static_cast<const uint8_t*>(shm.peer_inline(j)) == 1;
+    if (!all) return false;
+    for (int j = 0; j < p; ++j) {
+      ptrs[2 * j] = shm.peer_buffer(j, 0);
+      ptrs[2 * j + 1] = shm.peer_buffer(j, 1);
+    }
+    return true;
+  }
+
+  bool all_reduce(AlgoContext& c, SharedMemoryPeers& shm, const CollCall& k, size_t es) {
+    const int p = c.size, r = c.rank;
+    const size_t n = k.count;
+    void* ptrs[128];
+    if (!exchange(shm, k.send, n * es, k.recv, n * es, ptrs, p)) return false;
+    const Range mine = part(n, p, r);
+    // Reduce my block in cache-sized pieces across all sources.
+    constexpr size_t kPiece = 16384;
+    char* out = static_cast<char*>(k.recv) + mine.off * es;
+    for (size_t done = 0; done < mine.len; done += kPiece) {
+      const size_t len = std::min(kPiece, mine.len - done), off = (mine.off + done) * es;
+      // Own contribution first: in place, `out` is this rank's send block.
+      const int first = (r + 1) % p;
+      reduce2(out + done * es, static_cast<char*>(ptrs[2 * r]) + off, static_cast<char*>(ptrs[2 * first]) + off, len,
+              k.dtype, k.op);
+      for (int j = 2; j < p; ++j)
+        reduce2(out + done * es, out + done * es, static_cast<char*>(ptrs[2 * ((r + j) % p)]) + off, len, k.dtype,
+                k.op);
+    }
+    shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every block reduced
+    for (int j = 1; j < p; ++j) {
+      const int o = (r + j) % p;  // stagger, so ranks read different owners
+      const Range b = part(n, p, o);
+      if (b.len)
+        std::memcpy(static_cast<char*>(k.recv) + b.off * es, static_cast<char*>(ptrs[2 * o + 1]) + b.off * es,
+                    b.len * es);
+    }
+    shm.publish(nullptr, nullptr, 0, nullptr, 0);  // nobody reads my buffers any more
+    // Model: each rank pulls p-1 blocks from its peers, twice.
+    double worst = 0;
+    const double bb = static_cast<double>(part(n, p, 0).len * es);
+    for (int a = 0; a < p; ++a) {
+      double t = 0;
+      for (int j = 0; j < p; ++j)
+        if (j != a) t += c.links->time(j, a, bb);
+      worst = std::max(worst, t);
+    }
+    c.model += 2 * worst;
+    return true;
+  }
+
+  bool broadcast(AlgoContext& c, SharedMemoryPeers& shm, const CollCall& k, size_t es) {
+    const int p = c.size, r = c.rank;
+    const size_t bytes = k.count * es;
+    void* ptrs[128];
+    if (!exchange(shm, k.recv, bytes, nullptr, 0, ptrs, p)) return false;
+    if (r != k.root && bytes) std::memcpy(k.recv, ptrs[2 * k.root], bytes);
+    shm.publish(nullptr, nullptr, 0, nullptr, 0);
+    double worst = 0;
+    for (int a = 0; a < p; ++a) worst = std::max(worst, c.links->time(k.root, a, static_cast<double>(bytes)));
+    c.model += worst;
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------- shm oneshot
+// Shared memory, small all-reduce: every rank copies its vector into its
+// publish slot; one round later each rank reduces all slots in rank order
+// (so every rank computes bitwise the same result).
+class OneshotAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "oneshot"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    SharedMemoryPeers* shm = c.transport->shared_memory();
+    const size_t es = dtype_size(k.dtype), bytes = k.count * es;
+    if (!shm || k.kind != CollKind::AllReduce || bytes > SharedMemoryPeers::kInlineBytes) return false;
+    const int p = c.size;
+    shm->publish(nullptr, nullptr, 0, k.send, bytes);
+    if (p == 1) return copy_if_needed(k.recv, k.send, bytes), true;
+    reduce2(k.recv, shm->peer_inline(0), shm->peer_inline(1), k.count, k.dtype, k.op);
+    for (int j = 2; j < p; ++j) reduce2(k.recv, k.recv, shm->peer_inline(j), k.count, k.dtype, k.op);
+    double worst = 0;
+    for (int a = 0; a < p; ++a) {
+      double t = 0;
+      for (int j = 0; j < p; ++j)
+        if (j != a) t += c.links->time(j, a, static_cast<double>(bytes));
+      worst = std::max(worst, t);
+    }
+    c.model += worst;
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------- tree
+// Binomial trees rooted at `root`: broadcast (ceil(log2 p) rounds of the
+// whole buffer) and reduce (the mirror image, reducing as data arrives).
+class TreeAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "tree"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    const int p = c.size, r = c.rank;
+    const size_t es = dtype_size(k.dtype), bytes = k.count * es;
+    if (k.kind != CollKind::Broadcast && k.kind != CollKind::Reduce) return false;
+    const int vr = mod(r - k.root, p);
+    auto real = [&](int v) { return (v + k.root) % p; };
+    // Model: round with distance `mask`: pairs (v, v + mask) for v < mask.
+    auto round_cost = [&](int mask) {
+      double t = 0;
+      for (int v = 0; v < mask && v + mask < p; ++v) t = std::max(t, c.links->time(real(v), real(v + mask), bytes));
+      return t;
+    };
+    if (k.kind == CollKind::Broadcast) {
+      int mask = 1;
+      while (mask < p) {
+        if (vr & mask) {
+          c.transport->recv(real(vr - mask), c.tag, k.recv, bytes);
+          break;
+        }
+        mask <<= 1;
+      }
+      for (mask >>= 1; mask > 0; mask >>= 1)
+        if (vr + mask < p) c.transport->send(real(vr + mask), c.tag, k.recv, bytes);
+      for (int m = 1; m < p; m <<= 1) c.model += round_cost(m);
+      return true;
+    }
+    // Reduce: accumulate in the root's recv, elsewhere in the workspace.
+    char* acc = (r == k.root) ? static_cast<char*>(k.recv) : static_cast<char*>(c.ws->get(bytes));
+    copy_if_needed(acc, k.send, bytes);
+    for (int mask = 1; mask < p; mask <<= 1) {
+      if (vr & mask) {
+        c.transport->send(real(vr - mask), c.tag, acc, bytes);
+        break;
+      }
+      if (vr + mask < p) {
+        ReduceSink sink(acc, acc, k.dtype, k.op);
+        c.transport->recv_sink(real(vr + mask), bytes, sink, c.tag);
+      }
+    }
+    for (int m = 1; m < p; m <<= 1) c.model += round_cost(m);
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------- pairwise
+// All-to-all in p-1 steps: step s sends block r+s to rank r+s and receives
+// block r-s from rank r-s.
+class PairwiseAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "pairwise"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    if (k.kind != CollKind::AllToAll) return false;
+    const int p = c.size, r = c.rank;
+    const size_t blk = k.count * dtype_size(k.dtype), total = blk * static_cast<size_t>(p);
+    const char* send = static_cast<const char*>(k.send);
+    char* recv = static_cast<char*>(k.recv);
+    const bool overlap = total && send < recv + total && recv < send + total;
+    if (overlap) {
+      char* ws = static_cast<char*>(c.ws->get(total));
+      std::memcpy(ws, send, total);
+      send = ws;
+    }
+    if (blk) std::memcpy(recv + static_cast<size_t>(r) * blk, send + static_cast<size_t>(r) * blk, blk);
+    for (int s = 1; s < p; ++s) {
+      const int to = (r + s) % p, from = mod(r - s, p);
+      c.transport->sendrecv(to, send + static_cast<size_t>(to) * blk, blk, from,
+                            recv + static_cast<size_t>(from) * blk, blk, c.tag);
+      double t = 0;
+      for (int a = 0; a < p; ++a) t = std::max(t, c.links->time(a, (a + s) % p, static_cast<double>(blk)));
+      c.model += t;
+    }
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------- dissemination
+class DisseminationAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "dissemination"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    if (k.kind != CollKind::Barrier) return false;
+    const int p = c.size, r = c.rank;
+    for (int d = 1; d < p; d <<= 1) {
+      c.transport->sendrecv((r + d) % p, nullptr, 0, mod(r - d, p), nullptr, 0, c.tag);
+      double t = 0;
+      for (int a = 0; a < p; ++a) t = std::max(t, c.links->time(a, (a + d) % p, 0));
+      c.model += t;
+    }
+    return true;
+  }
+};
+
+RingAlgorithm g_ring;
+RhdAlgorithm g_rhd;
+TorusAlgorithm g_torus;
+DirectAlgorithm g_direct;
+OneshotAlgorithm g_oneshot;
+TreeAlgorithm g_tree;
+PairwiseAlgorithm g_pairwise;
+DisseminationAlgorithm g_dissemination;
+
+Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_rhd, &g_ring, &g_tree, &g_pairwise, &g_dissemination};
+
+}  // namespace
+
+std::vector<std::string> algorithm_names() {
+  std::vector<std::string> v;
+  for (auto* a : kAll) v.emplace_back(a->name());
+  return v;
+}
+
+int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, const std::string& forced,
+                         Algorithm** out) {
+  int n = 0;
+  auto add = [&](Algorithm* a) {
+    for (int i = 0; i < n; ++i)
+      if (out[i] == a) return;
+    out[n++] = a;
+  };
+  if (!forced.empty()) {
+    Algorithm* f = nullptr;
+    for (auto* a : kAll)
+      if (forced == a->name()) f = a;
+    if (!f) {
+      std::string names;
+      for (auto* a : kAll) names += std::string(names.empty() ? "" : ", ") + a->name();
+      throw InvalidArgument("unknown collective algorithm '" + forced + "' (TESSERA_ALGO / CommOptions::algo; known: " +
+                            names + ")");
+    }
+    add(f);
+  }
+  switch (kind) {
+    case CollKind::AllReduce:
+      if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
+      add(&g_direct);
+      if (multi_dim_torus) add(&g_torus);
+      if (bytes < (size_t{256} << 10)) add(&g_rhd);
+      add(&g_ring);
+      break;
+    case CollKind::ReduceScatter:
+    case CollKind::AllGather:
+      if (multi_dim_torus) add(&g_torus);
+      add(&g_ring);
+      break;
+    case CollKind::Broadcast:
+      if (bytes > (size_t{64} << 10)) add(&g_direct);
+      add(&g_tree);
+      break;
+    case CollKind::Reduce: add(&g_tree); break;
+    case CollKind::AllToAll: add(&g_pairwise); break;
+    case CollKind::Barrier:
+      add(&g_direct);
+      add(&g_dissemination);
+      break;
+  }
+  return n;
+}
+
+}  // namespace tessera::coll

@@ -1,0 +1,109 @@
+// Collective algorithms written against the Transport interface.
+//
+// The communicator hands each call to the candidates for its kind in
+// selection order; a candidate that cannot serve the call returns false
+// (declines) before any communication, or after a round whose outcome every
+// rank saw alike, so all ranks always pick the same algorithm. Algorithms see
+// only kernel dtypes (f32, i32, i64) for reductions; bf16/f16 are widened to
+// f32 by the communicator, and Avg arrives as Sum (divided afterwards).
+//
+// Every algorithm charges each step of its schedule to ctx.model (modeled
+// NeuronLink seconds); docs/algorithms.md lists the steps and bytes.
+// Single-threaded: one call at a time per communicator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/transport.h"
+
+namespace tessera::coll {
+
+enum class CollKind { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, AllToAll, Barrier };
+const char* coll_kind_name(CollKind k);
+
+struct CollCall {
+  CollKind kind;
+  const void* send;
+  void* recv;
+  size_t count;  // as in the Communicator API
+  DType dtype;
+  ReduceOp op;   // never Avg here
+  int root;
+};
+
+// Pairwise link costs between group ranks, precomputed from the NetModel so
+// charging a step allocates nothing.
+class LinkCosts {
+ public:
+  LinkCosts() = default;
+  LinkCosts(const NetModel& net, const std::vector<int>& nodes);
+  double time(int from, int to, double bytes) const {
+    const size_t i = static_cast<size_t>(from) * static_cast<size_t>(p_) + static_cast<size_t>(to);
+    return from == to ? 0.0 : lat_[i] + (bw_[i] > 0 ? bytes / bw_[i] : 0.0);
+  }
+
+ private:
+  int p_ = 0;
+  std::vector<double> lat_, bw_;
+};
+
+// Grid structure of the group on the torus, when it has one: the dims along
+// which members differ, each with the sorted coordinates in use.
+struct TorusShape {
+  bool valid = false;
+  std::vector<int> dim_index;             // NetModel dims used, fastest first
+  std::vector<int> extent;                // members along each
+  std::vector<std::vector<int>> coord;    // coord[r][i]: group rank r's index along dim i
+  std::vector<int> linear;                // linear[r]: r's index, dim 0 fastest
+  std::vector<int> rank_of_linear;        // inverse of linear
+  bool identity = false;                  // linear[r] == r for all r
+};
+TorusShape torus_shape(const NetModel& net, const std::vector<int>& nodes);
+
+struct Workspace {
+  // Returns at least `bytes` of 64-byte aligned memory, grown (and touched)
+  // only when a call needs more than any before.
+  void* get(size_t bytes);
+  ~Workspace();
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct AlgoContext {
+  Transport* transport = nullptr;
+  int rank = 0, size = 1;
+  uint32_t tag = 0;  // this call's tag
+  const LinkCosts* links = nullptr;
+  const NetModel* net = nullptr;
+  const TorusShape* torus = nullptr;
+  Workspace* ws = nullptr;   // algorithm scratch
+  double model = 0;          // modeled seconds charged by the schedule
+};
+
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  virtual const char* name() const = 0;
+  // Serves the call or returns false (declined) without side effects.
+  virtual bool run(AlgoContext& ctx, const CollCall& call) = 0;
+};
+
+// The registry. Fills `out` (room for kMaxCandidates) with the algorithms
+// to try for `kind`, in selection order by size and group shape; a forced
+// name (TESSERA_ALGO / CommOptions::algo) goes first and the defaults follow
+// as fallbacks. Unknown names throw InvalidArgument. Allocates nothing.
+constexpr int kMaxCandidates = 8;
+int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, const std::string& forced,
+                         Algorithm** out);
+std::vector<std::string> algorithm_names();
+
+}  // namespace tessera::coll

@@ -1,0 +1,106 @@
+#include "collectives/communicator.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "collectives/comm_impl.h"
+#include "collectives/mpi/mpi_backend.h"
+#include "collectives/shm/shm_transport.h"
+#include "collectives/tcp/tcp_transport.h"
+#include "collectives/transport.h"
+
+namespace tessera::coll {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Prod: return "prod";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Avg: return "avg";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(const std::string& s) {
+  if (s == "sum") return ReduceOp::Sum;
+  if (s == "prod") return ReduceOp::Prod;
+  if (s == "min") return ReduceOp::Min;
+  if (s == "max") return ReduceOp::Max;
+  if (s == "avg" || s == "mean") return ReduceOp::Avg;
+  throw InvalidArgument("unknown reduce op '" + s + "' (expected sum, prod, min, max or avg)");
+}
+
+const char* transport_name(TransportKind t) {
+  switch (t) {
+    case TransportKind::Shm: return "shm";
+    case TransportKind::Tcp: return "tcp";
+    case TransportKind::Mpi: return "mpi";
+  }
+  return "?";
+}
+
+TransportKind parse_transport(const std::string& s) {
+  if (s == "shm") return TransportKind::Shm;
+  if (s == "tcp") return TransportKind::Tcp;
+  if (s == "mpi") return TransportKind::Mpi;
+  throw InvalidArgument("unknown transport '" + s + "' (expected shm, tcp or mpi)");
+}
+
+CommOptions apply_env_overrides(CommOptions options) {
+  if (const char* t = std::getenv("TESSERA_TIMEOUT_S"); t && *t) {
+    char* end = nullptr;
+    double s = std::strtod(t, &end);
+    TESSERA_ARG_CHECK(end && *end == '\0' && s > 0, "TESSERA_TIMEOUT_S='", t, "' is not a positive number of seconds");
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
+  }
+  if (const char* a = std::getenv("TESSERA_ALGO"); a && *a) options.algo = a;
+  return options;
+}
+
+std::unique_ptr<Transport> make_transport(TransportKind kind, std::shared_ptr<Store> store, int rank, int size,
+                                          const CommOptions& options) {
+  switch (kind) {
+    case TransportKind::Shm: return shm::create_transport(std::move(store), rank, size, options);
+    case TransportKind::Tcp: return tcp::create_transport(std::move(store), rank, size, options);
+    case TransportKind::Mpi: break;
+  }
+  throw InvalidArgument("the mpi backend has no Transport; use Communicator::create");
+}
+
+namespace {
+// Ranks agree on a communicator's store prefix without talking: the n-th
+// communicator named X that rank r creates on a store gets generation n
+// (creation is collective and ordered, so every member counts alike).
+int next_generation(const Store* store, const std::string& name, int rank) {
+  static std::mutex mu;
+  static std::map<std::tuple<const Store*, std::string, int>, int> counts;
+  std::lock_guard<std::mutex> lk(mu);
+  return counts[{store, name, rank}]++;
+}
+}  // namespace
+
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
+                                                   CommOptions options) {
+  TESSERA_ARG_CHECK(size >= 1, "communicator size must be >= 1, got ", size);
+  TESSERA_ARG_CHECK(rank >= 0 && rank < size, "rank ", rank, " out of range for size ", size);
+  TESSERA_ARG_CHECK(options.timeout.count() > 0, "communicator timeout must be positive");
+  options = apply_env_overrides(std::move(options));
+  if (options.world_ranks.empty()) {
+    for (int i = 0; i < size; ++i) options.world_ranks.push_back(i);
+  }
+  TESSERA_ARG_CHECK(static_cast<int>(options.world_ranks.size()) == size, "world_ranks has ",
+                    options.world_ranks.size(), " entries for a group of ", size);
+  if (options.transport == TransportKind::Mpi) return mpi::create_communicator(rank, size, options);
+  TESSERA_ARG_CHECK(store != nullptr, "Communicator::create needs a store for the ",
+                    transport_name(options.transport), " transport");
+  const int gen = next_generation(store.get(), options.name, rank);
+  auto prefixed =
+      std::make_shared<PrefixStore>(store, "tessera/comm/" + options.name + "/" + std::to_string(gen) + "/");
+  auto transport = make_transport(options.transport, prefixed, rank, size, options);
+  return make_transport_communicator(prefixed, std::move(transport), std::move(options));
+}
+
+}  // namespace tessera::coll

@@ -1,0 +1,20 @@
+// Element-wise reduction kernels of the collectives (f32, i32, i64; bf16 and
+// f16 are reduced by the communicator in an f32 workspace, so they
+// accumulate in f32). Avg is reduced as Sum and divided at the end.
+// Stateless and thread-safe; no allocation.
+#pragma once
+
+#include <cstddef>
+
+#include "collectives/communicator.h"
+
+namespace tessera::coll {
+
+// dst[i] = a[i] op b[i] for n elements (dst may alias a or b).
+void reduce2(void* dst, const void* a, const void* b, size_t n, DType dtype, ReduceOp op);
+// buf[i] /= divisor (Avg; integers truncate toward zero).
+void divide(void* buf, size_t n, DType dtype, int divisor);
+// True for dtypes the kernels take directly.
+inline bool kernel_dtype(DType t) { return t == DType::F32 || t == DType::I32 || t == DType::I64; }
+
+}  // namespace tessera::coll

@@ -1,0 +1,565 @@
+// Shared-memory transport.
+//
+// Each rank owns one segment per communicator (a memfd, so nothing can be
+// left in /dev/shm), created, pre-faulted and published once; the peers map
+// it through /proc/<pid>/fd. A segment holds:
+//   - a control block: the doorbell (futex word the owner sleeps on), the
+//     owner's failed flag and reason, the publish rounds of SharedMemoryPeers;
+//   - one inbound channel per peer: a single-producer single-consumer ring of
+//     kSlots fixed-size slots that the peer writes and the owner reads.
+// Whoever changes something another rank may wait for (a message posted, a
+// slot freed, a round published, a failure) bumps that rank's doorbell and
+// wakes it only if it sleeps. Waiting spins briefly, then yields, then sleeps
+// on the futex in slices of at most 100 ms, checking between slices the
+// abort flag, the peers' failed flags and the peers' liveness (pidfd), so an
+// exited peer is noticed well within a second.
+#include "collectives/shm/shm_transport.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "runtime/shm_memory.h"
+
+namespace tessera::coll::shm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kSlots = 4;
+constexpr size_t kReasonBytes = 256;
+
+struct SlotHeader {
+  uint32_t tag;
+  uint32_t first;  // 1 on a message's first fragment
+  uint64_t msg_bytes;
+  uint64_t frag_bytes;
+  uint64_t pad;
+};
+constexpr size_t kSlotHeader = 64;  // keep payloads cache-line aligned
+static_assert(sizeof(SlotHeader) <= kSlotHeader);
+
+struct alignas(64) Control {
+  std::atomic<uint32_t> doorbell;
+  std::atomic<uint32_t> sleeping;
+  std::atomic<uint32_t> failed;
+  std::atomic<uint32_t> closed;  // the owner destroyed its transport (a clean exit)
+  char reason[kReasonBytes];
+};
+
+struct PubSlot {
+  uint32_t num_buffers;
+  uint32_t inline_bytes;
+  ShmLocation locs[SharedMemoryPeers::kMaxBuffers];
+  uint64_t sizes[SharedMemoryPeers::kMaxBuffers];
+  alignas(64) char inline_data[SharedMemoryPeers::kInlineBytes];
+};
+
+struct alignas(64) PubBlock {
+  std::atomic<uint64_t> seq;
+  char pad[56];
+  PubSlot slots[2];
+};
+
+// Inbound channel control, indexed by the sending peer. head: written by the
+// sender (slots produced); tail: written by the owner (slots consumed).
+struct alignas(64) ChannelCtl {
+  std::atomic<uint64_t> head;
+  char pad0[56];
+  std::atomic<uint64_t> tail;
+  char pad1[56];
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
+
+struct Layout {
+  size_t slot_payload = 0, slot_bytes = 0, control = 0, pub = 0, chan_ctl = 0, chan_data = 0, total = 0;
+  Layout(int p) {
+    // Per-peer inbound budget: ~4 MiB split among the peers, 32 KiB..512 KiB slots.
+    size_t per_peer = (size_t{4} << 20) / static_cast<size_t>(std::max(1, p - 1));
+    size_t payload = size_t{512} << 10;
+    while (payload > (size_t{32} << 10) && payload * kSlots > per_peer) payload /= 2;
+    slot_payload = payload;
+    slot_bytes = payload + kSlotHeader;
+    control = 0;
+    pub = sizeof(Control);
+    chan_ctl = pub + sizeof(PubBlock);
+    chan_data = chan_ctl + sizeof(ChannelCtl) * static_cast<size_t>(p);
+    total = chan_data + slot_bytes * kSlots * static_cast<size_t>(p);
+  }
+};
+
+long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const struct timespec* ts) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+class ShmTransport final : public Transport, public SharedMemoryPeers {
+ public:
+  ShmTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options)
+      : rank_(rank), size_(size), timeout_(options.timeout), group_(options.name), layout_(size) {
+    own_ = ShmSegment::create(layout_.total, "comm-" + options.name, /*prefault=*/true);
+    std::memset(own_->data(), 0, sizeof(Control) + sizeof(PubBlock) + sizeof(ChannelCtl) * size_);
+    {
+      std::ostringstream os;
+      os << ::getpid() << ' ' << own_->fd() << ' ' << own_->size();
+      store->set("shm/" + std::to_string(rank_), os.str());
+    }
+    segs_.resize(size_);
+    pids_.resize(size_, 0);
+    pidfds_.resize(size_, -1);
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) {
+        segs_[j] = own_->data();
+        pids_[j] = ::getpid();
+        continue;
+      }
+      std::string v;
+      try {
+        v = store->get("shm/" + std::to_string(j), timeout_);
+      } catch (const TimeoutError& e) {
+        throw TransportError(TransportError::Kind::Timeout, j,
+                             "shm transport of group '" + group_ + "': rank " + std::to_string(j) +
+                                 " never published its segment (" + e.what() + ")");
+      }
+      std::istringstream is(v);
+      int pid = 0, fd = -1;
+      size_t bytes = 0;
+      is >> pid >> fd >> bytes;
+      TESSERA_CHECK(is && bytes >= layout_.total, "bad shm endpoint '", v, "' from rank ", j);
+      pids_[j] = pid;
+      if (pid != ::getpid()) {
+        int pfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+        pidfds_[j] = pfd;  // -1: fall back to kill(pid, 0)
+      }
+      peer_segs_.push_back(ShmSegment::open_peer(pid, fd, bytes));
+      segs_[j] = peer_segs_.back()->data();
+    }
+    send_head_.assign(size_, 0);
+    recv_tail_.assign(size_, 0);
+    peer_ptrs_.assign(static_cast<size_t>(size_) * kMaxBuffers, nullptr);
+    peer_inline_.assign(size_, nullptr);
+  }
+
+  ~ShmTransport() override {
+    ctl(rank_)->closed.store(1, std::memory_order_seq_cst);
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_) ring(j);
+    for (int fd : pidfds_)
+      if (fd >= 0) ::close(fd);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "shm"; }
+
+  void send(int peer, uint32_t tag, const void* buf, size_t bytes) override {
+    check_peer(peer);
+    SendState s{peer, tag, static_cast<const char*>(buf), bytes, 0, false};
+    while (!s.done) {
+      if (!progress_send(s)) wait_until([&] { return can_send(peer); }, peer);
+    }
+  }
+
+  void recv(int peer, uint32_t tag, void* buf, size_t bytes) override {
+    CopySink sink(static_cast<char*>(buf));
+    sendrecv_sink(-1, nullptr, 0, peer, bytes, sink, tag, /*with_send=*/false);
+  }
+
+  void sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes,
+                uint32_t tag) override {
+    CopySink sink(static_cast<char*>(rbuf));
+    sendrecv_sink(to, sbuf, sbytes, from, rbytes, sink, tag, true);
+  }
+
+  void sendrecv_sink(int to, const void* sbuf, size_t sbytes, int from, size_t rbytes, RecvSink& sink,
+                     uint32_t tag) override {
+    sendrecv_sink(to, sbuf, sbytes, from, rbytes, sink, tag, true);
+  }
+
+  void recv_sink(int from, size_t bytes, RecvSink& sink, uint32_t tag) override {
+    sendrecv_sink(-1, nullptr, 0, from, bytes, sink, tag, false);
+  }
+
+  void abort(const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> lk(abort_mu_);
+      if (aborted_.load()) return;
+      abort_reason_ = reason;
+      aborted_.store(true);
+    }
+    mark_failed("aborted: " + reason);
+    ring(rank_);  // wake our own waiter
+  }
+  bool aborted() const override { return aborted_.load(); }
+
+  bool peer_alive(int peer) const override {
+    if (peer < 0 || peer >= size_ || peer == rank_) return true;
+    if (ctl(peer)->failed.load(std::memory_order_acquire)) return false;
+    return process_alive(peer);
+  }
+
+  SharedMemoryPeers* shared_memory() override { return this; }
+
+  // ---- SharedMemoryPeers ----
+  bool is_shared(const void* p, size_t bytes) const override {
+    return bytes == 0 || find_shm_location(p, bytes).has_value();
+  }
+
+  void publish(const void* const* buffers, const size_t* sizes, int n, const void* inline_data,
+               size_t inline_bytes) override {
+    TESSERA_CHECK(n >= 0 && n <= kMaxBuffers && inline_bytes <= kInlineBytes);
+    fail_fast(-1);
+    const uint64_t round = ++round_;
+    PubSlot& slot = pub(rank_)->slots[round % 2];
+    slot.num_buffers = static_cast<uint32_t>(n);
+    for (int i = 0; i < n; ++i) {
+      slot.sizes[i] = sizes[i];
+      if (sizes[i] == 0) {
+        slot.locs[i] = ShmLocation{};
+        continue;
+      }
+      auto loc = find_shm_location(buffers[i], sizes[i]);
+      TESSERA_CHECK(loc.has_value(), "publish of a buffer outside every shared arena");
+      slot.locs[i] = *loc;
+    }
+    slot.inline_bytes = static_cast<uint32_t>(inline_bytes);
+    if (inline_bytes) std::memcpy(slot.inline_data, inline_data, inline_bytes);
+    pub(rank_)->seq.store(round, std::memory_order_seq_cst);
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_) ring(j);
+    int missing = -1;
+    wait_until(
+        [&] {
+          for (int j = 0; j < size_; ++j) {
+            if (j != rank_ && pub(j)->seq.load(std::memory_order_acquire) < round) {
+              missing = j;
+              return false;
+            }
+          }
+          return true;
+        },
+        -1, &missing);
+    for (int j = 0; j < size_; ++j) {
+      const PubSlot& ps = pub(j)->slots[round % 2];
+      peer_inline_[j] = ps.inline_data;
+      for (int i = 0; i < kMaxBuffers; ++i) {
+        void*& out = peer_ptrs_[static_cast<size_t>(j) * kMaxBuffers + i];
+        out = nullptr;
+        if (i >= static_cast<int>(ps.num_buffers) || ps.sizes[i] == 0) continue;
+        if (j == rank_) {
+          out = const_cast<void*>(buffers[i]);
+          continue;
+        }
+        out = static_cast<char*>(map_arena(ps.locs[i])) + ps.locs[i].offset;
+      }
+    }
+  }
+
+  void* peer_buffer(int peer, int index) const override {
+    return peer_ptrs_[static_cast<size_t>(peer) * kMaxBuffers + index];
+  }
+  const void* peer_inline(int peer) const override { return peer_inline_[peer]; }
+
+ private:
+  struct SendState {
+    int peer;
+    uint32_t tag;
+    const char* buf;
+    size_t bytes;
+    size_t off;
+    bool done;
+  };
+
+  class CopySink final : public RecvSink {
+   public:
+    explicit CopySink(char* dst) : dst_(dst) {}
+    void consume(size_t off, const void* data, size_t bytes) override {
+      if (bytes) std::memcpy(dst_ + off, data, bytes);
+    }
+
+   private:
+    char* dst_;
+  };
+
+  struct RecvState {
+    int peer;
+    uint32_t tag;
+    size_t bytes;
+    size_t off;
+    bool started;
+    bool done;
+  };
+
+  Control* ctl(int j) const { return static_cast<Control*>(segs_[j]); }
+  PubBlock* pub(int j) const { return reinterpret_cast<PubBlock*>(static_cast<char*>(segs_[j]) + layout_.pub); }
+  // Channel in `owner`'s segment carrying messages from `sender`.
+  ChannelCtl* chan(int owner, int sender) const {
+    return reinterpret_cast<ChannelCtl*>(static_cast<char*>(segs_[owner]) + layout_.chan_ctl) + sender;
+  }
+  char* slot(int owner, int sender, uint64_t index) const {
+    return static_cast<char*>(segs_[owner]) + layout_.chan_data +
+           (static_cast<size_t>(sender) * kSlots + index % kSlots) * layout_.slot_bytes;
+  }
+
+  void check_peer(int peer) const {
+    TESSERA_ARG_CHECK(peer >= 0 && peer < size_ && peer != rank_, "shm transport: bad peer ", peer, " for rank ",
+                      rank_, " of ", size_);
+  }
+
+  void ring(int j) {
+    Control* c = ctl(j);
+    c->doorbell.fetch_add(1, std::memory_order_seq_cst);
+    if (c->sleeping.load(std::memory_order_seq_cst)) futex(&c->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+
+  bool can_send(int peer) const {
+    return send_head_[peer] - chan(peer, rank_)->tail.load(std::memory_order_acquire) < kSlots;
+  }
+  bool can_recv(int peer) const {
+    return chan(rank_, peer)->head.load(std::memory_order_acquire) > recv_tail_[peer];
+  }
+
+  // Writes as many fragments as there are free slots; true if any was written.
+  bool progress_send(SendState& s) {
+    bool any = false;
+    while (!s.done && can_send(s.peer)) {
+      char* sl = slot(s.peer, rank_, send_head_[s.peer]);
+      auto* h = reinterpret_cast<SlotHeader*>(sl);
+      const size_t frag = std::min(layout_.slot_payload, s.bytes - s.off);
+      h->tag = s.tag;
+      h->first = (s.off == 0);
+      h->msg_bytes = s.bytes;
+      h->frag_bytes = frag;
+      if (frag) std::memcpy(sl + kSlotHeader, s.buf + s.off, frag);
+      s.off += frag;
+      s.done = (s.off == s.bytes);
+      chan(s.peer, rank_)->head.store(++send_head_[s.peer], std::memory_order_seq_cst);
+      ring(s.peer);
+      any = true;
+    }
+    return any;
+  }
+
+  bool progress_recv(RecvState& r, RecvSink& sink) {
+    bool any = false;
+    while (!r.done && can_recv(r.peer)) {
+      char* sl = slot(rank_, r.peer, recv_tail_[r.peer]);
+      const auto* h = reinterpret_cast<const SlotHeader*>(sl);
+      if (h->tag != r.tag || h->msg_bytes != r.bytes || (h->first != 0) != (r.off == 0)) {
+        fail(TransportError::Kind::Protocol, r.peer,
+             detail::concat("protocol mismatch receiving from rank ", r.peer, ": expected tag ", r.tag, " and ",
+                            r.bytes, " bytes, got tag ", h->tag, " and ", h->msg_bytes, " bytes"));
+      }
+      sink.consume(r.off, sl + kSlotHeader, h->frag_bytes);
+      r.off += h->frag_bytes;
+      r.done = (r.off == r.bytes);
+      chan(rank_, r.peer)->tail.store(++recv_tail_[r.peer], std::memory_order_seq_cst);
+      ring(r.peer);
+      any = true;
+    }
+    return any;
+  }
+
+  void sendrecv_sink(int to, const void* sbuf, size_t sbytes, int from, size_t rbytes, RecvSink& sink,
+                     uint32_t tag, bool with_send) {
+    check_peer(from);
+    if (with_send) check_peer(to);
+    fail_fast(from);
+    SendState s{to, tag, static_cast<const char*>(sbuf), sbytes, 0, !with_send};
+    RecvState r{from, tag, rbytes, 0, false, false};
+    while (!s.done || !r.done) {
+      bool a = !s.done && progress_send(s);
+      bool b = !r.done && progress_recv(r, sink);
+      if (a || b) continue;
+      int blame = !r.done ? from : to;
+      wait_until([&] { return (!s.done && can_send(to)) || (!r.done && can_recv(from)); }, blame);
+    }
+  }
+
+  bool process_alive(int j) const {
+    if (pids_[j] == ::getpid()) return true;
+    if (pidfds_[j] >= 0) {
+      struct pollfd pf{pidfds_[j], POLLIN, 0};
+      return ::poll(&pf, 1, 0) == 0;  // readable once the process exited (zombie too)
+    }
+    return ::kill(pids_[j], 0) == 0 || errno == EPERM;
+  }
+
+  void mark_failed(const std::string& reason) {
+    Control* c = ctl(rank_);
+    if (marked_.exchange(true)) return;  // one writer of the reason
+    std::strncpy(c->reason, reason.c_str(), kReasonBytes - 1);
+    c->failed.store(1, std::memory_order_seq_cst);
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_) ring(j);
+  }
+
+  [[noreturn]] void fail(TransportError::Kind kind, int peer, const std::string& what) {
+    if (kind != TransportError::Kind::Aborted) mark_failed("failed: " + what);
+    first_error_kind_ = kind;
+    first_error_peer_ = peer;
+    first_error_ = what;
+    throw TransportError(kind, peer, what);
+  }
+
+  struct Failure {
+    TransportError::Kind kind;
+    int peer;
+    std::string what;
+  };
+
+  // A reason to stop: this transport was aborted or already failed, or a
+  // peer failed or exited.
+  std::optional<Failure> detect(int prefer_peer, bool check_processes) const {
+    if (aborted_.load()) {
+      std::lock_guard<std::mutex> lk(abort_mu_);
+      return Failure{TransportError::Kind::Aborted, -1, "aborted: " + abort_reason_};
+    }
+    if (!first_error_.empty()) return Failure{first_error_kind_, first_error_peer_, first_error_};
+    // Exited processes first, so the root cause is named rather than a peer
+    // that failed because of it.
+    // A peer that closed its communicator and exited is only a failure when
+    // this rank still waits for it; one that exited without closing crashed.
+    auto dead = [&](int j) -> std::optional<Failure> {
+      if (j < 0 || j == rank_ || !check_processes) return std::nullopt;
+      const bool closed = ctl(j)->closed.load(std::memory_order_acquire);
+      if (closed && j != prefer_peer) return std::nullopt;
+      if (closed)
+        return Failure{TransportError::Kind::PeerDead, j,
+                       "peer rank " + std::to_string(j) + " closed its communicator while this rank waits for it"};
+      if (process_alive(j)) return std::nullopt;
+      return Failure{TransportError::Kind::PeerDead, j,
+                     "peer rank " + std::to_string(j) + " (pid " + std::to_string(pids_[j]) + ") exited"};
+    };
+    auto failed = [&](int j) -> std::optional<Failure> {
+      if (j < 0 || j == rank_ || !ctl(j)->failed.load(std::memory_order_acquire)) return std::nullopt;
+      char reason[kReasonBytes];
+      std::memcpy(reason, ctl(j)->reason, kReasonBytes);
+      reason[kReasonBytes - 1] = 0;
+      return Failure{TransportError::Kind::PeerFailed, j, "peer rank " + std::to_string(j) + " " + reason};
+    };
+    if (auto f = dead(prefer_peer)) return f;
+    for (int j = 0; j < size_; ++j)
+      if (auto f = dead(j)) return f;
+    if (auto f = failed(prefer_peer)) return f;
+    for (int j = 0; j < size_; ++j)
+      if (auto f = failed(j)) return f;
+    return std::nullopt;
+  }
+
+  // Cheap (no system calls): called at the start of every operation.
+  void fail_fast(int prefer_peer) {
+    if (auto f = detect(prefer_peer, false)) fail(f->kind, f->peer, f->what);
+  }
+
+  // Waits until ready(); `peer` (or *peer_ref when given) is blamed on timeout.
+  template <typename Ready>
+  void wait_until(Ready ready, int peer, const int* peer_ref = nullptr) {
+    for (int i = 0; i < 200; ++i) {
+      if (ready()) return;
+      cpu_relax();
+    }
+    const auto start = Clock::now();
+    const auto deadline = start + timeout_;
+    // Yield for a short while: cheap when the peer is about to answer and
+    // ranks outnumber cores.
+    while (Clock::now() - start < std::chrono::microseconds(50)) {
+      if (ready()) return;
+      ::sched_yield();
+    }
+    Control* me = ctl(rank_);
+    auto last_check = Clock::time_point{};
+    for (;;) {
+      const uint32_t bell = me->doorbell.load(std::memory_order_seq_cst);
+      me->sleeping.store(1, std::memory_order_seq_cst);
+      if (ready()) {
+        me->sleeping.store(0, std::memory_order_relaxed);
+        return;
+      }
+      const auto now = Clock::now();
+      if (aborted_.load() || now - last_check > std::chrono::milliseconds(100) ||
+          me->failed.load(std::memory_order_relaxed)) {
+        last_check = now;
+        if (auto f = detect(peer_ref ? *peer_ref : peer, true)) {
+          me->sleeping.store(0, std::memory_order_relaxed);
+          // A peer may have delivered everything and then exited.
+          if (f->kind != TransportError::Kind::Aborted && ready()) return;
+          fail(f->kind, f->peer, f->what);
+        }
+      }
+      if (now >= deadline) {
+        me->sleeping.store(0, std::memory_order_relaxed);
+        const int blame = peer_ref ? *peer_ref : peer;
+        fail(TransportError::Kind::Timeout, blame,
+             detail::concat("timed out after ", timeout_.count(), " ms waiting for ",
+                            blame >= 0 ? "rank " + std::to_string(blame) : std::string("the group")));
+      }
+      const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+      struct timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      futex(&me->doorbell, FUTEX_WAIT, bell, &ts);
+      me->sleeping.store(0, std::memory_order_relaxed);
+    }
+  }
+
+  void* map_arena(const ShmLocation& loc) {
+    auto it = arenas_.find(loc.arena_id);
+    if (it == arenas_.end()) {
+      it = arenas_.emplace(loc.arena_id, ShmSegment::open_peer(loc.pid, loc.fd, loc.arena_bytes)).first;
+    }
+    return it->second->data();
+  }
+
+  const int rank_, size_;
+  const std::chrono::milliseconds timeout_;
+  const std::string group_;
+  const Layout layout_;
+  std::unique_ptr<ShmSegment> own_;
+  std::vector<std::unique_ptr<ShmSegment>> peer_segs_;
+  std::vector<void*> segs_;
+  std::vector<int> pids_, pidfds_;
+  std::vector<uint64_t> send_head_, recv_tail_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> marked_{false};
+  mutable std::mutex abort_mu_;
+  std::string abort_reason_;
+  TransportError::Kind first_error_kind_ = TransportError::Kind::Timeout;
+  int first_error_peer_ = -1;
+  std::string first_error_;
+  uint64_t round_ = 0;
+  std::vector<void*> peer_ptrs_;
+  std::vector<const void*> peer_inline_;
+  std::map<uint64_t, std::unique_ptr<ShmSegment>> arenas_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,
+                                            const CommOptions& options) {
+  return std::make_unique<ShmTransport>(std::move(store), rank, size, options);
+}
+
+}  // namespace tessera::coll::shm

@@ -1,0 +1,472 @@
+// Multi-process tests of the collectives over the shared-memory transport:
+// every collective, dtype and op against a serial reference computed in
+// double. Integers must match exactly; floats within one rounding of the
+// output dtype (inputs are small integers, so the f32 accumulation itself is
+// exact): f32 rel 1e-6, f16 rel 2^-10, bf16 rel 2^-7.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "collectives/communicator.h"
+#include "runtime/device.h"
+#include "runtime/shm_memory.h"
+#include "tests/collectives/fork_harness.h"
+
+namespace tessera::coll {
+namespace {
+
+using test::failures;
+using test::run_ranks;
+
+const DType kDTypes[] = {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64};
+const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg};
+
+// Input of `rank` at element i: small integers, so sums and products are exact.
+double input(int rank, size_t i, ReduceOp op, int seed) {
+  if (op == ReduceOp::Prod) {
+    static const double v[] = {1, 2, -1, 1, -2};
+    return v[(static_cast<size_t>(rank) * 3 + i + static_cast<size_t>(seed)) % 5];
+  }
+  return static_cast<double>((static_cast<size_t>(rank) * 7 + i * 13 + static_cast<size_t>(seed)) % 11) - 5.0;
+}
+
+double reference(int p, size_t i, ReduceOp op, DType dt, int seed) {
+  double acc = input(0, i, op, seed);
+  for (int r = 1; r < p; ++r) {
+    const double v = input(r, i, op, seed);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: acc += v; break;
+      case ReduceOp::Prod: acc *= v; break;
+      case ReduceOp::Min: acc = std::min(acc, v); break;
+      case ReduceOp::Max: acc = std::max(acc, v); break;
+    }
+  }
+  if (op == ReduceOp::Avg) acc = is_floating(dt) ? acc / p : std::trunc(acc / p);
+  return acc;
+}
+
+double tolerance(DType dt, double expected) {
+  const double m = std::max(1.0, std::fabs(expected));
+  switch (dt) {
+    case DType::F32: return 1e-6 * m;
+    case DType::F16: return m / 1024;
+    case DType::BF16: return m / 128;
+    default: return 0;
+  }
+}
+
+// Buffers on the heap or in a shared arena (read in place by the shm direct algorithm).
+class Buffers {
+ public:
+  explicit Buffers(bool arena) {
+    if (arena) device_ = std::make_unique<Device>(DeviceSpec::preset("test-core"), 0, make_shm_memory(256u << 20));
+  }
+  ~Buffers() {
+    for (auto& [p, n] : blocks_) device_ ? device_->free(p, n) : std::free(p);
+  }
+  void* get(size_t bytes) {
+    bytes = std::max<size_t>(bytes, 1);
+    void* p = device_ ? device_->allocate(bytes) : std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    blocks_.emplace_back(p, bytes);
+    return p;
+  }
+
+ private:
+  std::unique_ptr<Device> device_;
+  std::vector<std::pair<void*, size_t>> blocks_;
+};
+
+void fill(void* buf, size_t n, DType dt, const std::function<double(size_t)>& f) {
+  std::vector<float> tmp(n);
+  for (size_t i = 0; i < n; ++i) tmp[i] = static_cast<float>(f(i));
+  convert(tmp.data(), DType::F32, buf, dt, n);
+}
+
+std::vector<double> read(const void* buf, size_t n, DType dt) {
+  std::vector<double> out(n);
+  if (dt == DType::I64) {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    return out;
+  }
+  std::vector<float> tmp(n);
+  convert(buf, dt, tmp.data(), DType::F32, n);
+  for (size_t i = 0; i < n; ++i) out[i] = tmp[i];
+  return out;
+}
+
+std::string what(const Communicator& c, const char* coll, size_t count, DType dt, ReduceOp op, bool inplace) {
+  return detail::concat(coll, " p=", c.size(), " rank=", c.rank(), " count=", count, " ", dtype_name(dt), " ",
+                        reduce_op_name(op), inplace ? " in-place" : "", " algo=", c.last_algorithm());
+}
+
+void check_all_reduce(Communicator& c, Buffers& b, size_t count, DType dt, ReduceOp op, bool inplace, int seed) {
+  const size_t es = dtype_size(dt);
+  void* send = b.get(count * es);
+  void* recv = inplace ? send : b.get(count * es);
+  fill(send, count, dt, [&](size_t i) { return input(c.rank(), i, op, seed); });
+  c.all_reduce(send, recv, count, dt, op);
+  auto got = read(recv, count, dt);
+  for (size_t i = 0; i < count; ++i) {
+    const double e = reference(c.size(), i, op, dt, seed);
+    COLL_REQUIRE(std::fabs(got[i] - e) <= tolerance(dt, e), what(c, "all_reduce", count, dt, op, inplace),
+                 ": element ", i, " is ", got[i], ", expected ", e);
+  }
+  if (!inplace) {  // the send buffer is left alone
+    auto s = read(send, count, dt);
+    for (size_t i = 0; i < count; ++i)
+      COLL_REQUIRE(std::fabs(s[i] - input(c.rank(), i, op, seed)) <= tolerance(dt, s[i]), "send buffer changed");
+  }
+}
+
+void check_reduce_scatter(Communicator& c, Buffers& b, size_t count, DType dt, ReduceOp op, bool inplace) {
+  const size_t es = dtype_size(dt), p = static_cast<size_t>(c.size());
+  void* send = b.get(p * count * es);
+  // In-place reduce-scatter: recv is this rank's block of send (NCCL convention).
+  void* recv = inplace ? static_cast<char*>(send) + c.rank() * count * es : b.get(count * es);
+  fill(send, p * count, dt, [&](size_t i) { return input(c.rank(), i, op, 3); });
+  c.reduce_scatter(send, recv, count, dt, op);
+  auto got = read(recv, count, dt);
+  for (size_t i = 0; i < count; ++i) {
+    const double e = reference(c.size(), c.rank() * count + i, op, dt, 3);
+    COLL_REQUIRE(std::fabs(got[i] - e) <= tolerance(dt, e), what(c, "reduce_scatter", count, dt, op, inplace),
+                 ": element ", i, " is ", got[i], ", expected ", e);
+  }
+}
+
+void check_all_gather(Communicator& c, Buffers& b, size_t count, DType dt, bool inplace) {
+  const size_t es = dtype_size(dt), p = static_cast<size_t>(c.size());
+  void* recv = b.get(p * count * es);
+  void* send = inplace ? static_cast<char*>(recv) + c.rank() * count * es : b.get(count * es);
+  fill(send, count, dt, [&](size_t i) { return input(c.rank(), i, ReduceOp::Sum, 5); });
+  c.all_gather(send, recv, count, dt);
+  auto got = read(recv, p * count, dt);
+  for (size_t r = 0; r < p; ++r)
+    for (size_t i = 0; i < count; ++i)
+      COLL_REQUIRE(got[r * count + i] == input(static_cast<int>(r), i, ReduceOp::Sum, 5),
+                   what(c, "all_gather", count, dt, ReduceOp::Sum, inplace), ": block ", r, " element ", i);
+}
+
+void check_broadcast(Communicator& c, Buffers& b, size_t count, DType dt, int root) {
+  void* buf = b.get(count * dtype_size(dt));
+  fill(buf, count, dt, [&](size_t i) { return c.rank() == root ? input(root, i, ReduceOp::Sum, 9) : 99.0; });
+  c.broadcast(buf, count, dt, root);
+  auto got = read(buf, count, dt);
+  for (size_t i = 0; i < count; ++i)
+    COLL_REQUIRE(got[i] == input(root, i, ReduceOp::Sum, 9), what(c, "broadcast", count, dt, ReduceOp::Sum, false),
+                 " root ", root, ": element ", i);
+}
+
+void check_reduce(Communicator& c, Buffers& b, size_t count, DType dt, ReduceOp op, int root) {
+  const size_t es = dtype_size(dt);
+  void* send = b.get(count * es);
+  void* recv = c.rank() == root ? b.get(count * es) : nullptr;
+  fill(send, count, dt, [&](size_t i) { return input(c.rank(), i, op, 1); });
+  c.reduce(send, recv, count, dt, op, root);
+  if (c.rank() != root) return;
+  auto got = read(recv, count, dt);
+  for (size_t i = 0; i < count; ++i) {
+    const double e = reference(c.size(), i, op, dt, 1);
+    COLL_REQUIRE(std::fabs(got[i] - e) <= tolerance(dt, e), what(c, "reduce", count, dt, op, false), " root ", root,
+                 ": element ", i, " is ", got[i], ", expected ", e);
+  }
+}
+
+void check_all_to_all(Communicator& c, Buffers& b, size_t count, DType dt, bool inplace) {
+  const size_t es = dtype_size(dt), p = static_cast<size_t>(c.size());
+  void* send = b.get(p * count * es);
+  void* recv = inplace ? send : b.get(p * count * es);
+  // Element i of block j sent by rank r encodes (r, j, i).
+  auto code = [&](size_t r, size_t j, size_t i) { return static_cast<double>((r * 31 + j * 7 + i) % 97); };
+  fill(send, p * count, dt, [&](size_t k) { return code(c.rank(), k / std::max<size_t>(count, 1), k % std::max<size_t>(count, 1)); });
+  c.all_to_all(send, recv, count, dt);
+  auto got = read(recv, p * count, dt);
+  for (size_t j = 0; j < p; ++j)
+    for (size_t i = 0; i < count; ++i)
+      COLL_REQUIRE(got[j * count + i] == code(j, c.rank(), i), what(c, "all_to_all", count, dt, ReduceOp::Sum, inplace),
+                   ": block ", j, " element ", i);
+}
+
+// ---------------------------------------------------------------- sweeps
+
+class WorldSize : public ::testing::TestWithParam<int> {};
+
+// Every dtype and op, counts 0, 1, 7, 1000, in-place and not.
+TEST_P(WorldSize, AllReduceEveryDtypeAndOp) {
+  auto res = run_ranks(GetParam(), [](int rank, int size, std::shared_ptr<Store> store) {
+    auto c = Communicator::create(store, rank, size);
+    Buffers heap(false);
+    int seed = 0;
+    for (DType dt : kDTypes)
+      for (ReduceOp op : kOps)
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}})
+          for (bool inplace : {false, true}) check_all_reduce(*c, heap, count, dt, op, inplace, seed++);
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+// (1<<20)+3 elements for a subset: f32 sum from a shared arena (read in
+// place), i32 max and bf16 avg from the heap.
+TEST_P(WorldSize, AllReduceLargeCount) {
+  auto res = run_ranks(GetParam(), [](int rank, int size, std::shared_ptr<Store> store) {
+    auto c = Communicator::create(store, rank, size);
+    Buffers arena(true), heap(false);
+    const size_t n = (size_t{1} << 20) + 3;
+    check_all_reduce(*c, arena, n, DType::F32, ReduceOp::Sum, false, 1);
+    COLL_REQUIRE(size == 1 || c->last_algorithm() == "direct", "large arena all-reduce served by ", c->last_algorithm());
+    check_all_reduce(*c, heap, n, DType::I32, ReduceOp::Max, true, 2);
+    check_all_reduce(*c, heap, n, DType::BF16, ReduceOp::Avg, false, 3);
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+TEST_P(WorldSize, OtherCollectives) {
+  auto res = run_ranks(GetParam(), [](int rank, int size, std::shared_ptr<Store> store) {
+    auto c = Communicator::create(store, rank, size);
+    Buffers heap(false), arena(true);
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+      for (DType dt : kDTypes) {
+        for (ReduceOp op : kOps) check_reduce_scatter(*c, heap, count, dt, op, false);
+        check_reduce_scatter(*c, heap, count, dt, ReduceOp::Sum, true);
+        check_all_gather(*c, heap, count, dt, false);
+        check_all_gather(*c, heap, count, dt, true);
+        check_all_to_all(*c, heap, count, dt, false);
+      }
+      check_all_to_all(*c, heap, count, DType::I64, true);
+      for (int root = 0; root < size; root += std::max(1, size / 2)) {
+        check_broadcast(*c, heap, count, DType::F32, root);
+        check_reduce(*c, heap, count, DType::BF16, ReduceOp::Sum, root);
+        check_reduce(*c, heap, count, DType::I64, ReduceOp::Prod, root);
+        check_reduce(*c, heap, count, DType::F32, ReduceOp::Avg, root);
+      }
+      c->barrier();
+    }
+    // Large: broadcast from an arena (direct) and the heap (tree), reduce-scatter.
+    const size_t n = (size_t{1} << 20) + 3;
+    check_broadcast(*c, arena, n, DType::F32, size - 1);
+    check_broadcast(*c, heap, n, DType::I32, 0);
+    check_reduce_scatter(*c, heap, n / static_cast<size_t>(size), DType::F32, ReduceOp::Sum, false);
+    check_all_gather(*c, heap, n / static_cast<size_t>(size), DType::BF16, false);
+    // Point to point: a ring of sends, odd ranks receive first.
+    if (size > 1) {
+      std::vector<int64_t> out(1000), in(1000);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = rank * 1000 + static_cast<int64_t>(i);
+      const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+      if (rank % 2 == 0) {
+        c->send(out.data(), out.size(), DType::I64, next, 7);
+        c->recv(in.data(), in.size(), DType::I64, prev, 7);
+      } else {
+        c->recv(in.data(), in.size(), DType::I64, prev, 7);
+        c->send(out.data(), out.size(), DType::I64, next, 7);
+      }
+      for (size_t i = 0; i < in.size(); ++i) COLL_REQUIRE(in[i] == prev * 1000 + static_cast<int64_t>(i), "p2p ", i);
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, WorldSize, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
+                         [](const auto& info) { return "p" + std::to_string(info.param); });
+
+// ---------------------------------------------------------------- forced algorithms
+
+struct Forced {
+  std::string algo;
+  int size;
+};
+
+// A torus for the group when it factors: 4 = 2x2, 6 = 3x2, 8 = 2x2x2.
+NetModel torus_for(int p) {
+  std::vector<int> dims = p == 4 ? std::vector<int>{2, 2}
+                          : p == 6 ? std::vector<int>{3, 2}
+                          : p == 8 ? std::vector<int>{2, 2, 2}
+                                   : std::vector<int>{p};
+  std::vector<NetDim> d;
+  for (int k : dims) d.push_back(NetDim{k, LinkKind::Ring, 50e9, 1e-6});
+  return NetModel(d);
+}
+
+class ForcedAlgo : public ::testing::TestWithParam<Forced> {};
+
+TEST_P(ForcedAlgo, AllReduceMatchesReference) {
+  const Forced f = GetParam();
+  auto res = run_ranks(f.size, [f](int rank, int size, std::shared_ptr<Store> store) {
+    CommOptions o;
+    o.algo = f.algo;
+    o.net = torus_for(size);
+    auto c = Communicator::create(store, rank, size, o);
+    Buffers arena(true);
+    int seed = 0;
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
+      for (DType dt : {DType::F32, DType::I64, DType::BF16})
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max})
+          for (bool inplace : {false, true}) {
+            check_all_reduce(*c, arena, count, dt, op, inplace, seed++);
+            // bf16 is reduced in an f32 heap workspace: oneshot takes <= 4096 bytes
+            // of it, direct only arena buffers.
+            const bool can = (f.algo != "oneshot" || count * std::max<size_t>(4, dtype_size(dt)) <= 4096) && (f.algo != "direct" || dt != DType::BF16);
+            if (can && size > 1)
+              COLL_REQUIRE(c->last_algorithm() == f.algo, "forced ", f.algo, " but ", c->last_algorithm(), " served");
+          }
+    }
+    if (f.algo == "torus" || f.algo == "ring") {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{1000}}) {
+        check_reduce_scatter(*c, arena, count, DType::F32, ReduceOp::Sum, false);
+        check_reduce_scatter(*c, arena, count, DType::I32, ReduceOp::Min, true);
+        check_all_gather(*c, arena, count, DType::I64, false);
+        check_all_gather(*c, arena, count, DType::F16, true);
+        if (size > 1) COLL_REQUIRE(c->last_algorithm() == f.algo, "all_gather served by ", c->last_algorithm());
+      }
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Algos, ForcedAlgo,
+                         ::testing::Values(Forced{"ring", 3}, Forced{"ring", 8}, Forced{"rhd", 5}, Forced{"rhd", 6},
+                                           Forced{"rhd", 8}, Forced{"torus", 4}, Forced{"torus", 6},
+                                           Forced{"torus", 8}, Forced{"direct", 3}, Forced{"direct", 7},
+                                           Forced{"oneshot", 5}),
+                         [](const auto& info) { return info.param.algo + "_p" + std::to_string(info.param.size); });
+
+// ---------------------------------------------------------------- groups
+
+TEST(Collectives, SplitAndTwoCommunicatorsAtOnce) {
+  auto res = run_ranks(6, [](int rank, int size, std::shared_ptr<Store> store) {
+    auto world = Communicator::create(store, rank, size);
+    CommOptions oo;
+    oo.name = "other";
+    auto other = Communicator::create(store, rank, size, oo);
+    // Even/odd groups, ordered by descending world rank.
+    auto half = world->split(rank % 2, -rank, "half");
+    COLL_REQUIRE(half && half->size() == 3, "split size");
+    COLL_REQUIRE(half->rank() == (4 + rank % 2 - rank) / 2, "split rank ", half->rank());
+    COLL_REQUIRE(half->options().world_ranks.size() == 3 && half->options().world_ranks[0] == 4 + rank % 2,
+                 "world ranks");
+    // Ranks 0,1,2 and 3,4,5; rank 5 opts out of its group.
+    auto third = world->split(rank == 5 ? -1 : rank / 3, 0);
+    COLL_REQUIRE((rank == 5) == (third == nullptr), "color -1");
+    Buffers heap(false);
+    for (int it = 0; it < 3; ++it) {
+      int64_t v = rank + 1, sum = 0;
+      half->all_reduce(&v, &sum, 1, DType::I64, ReduceOp::Sum);
+      COLL_REQUIRE(sum == (rank % 2 == 0 ? 1 + 3 + 5 : 2 + 4 + 6), "half sum ", sum);
+      if (third) {
+        third->all_reduce(&v, &sum, 1, DType::I64, ReduceOp::Sum);
+        COLL_REQUIRE(sum == (rank < 3 ? 6 : 4 + 5), "third sum ", sum);
+      }
+      // Two world-sized communicators used alternately, one asynchronously.
+      std::vector<float> a(5000, static_cast<float>(rank)), b(5000, 1.0f);
+      auto w = other->all_reduce_async(a.data(), a.data(), a.size(), DType::F32, ReduceOp::Sum);
+      world->all_reduce(b.data(), b.data(), b.size(), DType::F32, ReduceOp::Sum);
+      w->wait();
+      COLL_REQUIRE(a[4999] == 15.0f && b[0] == 6.0f, "two communicators");
+      check_all_reduce(*half, heap, 1000, DType::F16, ReduceOp::Avg, false, it);
+    }
+    // A sub-communicator of a sub-communicator.
+    auto pair = half->split(half->rank() / 2, 0);
+    int32_t x = 1, y = 0;
+    pair->all_reduce(&x, &y, 1, DType::I32, ReduceOp::Sum);
+    COLL_REQUIRE(y == pair->size(), "nested split");
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+TEST(Collectives, AsyncCompletesInOrder) {
+  auto res = run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
+    auto c = Communicator::create(store, rank, size);
+    const size_t n = 20000;
+    std::vector<std::vector<float>> bufs(8, std::vector<float>(n));
+    std::vector<std::vector<float>> outs(8, std::vector<float>(n / size));
+    std::vector<std::shared_ptr<Work>> works;
+    for (int k = 0; k < 8; ++k) {
+      std::fill(bufs[k].begin(), bufs[k].end(), static_cast<float>(rank * 10 + k));
+      if (k % 2 == 0)
+        works.push_back(c->all_reduce_async(bufs[k].data(), bufs[k].data(), n, DType::F32, ReduceOp::Sum));
+      else
+        works.push_back(c->reduce_scatter_async(bufs[k].data(), outs[k].data(), n / size, DType::F32, ReduceOp::Sum));
+    }
+    // A blocking call issued after them runs after them.
+    c->barrier();
+    for (int k = 0; k < 8; ++k) COLL_REQUIRE(works[k]->done(), "work ", k, " not done after a later blocking call");
+    for (int k = 0; k < 8; ++k) {
+      works[k]->wait();
+      const float e = static_cast<float>(10 * (0 + 1 + 2) + 3 * k);
+      COLL_REQUIRE((k % 2 == 0 ? bufs[k][n - 1] : outs[k][0]) == e, "async result ", k);
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+// ---------------------------------------------------------------- modeled time
+
+TEST(ModeledTime, SchedulesMatchClosedForms) {
+  auto res = run_ranks(6, [](int rank, int size, std::shared_ptr<Store> store) {
+    const double a = 1.5e-6, bw = 40e9;
+    const size_t count = 6 * 2 * 1000;  // divisible by 2p: every block equal
+    const double n = static_cast<double>(count * 4);
+    std::vector<float> buf(count, 1.0f);
+    auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
+    Device dev(DeviceSpec::preset("test-core"));
+    {  // Ring all-reduce on a ring: 2(p-1)a + 2(p-1)/p n/B, charged to the device clock too.
+      CommOptions o;
+      o.algo = "ring";
+      o.net = NetModel::ring(size, bw, a);
+      o.device = &dev;
+      auto c = Communicator::create(store, rank, size, o);
+      c->all_reduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::Sum);
+      COLL_REQUIRE(c->last_algorithm() == "ring", c->last_algorithm());
+      const double e = 2.0 * (size - 1) * a + 2.0 * (size - 1) / size * n / bw;
+      COLL_REQUIRE(near(c->last_modeled_seconds(), e), "ring ", c->last_modeled_seconds(), " vs ", e);
+      COLL_REQUIRE(near(e, NetModel::ring_allreduce_time(size, n, a, bw)), "closed form");
+      COLL_REQUIRE(near(dev.clock().totals().comm_s, e), "device clock ", dev.clock().totals().comm_s);
+      c->all_gather(buf.data(), buf.data(), count / size, DType::F32);
+      COLL_REQUIRE(near(c->last_modeled_seconds(), NetModel::ring_allgather_time(size, n, a, bw)), "ring allgather");
+      COLL_REQUIRE(near(c->total_modeled_seconds(), e + NetModel::ring_allgather_time(size, n, a, bw)), "total");
+    }
+    {  // Torus 3x2: 2 sum(k_i - 1) a + 2(p-1)/p n/B per direction; the two
+       // directions carry half the vector each, i.e. the closed form at 2B.
+      CommOptions o;
+      o.name = "torus";
+      o.algo = "torus";
+      o.net = NetModel({NetDim{3, LinkKind::Ring, bw, a}, NetDim{2, LinkKind::Ring, bw, a}});
+      auto c = Communicator::create(store, rank, size, o);
+      c->all_reduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::Sum);
+      COLL_REQUIRE(c->last_algorithm() == "torus", c->last_algorithm());
+      const double e = 2.0 * ((3 - 1) + (2 - 1)) * a + 2.0 * (size - 1) / size * n / (2 * bw);
+      const NetModel twice({NetDim{3, LinkKind::Ring, 2 * bw, a}, NetDim{2, LinkKind::Ring, 2 * bw, a}});
+      COLL_REQUIRE(near(e, twice.torus_allreduce_time(n)), "closed form ", e, " vs ", twice.torus_allreduce_time(n));
+      COLL_REQUIRE(near(c->last_modeled_seconds(), e), "torus ", c->last_modeled_seconds(), " vs ", e);
+      // Reduce-scatter / all-gather run one direction: the closed forms at B.
+      std::vector<float> out(count / size);
+      c->reduce_scatter(buf.data(), out.data(), count / size, DType::F32, ReduceOp::Sum);
+      COLL_REQUIRE(near(c->last_modeled_seconds(), o.net.torus_reduce_scatter_time(n)), "torus rs ",
+                   c->last_modeled_seconds(), " vs ", o.net.torus_reduce_scatter_time(n));
+      c->all_gather(out.data(), buf.data(), count / size, DType::F32);
+      COLL_REQUIRE(near(c->last_modeled_seconds(), o.net.torus_allgather_time(n)), "torus ag");
+    }
+    {  // Halving-doubling on a switch (one hop between any pair), p = 6 folds
+       // 2 ranks: 2 ceil(log2 p) a + 2(p'-1)/p' n/B + the fold and unfold (2 (a + n/B)).
+      CommOptions o;
+      o.name = "rhd";
+      o.algo = "rhd";
+      o.net = NetModel({NetDim{size, LinkKind::Switch, bw, a}});
+      auto c = Communicator::create(store, rank, size, o);
+      c->all_reduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::Sum);
+      const double pp = 4;
+      const double e = 2 * 2 * a + 2 * (pp - 1) / pp * n / bw + 2 * (a + n / bw);
+      COLL_REQUIRE(near(c->last_modeled_seconds(), e), "rhd ", c->last_modeled_seconds(), " vs ", e);
+      auto sub = c->split(rank < 4 ? 0 : -1, rank);
+      if (sub) {  // a power of two: exactly the closed form
+        sub->all_reduce(buf.data(), buf.data(), 4000, DType::F32, ReduceOp::Sum);
+        const double e4 = NetModel::rhd_allreduce_time(4, 16000, a, bw);
+        COLL_REQUIRE(near(sub->last_modeled_seconds(), e4), "rhd p=4 ", sub->last_modeled_seconds(), " vs ", e4);
+      }
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+}  // namespace
+}  // namespace tessera::coll
