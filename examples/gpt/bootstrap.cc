@@ -29,13 +29,18 @@ std::string store_dir() {
 
 }  // namespace
 
-int run_job(const std::function<int(const Job&)>& body) {
+int run_job(const std::string& device_preset, const std::function<int(const Job&)>& body) {
   Job job;
+  std::unique_ptr<Device> device;
   try {
     job.world = discover_world();
+    device = std::make_unique<Device>(DeviceSpec::preset(device_preset), job.world.rank);
+    job.device = device.get();
     if (job.world.size > 1) {
       auto store = coll::make_file_store(store_dir());
-      job.comm = coll::Communicator::create(store, job.world.rank, job.world.size);
+      coll::CommOptions opts;
+      opts.device = job.device;
+      job.comm = coll::Communicator::create(store, job.world.rank, job.world.size, opts);
     }
     int rc = body(job);
     if (job.comm) job.comm->barrier();

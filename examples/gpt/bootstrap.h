@@ -10,17 +10,19 @@
 #include <memory>
 
 #include "collectives/communicator.h"
+#include "runtime/device.h"
 #include "runtime/world.h"
 
 namespace tessera::gpt {
 
 struct Job {
   World world;
-  std::shared_ptr<coll::Communicator> comm;  // null when alone
+  Device* device = nullptr;                   // this rank's emulated core
+  std::shared_ptr<coll::Communicator> comm;  // null when alone; charges `device` with modeled comm time
 };
 
-// Joins, runs body, leaves. An exception from body (or from joining) is
+// Creates this rank's Device (preset `device_preset`), joins, runs body, leaves. An exception from body (or from joining) is
 // printed with the rank and turns into exit code 1.
-int run_job(const std::function<int(const Job&)>& body);
+int run_job(const std::string& device_preset, const std::function<int(const Job&)>& body);
 
 }  // namespace tessera::gpt

@@ -81,13 +81,12 @@ void apply_init_config(Flags& f, const CLI::App& app) {
 
 int train(Flags& f, const gpt::Job& job) {
   const bool lead = job.world.rank == 0;
-  Device dev(DeviceSpec::preset(f.device), job.world.rank);
+  TESSERA_ARG_CHECK(job.world.size == f.t.tp * f.t.dp, "this job has ", job.world.size, " process(es) but --tp ",
+                    f.t.tp, " x --dp ", f.t.dp, " = ", f.t.tp * f.t.dp, " are needed");
+  Device& dev = *job.device;
   par::ParallelState ps = job.comm ? par::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
                                    : par::serial_state(&dev);
   ps.sequence_parallel = f.t.sequence_parallel;
-  TESSERA_ARG_CHECK(ps.tp_size == f.t.tp && ps.dp_size == f.t.dp, "this job has ", job.world.size,
-                    " process(es) but --tp ", f.t.tp, " x --dp ", f.t.dp, " = ", f.t.tp * f.t.dp,
-                    " are needed");
   auto files = f.t.data.empty() ? data::ByteDataset::default_files() : f.t.data;
   auto dataset = std::make_shared<data::ByteDataset>(files, f.t.val_fraction, f.t.seed);
   gpt::Trainer trainer(f.t, ps, dataset);
@@ -246,7 +245,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;
   }
-  return gpt::run_job([&](const gpt::Job& job) {
+  return gpt::run_job(f.device, [&](const gpt::Job& job) {
     try {
       return train(f, job);
     } catch (const InvalidArgument& e) {
