@@ -2,16 +2,18 @@
 // tp * dp <= 8 (tp in 1, 2, 4, 8), plain DP, ZeRO-1 and sequence parallelism,
 // after 3 AdamW steps from the same seed gives the serial run's losses and
 // parameters within 1e-5 (relative to each tensor's largest magnitude).
-// Ranks are threads with their own Device over an in-process communicator.
+// Ranks are forked processes, each with its own Device, over the shared-memory
+// communicator.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
-#include <thread>
+#include <sys/mman.h>
 
 #include "examples/gpt/trainer.h"
 #include "runtime/device.h"
-#include "tests/train/thread_comm.h"
+#include "runtime/kernels.h"
+#include "tests/collectives/fork_harness.h"
 
 namespace tessera {
 namespace {
@@ -23,7 +25,8 @@ struct Layout {
 
 struct RunResult {
   std::vector<double> losses, grad_norms;
-  std::map<std::string, std::vector<float>> params;  // full tensors
+  double optimizer_state_bytes = 0;  // rank 0's
+  std::map<std::string, std::vector<double>> params;  // full tensors
 };
 
 gpt::TrainOptions tiny_options() {
@@ -49,56 +52,108 @@ std::shared_ptr<const data::ByteDataset> dataset() {
   return ds;
 }
 
-RunResult run(const Layout& l) {
-  const int world = l.tp * l.dp;
-  auto group = std::make_shared<testing::ThreadGroup>(world);
-  RunResult result;
-  std::mutex mu;
-  std::vector<std::string> errors;
-  auto body = [&](int rank) {
-    try {
-      Device dev(DeviceSpec::preset("test-core"), rank);
-      auto comm = std::make_shared<testing::ThreadComm>(group, rank);
-      par::ParallelState ps = par::make_parallel_state(comm, l.tp, l.dp, &dev, l.sp);
-      gpt::TrainOptions o = tiny_options();
-      o.tp = l.tp;
-      o.dp = l.dp;
-      o.sequence_parallel = l.sp;
-      o.adamw.zero1 = l.zero1;
-      gpt::Trainer t(o, ps, dataset());
-      t.init_random();
-      std::vector<double> losses, norms;
-      for (int s = 0; s < 3; ++s) {
-        auto r = t.step();
-        losses.push_back(r.loss);
-        norms.push_back(r.grad_norm);
-      }
-      std::lock_guard<std::mutex> lk(mu);
-      if (rank == 0) {
-        result.losses = losses;
-        result.grad_norms = norms;
-      }
-      if (ps.dp_rank == 0) {
-        for (par::Parameter* p : t.model().parameters()) {
-          auto& full = result.params[p->name];
-          full.resize(shape_numel(p->full_shape));
-          par::store_shard(*p, full.data());
-        }
-      }
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lk(mu);
-      errors.push_back(e.what());
+const RunResult& serial();
+
+// Results come back through a shared anonymous mapping made before fork:
+// losses and grad norms (rank 0), then every parameter's full tensor, each
+// element written by exactly one rank (its TP owner in DP group 0).
+class SharedResults {
+ public:
+  explicit SharedResults(const std::vector<std::pair<std::string, int64_t>>& sizes) {
+    size_t n = 8;
+    for (const auto& [name, numel] : sizes) {
+      offsets_[name] = n;
+      n += static_cast<size_t>(numel);
     }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-  EXPECT_TRUE(errors.empty()) << errors.front();
-  return result;
+    bytes_ = n * sizeof(double);
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
+    base_ = static_cast<double*>(p);
+  }
+  ~SharedResults() { ::munmap(base_, bytes_); }
+  double* head() { return base_; }
+  double* param(const std::string& name) { return base_ + offsets_.at(name); }
+
+ private:
+  std::map<std::string, size_t> offsets_;
+  double* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+RunResult run_serial() {
+  Device dev(DeviceSpec::preset("test-core"));
+  auto ps = par::serial_state(&dev);
+  gpt::Trainer t(tiny_options(), ps, dataset());
+  t.init_random();
+  RunResult r;
+  for (int s = 0; s < 3; ++s) {
+    auto rec = t.step();
+    r.losses.push_back(rec.loss);
+    r.grad_norms.push_back(rec.grad_norm);
+  }
+  for (par::Parameter* p : t.model().parameters()) {
+    auto& full = r.params[p->name];
+    full.resize(shape_numel(p->full_shape));
+    par::for_each_shard_element(*p, [&](int64_t li, int64_t gi) { full[gi] = p->value[li]; });
+  }
+  return r;
+}
+
+// Runs the layout as tp * dp forked processes over the real communicator.
+RunResult run(const Layout& l) {
+  kern::default_blas_threads();
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  for (const auto& [name, v] : serial().params) sizes.emplace_back(name, static_cast<int64_t>(v.size()));
+  SharedResults shared(sizes);
+  auto res = coll::test::run_ranks(l.tp * l.dp, [&](int rank, int size, std::shared_ptr<coll::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    coll::CommOptions co;
+    co.device = &dev;
+    auto world = coll::Communicator::create(store, rank, size, co);
+    par::ParallelState ps = par::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
+    gpt::TrainOptions o = tiny_options();
+    o.tp = l.tp;
+    o.dp = l.dp;
+    o.sequence_parallel = l.sp;
+    o.adamw.zero1 = l.zero1;
+    gpt::Trainer t(o, ps, dataset());
+    t.init_random();
+    for (int s = 0; s < 3; ++s) {
+      auto r = t.step();
+      if (rank == 0) {
+        shared.head()[s] = r.loss;
+        shared.head()[3 + s] = r.grad_norm;
+      }
+    }
+    if (rank == 0) shared.head()[6] = static_cast<double>(t.optimizer().optimizer_state_bytes());
+    if (ps.dp_rank == 0) {
+      for (par::Parameter* p : t.model().parameters()) {
+        if (!p->tp_sharded() && ps.tp_rank != 0) continue;
+        double* out = shared.param(p->name);
+        par::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
+          if (gi >= 0) out[gi] = p->value[li];
+        });
+      }
+    }
+    world->barrier();
+  });
+  std::string f = coll::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+  RunResult r;
+  for (int s = 0; s < 3; ++s) {
+    r.losses.push_back(shared.head()[s]);
+    r.grad_norms.push_back(shared.head()[3 + s]);
+  }
+  r.optimizer_state_bytes = shared.head()[6];
+  for (const auto& [name, n] : sizes) {
+    const double* src = shared.param(name);
+    r.params[name].assign(src, src + n);
+  }
+  return r;
 }
 
 const RunResult& serial() {
-  static RunResult r = run({1, 1, false, false});
+  static RunResult r = run_serial();
   return r;
 }
 
@@ -171,6 +226,16 @@ TEST(ParallelTraining, SerialRunLearns) {
   }
   EXPECT_NEAR(s.losses[0], std::log(256.0), 0.1);  // uniform prediction at init
   EXPECT_LT(s.losses[2], s.losses[0]);
+}
+
+// ZeRO-1 is plain DP with the AdamW states sharded: same numbers, 1/dp of the state.
+TEST(ParallelTraining, ZeroOneEqualsPlainDp) {
+  RunResult plain = run({2, 4, false, false});
+  RunResult zero = run({2, 4, true, false});
+  expect_same(zero, plain, "zero1 vs plain dp");
+  ASSERT_GT(plain.optimizer_state_bytes, 0);
+  // Buckets are padded to a multiple of dp, hence the small slack.
+  EXPECT_NEAR(zero.optimizer_state_bytes, plain.optimizer_state_bytes / 4, 8.0 * 4 * 8);
 }
 
 class Layouts : public ::testing::TestWithParam<Layout> {};
