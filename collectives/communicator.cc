@@ -1,9 +1,6 @@
 #include "collectives/communicator.h"
 
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "collectives/comm_impl.h"
 #include "collectives/mpi/mpi_backend.h"
@@ -70,18 +67,6 @@ std::unique_ptr<Transport> make_transport(TransportKind kind, std::shared_ptr<St
   throw InvalidArgument("the mpi backend has no Transport; use Communicator::create");
 }
 
-namespace {
-// Ranks agree on a communicator's store prefix without talking: the n-th
-// communicator named X that rank r creates on a store gets generation n
-// (creation is collective and ordered, so every member counts alike).
-int next_generation(const Store* store, const std::string& name, int rank) {
-  static std::mutex mu;
-  static std::map<std::tuple<const Store*, std::string, int>, int> counts;
-  std::lock_guard<std::mutex> lk(mu);
-  return counts[{store, name, rank}]++;
-}
-}  // namespace
-
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
                                                    CommOptions options) {
   TESSERA_ARG_CHECK(size >= 1, "communicator size must be >= 1, got ", size);
@@ -96,7 +81,10 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   if (options.transport == TransportKind::Mpi) return mpi::create_communicator(rank, size, options);
   TESSERA_ARG_CHECK(store != nullptr, "Communicator::create needs a store for the ",
                     transport_name(options.transport), " transport");
-  const int gen = next_generation(store.get(), options.name, rank);
+  // Ranks agree on a store prefix without talking: the n-th communicator
+  // named X that rank r creates on a store gets generation n (creation is
+  // collective and ordered, so every member counts alike).
+  const int64_t gen = store->add("tessera/comm/" + options.name + "/generation/" + std::to_string(rank), 1) - 1;
   auto prefixed =
       std::make_shared<PrefixStore>(store, "tessera/comm/" + options.name + "/" + std::to_string(gen) + "/");
   auto transport = make_transport(options.transport, prefixed, rank, size, options);

@@ -441,16 +441,13 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     if (!first_error_.empty()) return Failure{first_error_kind_, first_error_peer_, first_error_};
     // Exited processes first, so the root cause is named rather than a peer
     // that failed because of it.
-    // A peer that closed its communicator and exited is only a failure when
-    // this rank still waits for it; one that exited without closing crashed.
-    auto dead = [&](int j) -> std::optional<Failure> {
-      if (j < 0 || j == rank_ || !check_processes) return std::nullopt;
-      const bool closed = ctl(j)->closed.load(std::memory_order_acquire);
-      if (closed && j != prefer_peer) return std::nullopt;
-      if (closed)
-        return Failure{TransportError::Kind::PeerDead, j,
-                       "peer rank " + std::to_string(j) + " closed its communicator while this rank waits for it"};
-      if (process_alive(j)) return std::nullopt;
+    // Order: crashed processes (exited without closing their communicator)
+    // first, then peers that reported a failure, then a peer this rank waits
+    // for that closed its communicator; so the root cause is named.
+    auto crashed = [&](int j) -> std::optional<Failure> {
+      if (j < 0 || j == rank_ || !check_processes || ctl(j)->closed.load(std::memory_order_acquire) ||
+          process_alive(j))
+        return std::nullopt;
       return Failure{TransportError::Kind::PeerDead, j,
                      "peer rank " + std::to_string(j) + " (pid " + std::to_string(pids_[j]) + ") exited"};
     };
@@ -461,18 +458,28 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       reason[kReasonBytes - 1] = 0;
       return Failure{TransportError::Kind::PeerFailed, j, "peer rank " + std::to_string(j) + " " + reason};
     };
-    if (auto f = dead(prefer_peer)) return f;
+    if (auto f = crashed(prefer_peer)) return f;
     for (int j = 0; j < size_; ++j)
-      if (auto f = dead(j)) return f;
+      if (auto f = crashed(j)) return f;
     if (auto f = failed(prefer_peer)) return f;
     for (int j = 0; j < size_; ++j)
       if (auto f = failed(j)) return f;
+    if (check_processes && prefer_peer >= 0 && prefer_peer != rank_ &&
+        ctl(prefer_peer)->closed.load(std::memory_order_acquire))
+      return Failure{TransportError::Kind::PeerDead, prefer_peer,
+                     "peer rank " + std::to_string(prefer_peer) +
+                         " closed its communicator while this rank waits for it"};
     return std::nullopt;
   }
 
   // Cheap (no system calls): called at the start of every operation.
   void fail_fast(int prefer_peer) {
-    if (auto f = detect(prefer_peer, false)) fail(f->kind, f->peer, f->what);
+    if (auto f = detect(prefer_peer, false)) {
+      // A peer failed: name the root cause if it is a process that died.
+      if (f->kind == TransportError::Kind::PeerFailed)
+        if (auto g = detect(prefer_peer, true)) f = g;
+      fail(f->kind, f->peer, f->what);
+    }
   }
 
   // Waits until ready(); `peer` (or *peer_ref when given) is blamed on timeout.

@@ -1,0 +1,336 @@
+#include "launcher/worker.h"
+
+#include <mpi.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "launcher/client.h"
+#include "launcher/coordinator.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+
+#ifndef TESSERA_WITH_COMMUNICATOR
+#define TESSERA_WITH_COMMUNICATOR 0
+#endif
+
+namespace tessera::launcher {
+
+namespace pb = tessera::launcher::proto;
+using namespace std::chrono_literals;
+
+const char* bootstrap_mode_name(BootstrapMode m) {
+  switch (m) {
+    case BootstrapMode::Single: return "single process";
+    case BootstrapMode::TesseraRun: return "tessera run";
+    case BootstrapMode::Mpi: return "mpirun";
+  }
+  return "?";
+}
+
+namespace {
+
+// Process-wide state behind the WorkerContext. Never destroyed: the watch and
+// heartbeat threads may still run while static destructors do at exit.
+struct Runtime {
+  std::mutex mu;
+  bool initialized = false;
+  bool shut = false;
+  std::atomic<bool> leaving{false};  // aborts no longer end the process
+  BootstrapMode mode = BootstrapMode::Single;
+  World world;
+  std::string host;
+  std::shared_ptr<CoordinatorClient> client;
+  std::unique_ptr<Coordinator> coordinator;  // rank 0 under mpirun, or alone
+  std::unique_ptr<Heartbeater> heartbeat;
+  std::unique_ptr<EventWatcher> watcher;
+  std::weak_ptr<coll::Communicator> comm;
+  bool mpi_initialized_here = false;
+};
+
+Runtime& rt() {
+  static Runtime* r = new Runtime;
+  return *r;
+}
+
+std::string env_or(const char* name, const std::string& dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : dflt;
+}
+
+int64_t env_int(const char* name, int64_t dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  if (*end != '\0' || x < 0) throw InvalidArgument(detail::concat(name, "='", v, "' is not a non-negative integer"));
+  return x;
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+// The job was aborted: end this process now. Runs on the watch or heartbeat thread.
+void on_job_abort(const std::string& why) {
+  Runtime& r = rt();
+  if (r.leaving.load()) return;
+  spdlog::error("job aborted: {}", why);
+  std::shared_ptr<coll::Communicator> comm;
+  {
+    std::lock_guard<std::mutex> l(r.mu);
+    comm = r.comm.lock();
+  }
+  if (comm) {
+    try {
+      comm->abort(why);
+    } catch (const std::exception& e) {
+      spdlog::debug("communicator abort: {}", e.what());
+    }
+  }
+  spdlog::default_logger()->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (r.mode == BootstrapMode::Mpi) MPI_Abort(MPI_COMM_WORLD, kAbortedExitCode);
+  _exit(kAbortedExitCode);
+}
+
+// Under mpirun: rank 0 hosts the coordinator; its address and token reach the others by MPI_Bcast.
+void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, std::string& token) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    // MPI_Abort may come from the watch thread.
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    r.mpi_initialized_here = true;
+  }
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (rank != r.world.rank || size != r.world.size)
+    throw Error(detail::concat("MPI says rank ", rank, " of ", size, " but the environment says ", r.world.rank,
+                               " of ", r.world.size));
+  // OMPI_COMM_WORLD_NODE_RANK is a process's rank *on* its node, not the
+  // node's index, so number the nodes here: node leaders in rank order.
+  {
+    MPI_Comm node_comm, leaders;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
+    int local = 0;
+    MPI_Comm_rank(node_comm, &local);
+    MPI_Comm_split(MPI_COMM_WORLD, local == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
+    int node = 0;
+    if (leaders != MPI_COMM_NULL) {
+      MPI_Comm_rank(leaders, &node);
+      MPI_Comm_free(&leaders);
+    }
+    MPI_Bcast(&node, 1, MPI_INT, 0, node_comm);
+    MPI_Comm_free(&node_comm);
+    r.world.node_rank = node;
+  }
+  char buf[512] = {0};
+  if (rank == 0) {
+    std::string err;
+    try {
+      // One host: stay on loopback. Several: listen everywhere, advertise our name.
+      bool one_host = r.world.local_size == r.world.size;
+      std::string adv = one_host ? "127.0.0.1" : env_or("TESSERA_COORDINATOR_HOST", r.host);
+      CoordinatorOptions co;
+      co.address = one_host ? "127.0.0.1:0" : "0.0.0.0:0";
+      co.token = make_job_token();
+      co.num_nodes = 0;
+      co.world_size = size;
+      co.heartbeat_timeout = std::chrono::milliseconds(
+          env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count()));
+      r.coordinator = std::make_unique<Coordinator>(co);
+      std::string msg = adv + ":" + std::to_string(r.coordinator->port()) + "\n" + co.token;
+      if (msg.size() >= sizeof buf) throw Error("coordinator address too long");
+      std::memcpy(buf, msg.data(), msg.size());
+    } catch (const std::exception& e) {
+      err = e.what();
+      spdlog::error("cannot start the coordinator: {}", err);
+    }
+  }
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::string msg(buf);
+  auto nl = msg.find('\n');
+  if (nl == std::string::npos) throw Error("mpirun bootstrap: rank 0 could not start the coordinator");
+  address = msg.substr(0, nl);
+  token = msg.substr(nl + 1);
+}
+
+}  // namespace
+
+void WorkerContext::barrier(const std::string& name) const {
+  TESSERA_CHECK(client != nullptr, "barrier before init_worker");
+  // Generous: a barrier waits for the slowest rank's start-up.
+  client->barrier(name, world.rank, world.size, 120s);
+}
+
+WorkerContext init_worker(const WorkerOptions& opt) {
+  Runtime& r = rt();
+  {
+    std::lock_guard<std::mutex> l(r.mu);
+    if (r.initialized) throw Error("init_worker called twice in one process");
+    r.initialized = true;
+  }
+  WorkerContext ctx;
+  ctx.world = discover_world();
+  ctx.host = env_or("TESSERA_HOST", host_name());
+  r.world = ctx.world;
+  r.host = ctx.host;
+  // tessera run prefixes every line of a worker with its rank already.
+  const bool prefixed_by_launcher = ctx.world.source == WorldSource::Tessera;
+  init_logging(!prefixed_by_launcher && (ctx.world.size > 1 || ctx.world.source != WorldSource::Single)
+                   ? ctx.world.rank
+                   : -1);
+
+  std::string address, token;
+  std::chrono::milliseconds interval{2000};
+  const std::string coord = env_or("TESSERA_COORDINATOR", "");
+  if (!coord.empty()) {
+    r.mode = BootstrapMode::TesseraRun;
+    address = coord;
+    token = env_or("TESSERA_JOB_TOKEN", "");
+    if (token.empty()) throw Error("TESSERA_COORDINATOR is set but TESSERA_JOB_TOKEN is not");
+    ctx.restart_count = static_cast<int>(env_int("TESSERA_RESTART_COUNT", env_int("TORCHELASTIC_RESTART_COUNT", 0)));
+    interval = std::chrono::milliseconds(std::max<int64_t>(10, env_int("TESSERA_HEARTBEAT_MS", 2000)));
+  } else if (ctx.world.source == WorldSource::OpenMPI) {
+    r.mode = BootstrapMode::Mpi;
+    bootstrap_mpi(r, opt, address, token);
+    ctx.world.node_rank = r.world.node_rank;
+    auto timeout = env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count());
+    interval = std::chrono::milliseconds(std::clamp<int64_t>(timeout / 5, 10, 2000));
+  } else {
+    TESSERA_ARG_CHECK(ctx.world.size == 1, "a world of ", ctx.world.size, " ranks from ",
+                      world_source_name(ctx.world.source),
+                      " needs a store: launch with `tessera run` or mpirun");
+    r.mode = BootstrapMode::Single;
+    CoordinatorOptions co;
+    co.token = make_job_token();
+    co.num_nodes = 0;
+    co.world_size = 1;
+    r.coordinator = std::make_unique<Coordinator>(co);
+    address = "127.0.0.1:" + std::to_string(r.coordinator->port());
+    token = co.token;
+  }
+  ctx.mode = r.mode;
+  r.client = std::make_shared<CoordinatorClient>(address, token);
+  r.client->set_round(ctx.restart_count);
+  ctx.client = r.client;
+  ctx.store = std::make_shared<GrpcStore>(r.client);
+
+  if (r.mode != BootstrapMode::Single) {
+    pb::HeartbeatRequest beat;
+    beat.set_role(pb::WORKER);
+    beat.set_id(ctx.world.rank);
+    beat.set_node_rank(ctx.world.node_rank);
+    beat.set_host(ctx.host);
+    // A first beat in this thread: a wrong token or a dead coordinator fails init, not a background thread.
+    auto rep = r.client->heartbeat(beat, 10s);
+    if (rep.aborted()) throw AbortedError("the job was aborted before this worker joined");
+    r.heartbeat = std::make_unique<Heartbeater>(r.client, beat, interval, std::max(10000ms, 5 * interval),
+                                                /*stop_on_abort=*/true, on_job_abort);
+    pb::WatchRequest wr;
+    wr.set_role(pb::WORKER);
+    wr.set_id(ctx.world.rank);
+    r.watcher = std::make_unique<EventWatcher>(r.client, wr, [](const pb::JobEvent& ev) {
+      on_job_abort(describe_cause(ev.cause()));
+    });
+  }
+
+  if (opt.create_communicator) {
+#if TESSERA_WITH_COMMUNICATOR
+    auto comm_store = std::make_shared<coll::PrefixStore>(ctx.store, "tessera/comm/world/");
+    ctx.world_comm = coll::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, opt.comm);
+    std::lock_guard<std::mutex> l(r.mu);
+    r.comm = ctx.world_comm;
+#else
+    throw Error("this build has no Communicator implementation yet; use WorkerOptions::create_communicator = false");
+#endif
+  }
+  spdlog::debug("joined as rank {} of {} ({})", ctx.world.rank, ctx.world.size, bootstrap_mode_name(ctx.mode));
+  return ctx;
+}
+
+void report_fatal(const WorkerContext& ctx, const std::string& reason) {
+  Runtime& r = rt();
+  r.leaving = true;  // this process ends on its own terms, not by its own abort echo
+  if (!r.client || r.mode == BootstrapMode::Single) return;
+  try {
+    pb::RootCause c;
+    c.set_rank(ctx.world.rank);
+    c.set_node_rank(ctx.world.node_rank);
+    c.set_host(ctx.host);
+    c.set_reason(reason);
+    r.client->abort(c);
+  } catch (const std::exception& e) {
+    spdlog::warn("could not report the failure to the coordinator: {}", e.what());
+  }
+}
+
+void shutdown(WorkerContext& ctx) {
+  Runtime& r = rt();
+  {
+    std::lock_guard<std::mutex> l(r.mu);
+    if (r.shut || !r.initialized) return;
+    r.shut = true;
+    r.comm.reset();
+  }
+  ctx.world_comm.reset();
+  if (r.heartbeat) r.heartbeat->stop(/*leaving=*/true);
+  if (r.mode == BootstrapMode::Mpi) {
+    // Two barriers: the first while the watch still guards against a peer
+    // failing; the second so rank 0 stops the coordinator only after every
+    // watch is closed (otherwise a closing stream would look like a failure).
+    MPI_Barrier(MPI_COMM_WORLD);
+    r.leaving = true;
+    if (r.watcher) r.watcher->stop();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r.coordinator) r.coordinator->shutdown();
+    if (r.mpi_initialized_here) MPI_Finalize();
+  } else {
+    r.leaving = true;
+    if (r.watcher) r.watcher->stop();
+    if (r.coordinator) r.coordinator->shutdown();
+  }
+}
+
+int run_worker(const WorkerOptions& options, const std::function<int(WorkerContext&)>& body) {
+  WorkerContext ctx;
+  try {
+    ctx = init_worker(options);
+  } catch (const std::exception& e) {
+    spdlog::error("cannot join the job: {}", e.what());
+    if (rt().mode == BootstrapMode::Mpi) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  int code = 0;
+  try {
+    code = body(ctx);
+  } catch (const std::exception& e) {
+    spdlog::error("fatal: {}", e.what());
+    report_fatal(ctx, std::string("fatal error: ") + e.what());
+    code = 1;
+  }
+  if (code != 0 && ctx.mode == BootstrapMode::Mpi) {
+    // Peers may be blocked waiting for this rank: end the whole job.
+    report_fatal(ctx, detail::concat("exited with code ", code));
+    spdlog::default_logger()->flush();
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
+  if (code != 0) {
+    rt().leaving = true;  // the launcher reports the exit; don't die of our own echo meanwhile
+  }
+  shutdown(ctx);
+  return code;
+}
+
+}  // namespace tessera::launcher

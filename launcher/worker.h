@@ -1,0 +1,86 @@
+// Worker bootstrap: the one call a tessera program makes to join its job.
+//
+// init_worker() discovers the world (runtime/world.h), connects a store and
+// builds the world communicator:
+//  - under `tessera run` (TESSERA_COORDINATOR set): a GrpcStore on the
+//    launcher's coordinator;
+//  - under plain `mpirun -np N` (OpenMPI variables, no TESSERA_COORDINATOR):
+//    MPI is initialised, rank 0 hosts a coordinator in-process and broadcasts
+//    its address and a fresh token with MPI_Bcast; everyone connects to it;
+//  - alone (no launcher): an in-memory store, world of one.
+// With a coordinator it also starts a heartbeat thread and a watch thread.
+// When the job is aborted (another rank failed, a heartbeat was lost, the
+// launcher was interrupted) the watch thread logs the root cause, aborts the
+// world communicator and ends the process at once: _exit(kAbortedExitCode),
+// or MPI_Abort under mpirun. A worker's own fatal error goes to the
+// coordinator through report_fatal() (run_worker() does it for exceptions),
+// so the launcher names it as the root cause.
+//
+// Lifetime and threads: one WorkerContext per process (a second init_worker
+// throws); call it from the main thread, and shutdown() before returning from
+// main. The background threads only touch the communicator through abort(),
+// which is thread-safe.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "collectives/communicator.h"
+#include "collectives/store.h"
+#include "runtime/world.h"
+
+namespace tessera::launcher {
+
+class CoordinatorClient;
+
+// Exit code of a worker ended because the job was aborted elsewhere.
+inline constexpr int kAbortedExitCode = 1;
+
+enum class BootstrapMode { Single, TesseraRun, Mpi };
+const char* bootstrap_mode_name(BootstrapMode m);
+
+struct WorkerOptions {
+  // Build world_comm (needs the collectives' Communicator implementation).
+  bool create_communicator = true;
+  coll::CommOptions comm;
+  // Timeout of store waits during bootstrap and of barrier().
+  std::chrono::milliseconds store_timeout{120000};
+  // Heartbeat timeout of the in-process coordinator under mpirun
+  // (TESSERA_HEARTBEAT_TIMEOUT_S overrides); tessera run sets its own.
+  std::chrono::milliseconds mpi_heartbeat_timeout{10000};
+};
+
+struct WorkerContext {
+  World world;
+  BootstrapMode mode = BootstrapMode::Single;
+  std::string host;
+  int restart_count = 0;  // rendezvous round under tessera run
+  std::shared_ptr<coll::Store> store;
+  std::shared_ptr<coll::Communicator> world_comm;  // null unless create_communicator
+  std::shared_ptr<CoordinatorClient> client;       // null when Single
+
+  // A barrier over the whole world through the coordinator (not the
+  // communicator): usable before and without collectives. Names let several
+  // barriers be in flight; each name is reusable.
+  void barrier(const std::string& name = "tessera/barrier") const;
+};
+
+// Throws Error (or TimeoutError) when the job cannot be joined.
+WorkerContext init_worker(const WorkerOptions& options = {});
+
+// Reports this worker's fatal error to the coordinator as the job's root
+// cause (no-op when alone). Never throws.
+void report_fatal(const WorkerContext& ctx, const std::string& reason);
+
+// Leaves the job cleanly: stops heartbeats and the watch, destroys the
+// communicator; under mpirun waits for every rank, stops rank 0's
+// coordinator and finalizes MPI. Idempotent.
+void shutdown(WorkerContext& ctx);
+
+// init_worker + body + shutdown. An exception from body is logged, reported
+// as the root cause, and turns into exit code 1. Returns body's exit code.
+int run_worker(const WorkerOptions& options, const std::function<int(WorkerContext&)>& body);
+
+}  // namespace tessera::launcher

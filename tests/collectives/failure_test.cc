@@ -1,0 +1,332 @@
+// Failure behaviour: killed and stuck peers, abort(), timeouts; and the
+// stores and shared-memory arena the collectives stand on.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "collectives/communicator.h"
+#include "runtime/device.h"
+#include "runtime/shm_memory.h"
+#include "tests/collectives/fork_harness.h"
+
+namespace tessera::coll {
+namespace {
+
+using test::failures;
+using test::run_ranks;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+size_t dev_shm_entries() {
+  size_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/dev/shm", ec); !ec && it != std::filesystem::end(it);
+       it.increment(ec))
+    ++n;
+  return n;
+}
+
+// A rank killed mid-run (SIGKILL, no clean-up) makes every other rank fail
+// within about a second with a CollectiveError naming the collective, the
+// group and the dead peer, though the timeout is 60 s.
+TEST(Failure, KilledPeerIsNoticedQuickly) {
+  const size_t shm_before = dev_shm_entries();
+  for (int killed_in_collective : {0, 1}) {
+    auto res = run_ranks(4, [&](int rank, int size, std::shared_ptr<Store> store) {
+      CommOptions o;
+      o.name = "victims";
+      o.timeout = std::chrono::seconds(60);
+      auto c = Communicator::create(store, rank, size, o);
+      std::vector<float> buf(1 << 18, 1.0f);
+      c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+      if (rank == 2) {
+        if (killed_in_collective) {
+          // Die in the middle of the all-reduces the others are running.
+          std::thread([] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+            ::raise(SIGKILL);
+          }).detach();
+          for (;;) c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+        }
+        ::raise(SIGKILL);
+      }
+      const auto t0 = Clock::now();
+      try {
+        for (int i = 0; i < 100; ++i) c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+        COLL_REQUIRE(false, "all_reduce succeeded without rank 2");
+      } catch (const CollectiveError& e) {
+        const double dt = since(t0);
+        COLL_REQUIRE(dt < 3.0, "noticed after ", dt, " s");
+        COLL_REQUIRE(e.collective() == "all_reduce" && e.group() == "victims", e.what());
+        COLL_REQUIRE(e.peer() == 2, "peer ", e.peer(), ": ", e.what());
+        COLL_REQUIRE(std::string(e.what()).find("rank 2") != std::string::npos, e.what());
+      }
+      // Later calls fail at once.
+      const auto t1 = Clock::now();
+      try {
+        c->barrier();
+        COLL_REQUIRE(false, "barrier after failure succeeded");
+      } catch (const CollectiveError& e) {
+        COLL_REQUIRE(since(t1) < 0.5 && e.collective() == "barrier", e.what());
+      }
+    });
+    EXPECT_EQ(res[2].exit_code, -SIGKILL);
+    res[2].exit_code = 0;
+    EXPECT_EQ(failures(res), "") << "killed_in_collective=" << killed_in_collective;
+  }
+  // Segments are memfds: nothing is left in /dev/shm even after a SIGKILL.
+  EXPECT_EQ(dev_shm_entries(), shm_before);
+}
+
+// A peer that hangs (alive but silent) makes the others fail with the
+// timeout error after the configured time, naming the stuck rank.
+TEST(Failure, StuckPeerTimesOut) {
+  auto res = run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
+    CommOptions o;
+    o.timeout = std::chrono::milliseconds(1500);
+    auto c = Communicator::create(store, rank, size, o);
+    std::vector<int32_t> buf(1000, 1);
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(4));
+      return;  // exits (cleanly) without ever joining the all-reduce
+    }
+    const auto t0 = Clock::now();
+    try {
+      c->all_reduce(buf.data(), buf.data(), buf.size(), DType::I32, ReduceOp::Sum);
+      COLL_REQUIRE(false, "all_reduce succeeded with rank 1 stuck");
+    } catch (const CollectiveError& e) {
+      const double dt = since(t0);
+      COLL_REQUIRE(dt > 1.3 && dt < 3.5, "failed after ", dt, " s: ", e.what());
+      COLL_REQUIRE(std::string(e.what()).find("rank 1") != std::string::npos, e.what());
+      COLL_REQUIRE(std::string(e.what()).find("timed out") != std::string::npos, e.what());
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+// TESSERA_TIMEOUT_S overrides the option.
+TEST(Failure, TimeoutFromEnvironment) {
+  ::setenv("TESSERA_TIMEOUT_S", "0.7", 1);
+  auto res = run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    auto c = Communicator::create(store, rank, size);
+    COLL_REQUIRE(c->options().timeout == std::chrono::milliseconds(700), "timeout ", c->options().timeout.count());
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+      return;
+    }
+    const auto t0 = Clock::now();
+    int64_t v = 1;
+    try {
+      c->broadcast(&v, 1, DType::I64, 1);
+      COLL_REQUIRE(false, "broadcast succeeded");
+    } catch (const CollectiveError& e) {
+      COLL_REQUIRE(since(t0) < 1.5 && e.peer() == 1 && e.collective() == "broadcast", e.what());
+    }
+  });
+  ::unsetenv("TESSERA_TIMEOUT_S");
+  EXPECT_EQ(failures(res), "");
+}
+
+// abort() from another thread wakes the blocked rank with AbortedError; its
+// peer, blocked on it, fails at once with a CollectiveError naming it.
+TEST(Failure, AbortWakesWaiters) {
+  auto res = run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    CommOptions o;
+    o.timeout = std::chrono::seconds(60);
+    auto c = Communicator::create(store, rank, size, o);
+    c->barrier();
+    std::vector<float> buf(100);
+    const auto t0 = Clock::now();
+    if (rank == 0) {
+      std::thread killer([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        c->abort("test abort");
+      });
+      try {
+        c->recv(buf.data(), buf.size(), DType::F32, 1, 0);  // rank 1 never sends
+        killer.join();
+        COLL_REQUIRE(false, "recv returned");
+      } catch (const AbortedError& e) {
+        killer.join();
+        COLL_REQUIRE(since(t0) < 2.0 && c->aborted(), e.what());
+        COLL_REQUIRE(std::string(e.what()).find("test abort") != std::string::npos, e.what());
+      }
+      try {
+        c->barrier();
+        COLL_REQUIRE(false, "barrier after abort");
+      } catch (const AbortedError&) {
+      }
+    } else {
+      try {
+        c->recv(buf.data(), buf.size(), DType::F32, 0, 0);  // rank 0 never sends
+        COLL_REQUIRE(false, "recv returned");
+      } catch (const CollectiveError& e) {
+        COLL_REQUIRE(since(t0) < 2.0 && e.peer() == 0, e.what());
+        COLL_REQUIRE(std::string(e.what()).find("test abort") != std::string::npos, e.what());
+      }
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+// Async work fails too, and wait() rethrows.
+TEST(Failure, AsyncWorkReportsFailure) {
+  auto res = run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
+    CommOptions o;
+    o.timeout = std::chrono::seconds(60);
+    auto c = Communicator::create(store, rank, size, o);
+    if (rank == 0) ::raise(SIGKILL);
+    std::vector<float> buf(10000, 1.0f);
+    auto w = c->all_reduce_async(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+    try {
+      w->wait();
+      COLL_REQUIRE(false, "async all_reduce succeeded");
+    } catch (const CollectiveError& e) {
+      COLL_REQUIRE(e.peer() == 0 && w->done(), e.what());
+    }
+  });
+  EXPECT_EQ(res[0].exit_code, -SIGKILL);
+  res[0].exit_code = 0;
+  EXPECT_EQ(failures(res), "");
+}
+
+TEST(Failure, BadArguments) {
+  auto store = make_memory_store();
+  EXPECT_THROW(Communicator::create(store, 2, 2), InvalidArgument);
+  CommOptions o;
+  o.algo = "no-such-algo";
+  EXPECT_THROW(Communicator::create(store, 0, 1, o), InvalidArgument);
+  auto c = Communicator::create(store, 0, 1);
+  float x = 1;
+  EXPECT_THROW(c->broadcast(&x, 1, DType::F32, 1), InvalidArgument);
+  EXPECT_THROW(c->send(&x, 1, DType::F32, 0), InvalidArgument);
+  EXPECT_THROW(c->all_reduce(nullptr, &x, 1, DType::F32, ReduceOp::Sum), InvalidArgument);
+  c->all_reduce(&x, &x, 1, DType::F32, ReduceOp::Sum);
+  EXPECT_EQ(x, 1.0f);
+  EXPECT_THROW(parse_reduce_op("mean-ish"), InvalidArgument);
+  EXPECT_EQ(parse_transport("shm"), TransportKind::Shm);
+  EXPECT_THROW(parse_transport("nvlink"), InvalidArgument);
+}
+
+// Ranks as threads of one process over the in-memory store.
+TEST(Failure, ThreadsOfOneProcess) {
+  auto store = make_memory_store();
+  std::vector<std::thread> ts;
+  std::atomic<int> ok{0};
+  for (int r = 0; r < 3; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.timeout = std::chrono::seconds(20);
+        auto c = Communicator::create(store, r, 3, o);
+        std::vector<int64_t> v(1000, r + 1);
+        c->all_reduce(v.data(), v.data(), v.size(), DType::I64, ReduceOp::Sum);
+        if (v[999] == 6) ++ok;
+        c->barrier();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(ok.load(), 3);
+}
+
+// ---------------------------------------------------------------- stores
+
+TEST(Store, FileStoreSetGetWaitAdd) {
+  const std::string dir = test::make_temp_dir();
+  auto s = make_file_store(dir);
+  s->set("a/b c", "hello");
+  EXPECT_EQ(s->get("a/b c", std::chrono::milliseconds(10)), "hello");
+  s->set("a/b c", "again");
+  EXPECT_EQ(make_file_store(dir)->get("a/b c", std::chrono::milliseconds(10)), "again");
+  try {
+    s->wait({"a/b c", "missing-1", "missing-2"}, std::chrono::milliseconds(50));
+    FAIL() << "wait returned";
+  } catch (const TimeoutError& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("missing-1"), std::string::npos) << w;
+    EXPECT_NE(w.find("missing-2"), std::string::npos) << w;
+    EXPECT_EQ(w.find("'a/b c'"), std::string::npos) << w;
+  }
+  // add from 4 processes, 50 times each: no increment lost.
+  auto res = run_ranks(4, [dir](int, int, std::shared_ptr<Store>) {
+    auto fs = make_file_store(dir);
+    for (int i = 0; i < 50; ++i) fs->add("counter", 1);
+  });
+  EXPECT_EQ(failures(res), "");
+  EXPECT_EQ(s->add("counter", 0), 200);
+  // A value set later wakes a waiter.
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    s->set("late", "x");
+  });
+  EXPECT_EQ(s->get("late", std::chrono::seconds(5)), "x");
+  t.join();
+  s->set("text", "abc");
+  EXPECT_THROW(s->add("text", 1), FormatError);
+  std::filesystem::remove_all(dir);
+  EXPECT_THROW(make_file_store("/proc/no/such/dir"), InvalidArgument);
+}
+
+TEST(Store, MemoryStoreAndPrefix) {
+  auto s = make_memory_store();
+  PrefixStore p(s, "job1/");
+  p.set("k", "v");
+  EXPECT_EQ(s->get("job1/k", std::chrono::milliseconds(1)), "v");
+  EXPECT_EQ(p.add("n", 5), 5);
+  EXPECT_EQ(p.add("n", -2), 3);
+  EXPECT_THROW(p.get("absent", std::chrono::milliseconds(20)), TimeoutError);
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    p.set("later", "y");
+  });
+  p.wait({"k", "later"}, std::chrono::seconds(5));
+  t.join();
+}
+
+// ---------------------------------------------------------------- arena
+
+TEST(ShmArena, AllocatesReusesAndLocates) {
+  Device dev(DeviceSpec::preset("test-core"), 0, make_shm_memory(64u << 20));
+  void* a = dev.allocate(1000);
+  void* b = dev.allocate(3u << 20);
+  auto la = find_shm_location(a, 1000), lb = find_shm_location(b, 3u << 20);
+  ASSERT_TRUE(la && lb);
+  EXPECT_EQ(la->arena_id, lb->arena_id);
+  EXPECT_EQ(la->pid, ::getpid());
+  EXPECT_EQ(static_cast<char*>(b) - static_cast<char*>(a), static_cast<std::ptrdiff_t>(lb->offset - la->offset));
+  EXPECT_FALSE(find_shm_location(a, 100u << 20));  // runs past the arena
+  std::vector<char> heap(10);
+  EXPECT_FALSE(find_shm_location(heap.data(), 10));
+  dev.free(b, 3u << 20);
+  void* c = dev.allocate(3u << 20);
+  EXPECT_EQ(b, c);  // reused, not fresh pages
+  // A peer process maps the arena and sees (and writes) the same bytes.
+  std::memset(a, 7, 1000);
+  const ShmLocation l = *la;
+  auto res = run_ranks(1, [l](int, int, std::shared_ptr<Store>) {
+    auto seg = ShmSegment::open_peer(l.pid, l.fd, l.arena_bytes);
+    char* p = static_cast<char*>(seg->data()) + l.offset;
+    COLL_REQUIRE(p[0] == 7 && p[999] == 7, "peer view");
+    p[0] = 9;
+  });
+  EXPECT_EQ(failures(res), "");
+  EXPECT_EQ(static_cast<char*>(a)[0], 9);
+  dev.free(a, 1000);
+  dev.free(c, 3u << 20);
+  // Exhaustion is an error, not a crash.
+  Device small(DeviceSpec::preset("test-core"), 0, make_shm_memory(1u << 20));
+  EXPECT_THROW(small.allocate(2u << 20), DeviceOutOfMemory);
+}
+
+}  // namespace
+}  // namespace tessera::coll

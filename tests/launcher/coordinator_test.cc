@@ -1,0 +1,333 @@
+// The coordinator in-process: rendezvous, store and barrier semantics, token
+// refusal, bounds, malformed requests, heartbeat aborts and rounds.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "launcher/client.h"
+#include "launcher/coordinator.h"
+#include "runtime/error.h"
+
+using namespace tessera;
+using namespace tessera::launcher;
+using namespace std::chrono_literals;
+namespace pb = tessera::launcher::proto;
+
+namespace {
+
+struct Job {
+  explicit Job(int nodes, int world = 0, std::chrono::milliseconds hb = 10s) {
+    CoordinatorOptions o;
+    o.token = "secret-token";
+    o.num_nodes = nodes;
+    o.world_size = world;
+    o.heartbeat_timeout = hb;
+    coord = std::make_unique<Coordinator>(o);
+    address = "127.0.0.1:" + std::to_string(coord->port());
+  }
+  std::shared_ptr<CoordinatorClient> client(const std::string& token = "secret-token") const {
+    return std::make_shared<CoordinatorClient>(address, token);
+  }
+  std::unique_ptr<Coordinator> coord;
+  std::string address;
+};
+
+}  // namespace
+
+class Rendezvous : public ::testing::TestWithParam<int> {};
+
+TEST_P(Rendezvous, AssignsRanksOnceAllNodesJoined) {
+  const int m = GetParam();
+  Job job(m);
+  // Node k brings k+1 workers, so every node's first rank is a triangular number.
+  std::vector<std::future<pb::JoinReply>> replies;
+  std::atomic<int> returned{0};
+  for (int k = m - 1; k >= 0; --k) {  // join out of order
+    replies.push_back(std::async(std::launch::async, [&, k] {
+      auto r = job.client()->join(k, "host" + std::to_string(k), k + 1, 0, 20s);
+      returned++;
+      return r;
+    }));
+    if (k == 1) {
+      std::this_thread::sleep_for(50ms);
+      EXPECT_EQ(returned.load(), 0) << "a node returned before every node joined";
+    }
+  }
+  const int world = m * (m + 1) / 2;
+  for (int i = 0; i < m; ++i) {
+    int k = m - 1 - i;
+    auto r = replies[static_cast<size_t>(i)].get();
+    EXPECT_EQ(r.world_size(), world);
+    EXPECT_EQ(r.first_rank(), k * (k + 1) / 2);
+    ASSERT_EQ(r.nodes_size(), m);
+    for (int j = 0; j < m; ++j) {
+      EXPECT_EQ(r.nodes(j).node_rank(), j);
+      EXPECT_EQ(r.nodes(j).host(), "host" + std::to_string(j));
+      EXPECT_EQ(r.nodes(j).nproc(), j + 1);
+      EXPECT_EQ(r.nodes(j).first_rank(), j * (j + 1) / 2);
+    }
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Nodes, Rendezvous, ::testing::Values(1, 2, 3, 5, 8));
+
+TEST(Rendezvous, TimesOutNamingMissingNodes) {
+  Job job(3);
+  try {
+    job.client()->join(1, "h", 1, 0, 300ms);
+    FAIL() << "join returned without the other nodes";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing node rank(s) 0,2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Rendezvous, RejectsDuplicateAndOutOfRangeNodes) {
+  Job job(2);
+  auto first = std::async(std::launch::async, [&] { return job.client()->join(0, "a", 1, 0, 2s); });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_THROW(job.client()->join(0, "b", 1, 0, 1s), Error);
+  EXPECT_THROW(job.client()->join(2, "c", 1, 0, 1s), InvalidArgument);
+  job.client()->join(1, "d", 1, 0, 2s);
+  EXPECT_EQ(first.get().world_size(), 2);
+}
+
+TEST(Store, SetGetAndBlockingGet) {
+  Job job(0, 2);
+  auto c = job.client();
+  c->set("a", std::string("x\0y", 3));
+  EXPECT_EQ(c->get("a", 1s), std::string("x\0y", 3));
+  auto later = std::async(std::launch::async, [&] { return job.client()->get("b", 5s); });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(later.wait_for(0ms), std::future_status::timeout) << "get returned before the key was set";
+  c->set("b", "42");
+  EXPECT_EQ(later.get(), "42");
+}
+
+TEST(Store, WaitTimeoutNamesMissingKeys) {
+  Job job(0, 1);
+  auto c = job.client();
+  c->set("k1", "v");
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    c->wait({"k1", "k2", "k3"}, 300ms);
+    FAIL() << "wait returned with keys missing";
+  } catch (const TimeoutError& e) {
+    std::string w = e.what();
+    EXPECT_NE(w.find("'k2', 'k3'"), std::string::npos) << w;
+    EXPECT_EQ(w.find("'k1'"), std::string::npos) << w;
+  }
+  auto dt = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(dt, 290ms);
+  EXPECT_LT(dt, 3s);
+  EXPECT_THROW(c->get("nope", 100ms), TimeoutError);
+  c->set("k2", "v");
+  c->set("k3", "v");
+  c->wait({"k1", "k2", "k3"}, 1s);
+}
+
+TEST(Store, AddIsAtomic) {
+  Job job(0, 8);
+  constexpr int kThreads = 8, kAdds = 150;
+  std::vector<std::vector<int64_t>> seen(kThreads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      auto c = job.client();
+      for (int i = 0; i < kAdds; ++i) seen[static_cast<size_t>(t)].push_back(c->add("ctr", 1));
+    });
+  for (auto& t : ts) t.join();
+  std::vector<int64_t> all;
+  for (auto& v : seen) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  // Every add saw a distinct value: exactly 1..N.
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], static_cast<int64_t>(i + 1));
+  auto c = job.client();
+  EXPECT_EQ(c->add("ctr", -5), kThreads * kAdds - 5);
+  EXPECT_EQ(c->get("ctr", 1s), std::to_string(kThreads * kAdds - 5));
+  c->set("text", "abc");
+  EXPECT_THROW(c->add("text", 1), InvalidArgument);
+}
+
+TEST(Barrier, NobodyPassesBeforeTheLastAndItIsReusable) {
+  constexpr int n = 6;
+  Job job(0, n);
+  std::atomic<int> arrived{0};
+  std::atomic<int> early{0};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      auto c = job.client();
+      for (int gen = 0; gen < 3; ++gen) {
+        if (r == n - 1) std::this_thread::sleep_for(50ms);  // the late one
+        arrived++;
+        c->barrier("b", r, n, 10s);
+        if (arrived.load() < n * (gen + 1)) early++;
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(early.load(), 0);
+}
+
+TEST(Barrier, TimeoutNamesMissingRanksAndDoesNotCountLater) {
+  Job job(0, 3);
+  auto c = job.client();
+  try {
+    c->barrier("b", 0, 3, 200ms);
+    FAIL();
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing rank(s) 1,2"), std::string::npos) << e.what();
+  }
+  // Rank 0 timed out and left: ranks 1 and 2 alone must not pass.
+  auto r1 = std::async(std::launch::async, [&] { job.client()->barrier("b", 1, 3, 3s); });
+  auto r2 = std::async(std::launch::async, [&] { job.client()->barrier("b", 2, 3, 3s); });
+  EXPECT_EQ(r1.wait_for(300ms), std::future_status::timeout);
+  c->barrier("b", 0, 3, 3s);
+  r1.get();
+  r2.get();
+  EXPECT_THROW(c->barrier("b", 0, 4, 100ms), InvalidArgument);  // size mismatch
+  EXPECT_THROW(c->barrier("b", 3, 3, 100ms), InvalidArgument);  // rank out of range
+}
+
+TEST(Security, WrongOrMissingTokenIsRefused) {
+  Job job(0, 1);
+  auto bad = job.client("not-the-token");
+  try {
+    bad->set("k", "v");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("job token"), std::string::npos) << e.what();
+  }
+  // No token at all: a raw stub.
+  auto stub = pb::Coordinator::NewStub(grpc::CreateChannel(job.address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  pb::SetRequest req;
+  req.set_key("k");
+  pb::SetReply rep;
+  EXPECT_EQ(stub->Set(&ctx, req, &rep).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // Nothing was stored by the refused calls.
+  EXPECT_THROW(job.client()->get("k", 100ms), TimeoutError);
+}
+
+TEST(Security, BoundsAndMalformedRequestsDoNotHurtTheCoordinator) {
+  Job job(0, 1);
+  auto c = job.client();
+  EXPECT_THROW(c->set(std::string(kMaxKeyBytes + 1, 'k'), "v"), InvalidArgument);
+  EXPECT_THROW(c->set("big", std::string(kMaxValueBytes + 1, 'v')), InvalidArgument);
+  EXPECT_THROW(c->set("", "v"), InvalidArgument);
+  // Larger than the message bound: refused by gRPC itself.
+  EXPECT_THROW(c->set("huge", std::string(kMaxMessageBytes + 100, 'v')), Error);
+  // Garbage bytes where a SetRequest should be.
+  grpc::GenericStub generic(grpc::CreateChannel(job.address, grpc::InsecureChannelCredentials()));
+  for (const std::string& junk : {std::string("\xff\xff\xff\xff\x0f", 5), std::string(64, '\x0a')}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kTokenKey, "secret-token");
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    grpc::Slice s(junk);
+    grpc::ByteBuffer req(&s, 1), rep;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&ctx, "/tessera.launcher.proto.Coordinator/Set", grpc::StubOptions(), &req, &rep,
+                      [&](grpc::Status st) { done.set_value(st); });
+    EXPECT_FALSE(done.get_future().get().ok());
+  }
+  // Still serving.
+  c->set("after", "ok");
+  EXPECT_EQ(c->get("after", 1s), "ok");
+}
+
+TEST(Failure, LostHeartbeatAbortsAndWatchersHearTheRootCause) {
+  Job job(0, 2, 300ms);
+  auto c = job.client();
+  c->set_round(0);
+  pb::HeartbeatRequest beat;
+  beat.set_role(pb::WORKER);
+  beat.set_id(1);
+  beat.set_node_rank(0);
+  beat.set_host("hostB");
+  c->heartbeat(beat, 1s);  // rank 1 beats once, then goes silent
+  std::promise<pb::JobEvent> got;
+  pb::WatchRequest wr;
+  EventWatcher watcher(c, wr, [&](const pb::JobEvent& ev) { got.set_value(ev); });
+  auto fut = got.get_future();
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(fut.wait_for(5s), std::future_status::ready);
+  auto dt = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(dt, 2s);
+  auto ev = fut.get();
+  EXPECT_EQ(ev.type(), pb::JobEvent::ABORT);
+  EXPECT_EQ(ev.cause().rank(), 1);
+  EXPECT_EQ(ev.cause().host(), "hostB");
+  EXPECT_NE(ev.cause().reason().find("no heartbeat"), std::string::npos);
+  // Blocked and later store calls fail as aborted.
+  EXPECT_THROW(c->get("x", 1s), AbortedError);
+  EXPECT_THROW(c->set("x", "1"), AbortedError);
+}
+
+TEST(Failure, LeavingWorkerIsNotALostOne) {
+  Job job(0, 2, 200ms);
+  auto c = job.client();
+  pb::HeartbeatRequest beat;
+  beat.set_role(pb::WORKER);
+  beat.set_id(0);
+  c->heartbeat(beat, 1s);
+  beat.set_leaving(true);
+  c->heartbeat(beat, 1s);
+  std::this_thread::sleep_for(600ms);
+  EXPECT_FALSE(c->job_state().aborted());
+}
+
+TEST(Failure, FirstAbortIsTheRootCauseAndExitReportsCompleteIt) {
+  Job job(0, 4);
+  auto c = job.client();
+  pb::RootCause cause;
+  cause.set_rank(2);
+  cause.set_node_rank(0);
+  cause.set_host("h");
+  cause.set_reason("fatal error: boom");
+  EXPECT_TRUE(c->abort(cause));
+  cause.set_rank(3);
+  EXPECT_FALSE(c->abort(cause));
+  pb::ExitReport rep;
+  rep.set_rank(2);
+  rep.set_exit_code(7);
+  rep.add_log_tail("last words");
+  c->report_exit(rep);
+  auto st = c->job_state();
+  EXPECT_TRUE(st.aborted());
+  EXPECT_EQ(st.cause().rank(), 2);
+  EXPECT_TRUE(st.cause().has_exit());
+  EXPECT_EQ(st.cause().exit_code(), 7);
+  ASSERT_EQ(st.cause().log_tail_size(), 1);
+  EXPECT_EQ(st.cause().log_tail(0), "last words");
+}
+
+TEST(Rounds, NewRoundClearsTheStoreAndRefusesStragglers) {
+  Job job(2);
+  auto a = job.client(), b = job.client();
+  auto ja = std::async(std::launch::async, [&] { return a->join(0, "a", 1, 0, 5s); });
+  b->join(1, "b", 1, 0, 5s);
+  ja.get();
+  auto worker = job.client();
+  worker->set_round(0);
+  worker->set("endpoint", "old");
+  // A round that is still running cannot be replaced.
+  EXPECT_THROW(a->join(0, "a", 1, 1, 1s), AbortedError);
+  pb::RootCause cause;
+  cause.set_rank(0);
+  cause.set_reason("test");
+  EXPECT_TRUE(worker->abort(cause));
+  ja = std::async(std::launch::async, [&] { return a->join(0, "a", 1, 1, 5s); });
+  auto r = b->join(1, "b", 1, 1, 5s);
+  EXPECT_EQ(r.round(), 1);
+  ja.get();
+  // The old round's worker is refused; the new round sees an empty store.
+  EXPECT_THROW(worker->set("endpoint", "stale"), AbortedError);
+  auto fresh = job.client();
+  fresh->set_round(1);
+  EXPECT_THROW(fresh->get("endpoint", 100ms), TimeoutError);
+  EXPECT_FALSE(fresh->job_state().aborted());
+}

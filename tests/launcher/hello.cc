@@ -1,0 +1,120 @@
+// tessera_hello: the launcher's test program. Joins the job (init_worker),
+// checks the store (every rank's key visible, Add counts every rank), passes
+// a barrier and exits. Flags inject failures for the launcher's tests:
+//   --exit-code N [--fail-rank R]   exit with N (on rank R only; default every rank)
+//   --fail-round K                  inject the failure only in restart rounds < K
+//   --throw-rank R                  rank R throws (reported as the root cause)
+//   --stop-rank R                   rank R sends itself SIGSTOP after the barrier
+//   --sleep S                       sleep S seconds after the barrier (failing ranks don't)
+//   --pid-dir DIR                   write DIR/<rank>.pid (tests check nothing survives)
+//   --term-dir DIR                  on SIGTERM write DIR/<rank>.term and exit 143
+//   --print-env                     print the launcher's variables
+//   --comm                          build the world communicator and all-reduce the ranks
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <string>
+
+#include "launcher/worker.h"
+#include "runtime/error.h"
+
+namespace {
+
+char g_term_path[4096];
+
+void on_term(int) {
+  if (g_term_path[0]) {
+    int fd = open(g_term_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ssize_t n = write(fd, "term\n", 5);
+      (void)n;
+      close(fd);
+    }
+  }
+  _exit(143);
+}
+
+void sleep_seconds(double s) {
+  timespec ts{static_cast<time_t>(s), static_cast<long>((s - static_cast<double>(static_cast<time_t>(s))) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera launcher test program"};
+  int exit_code = 0, fail_rank = -1, fail_round = 1 << 30, throw_rank = -1, stop_rank = -1;
+  double sleep_s = 0;
+  std::string pid_dir, term_dir;
+  bool print_env = false, comm = false;
+  app.add_option("--exit-code", exit_code);
+  app.add_option("--fail-rank", fail_rank);
+  app.add_option("--fail-round", fail_round);
+  app.add_option("--throw-rank", throw_rank);
+  app.add_option("--stop-rank", stop_rank);
+  app.add_option("--sleep", sleep_s);
+  app.add_option("--pid-dir", pid_dir);
+  app.add_option("--term-dir", term_dir);
+  app.add_flag("--print-env", print_env);
+  app.add_flag("--comm", comm);
+  CLI11_PARSE(app, argc, argv);
+
+  tessera::launcher::WorkerOptions opts;
+  opts.create_communicator = comm;
+  return tessera::launcher::run_worker(opts, [&](tessera::launcher::WorkerContext& ctx) -> int {
+    const int rank = ctx.world.rank, size = ctx.world.size;
+    if (!pid_dir.empty()) std::ofstream(pid_dir + "/" + std::to_string(rank) + ".pid") << getpid() << "\n";
+    if (!term_dir.empty()) {
+      std::snprintf(g_term_path, sizeof g_term_path, "%s/%d.term", term_dir.c_str(), rank);
+      signal(SIGTERM, on_term);
+    }
+    if (print_env) {
+      for (const char* v : {"TESSERA_RANK", "TESSERA_WORLD_SIZE", "TESSERA_LOCAL_RANK", "TESSERA_LOCAL_SIZE",
+                            "TESSERA_NODE_RANK", "TESSERA_COORDINATOR", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                            "TORCHELASTIC_RESTART_COUNT"}) {
+        const char* x = std::getenv(v);
+        std::printf("env %s=%s\n", v, x ? x : "");
+      }
+      std::printf("env TESSERA_JOB_TOKEN=%s\n", std::getenv("TESSERA_JOB_TOKEN") ? "set" : "");
+      std::fflush(stdout);
+    }
+    // Store: every rank publishes, reads everyone, and counts itself in.
+    ctx.store->set("hello/" + std::to_string(rank), std::to_string(rank * 7));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back("hello/" + std::to_string(r));
+    ctx.store->wait(keys, std::chrono::seconds(60));
+    for (int r = 0; r < size; ++r) {
+      auto v = ctx.store->get("hello/" + std::to_string(r), std::chrono::seconds(1));
+      if (v != std::to_string(r * 7)) throw tessera::Error("store: rank " + std::to_string(r) + " wrote '" + v + "'");
+    }
+    ctx.store->add("hello/count", 1);
+    ctx.barrier("hello");
+    int64_t count = ctx.store->add("hello/count", 0);
+    if (count != size) throw tessera::Error("store add: count " + std::to_string(count) + " != " + std::to_string(size));
+    if (comm && ctx.world_comm) {
+      int64_t v = rank, sum = 0;
+      ctx.world_comm->all_reduce(&v, &sum, 1, tessera::DType::I64, tessera::coll::ReduceOp::Sum);
+      if (sum != int64_t(size) * (size - 1) / 2) throw tessera::Error("all_reduce: wrong sum " + std::to_string(sum));
+    }
+    std::printf("rank %d of %d ok (round %d)\n", rank, size, ctx.restart_count);
+    std::fflush(stdout);
+    const bool inject = ctx.restart_count < fail_round;
+    if (inject && rank == throw_rank) throw tessera::Error("injected failure on rank " + std::to_string(rank));
+    if (inject && rank == stop_rank) raise(SIGSTOP);
+    if (inject && exit_code != 0 && (fail_rank < 0 || fail_rank == rank)) {
+      std::fprintf(stderr, "rank %d exiting with code %d as asked\n", rank, exit_code);
+      return exit_code;
+    }
+    if (sleep_s > 0) sleep_seconds(sleep_s);
+    return 0;
+  });
+}
