@@ -1,10 +1,20 @@
 #include "parallel/plan_cli.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "parallel/plan_io.h"
+#include "parallel/planner.h"
+#include "runtime/error.h"
+#include "runtime/topology.h"
 
 namespace tessera::parallel {
 
 namespace {
+
 void add_stub(CLI::App& root, const char* name, const char* help, tessera::cli::Action& action) {
   auto* cmd = root.add_subcommand(name, help);
   cmd->allow_extras();
@@ -15,10 +25,237 @@ void add_stub(CLI::App& root, const char* name, const char* help, tessera::cli::
     };
   });
 }
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct PlanArgs {
+  std::string model, topology, json, zero1, sp, recompute, order = "tp-dp-pp", precision = "bf16", device;
+  int cores = 0, tp = 0, pp = 0, dp = 0, mbs = 0, vstages = 0, top = 5;
+  long long global_batch = 0;
+  int seq = 0;
+  double efficiency = 0.5, memory_fraction = 0.9, link_bw_gb_s = 0, link_latency_us = 0;
+  CLI::App* cmd = nullptr;
+};
+
+std::string f(double v, int prec) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", prec, v);
+  return buf;
+}
+
+std::string gib(double bytes) { return f(bytes / kGiB, 2) + " GiB"; }
+
+std::string onoff(bool b) { return b ? "on" : "off"; }
+
+// "12 12 12 13" -> "[12 x3, 13]" when long.
+std::string stages_text(const std::vector<int>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size();) {
+    size_t j = i;
+    while (j < s.size() && s[j] == s[i]) ++j;
+    if (i) os << ", ";
+    os << s[i];
+    if (j - i > 1) os << " x" << (j - i);
+    i = j;
+  }
+  os << "]";
+  return os.str();
+}
+
+std::string coords_text(const std::vector<int>& c) {
+  std::string s = "(";
+  for (size_t i = 0; i < c.size(); ++i) s += (i ? "," : "") + std::to_string(c[i]);
+  return s + ")";
+}
+
+std::string parts_text(const Placement& pl, const Topology& topo, MeshAxis a) {
+  if (!pl.boxed()) return "in rank order";
+  std::string s;
+  for (const auto& p : pl.parts(a)) {
+    if (p.extent <= 1) continue;
+    const auto& d = topo.dims()[static_cast<size_t>(p.dim)];
+    s += (s.empty() ? "" : " x ") + d.name + "[" + std::to_string(p.extent);
+    if (p.stride > 1) s += " stride " + std::to_string(p.stride);
+    s += "]";
+  }
+  return s.empty() ? "(size 1)" : s;
+}
+
+std::string hops_text(const HopStats& h) {
+  return "max " + std::to_string(h.max_hops) + " hops, mean " + f(h.mean_hops, 2) + ", " +
+         f(100 * h.one_hop_fraction, 1) + "% one-hop" + (h.ring ? " (ring incl. wrap)" : " (neighbours)");
+}
+
+void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& opts, const RankedPlan& p) {
+  const PlanChoice& c = p.choice;
+  const PlanCost& k = p.cost;
+  os << "Best plan: tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp << " micro-batch=" << c.micro_batch
+     << " virtual-stages=" << c.virtual_stages << " zero1=" << onoff(c.zero1)
+     << " sequence-parallel=" << onoff(c.sequence_parallel) << " recompute=" << recompute_name(c.recompute) << "\n";
+  os << "  schedule " << (c.pp == 1 ? "none" : (c.virtual_stages > 1 ? "interleaved-1f1b" : "1f1b")) << ", "
+     << k.num_micro_batches << " micro-batches per step, rank order " << mesh_order_name(opts.order) << "\n";
+  os << "  memory per rank (stage " << k.memory_stage << "): params " << gib(k.memory.params) << ", grads "
+     << gib(k.memory.grads) << ", optimizer " << gib(k.memory.optimizer) << ", activations "
+     << gib(k.memory.activations) << ", total " << gib(k.memory.total) << "\n";
+  os << "  step time (stage " << k.time_stage << " paces the pipeline): compute " << f(k.time.compute, 4)
+     << " s, tp_comm " << f(k.time.tp_comm, 4) << " s, pp_comm " << f(k.time.pp_comm, 4) << " s, bubble "
+     << f(k.time.bubble, 4) << " s, dp_comm " << f(k.time.dp_comm, 4) << " s, total " << f(k.time.total, 4) << " s\n";
+  os << "  FLOPs per step " << f(k.flops_per_step / 1e15, 2) << " PFLOP, achieved "
+     << f(k.achieved_flops_per_device / 1e12, 2) << " TFLOP/s per device, MFU " << f(100 * k.mfu, 1) << "%\n";
+  os << "  layers per stage: " << stages_text(c.stage_layers);
+  if (c.virtual_stages > 1)
+    os << " (each stage holds " << c.virtual_stages << " chunks of " << c.stage_layers[0] / c.virtual_stages
+       << " layers; chunk j of stage i is the (j*pp + i)-th block of layers)";
+  os << "\n";
+
+  Mesh mesh(c.tp, c.pp, c.dp, opts.order);
+  Placement pl(topo, mesh);
+  PlacementSummary s = summarize_placement(pl);
+  os << "  placement" << (pl.boxed() ? "" : " (axes do not factor into the torus; ranks in order)") << ":\n";
+  os << "    TP groups on " << parts_text(pl, topo, MeshAxis::TP) << ": " << hops_text(s.tp) << "\n";
+  os << "    PP stages on " << parts_text(pl, topo, MeshAxis::PP) << ": " << hops_text(s.pp) << "\n";
+  os << "    DP groups on " << parts_text(pl, topo, MeshAxis::DP) << ": " << hops_text(s.dp) << "\n";
+  std::string dims;
+  for (const auto& d : topo.dims()) dims += (dims.empty() ? "" : ",") + d.name;
+  os << "    rank (tp,dp,pp) -> core (" << dims << ")";
+  const int n = mesh.world_size();
+  const int shown = n <= 64 ? n : 8;
+  if (shown < n) os << ", first " << shown << " and last 2 of " << n;
+  os << ":\n";
+  auto line = [&](int r) {
+    MeshCoord mc = mesh.coord(r);
+    os << "      " << r << " (" << mc.tp << "," << mc.dp << "," << mc.pp << ") -> " << pl.node(r) << " "
+       << coords_text(pl.coords(r)) << "\n";
+  };
+  for (int r = 0; r < shown; ++r) line(r);
+  if (shown < n) {
+    os << "      ...\n";
+    for (int r = n - 2; r < n; ++r) line(r);
+  }
+}
+
+int run_plan(const PlanArgs& a) {
+  TopologyOptions topts;
+  topts.link_bandwidth = a.link_bw_gb_s * 1e9;
+  topts.link_latency = a.link_latency_us * 1e-6;
+  topts.device = a.device;
+  ModelConfig model = ModelConfig::load(a.model);
+  Topology topo = Topology::load(a.topology, topts);
+  if (a.cores > 0) topo = topo.first_cores(a.cores);
+
+  PlannerOptions o;
+  o.train.global_batch = a.global_batch;
+  o.train.seq = a.seq;
+  o.train.fp32 = a.precision == "fp32";
+  o.train.efficiency = a.efficiency;
+  o.train.memory_fraction = a.memory_fraction;
+  o.top_k = a.top;
+  o.order = parse_mesh_order(a.order);
+  auto given = [&](const char* flag) { return a.cmd->count(flag) > 0; };
+  if (given("--tp")) o.pins.tp = a.tp;
+  if (given("--pp")) o.pins.pp = a.pp;
+  if (given("--dp")) o.pins.dp = a.dp;
+  if (given("--mbs")) o.pins.micro_batch = a.mbs;
+  if (given("--virtual-stages")) o.pins.virtual_stages = a.vstages;
+  if (given("--zero1")) o.pins.zero1 = a.zero1 == "on";
+  if (given("--sequence-parallel")) o.pins.sequence_parallel = a.sp == "on";
+  if (given("--recompute")) o.pins.recompute = parse_recompute(a.recompute);
+
+  PlannerResult res = plan(model, topo, o);
+  std::ostream& os = std::cout;
+  os << "tessera plan: " << model.name << " (" << f(static_cast<double>(model.total_params()) / 1e9, 2)
+     << " B parameters, " << model.layers << " layers, hidden " << model.hidden << ", " << model.heads << " heads";
+  if (model.kv_heads != model.heads) os << " / " << model.kv_heads << " KV heads";
+  os << ", ffn " << model.ffn_hidden << ", vocab " << model.vocab << ")\n";
+  os << "topology " << topo.describe();
+  os << "global batch " << o.train.global_batch << " x seq " << o.train.seq << ", "
+     << (o.train.fp32 ? "fp32" : "bf16 mixed precision") << ", efficiency " << f(o.train.efficiency, 2)
+     << ", usable memory " << gib(res.capacity_bytes) << " per core\n";
+  os << "searched " << res.evaluated << " choices in " << f(res.seconds, 3) << " s (" << res.over_memory
+     << " over memory)\n\n";
+  print_plan(os, topo, o, res.top[0]);
+  os << "\nWhy this plan:\n";
+  for (const auto& w : res.why) os << "  - " << w << "\n";
+  os << "\nTop " << res.top.size() << " (memory in GiB per rank for its fullest stage, time in s per step):\n";
+  os << "   #   tp   pp     dp  mbs   v zero1  sp  recompute |  weights    grads    optim      act    total GiB |"
+        "  compute  tp_comm  pp_comm   bubble  dp_comm   step s\n";
+  for (size_t i = 0; i < res.top.size(); ++i) {
+    const auto& c = res.top[i].choice;
+    const auto& k = res.top[i].cost;
+    char buf[320];
+    std::snprintf(buf, sizeof(buf),
+                  "%4zu %4d %4d %6d %4d %3d %5s %3s %10s | %8.2f %8.2f %8.2f %8.2f %12.2f | %8.4f %8.4f %8.4f %8.4f "
+                  "%8.4f %8.4f%s\n",
+                  i + 1, c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages, onoff(c.zero1).c_str(),
+                  onoff(c.sequence_parallel).c_str(), recompute_name(c.recompute), k.memory.params / kGiB,
+                  k.memory.grads / kGiB, k.memory.optimizer / kGiB, k.memory.activations / kGiB,
+                  k.memory.total / kGiB, k.time.compute, k.time.tp_comm, k.time.pp_comm, k.time.bubble,
+                  k.time.dp_comm, k.time.total, c.balanced ? "  balanced stages" : "");
+    os << buf;
+  }
+  if (!a.json.empty()) {
+    write_plan_json(a.json, make_plan_proto(model, topo, o, res.top[0]));
+    os << "\nwrote " << a.json << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_plan_command(CLI::App& root, tessera::cli::Action& action) {
-  add_stub(root, "plan", "Plan TP x PP x DP sharding of a model over a topology", action);
+  auto args = std::make_shared<PlanArgs>();
+  auto* cmd = root.add_subcommand("plan", "Plan TP x PP x DP sharding of a model over a topology");
+  args->cmd = cmd;
+  cmd->add_option("--model", args->model, "Model preset (gpt2-124m ... llama2-70b) or JSON file")->required();
+  cmd->add_option("--topology", args->topology,
+                  "Topology preset (trn1.32xlarge, trn1-cluster:N, trn2.48xlarge, trn2-cluster:N, trn2-ultraserver, "
+                  "torus4d:AxBxCxD, dgx-a100:N) or JSON file")
+      ->required();
+  cmd->add_option("--cores", args->cores, "Use the first N cores of the topology")->check(CLI::PositiveNumber);
+  cmd->add_option("--global-batch", args->global_batch, "Sequences per step")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--seq", args->seq, "Tokens per sequence")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--tp", args->tp, "Pin tensor-parallel size")->check(CLI::PositiveNumber);
+  cmd->add_option("--pp", args->pp, "Pin pipeline-parallel size")->check(CLI::PositiveNumber);
+  cmd->add_option("--dp", args->dp, "Pin data-parallel size")->check(CLI::PositiveNumber);
+  cmd->add_option("--mbs", args->mbs, "Pin micro-batch size")->check(CLI::PositiveNumber);
+  cmd->add_option("--virtual-stages", args->vstages, "Pin virtual stages per pipeline stage (interleaved 1F1B)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--zero1", args->zero1, "Pin ZeRO-1: on|off")->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--sequence-parallel", args->sp, "Pin sequence parallelism: on|off")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--recompute", args->recompute, "Pin recompute: none|selective|full")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
+  cmd->add_option("--top", args->top, "Plans to list")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--json", args->json, "Write the best plan as JSON (parallel/proto/plan.proto) to FILE");
+  cmd->add_option("--precision", args->precision, "bf16 (mixed precision) or fp32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  cmd->add_option("--efficiency", args->efficiency, "Fraction of peak FLOP/s sustained")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1.0));
+  cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1.0));
+  cmd->add_option("--order", args->order, "Rank order, fastest axis first (tp-dp-pp as NxD/Megatron)")
+      ->capture_default_str();
+  cmd->add_option("--link-bandwidth", args->link_bw_gb_s, "torus4d: GB/s per link per direction")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--link-latency", args->link_latency_us, "torus4d: microseconds per hop")->check(CLI::PositiveNumber);
+  cmd->add_option("--device", args->device, "Device of each core (trn1-core, trn2-core, a100-80gb, test-core)");
+  cmd->callback([&action, args] {
+    action = [args]() -> int {
+      try {
+        return run_plan(*args);
+      } catch (const FormatError& e) {  // a bad file is bad input: exit 2 like a bad flag
+        std::cerr << "tessera plan: " << e.what() << "\n";
+        return tessera::cli::kUsageExit;
+      } catch (const InvalidArgument& e) {
+        std::cerr << "tessera plan: " << e.what() << "\n";
+        return tessera::cli::kUsageExit;
+      }
+    };
+  });
 }
 
 void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {

@@ -1,0 +1,118 @@
+// Cost model: memory per rank and step time of one (tp, pp, dp, ...) choice
+// for a transformer on a topology. docs/planner.md gives every formula with
+// its source; in short:
+//   - model states per parameter: bf16 mixed precision 2 (weights) + 2 (grads)
+//     + 12 (fp32 master, Adam m and v), the 12 divided by dp with ZeRO-1;
+//     fp32 training 4 + 4 + 8 (ZeRO paper, Rajbhandari et al. 2020);
+//   - activations per layer after Korthikanti et al. 2022, times the
+//     micro-batches (or interleaved chunks) the 1F1B schedule holds in flight;
+//   - FLOPs after Narayanan et al. 2021, built from per-layer terms so that
+//     full recompute gives exactly 96 B s l h^2 (1 + s/6h + V/16lh);
+//   - communication costed with runtime/netmodel.h's closed forms on the
+//     network each group sees (Placement::group_model), the same model the
+//     collectives charge their steps to.
+// All functions are pure; a CostModel may be shared across threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/model_config.h"
+#include "runtime/netmodel.h"
+#include "runtime/topology.h"
+
+namespace tessera::parallel {
+
+enum class Recompute { None, Selective, Full };
+const char* recompute_name(Recompute r);
+Recompute parse_recompute(const std::string& s);  // none|selective|full, else InvalidArgument
+
+// The workload and the knobs that are not searched.
+struct TrainingConfig {
+  int64_t global_batch = 0;      // sequences per step
+  int seq = 0;                   // tokens per sequence
+  bool fp32 = false;             // fp32 training instead of bf16 mixed precision
+  double efficiency = 0.5;       // fraction of peak FLOP/s a core sustains on the layers' matmuls
+  double memory_fraction = 0.9;  // of HBM usable for the terms modeled (rest: workspace, fragmentation)
+};
+
+// One point of the search space.
+struct PlanChoice {
+  int tp = 1, pp = 1, dp = 1;
+  int micro_batch = 1;
+  int virtual_stages = 1;
+  bool zero1 = false;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::None;
+  std::vector<int> stage_layers;  // layers per pipeline stage (sums to the model's layers)
+  bool balanced = false;          // stage_layers from the balanced partition rather than the even one
+};
+
+struct MemoryBreakdown {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, total = 0;  // bytes
+};
+
+struct TimeBreakdown {
+  double compute = 0, tp_comm = 0, pp_comm = 0, bubble = 0, dp_comm = 0, total = 0;  // seconds
+};
+
+struct PlanCost {
+  MemoryBreakdown memory;  // of the stage that needs the most
+  int memory_stage = 0;
+  TimeBreakdown time;
+  int time_stage = 0;  // the slowest stage, which paces the pipeline
+  int num_micro_batches = 0;
+  double flops_per_step = 0;             // hardware FLOPs (with recompute), Narayanan et al.
+  double model_flops_per_step = 0;       // without recompute
+  double achieved_flops_per_device = 0;  // flops_per_step / (step time * cores)
+  double mfu = 0;                        // model FLOPs / (step time * cores * peak)
+};
+
+// ---- the formulas, exposed for tests and docs ------------------------------------
+
+// FLOPs of one training step for `batch` sequences of `seq` tokens.
+double step_flops(const ModelConfig& m, double batch, int seq, Recompute r);
+// Forward FLOPs of one layer for `batch` sequences (matmuls + attention scores).
+double layer_forward_flops(const ModelConfig& m, double batch, int seq);
+// Activation bytes one layer keeps for one micro-batch of b sequences, per TP rank
+// (Korthikanti et al. 2022, 16-bit; doubled for fp32).
+double layer_activation_bytes(const ModelConfig& m, int seq, int b, int tp, bool sequence_parallel, Recompute r,
+                              bool fp32 = false);
+// Bytes per parameter of weights, gradients and optimizer states.
+struct StateBytes {
+  double weights, grads, optimizer;
+};
+StateBytes state_bytes_per_param(bool fp32, bool zero1, int dp);
+// Micro-batches (interleaved: model chunks) that stage `stage` holds in flight
+// under Megatron's 1F1B schedules.
+int in_flight(int stage, int pp, int virtual_stages, int num_micro_batches);
+// Layers per stage: even, or balanced so that the last stage's LM head counts
+// as `head_layers` extra layers and any extra layer goes to later stages.
+std::vector<int> partition_layers(int layers, int pp, bool balanced, double head_layers);
+
+// The networks the three groups see (from Placement::group_model).
+struct GroupNets {
+  NetModel tp, pp, dp;
+};
+
+class CostModel {
+ public:
+  CostModel(const ModelConfig& model, const DeviceSpec& device, const TrainingConfig& train);
+
+  PlanCost evaluate(const PlanChoice& c, const GroupNets& nets) const;
+  // Usable bytes per core (HBM times memory_fraction).
+  double memory_capacity() const;
+  // The LM head's forward cost in layer equivalents (for partition_layers).
+  double head_layers() const;
+
+  const ModelConfig& model() const { return model_; }
+  const TrainingConfig& train() const { return train_; }
+
+ private:
+  ModelConfig model_;
+  DeviceSpec device_;
+  TrainingConfig train_;
+};
+
+}  // namespace tessera::parallel

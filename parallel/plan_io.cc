@@ -1,0 +1,175 @@
+#include "parallel/plan_io.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace tessera::parallel {
+
+namespace {
+void set_hops(tessera::plan::HopStats* out, const HopStats& h) {
+  out->set_max_hops(h.max_hops);
+  out->set_mean_hops(h.mean_hops);
+  out->set_one_hop_fraction(h.one_hop_fraction);
+}
+uint64_t u64(double bytes) { return static_cast<uint64_t>(bytes + 0.5); }
+}  // namespace
+
+tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& topo, const PlannerOptions& opts,
+                                    const RankedPlan& p, bool with_placement) {
+  const PlanChoice& c = p.choice;
+  const PlanCost& k = p.cost;
+  tessera::plan::Plan out;
+  out.set_model(model.name);
+  out.set_topology(topo.name());
+  out.set_cores(topo.num_cores());
+  out.set_global_batch(opts.train.global_batch);
+  out.set_seq(opts.train.seq);
+  out.set_precision(opts.train.fp32 ? "fp32" : "bf16");
+  out.set_tp(c.tp);
+  out.set_pp(c.pp);
+  out.set_dp(c.dp);
+  out.set_micro_batch(c.micro_batch);
+  out.set_num_micro_batches(k.num_micro_batches);
+  out.set_virtual_stages(c.virtual_stages);
+  out.set_zero1(c.zero1);
+  out.set_sequence_parallel(c.sequence_parallel);
+  out.set_recompute(recompute_name(c.recompute));
+  out.set_schedule(c.pp == 1 ? "none" : (c.virtual_stages > 1 ? "interleaved-1f1b" : "1f1b"));
+  out.set_rank_order(mesh_order_name(opts.order));
+  for (int l : c.stage_layers) out.add_stages(l);
+
+  auto* m = out.mutable_memory_bytes_per_rank();
+  m->set_params(u64(k.memory.params));
+  m->set_grads(u64(k.memory.grads));
+  m->set_optimizer(u64(k.memory.optimizer));
+  m->set_activations(u64(k.memory.activations));
+  m->set_total(u64(k.memory.total));
+  out.set_memory_capacity_bytes(u64(static_cast<double>(topo.device().hbm_bytes) * opts.train.memory_fraction));
+  auto* t = out.mutable_step_time_s();
+  t->set_compute(k.time.compute);
+  t->set_tp_comm(k.time.tp_comm);
+  t->set_pp_comm(k.time.pp_comm);
+  t->set_bubble(k.time.bubble);
+  t->set_dp_comm(k.time.dp_comm);
+  t->set_total(k.time.total);
+  out.set_flops_per_step(k.flops_per_step);
+  out.set_achieved_flops_per_device(k.achieved_flops_per_device);
+  out.set_mfu(k.mfu);
+
+  for (const auto& d : topo.dims()) out.add_topology_dims(d.name);
+  Mesh mesh(c.tp, c.pp, c.dp, opts.order);
+  Placement pl(topo, mesh);
+  PlacementSummary s = summarize_placement(pl);
+  set_hops(out.mutable_tp_hops(), s.tp);
+  set_hops(out.mutable_pp_hops(), s.pp);
+  set_hops(out.mutable_dp_hops(), s.dp);
+  if (with_placement) {
+    out.mutable_placement()->Reserve(mesh.world_size());
+    for (int r = 0; r < mesh.world_size(); ++r) {
+      auto* rp = out.add_placement();
+      MeshCoord mc = mesh.coord(r);
+      rp->set_rank(r);
+      rp->set_tp(mc.tp);
+      rp->set_dp(mc.dp);
+      rp->set_pp(mc.pp);
+      rp->set_node(pl.node(r));
+      for (int x : pl.coords(r)) rp->add_coords(x);
+    }
+  }
+  return out;
+}
+
+std::string plan_to_json(const tessera::plan::Plan& plan) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  // protobuf's printer builds a tree node per value when printing defaults,
+  // which for 65,536 ranks takes seconds and hundreds of MB. The placement is
+  // a flat list of small records, so it is printed here, one rank per line,
+  // in the same proto3 JSON form (plan_from_json reads it back exactly).
+  tessera::plan::Plan head;
+  head.CopyFrom(plan);
+  head.clear_placement();
+  std::string s;
+  auto st = google::protobuf::util::MessageToJsonString(head, &s, o);
+  if (!st.ok()) throw InternalError("cannot print plan as JSON: " + st.ToString());
+  if (plan.placement_size() == 0) return s;
+  size_t close = s.rfind('}');
+  TESSERA_CHECK(close != std::string::npos);
+  std::string p;
+  p.reserve(static_cast<size_t>(plan.placement_size()) * 80);
+  p += ",\n \"placement\": [";
+  for (int i = 0; i < plan.placement_size(); ++i) {
+    const auto& r = plan.placement(i);
+    p += i ? ",\n  " : "\n  ";
+    p += "{\"rank\": " + std::to_string(r.rank()) + ", \"tp\": " + std::to_string(r.tp()) +
+         ", \"dp\": " + std::to_string(r.dp()) + ", \"pp\": " + std::to_string(r.pp()) +
+         ", \"node\": " + std::to_string(r.node()) + ", \"coords\": [";
+    for (int k = 0; k < r.coords_size(); ++k) p += (k ? ", " : "") + std::to_string(r.coords(k));
+    p += "]}";
+  }
+  p += "\n ]\n";
+  // Drop the whitespace before the closing brace, then append.
+  size_t end = close;
+  while (end > 0 && (s[end - 1] == '\n' || s[end - 1] == ' ')) --end;
+  return s.substr(0, end) + p + "}\n";
+}
+
+tessera::plan::Plan plan_from_json(const std::string& text, const std::string& source) {
+  tessera::plan::Plan p;
+  google::protobuf::util::JsonParseOptions o;
+  o.ignore_unknown_fields = false;
+  auto st = google::protobuf::util::JsonStringToMessage(text, &p, o);
+  if (!st.ok()) throw FormatError("plan file '" + source + "': " + std::string(st.message()));
+  auto bad = [&](const std::string& what) { throw FormatError("plan file '" + source + "': " + what); };
+  if (p.tp() < 1 || p.pp() < 1 || p.dp() < 1) bad("tp, pp and dp must be positive");
+  if (p.cores() != 0 && static_cast<long>(p.tp()) * p.pp() * p.dp() != p.cores())
+    bad("tp*pp*dp = " + std::to_string(static_cast<long>(p.tp()) * p.pp() * p.dp()) +
+        " is not cores = " + std::to_string(p.cores()));
+  if (p.stages_size() != p.pp())
+    bad("'stages' has " + std::to_string(p.stages_size()) + " entries for pp = " + std::to_string(p.pp()));
+  for (int l : p.stages())
+    if (l < 1) bad("every stage needs at least one layer");
+  if (p.recompute() != "none" && p.recompute() != "selective" && p.recompute() != "full")
+    bad("recompute must be none, selective or full, not '" + p.recompute() + "'");
+  if (p.schedule() != "none" && p.schedule() != "1f1b" && p.schedule() != "interleaved-1f1b")
+    bad("schedule must be none, 1f1b or interleaved-1f1b, not '" + p.schedule() + "'");
+  if (p.micro_batch() < 1 || p.virtual_stages() < 1) bad("micro_batch and virtual_stages must be positive");
+  if (p.placement_size() != 0 && p.placement_size() != p.tp() * p.pp() * p.dp())
+    bad("'placement' lists " + std::to_string(p.placement_size()) + " ranks, not tp*pp*dp");
+  try {
+    parse_mesh_order(p.rank_order().empty() ? "tp-dp-pp" : p.rank_order());
+  } catch (const InvalidArgument& e) {
+    bad(e.what());
+  }
+  return p;
+}
+
+void write_plan_json(const std::string& path, const tessera::plan::Plan& plan) {
+  std::string s = plan_to_json(plan);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw InvalidArgument("cannot write plan file '" + path + "'");
+    out << s;
+    if (!out.flush()) throw Error("cannot write plan file '" + path + "'");
+  }
+  // Rename so a reader never sees a half-written plan.
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("cannot rename '" + tmp + "' to '" + path + "'");
+}
+
+tessera::plan::Plan read_plan_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InvalidArgument("cannot open plan file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return plan_from_json(ss.str(), path);
+}
+
+}  // namespace tessera::parallel

@@ -1,0 +1,27 @@
+// The plan as a document: the protobuf message of parallel/proto/plan.proto,
+// built from a planner result, written and read as JSON through protobuf's
+// JSON mapping (proto field names; unknown fields are rejected on reading).
+// The training and checkpoint commands read plans through read_plan_json.
+// Pure functions; no shared state.
+#pragma once
+
+#include <string>
+
+#include "parallel/planner.h"
+#include "parallel/proto/plan.pb.h"
+
+namespace tessera::parallel {
+
+// The plan document for `p`; with_placement lists every rank's coordinates.
+tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& topo, const PlannerOptions& opts,
+                                    const RankedPlan& p, bool with_placement = true);
+
+std::string plan_to_json(const tessera::plan::Plan& plan);
+// Throws FormatError naming `source` for malformed JSON, unknown fields, or a
+// plan that contradicts itself (stages not pp long, tp*pp*dp not the cores...).
+tessera::plan::Plan plan_from_json(const std::string& text, const std::string& source);
+
+void write_plan_json(const std::string& path, const tessera::plan::Plan& plan);
+tessera::plan::Plan read_plan_json(const std::string& path);
+
+}  // namespace tessera::parallel

@@ -1,0 +1,203 @@
+#include "parallel/planner.h"
+
+#include <gtest/gtest.h>
+
+#include "parallel/plan_io.h"
+#include "runtime/error.h"
+
+namespace tessera::parallel {
+namespace {
+
+PlannerOptions opts(int64_t batch, int seq, int top = 100000) {
+  PlannerOptions o;
+  o.train.global_batch = batch;
+  o.train.seq = seq;
+  o.top_k = top;
+  return o;
+}
+
+TEST(Planner, NoPlanExceedsMemoryAndRankedByTime) {
+  struct Case {
+    const char* model;
+    const char* topo;
+    int64_t batch;
+    int seq;
+  };
+  for (const Case& c :
+       {Case{"gpt3-13b", "trn1-cluster:4", 256, 2048}, Case{"llama2-70b", "trn2-ultraserver", 512, 4096},
+        Case{"gpt3-6.7b", "dgx-a100:2", 64, 2048}, Case{"gpt2-1.5b", "trn1.32xlarge", 64, 1024}}) {
+    ModelConfig m = ModelConfig::preset(c.model);
+    Topology t = Topology::preset(c.topo);
+    PlannerResult r = plan(m, t, opts(c.batch, c.seq));
+    ASSERT_FALSE(r.top.empty()) << c.model;
+    EXPECT_EQ(static_cast<long>(r.top.size()), r.evaluated - r.over_memory) << c.model;
+    EXPECT_GT(r.over_memory, 0) << c.model;  // the search met the memory wall
+    for (size_t i = 0; i < r.top.size(); ++i) {
+      const auto& p = r.top[i];
+      EXPECT_LE(p.cost.memory.total, r.capacity_bytes) << c.model;
+      EXPECT_EQ(p.choice.tp * p.choice.pp * p.choice.dp, t.num_cores());
+      EXPECT_EQ(m.heads % p.choice.tp, 0);
+      int layers = 0;
+      for (int l : p.choice.stage_layers) layers += l;
+      EXPECT_EQ(layers, m.layers);
+      EXPECT_EQ(c.batch % (static_cast<int64_t>(p.choice.dp) * p.choice.micro_batch), 0);
+      if (i) {
+        EXPECT_LE(r.top[i - 1].cost.time.total, p.cost.time.total);
+      }
+    }
+  }
+}
+
+TEST(Planner, SearchesEveryOption) {
+  PlannerResult r = plan(ModelConfig::preset("gpt3-1.3b"), Topology::preset("trn1.32xlarge"), opts(64, 2048));
+  bool v = false, z = false, sp = false, sel = false, full = false, none = false, bal = false;
+  for (const auto& p : r.top) {
+    v |= p.choice.virtual_stages > 1;
+    z |= p.choice.zero1;
+    sp |= p.choice.sequence_parallel;
+    sel |= p.choice.recompute == Recompute::Selective;
+    full |= p.choice.recompute == Recompute::Full;
+    none |= p.choice.recompute == Recompute::None;
+    bal |= p.choice.balanced;
+  }
+  EXPECT_TRUE(v && z && sp && sel && full && none && bal);
+}
+
+TEST(Planner, PinsRespected) {
+  ModelConfig m = ModelConfig::preset("gpt3-13b");
+  Topology t = Topology::preset("trn1-cluster:4");
+  PlannerOptions o = opts(256, 2048);
+  o.pins.tp = 8;
+  o.pins.micro_batch = 1;
+  o.pins.recompute = Recompute::Full;
+  o.pins.sequence_parallel = false;
+  o.pins.zero1 = true;
+  PlannerResult r = plan(m, t, o);
+  ASSERT_FALSE(r.top.empty());
+  for (const auto& p : r.top) {
+    EXPECT_EQ(p.choice.tp, 8);
+    EXPECT_EQ(p.choice.micro_batch, 1);
+    EXPECT_EQ(p.choice.recompute, Recompute::Full);
+    EXPECT_FALSE(p.choice.sequence_parallel);
+    EXPECT_TRUE(p.choice.zero1);
+  }
+  PlannerOptions o2 = opts(256, 2048);
+  o2.pins.pp = 4;
+  o2.pins.virtual_stages = 2;
+  o2.pins.dp = 8;
+  for (const auto& p : plan(m, t, o2).top) {
+    EXPECT_EQ(p.choice.pp, 4);
+    EXPECT_EQ(p.choice.dp, 8);
+    EXPECT_EQ(p.choice.tp, 4);
+    EXPECT_EQ(p.choice.virtual_stages, 2);
+  }
+}
+
+TEST(Planner, BadPinsAreClearErrors) {
+  ModelConfig m = ModelConfig::preset("gpt2-124m");  // 12 heads
+  Topology t = Topology::preset("trn1.32xlarge");    // 32 cores
+  auto expect_msg = [&](PlannerOptions o, const std::string& needle) {
+    try {
+      plan(m, t, o);
+      ADD_FAILURE() << "no error, expected " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  PlannerOptions o = opts(32, 1024);
+  o.pins.tp = 8;  // 8 does not divide 12 heads
+  expect_msg(o, "does not divide the 12 attention heads");
+  o = opts(32, 1024);
+  o.pins.tp = 4;
+  o.pins.pp = 2;
+  o.pins.dp = 2;
+  expect_msg(o, "is not the 32 cores");
+  o = opts(32, 1024);
+  o.pins.dp = 3;
+  expect_msg(o, "does not divide the 32 cores");
+  o = opts(32, 1024);
+  o.pins.pp = 13;
+  expect_msg(o, "must be in 1..12");
+  o = opts(33,
+           1024);  // no dp in 1..32 that is a power of two divides 33 except 1, with tp*pp = 32 impossible for tp|12
+  o.pins.tp = 2;
+  o.pins.pp = 2;
+  expect_msg(o, "global batch");
+}
+
+TEST(Planner, NothingFitsIsAnError) {
+  // 175B on one trn1 instance cannot fit.
+  EXPECT_THROW(plan(ModelConfig::preset("gpt3-175b"), Topology::preset("trn1.32xlarge"), opts(32, 2048)), Error);
+}
+
+TEST(Planner, LargeTorus) {
+  PlannerResult r =
+      plan(ModelConfig::preset("gpt3-175b"), Topology::preset("torus4d:16x16x16x16"), opts(1536, 2048, 5));
+  ASSERT_EQ(r.top.size(), 5u);
+  EXPECT_GT(r.evaluated, 1000);
+  EXPECT_FALSE(r.why.empty());
+}
+
+TEST(PlanIo, RoundTripAndRejects) {
+  ModelConfig m = ModelConfig::preset("gpt2-355m");
+  Topology t = Topology::preset("trn1.32xlarge");
+  PlannerOptions o = opts(32, 1024, 1);
+  PlannerResult r = plan(m, t, o);
+  tessera::plan::Plan p = make_plan_proto(m, t, o, r.top[0]);
+  EXPECT_EQ(p.tp() * p.pp() * p.dp(), 32);
+  EXPECT_EQ(p.placement_size(), 32);
+  EXPECT_EQ(p.stages_size(), p.pp());
+  std::string json = plan_to_json(p);
+  for (const char* field : {"\"tp\"", "\"micro_batch\"", "\"num_micro_batches\"", "\"virtual_stages\"", "\"zero1\"",
+                            "\"sequence_parallel\"", "\"recompute\"", "\"schedule\"", "\"memory_bytes_per_rank\"",
+                            "\"activations\"", "\"step_time_s\"", "\"bubble\"", "\"dp_comm\"", "\"flops_per_step\"",
+                            "\"achieved_flops_per_device\"", "\"stages\"", "\"placement\""})
+    EXPECT_NE(json.find(field), std::string::npos) << field;
+  tessera::plan::Plan back = plan_from_json(json, "p.json");
+  EXPECT_EQ(back.SerializeAsString(), p.SerializeAsString());
+
+  auto expect_bad = [](const std::string& text, const std::string& needle) {
+    try {
+      plan_from_json(text, "p.json");
+      ADD_FAILURE() << text;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("p.json"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  std::string extra = json;
+  extra.insert(1, "\"colour\": 1,");
+  expect_bad(extra, "colour");
+  expect_bad("{\"tp\": ", "p.json");
+  expect_bad(R"({"tp": 2, "pp": 2, "dp": 1, "stages": [3], "micro_batch": 1, "virtual_stages": 1,
+                 "recompute": "none", "schedule": "1f1b"})",
+             "'stages' has 1 entries");
+  expect_bad(R"({"tp": 1, "pp": 1, "dp": 1, "stages": [3], "micro_batch": 1, "virtual_stages": 1,
+                 "recompute": "most", "schedule": "none"})",
+             "recompute");
+}
+
+}  // namespace
+}  // namespace tessera::parallel
+
+namespace tessera::parallel {
+namespace {
+
+TEST(PlanIo, FileRoundTrip) {
+  ModelConfig m = ModelConfig::preset("gpt2-124m");
+  Topology t = Topology::preset("trn1.32xlarge");
+  PlannerOptions o;
+  o.train.global_batch = 32;
+  o.train.seq = 1024;
+  o.top_k = 1;
+  tessera::plan::Plan p = make_plan_proto(m, t, o, plan(m, t, o).top[0]);
+  std::string path = ::testing::TempDir() + "/tessera_plan_test.json";
+  write_plan_json(path, p);
+  tessera::plan::Plan back = read_plan_json(path);
+  EXPECT_EQ(back.SerializeAsString(), p.SerializeAsString());
+  EXPECT_THROW(read_plan_json(path + ".missing"), InvalidArgument);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace tessera::parallel
