@@ -15,10 +15,6 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 
-#ifndef TESSERA_WITH_COMMUNICATOR
-#define TESSERA_WITH_COMMUNICATOR 0
-#endif
-
 namespace tessera::launcher {
 
 namespace pb = tessera::launcher::proto;
@@ -247,14 +243,10 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   }
 
   if (opt.create_communicator) {
-#if TESSERA_WITH_COMMUNICATOR
     auto comm_store = std::make_shared<coll::PrefixStore>(ctx.store, "tessera/comm/world/");
     ctx.world_comm = coll::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, opt.comm);
     std::lock_guard<std::mutex> l(r.mu);
     r.comm = ctx.world_comm;
-#else
-    throw Error("this build has no Communicator implementation yet; use WorkerOptions::create_communicator = false");
-#endif
   }
   spdlog::debug("joined as rank {} of {} ({})", ctx.world.rank, ctx.world.size, bootstrap_mode_name(ctx.mode));
   return ctx;

@@ -10,6 +10,7 @@
 //   --term-dir DIR                  on SIGTERM write DIR/<rank>.term and exit 143
 //   --print-env                     print the launcher's variables
 //   --comm                          build the world communicator and all-reduce the ranks
+//   --loop-seconds S                with --comm: all-reduce in a loop for S seconds (after injections)
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -52,7 +53,7 @@ void sleep_seconds(double s) {
 int main(int argc, char** argv) {
   CLI::App app{"tessera launcher test program"};
   int exit_code = 0, fail_rank = -1, fail_round = 1 << 30, throw_rank = -1, stop_rank = -1;
-  double sleep_s = 0;
+  double sleep_s = 0, loop_s = 0;
   std::string pid_dir, term_dir;
   bool print_env = false, comm = false;
   app.add_option("--exit-code", exit_code);
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--term-dir", term_dir);
   app.add_flag("--print-env", print_env);
   app.add_flag("--comm", comm);
+  app.add_option("--loop-seconds", loop_s);
   CLI11_PARSE(app, argc, argv);
 
   tessera::launcher::WorkerOptions opts;
@@ -113,6 +115,14 @@ int main(int argc, char** argv) {
     if (inject && exit_code != 0 && (fail_rank < 0 || fail_rank == rank)) {
       std::fprintf(stderr, "rank %d exiting with code %d as asked\n", rank, exit_code);
       return exit_code;
+    }
+    if (comm && ctx.world_comm && loop_s > 0) {
+      auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(loop_s);
+      while (std::chrono::steady_clock::now() < end) {
+        int64_t v = rank, sum = 0;
+        ctx.world_comm->all_reduce(&v, &sum, 1, tessera::DType::I64, tessera::coll::ReduceOp::Sum);
+        if (sum != int64_t(size) * (size - 1) / 2) throw tessera::Error("all_reduce: wrong sum");
+      }
     }
     if (sleep_s > 0) sleep_seconds(sleep_s);
     return 0;

@@ -58,7 +58,8 @@ class RunWorld : public ::testing::TestWithParam<int> {};
 TEST_P(RunWorld, EveryRankGetsItsEnvironmentAndPassesTheBarrier) {
   const int n = GetParam();
   TempDir d;
-  Subprocess p(run_cmd({"--nproc-per-node", std::to_string(n), "--log-dir", d.path + "/logs"}, {"--print-env"}),
+  Subprocess p(run_cmd({"--nproc-per-node", std::to_string(n), "--log-dir", d.path + "/logs"},
+                       {"--print-env", "--comm"}),
                d.path);
   ASSERT_EQ(p.wait(60s), 0) << p.err();
   const std::string out = p.out();
@@ -133,8 +134,9 @@ TEST(Run, KilledWorkerReportsTheSignal) {
 
 TEST(Run, StoppedWorkerTriggersTheHeartbeatAbort) {
   TempDir d;
+  // The others are blocked in all-reduces waiting for the stopped rank.
   Subprocess p(run_cmd({"--nproc-per-node", "3", "--heartbeat-timeout", "1"},
-                       {"--stop-rank", "1", "--sleep", "60", "--pid-dir", d.path}),
+                       {"--comm", "--loop-seconds", "60", "--stop-rank", "1", "--pid-dir", d.path}),
                d.path);
   ASSERT_EQ(p.wait(30s), 1) << p.err();
   // 1 s timeout + detection + stop: well within timeout + 5 s.
@@ -213,7 +215,7 @@ TEST(Mpirun, BootstrapsWithoutTesseraRun) {
   TempDir d;
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  Subprocess p({"mpirun", "--oversubscribe", "-np", "4", kHello, "--pid-dir", d.path}, d.path);
+  Subprocess p({"mpirun", "--oversubscribe", "-np", "4", kHello, "--comm", "--pid-dir", d.path}, d.path);
   ASSERT_EQ(p.wait(60s), 0) << p.err();
   for (int r = 0; r < 4; ++r)
     EXPECT_EQ(count(p.out(), "rank " + std::to_string(r) + " of 4 ok"), 1) << p.out() << p.err();
