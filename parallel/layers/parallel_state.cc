@@ -2,17 +2,17 @@
 
 #include <algorithm>
 
+#include "parallel/mesh.h"
 #include "runtime/error.h"
 
 namespace tessera::par {
 
-MeshCoord mesh_coord(int global_rank, int tp_size, int dp_size) {
-  TESSERA_CHECK(tp_size > 0 && dp_size > 0 && global_rank >= 0 && global_rank < tp_size * dp_size, "rank ",
-                global_rank, " tp ", tp_size, " dp ", dp_size);
-  return {global_rank % tp_size, global_rank / tp_size};
+int ParallelState::global_rank() const {
+  parallel::MeshCoord c;
+  c.tp = tp_rank;
+  c.dp = dp_rank;
+  return parallel::Mesh(tp_size, 1, dp_size).rank(c);
 }
-
-int mesh_global_rank(const MeshCoord& c, int tp_size, int /*dp_size*/) { return c.tp_rank + c.dp_rank * tp_size; }
 
 void ParallelState::tp_all_reduce(float* buf, int64_t n) const {
   if (tp_size == 1 || n == 0) return;
@@ -57,13 +57,18 @@ ParallelState make_parallel_state(std::shared_ptr<coll::Communicator> world, int
   s.world = world;
   s.tp_size = tp;
   s.dp_size = dp;
-  MeshCoord c = mesh_coord(world->rank(), tp, dp);
-  s.tp_rank = c.tp_rank;
-  s.dp_rank = c.dp_rank;
+  const parallel::Mesh mesh(tp, 1, dp);
+  const parallel::MeshCoord c = mesh.coord(world->rank());
+  s.tp_rank = c.tp;
+  s.dp_rank = c.dp;
   s.sequence_parallel = sequence_parallel;
-  // split() is collective over world: every rank makes both calls in this order.
-  auto tp_comm = world->split(c.dp_rank, c.tp_rank, "tp" + std::to_string(c.dp_rank));
-  auto dp_comm = world->split(c.tp_rank, c.dp_rank, "dp" + std::to_string(c.tp_rank));
+  // One communicator per group, colored by the group's lowest world rank and
+  // ordered by the mesh's group order. split() is collective over world:
+  // every rank makes both calls in this order.
+  const std::vector<int> tp_group = mesh.tp_group(world->rank()), dp_group = mesh.dp_group(world->rank());
+  TESSERA_CHECK(tp_group[c.tp] == world->rank() && dp_group[c.dp] == world->rank(), "mesh group order");
+  auto tp_comm = world->split(tp_group.front(), c.tp, "tp" + std::to_string(c.dp));
+  auto dp_comm = world->split(dp_group.front(), c.dp, "dp" + std::to_string(c.tp));
   if (tp > 1) s.tp = tp_comm;
   if (dp > 1) s.dp = dp_comm;
   return s;

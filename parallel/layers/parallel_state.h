@@ -21,15 +21,6 @@ class Device;
 
 namespace tessera::par {
 
-struct MeshCoord {
-  int tp_rank = 0;
-  int dp_rank = 0;
-};
-
-// The one place the layout formula lives (until parallel/mesh lands).
-MeshCoord mesh_coord(int global_rank, int tp_size, int dp_size);
-int mesh_global_rank(const MeshCoord& c, int tp_size, int dp_size);
-
 struct ParallelState {
   Device* device = nullptr;
   int tp_size = 1, tp_rank = 0;
@@ -41,7 +32,7 @@ struct ParallelState {
   std::shared_ptr<coll::Communicator> world, tp, dp;  // tp/dp null when of size 1
 
   bool sp() const { return sequence_parallel && tp_size > 1; }
-  int global_rank() const { return mesh_global_rank({tp_rank, dp_rank}, tp_size, dp_size); }
+  int global_rank() const;  // through parallel/mesh.h (TP fastest, then DP)
 
   // ---- TP collectives on fp32 buffers (no-ops for tp_size == 1) ----
   void tp_all_reduce(float* buf, int64_t n) const;
@@ -55,8 +46,9 @@ struct ParallelState {
 // A single-process state (tp = dp = 1).
 ParallelState serial_state(Device* device);
 
-// Builds the TP and DP groups from the world communicator (collective over
-// world; world->size() must equal tp * dp). Throws InvalidArgument otherwise.
+// Builds the TP and DP groups of parallel::Mesh(tp, pp = 1, dp) from the
+// world communicator (collective over world; world->size() must equal
+// tp * dp). Throws InvalidArgument otherwise.
 ParallelState make_parallel_state(std::shared_ptr<coll::Communicator> world, int tp, int dp, Device* device,
                                   bool sequence_parallel);
 
