@@ -168,7 +168,8 @@ StepStats DistributedOptimizer::step(int64_t step) {
 
   if (shard) {
     // Every rank updated its slice of each bucket; gather the slices back.
-    std::vector<std::shared_ptr<coll::Work>> works;
+    auto& works = gather_works_;
+    works.clear();
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Bucket& bk = buckets_[b];
       const int64_t ss = shard_size(bk);
@@ -177,6 +178,7 @@ StepStats DistributedOptimizer::step(int64_t step) {
       works.push_back(ps_.dp->all_gather_async(sv, values() + bk.offset, static_cast<size_t>(ss), DType::F32));
     }
     for (auto& w : works) w->wait();
+    works.clear();
   }
   return st;
 }

@@ -104,6 +104,7 @@ class DistributedOptimizer {
   Tensor m_, v_;
   std::vector<Segment> segments_;  // what this rank updates, offsets into its m_/v_ space
   std::vector<int64_t> segment_src_;  // offsets of those segments in the flat buffers
+  std::vector<std::shared_ptr<coll::Work>> gather_works_;  // reused across steps
 };
 
 }  // namespace tessera::optim

@@ -228,6 +228,25 @@ TEST(ParallelTraining, SerialRunLearns) {
   EXPECT_LT(s.losses[2], s.losses[0]);
 }
 
+// Activation and gradient buffers are allocated in the first step and reused:
+// later steps make no Device allocation at all.
+TEST(ParallelTraining, SteadyStateStepsAllocateNothingOnDevice) {
+  Device dev(DeviceSpec::preset("test-core"));
+  auto ps = par::serial_state(&dev);
+  gpt::TrainOptions o = tiny_options();
+  o.micro_batch = 2;
+  gpt::Trainer t(o, ps, dataset());
+  t.init_random();
+  t.step();
+  const auto before = dev.memory_stats();
+  t.step();
+  t.step();
+  const auto after = dev.memory_stats();
+  EXPECT_EQ(after.num_allocs, before.num_allocs);
+  EXPECT_EQ(after.in_use, before.in_use);
+  EXPECT_EQ(after.peak, before.peak);
+}
+
 // ZeRO-1 is plain DP with the AdamW states sharded: same numbers, 1/dp of the state.
 TEST(ParallelTraining, ZeroOneEqualsPlainDp) {
   RunResult plain = run({2, 4, false, false});
