@@ -10,6 +10,8 @@
 #include <map>
 #include <sys/mman.h>
 
+#include <filesystem>
+
 #include "examples/gpt/trainer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
@@ -21,6 +23,8 @@ namespace {
 struct Layout {
   int tp, dp;
   bool zero1, sp;
+  int64_t vocab = 256;
+  std::string export_path = "";  // rank 0 exports the trained model there
 };
 
 struct RunResult {
@@ -29,9 +33,9 @@ struct RunResult {
   std::map<std::string, std::vector<double>> params;  // full tensors
 };
 
-gpt::TrainOptions tiny_options() {
+gpt::TrainOptions tiny_options(int64_t vocab = 256) {
   gpt::TrainOptions o;
-  o.model.vocab = 256;
+  o.model.vocab = vocab;
   o.model.seq = 16;
   o.model.hidden = 32;
   o.model.heads = 8;
@@ -52,7 +56,7 @@ std::shared_ptr<const data::ByteDataset> dataset() {
   return ds;
 }
 
-const RunResult& serial();
+const RunResult& serial(int64_t vocab = 256);
 
 // Results come back through a shared anonymous mapping made before fork:
 // losses and grad norms (rank 0), then every parameter's full tensor, each
@@ -80,10 +84,10 @@ class SharedResults {
   size_t bytes_ = 0;
 };
 
-RunResult run_serial() {
+RunResult run_serial(int64_t vocab) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = par::serial_state(&dev);
-  gpt::Trainer t(tiny_options(), ps, dataset());
+  gpt::Trainer t(tiny_options(vocab), ps, dataset());
   t.init_random();
   RunResult r;
   for (int s = 0; s < 3; ++s) {
@@ -103,7 +107,7 @@ RunResult run_serial() {
 RunResult run(const Layout& l) {
   kern::default_blas_threads();
   std::vector<std::pair<std::string, int64_t>> sizes;
-  for (const auto& [name, v] : serial().params) sizes.emplace_back(name, static_cast<int64_t>(v.size()));
+  for (const auto& [name, v] : serial(l.vocab).params) sizes.emplace_back(name, static_cast<int64_t>(v.size()));
   SharedResults shared(sizes);
   auto res = coll::test::run_ranks(l.tp * l.dp, [&](int rank, int size, std::shared_ptr<coll::Store> store) {
     Device dev(DeviceSpec::preset("test-core"), rank);
@@ -111,7 +115,7 @@ RunResult run(const Layout& l) {
     co.device = &dev;
     auto world = coll::Communicator::create(store, rank, size, co);
     par::ParallelState ps = par::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
-    gpt::TrainOptions o = tiny_options();
+    gpt::TrainOptions o = tiny_options(l.vocab);
     o.tp = l.tp;
     o.dp = l.dp;
     o.sequence_parallel = l.sp;
@@ -125,6 +129,7 @@ RunResult run(const Layout& l) {
         shared.head()[3 + s] = r.grad_norm;
       }
     }
+    if (!l.export_path.empty()) t.export_hf(l.export_path);
     if (rank == 0) shared.head()[6] = static_cast<double>(t.optimizer().optimizer_state_bytes());
     if (ps.dp_rank == 0) {
       for (par::Parameter* p : t.model().parameters()) {
@@ -152,9 +157,11 @@ RunResult run(const Layout& l) {
   return r;
 }
 
-const RunResult& serial() {
-  static RunResult r = run_serial();
-  return r;
+const RunResult& serial(int64_t vocab) {
+  static std::map<int64_t, RunResult> cache;
+  auto it = cache.find(vocab);
+  if (it == cache.end()) it = cache.emplace(vocab, run_serial(vocab)).first;
+  return it->second;
 }
 
 void expect_same(const RunResult& got, const RunResult& want, const std::string& what) {
@@ -245,6 +252,33 @@ TEST(ParallelTraining, SteadyStateStepsAllocateNothingOnDevice) {
   EXPECT_EQ(after.num_allocs, before.num_allocs);
   EXPECT_EQ(after.in_use, before.in_use);
   EXPECT_EQ(after.peak, before.peak);
+}
+
+// A vocabulary that does not divide over TP (257 over 4: shards of 65, the
+// last padded) trains exactly like the serial model.
+TEST(ParallelTraining, UnevenVocabMatchesSerial) {
+  Layout l{4, 2, true, true};
+  l.vocab = 257;
+  expect_same(run(l), serial(257), "tp4 dp2 zero1 sp vocab 257");
+}
+
+// --export from a TP=2 run writes the full Hugging Face layout; --init of
+// that file into a serial model reproduces every weight bit for bit.
+TEST(ParallelTraining, ExportFromTpLoadsIntoSerial) {
+  std::string dir = coll::test::make_temp_dir();
+  Layout l{2, 2, false, false};
+  l.export_path = dir + "/model.safetensors";
+  RunResult r = run(l);
+  Device dev(DeviceSpec::preset("test-core"));
+  auto ps = par::serial_state(&dev);
+  gpt::Trainer t(tiny_options(), ps, dataset());
+  t.load_hf(l.export_path);
+  for (par::Parameter* p : t.model().parameters()) {
+    const auto& want = r.params.at(p->name);
+    ASSERT_EQ(static_cast<int64_t>(want.size()), p->numel()) << p->name;
+    for (int64_t i = 0; i < p->numel(); ++i) ASSERT_EQ(p->value[i], static_cast<float>(want[i])) << p->name << " " << i;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // ZeRO-1 is plain DP with the AdamW states sharded: same numbers, 1/dp of the state.
