@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 
 #include "runtime/device.h"
 
@@ -92,8 +92,7 @@ void broadcast_rows(Device* dev, const float* bias, float* out, int64_t rows, in
   charge(dev, 0, kF * (double(rows) * cols + cols));
 }
 
-void add_rows(Device* dev, const float* a, const float* b, const float* bias, float* out, int64_t rows,
-              int64_t cols) {
+void add_rows(Device* dev, const float* a, const float* b, const float* bias, float* out, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* ar = a + r * cols;
     const float* br = b ? b + r * cols : nullptr;

@@ -60,8 +60,7 @@ struct GptModel::Block {
   par::ColumnParallelLinear fc;
   par::RowParallelLinear mproj;
   // Saved activations: x_in [Nl, C] is the block's input (the residual stream).
-  Tensor x_in, ln1_out, ln1_mean, ln1_rstd, qkv_out, probs, attn_y, x_mid, ln2_out, ln2_mean, ln2_rstd, fc_pre,
-      fc_act;
+  Tensor x_in, ln1_out, ln1_mean, ln1_rstd, qkv_out, probs, attn_y, x_mid, ln2_out, ln2_mean, ln2_rstd, fc_pre, fc_act;
 };
 
 GptModel::GptModel(const GptConfig& cfg, const par::ParallelState& ps) : cfg_(cfg), ps_(ps) {
@@ -152,11 +151,11 @@ void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
       float* dq = dqkv + off;
       float* dk = dq + cl;
       float* dv = dq + 2 * cl;
-      kern::gemm(dev, false, true, seq, seq, hd, 1.f, dyh, cl, v, ld, 0.f, dp, seq);   // dP = dY V^T
-      kern::gemm(dev, true, false, seq, hd, seq, 1.f, p, seq, dyh, cl, 0.f, dv, ld);   // dV = P^T dY
-      kern::causal_softmax_backward(p, dp, seq, seq, scale);                           // dS
-      kern::gemm(dev, false, false, seq, hd, seq, 1.f, dp, seq, k, ld, 0.f, dq, ld);   // dQ = dS K
-      kern::gemm(dev, true, false, seq, hd, seq, 1.f, dp, seq, q, ld, 0.f, dk, ld);    // dK = dS^T Q
+      kern::gemm(dev, false, true, seq, seq, hd, 1.f, dyh, cl, v, ld, 0.f, dp, seq);  // dP = dY V^T
+      kern::gemm(dev, true, false, seq, hd, seq, 1.f, p, seq, dyh, cl, 0.f, dv, ld);  // dV = P^T dY
+      kern::causal_softmax_backward(p, dp, seq, seq, scale);                          // dS
+      kern::gemm(dev, false, false, seq, hd, seq, 1.f, dp, seq, k, ld, 0.f, dq, ld);  // dQ = dS K
+      kern::gemm(dev, true, false, seq, hd, seq, 1.f, dp, seq, q, ld, 0.f, dk, ld);   // dK = dS^T Q
     }
   }
   kern::charge(dev, 4.0 * batch * hl * seq * seq, 12.0 * batch * hl * seq * seq);

@@ -3,14 +3,13 @@
 // or `mpirun -np N train_gpt`; the world size must equal tp x dp.
 // docs/training.md describes the flags and the output.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -65,8 +64,7 @@ void apply_init_config(Flags& f, const CLI::App& app) {
   ckpt::Gpt2Config c = ckpt::infer_gpt2_config(*src, heads_hint);
   ckpt::check_gpt2(*src, c);
   auto agree = [&](const char* flag, int64_t given, int64_t file) {
-    TESSERA_ARG_CHECK(!app.count(flag) || given == file, flag, " ", given, " does not match ", f.init, " (", file,
-                      ")");
+    TESSERA_ARG_CHECK(!app.count(flag) || given == file, flag, " ", given, " does not match ", f.init, " (", file, ")");
   };
   agree("--vocab", f.t.model.vocab, c.vocab);
   agree("--hidden", f.t.model.hidden, c.hidden);
@@ -195,8 +193,7 @@ int main(int argc, char** argv) {
   app.add_option("--heads", f.t.model.heads, "attention heads")->check(CLI::PositiveNumber);
   app.add_option("--seq", f.t.seq, "sequence length (also the context, without --init)")->check(CLI::PositiveNumber);
   app.add_option("--vocab", f.t.model.vocab, "vocabulary (>= 256: byte tokens)")->check(CLI::PositiveNumber);
-  app.add_option("--micro-batch", f.t.micro_batch, "sequences per micro-batch per DP rank")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--micro-batch", f.t.micro_batch, "sequences per micro-batch per DP rank")->check(CLI::PositiveNumber);
   app.add_option("--global-batch", f.t.global_batch, "sequences per step (default micro-batch x dp)")
       ->check(CLI::PositiveNumber);
   app.add_option("--steps", f.t.steps, "optimizer steps")->check(CLI::NonNegativeNumber);

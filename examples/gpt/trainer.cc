@@ -22,8 +22,8 @@ void TrainOptions::normalize() {
   if (global_batch <= 0) global_batch = micro_batch * dp;
   TESSERA_ARG_CHECK(global_batch % (micro_batch * dp) == 0, "--global-batch ", global_batch,
                     " must be a multiple of --micro-batch x --dp = ", micro_batch * dp);
-  TESSERA_ARG_CHECK(!sequence_parallel || (micro_batch * seq) % tp == 0, "sequence parallelism needs micro-batch x seq (",
-                    micro_batch * seq, ") divisible by --tp ", tp);
+  TESSERA_ARG_CHECK(!sequence_parallel || (micro_batch * seq) % tp == 0,
+                    "sequence parallelism needs micro-batch x seq (", micro_batch * seq, ") divisible by --tp ", tp);
   TESSERA_ARG_CHECK(steps >= 0, "--steps must be >= 0");
   TESSERA_ARG_CHECK(lr > 0 && std::isfinite(lr), "--lr must be > 0");
   if (min_lr < 0) min_lr = lr / 10;

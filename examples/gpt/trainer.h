@@ -24,14 +24,14 @@
 namespace tessera::gpt {
 
 struct TrainOptions {
-  GptConfig model;            // model.seq is the context (wpe rows)
-  int64_t seq = 256;          // training sequence length (<= model.seq)
+  GptConfig model;    // model.seq is the context (wpe rows)
+  int64_t seq = 256;  // training sequence length (<= model.seq)
   int tp = 1, dp = 1;
   bool sequence_parallel = false;
   int64_t micro_batch = 8;
-  int64_t global_batch = 0;   // 0: micro_batch * dp
+  int64_t global_batch = 0;  // 0: micro_batch * dp
   int64_t steps = 10;
-  optim::AdamWConfig adamw;   // lr schedule filled from the fields below by normalize()
+  optim::AdamWConfig adamw;       // lr schedule filled from the fields below by normalize()
   double lr = 6e-4, min_lr = -1;  // min_lr < 0: lr / 10
   int64_t warmup = -1;            // < 0: min(steps / 10, 100)
   uint64_t seed = 1234;

@@ -10,8 +10,8 @@ namespace tessera::par {
 void vocab_parallel_cross_entropy(const ParallelState& ps, float* logits, int64_t rows, int64_t n_local, int64_t ld,
                                   int64_t vocab_start, const int32_t* targets, bool want_grad, float grad_scale,
                                   float* loss, float* scratch) {
-  float* mx = scratch;              // [rows]
-  float* sums = scratch + rows;     // [rows] sum of exp, then [rows] target logit
+  float* mx = scratch;           // [rows]
+  float* sums = scratch + rows;  // [rows] sum of exp, then [rows] target logit
   float* target = scratch + 2 * rows;
   for (int64_t r = 0; r < rows; ++r) {
     const float* l = logits + r * ld;

@@ -40,8 +40,8 @@ void ColumnParallelLinear::backward(const float* dy, int64_t rows, float* dx) {
                full, in_);
     ps_.tp_reduce_scatter(full, dx, rows / ps_.tp_size * in_);
   } else {
-    kern::gemm(ps_.device, false, true, rows, in_, out_local_, 1.f, dy, out_local_, weight_.value, out_local_, 0.f,
-               dx, in_);
+    kern::gemm(ps_.device, false, true, rows, in_, out_local_, 1.f, dy, out_local_, weight_.value, out_local_, 0.f, dx,
+               in_);
     ps_.tp_all_reduce(dx, rows * in_);
   }
 }
@@ -51,8 +51,8 @@ RowParallelLinear::RowParallelLinear(const std::string& prefix, int64_t in_featu
     : ps_(ps), out_(out_features) {
   TESSERA_ARG_CHECK(in_features % ps.tp_size == 0, prefix, ": ", in_features, " input features do not divide over tp ",
                     ps.tp_size);
-  weight_ = make_parameter(prefix + ".weight", {in_features, out_features}, 0, 1, ps.tp_size, ps.tp_rank,
-                           Init::Normal, init_std, true);
+  weight_ = make_parameter(prefix + ".weight", {in_features, out_features}, 0, 1, ps.tp_size, ps.tp_rank, Init::Normal,
+                           init_std, true);
   bias_ = make_parameter(prefix + ".bias", {out_features}, -1, 1, ps.tp_size, ps.tp_rank, Init::Zeros, 0, false);
   bias_.sp_partial = ps.sp();
   in_local_ = weight_.shape[0];
@@ -63,8 +63,7 @@ void RowParallelLinear::forward(const float* x, int64_t rows, const float* resid
   if (ps_.tp_size == 1) {
     // out = residual + b, then the GEMM accumulates onto it.
     kern::add_rows(ps_.device, residual, nullptr, bias_.value, out, rows, out_);
-    kern::gemm(ps_.device, false, false, rows, out_, in_local_, 1.f, x, in_local_, weight_.value, out_, 1.f, out,
-               out_);
+    kern::gemm(ps_.device, false, false, rows, out_, in_local_, 1.f, x, in_local_, weight_.value, out_, 1.f, out, out_);
     return;
   }
   float* partial = ensure_buffer(partial_, ps_.device, rows * out_);

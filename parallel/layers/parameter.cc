@@ -91,9 +91,15 @@ void init_parameter(Parameter& p, uint64_t seed) {
     float v = 0;
     if (gi >= 0) {
       switch (p.init) {
-        case Init::Zeros: v = 0; break;
-        case Init::Ones: v = 1; break;
-        case Init::Normal: v = p.init_std * normal_at(key, gi); break;
+        case Init::Zeros:
+          v = 0;
+          break;
+        case Init::Ones:
+          v = 1;
+          break;
+        case Init::Normal:
+          v = p.init_std * normal_at(key, gi);
+          break;
       }
     }
     p.value[li] = v;

@@ -27,7 +27,7 @@ enum class Init { Zeros, Ones, Normal };
 struct Parameter {
   std::string name;  // Hugging Face GPT-2 name, e.g. "transformer.h.0.attn.c_attn.weight"
   Shape full_shape;
-  Shape shape;  // this rank's shard
+  Shape shape;         // this rank's shard
   int split_dim = -1;  // -1: replicated over TP
   int chunks = 1;
   int tp_size = 1, tp_rank = 0;

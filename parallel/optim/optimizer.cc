@@ -89,9 +89,7 @@ DistributedOptimizer::~DistributedOptimizer() {
   }
 }
 
-int64_t DistributedOptimizer::optimizer_state_bytes() const {
-  return static_cast<int64_t>(m_.nbytes() + v_.nbytes());
-}
+int64_t DistributedOptimizer::optimizer_state_bytes() const { return static_cast<int64_t>(m_.nbytes() + v_.nbytes()); }
 
 void DistributedOptimizer::zero_grad() {
   std::memset(grads(), 0, sizeof(float) * total_);

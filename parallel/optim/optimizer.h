@@ -102,8 +102,8 @@ class DistributedOptimizer {
   Tensor shard_grads_, shard_values_;
   std::vector<int64_t> shard_offset_;
   Tensor m_, v_;
-  std::vector<Segment> segments_;  // what this rank updates, offsets into its m_/v_ space
-  std::vector<int64_t> segment_src_;  // offsets of those segments in the flat buffers
+  std::vector<Segment> segments_;                          // what this rank updates, offsets into its m_/v_ space
+  std::vector<int64_t> segment_src_;                       // offsets of those segments in the flat buffers
   std::vector<std::shared_ptr<coll::Work>> gather_works_;  // reused across steps
 };
 

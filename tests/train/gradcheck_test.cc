@@ -52,8 +52,8 @@ void check_grad(const std::string& what, std::vector<float>& x, const std::funct
     x[i] = x0[i] - eps;
     double b = f();
     x = x0;
-    EXPECT_NEAR((a - b) / (2 * eps), grad[i], tol * std::max(1.0, std::abs(double(grad[i])))) << what << " [" << i
-                                                                                                << "]";
+    EXPECT_NEAR((a - b) / (2 * eps), grad[i], tol * std::max(1.0, std::abs(double(grad[i]))))
+        << what << " [" << i << "]";
   }
 }
 
@@ -127,8 +127,7 @@ TEST(GradCheck, CrossEntropy) {
   std::vector<float> loss(rows), scratch(3 * rows), work, tmp;
   auto f = [&]() {
     tmp = logits;
-    par::vocab_parallel_cross_entropy(ps, tmp.data(), rows, v, v, 0, tgt.data(), false, 0, loss.data(),
-                                      scratch.data());
+    par::vocab_parallel_cross_entropy(ps, tmp.data(), rows, v, v, 0, tgt.data(), false, 0, loss.data(), scratch.data());
     double s = 0;
     for (float l : loss) s += l;
     return s;
@@ -140,8 +139,7 @@ TEST(GradCheck, CrossEntropy) {
   for (int j = 0; j < v; ++j) se += std::exp(logits[j] - m);
   EXPECT_NEAR(loss[0], std::log(se) + m - logits[0], 1e-5);
   work = logits;
-  par::vocab_parallel_cross_entropy(ps, work.data(), rows, v, v, 0, tgt.data(), true, 1.f, loss.data(),
-                                    scratch.data());
+  par::vocab_parallel_cross_entropy(ps, work.data(), rows, v, v, 0, tgt.data(), true, 1.f, loss.data(), scratch.data());
   check_grad("cross-entropy", logits, f, work);
 }
 

@@ -5,12 +5,11 @@
 // Ranks are forked processes, each with its own Device, over the shared-memory
 // communicator.
 #include <gtest/gtest.h>
-
-#include <cmath>
-#include <map>
 #include <sys/mman.h>
 
+#include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "examples/gpt/trainer.h"
 #include "runtime/device.h"
@@ -29,7 +28,7 @@ struct Layout {
 
 struct RunResult {
   std::vector<double> losses, grad_norms;
-  double optimizer_state_bytes = 0;  // rank 0's
+  double optimizer_state_bytes = 0;                   // rank 0's
   std::map<std::string, std::vector<double>> params;  // full tensors
 };
 
@@ -295,8 +294,8 @@ class Layouts : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Layouts, MatchesSerial) {
   const Layout l = GetParam();
-  std::string what = "tp" + std::to_string(l.tp) + " dp" + std::to_string(l.dp) + (l.zero1 ? " zero1" : "") +
-                     (l.sp ? " sp" : "");
+  std::string what =
+      "tp" + std::to_string(l.tp) + " dp" + std::to_string(l.dp) + (l.zero1 ? " zero1" : "") + (l.sp ? " sp" : "");
   expect_same(run(l), serial(), what);
 }
 
