@@ -11,6 +11,12 @@
 namespace tessera::gpt {
 
 using par::ensure_buffer;
+
+namespace {
+// Query rows per causal attention block.
+constexpr int64_t kAttnBlock = 64;
+}  // namespace
+
 using par::Init;
 using par::make_parameter;
 using par::Parameter;
@@ -122,9 +128,18 @@ void GptModel::attention_forward(Block& b, int64_t batch, int64_t seq) {
       const float* k = q + cl;
       const float* v = q + 2 * cl;
       float* p = probs + (bi * hl + h) * seq * seq;
-      kern::gemm(dev, false, true, seq, seq, hd, 1.f, q, ld, k, ld, 0.f, p, seq);
+      float* y_h = y + bi * seq * cl + h * hd;
+      // Causal: row block [r0, r0 + rows) only sees keys [0, r0 + rows), so
+      // the blocks above the diagonal are never computed (about half the work).
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, false, true, rows, cols, hd, 1.f, q + r0 * ld, ld, k, ld, 0.f, p + r0 * seq, seq);
+      }
       kern::causal_softmax_forward(p, seq, seq, scale);
-      kern::gemm(dev, false, false, seq, hd, seq, 1.f, p, seq, v, ld, 0.f, y + bi * seq * cl + h * hd, cl);
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, false, false, rows, hd, cols, 1.f, p + r0 * seq, seq, v, ld, 0.f, y_h + r0 * cl, cl);
+      }
     }
   }
   kern::charge(dev, 5.0 * batch * hl * seq * seq, 8.0 * batch * hl * seq * seq);
@@ -151,11 +166,28 @@ void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
       float* dq = dqkv + off;
       float* dk = dq + cl;
       float* dv = dq + 2 * cl;
-      kern::gemm(dev, false, true, seq, seq, hd, 1.f, dyh, cl, v, ld, 0.f, dp, seq);  // dP = dY V^T
-      kern::gemm(dev, true, false, seq, hd, seq, 1.f, p, seq, dyh, cl, 0.f, dv, ld);  // dV = P^T dY
-      kern::causal_softmax_backward(p, dp, seq, seq, scale);                          // dS
-      kern::gemm(dev, false, false, seq, hd, seq, 1.f, dp, seq, k, ld, 0.f, dq, ld);  // dQ = dS K
-      kern::gemm(dev, true, false, seq, hd, seq, 1.f, dp, seq, q, ld, 0.f, dk, ld);   // dK = dS^T Q
+      // Row blocks as in the forward. dV and dK sum over row blocks: the last
+      // block covers every key, so it goes first with beta = 0.
+      const int64_t last = (seq - 1) / kAttnBlock * kAttnBlock;
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {  // dP = dY V^T
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, false, true, rows, cols, hd, 1.f, dyh + r0 * cl, cl, v, ld, 0.f, dp + r0 * seq, seq);
+      }
+      for (int64_t r0 = last; r0 >= 0; r0 -= kAttnBlock) {  // dV = P^T dY
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, true, false, cols, hd, rows, 1.f, p + r0 * seq, seq, dyh + r0 * cl, cl, r0 == last ? 0.f : 1.f,
+                   dv, ld);
+      }
+      kern::causal_softmax_backward(p, dp, seq, seq, scale);  // dP -> dS
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {      // dQ = dS K
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, false, false, rows, hd, cols, 1.f, dp + r0 * seq, seq, k, ld, 0.f, dq + r0 * ld, ld);
+      }
+      for (int64_t r0 = last; r0 >= 0; r0 -= kAttnBlock) {  // dK = dS^T Q
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, true, false, cols, hd, rows, 1.f, dp + r0 * seq, seq, q + r0 * ld, ld, r0 == last ? 0.f : 1.f,
+                   dk, ld);
+      }
     }
   }
   kern::charge(dev, 4.0 * batch * hl * seq * seq, 12.0 * batch * hl * seq * seq);
