@@ -115,10 +115,13 @@ int train(Flags& f, const gpt::Job& job) {
         (long long)o.global_batch, (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
     std::fflush(stdout);
   }
-  std::vector<double> step_times;
+  std::vector<double> step_times, sgemm_between;
   for (int64_t s = 0; s < o.steps; ++s) {
     gpt::StepRecord r = trainer.step();
     step_times.push_back(r.wall_s);
+    // Interleaved with the steps, so a machine shared with other work slows
+    // both measurements alike.
+    if (f.bench_sgemm && lead) sgemm_between.push_back(gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 1.0));
     if (lead) {
       std::printf(
           "step %lld/%lld loss %.4f grad_norm %.4f lr %.3g tokens/s %.0f modeled_step %s mfu %.1f%% peak_mem %s\n",
@@ -160,17 +163,24 @@ int train(Flags& f, const gpt::Job& job) {
   }
   if (f.bench_sgemm && lead && step_times.size() >= 2) {
     double sgemm_after = gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 2.0);
-    std::vector<double> t(step_times.begin() + 1, step_times.end());  // step 1 warms up
-    std::sort(t.begin(), t.end());
-    double med = t[t.size() / 2];
-    double model_flops = o.model.train_flops_per_token() * static_cast<double>(o.tokens_per_step()) / med;
-    double per_rank = model_flops / (o.tp * o.dp);
-    double best = std::max(sgemm_before, sgemm_after);
+    const double flops_per_step =
+        o.model.train_flops_per_token() * static_cast<double>(o.tokens_per_step()) / (o.tp * o.dp);
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    };
+    // Step 1 warms up (first touch of every buffer); ratios per step against
+    // the sgemm measured right after it.
+    std::vector<double> ratios;
+    for (size_t i = 1; i < step_times.size(); ++i) ratios.push_back(flops_per_step / step_times[i] / sgemm_between[i]);
+    const double med_step = median(std::vector<double>(step_times.begin() + 1, step_times.end()));
     std::printf(
-        "bench: sgemm %.2f GFLOP/s before, %.2f after (model GEMM shapes, 1 thread); training %.2f GFLOP/s per rank "
-        "(median step %.3f s, %.0f tokens/s, %.1f MFLOP/token) = %.1f%% of sgemm\n",
-        sgemm_before / 1e9, sgemm_after / 1e9, per_rank / 1e9, med, o.tokens_per_step() / med,
-        o.model.train_flops_per_token() / 1e6, 100 * per_rank / best);
+        "bench: sgemm %.2f GFLOP/s before, %.2f after, median %.2f between steps (model GEMM shapes, 1 thread); "
+        "training %.2f GFLOP/s per rank (median step %.3f s, %.0f tokens/s, %.1f MFLOP/token); "
+        "training / sgemm: %.1f%% median over steps (min %.1f%%, max %.1f%%)\n",
+        sgemm_before / 1e9, sgemm_after / 1e9, median(sgemm_between) / 1e9, flops_per_step / med_step / 1e9, med_step,
+        o.tokens_per_step() / med_step, o.model.train_flops_per_token() / 1e6, 100 * median(ratios),
+        100 * *std::min_element(ratios.begin(), ratios.end()), 100 * *std::max_element(ratios.begin(), ratios.end()));
   }
   if (!f.export_path.empty()) {
     trainer.export_hf(f.export_path);
