@@ -1,0 +1,29 @@
+// Joining the job for train_gpt: the one place that knows how a worker finds
+// its peers. It creates this rank's Device (so the collectives charge its
+// clock with modeled communication time) and hands over to the launcher's
+// worker bootstrap (launcher/worker.h): `tessera run`, plain `mpirun`, or
+// alone.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "collectives/communicator.h"
+#include "runtime/device.h"
+#include "runtime/world.h"
+
+namespace tessera::gpt {
+
+struct Job {
+  World world;
+  Device* device = nullptr;                  // this rank's emulated core
+  std::shared_ptr<coll::Communicator> comm;  // world communicator; null when alone
+};
+
+// Creates the Device (preset `device_preset`), joins, runs body, leaves.
+// Returns body's exit code; an exception from body is logged, reported to
+// the launcher as the job's root cause and becomes exit code 1.
+int run_job(const std::string& device_preset, const std::function<int(const Job&)>& body);
+
+}  // namespace tessera::gpt

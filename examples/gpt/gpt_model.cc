@@ -1,0 +1,343 @@
+#include "examples/gpt/gpt_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "parallel/layers/buffer.h"
+#include "parallel/layers/cross_entropy.h"
+#include "runtime/device.h"
+#include "runtime/kernels.h"
+
+namespace tessera::gpt {
+
+using par::ensure_buffer;
+
+namespace {
+// Query rows per causal attention block.
+constexpr int64_t kAttnBlock = 64;
+}  // namespace
+
+using par::Init;
+using par::make_parameter;
+using par::Parameter;
+
+void GptConfig::validate(int tp) const {
+  TESSERA_ARG_CHECK(vocab > 0 && seq > 0 && hidden > 0 && layers > 0 && heads > 0,
+                    "model sizes must be positive (vocab ", vocab, ", seq ", seq, ", hidden ", hidden, ", layers ",
+                    layers, ", heads ", heads, ")");
+  TESSERA_ARG_CHECK(hidden % heads == 0, "--hidden ", hidden, " is not a multiple of --heads ", heads);
+  TESSERA_ARG_CHECK(heads % tp == 0, "--heads ", heads, " does not divide over --tp ", tp,
+                    " (attention is split by heads)");
+  TESSERA_ARG_CHECK(vocab <= (int64_t{1} << 31) - 1, "vocab too large");
+}
+
+int64_t GptConfig::num_params() const {
+  const int64_t c = hidden;
+  int64_t per_layer = 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + 2 * c + (c * 4 * c + 4 * c) + (4 * c * c + c);
+  return vocab * c + seq * c + layers * per_layer + 2 * c;
+}
+
+double GptConfig::train_flops_per_token() const {
+  return 6.0 * static_cast<double>(num_params()) + 12.0 * layers * seq * hidden;
+}
+
+struct GptModel::Block {
+  Block(int64_t i, const GptConfig& cfg, const par::ParallelState& ps)
+      : qkv("transformer.h." + std::to_string(i) + ".attn.c_attn", cfg.hidden, 3 * cfg.hidden, 3, ps, 0.02f),
+        proj("transformer.h." + std::to_string(i) + ".attn.c_proj", cfg.hidden, cfg.hidden, ps,
+             0.02f / std::sqrt(2.0f * cfg.layers)),
+        fc("transformer.h." + std::to_string(i) + ".mlp.c_fc", cfg.hidden, 4 * cfg.hidden, 1, ps, 0.02f),
+        mproj("transformer.h." + std::to_string(i) + ".mlp.c_proj", 4 * cfg.hidden, cfg.hidden, ps,
+              0.02f / std::sqrt(2.0f * cfg.layers)) {
+    const std::string p = "transformer.h." + std::to_string(i);
+    auto ln = [&](const std::string& n, Init init) {
+      Parameter q = make_parameter(p + n, {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, init, 0, false);
+      q.sp_partial = ps.sp();
+      return q;
+    };
+    ln1_w = ln(".ln_1.weight", Init::Ones);
+    ln1_b = ln(".ln_1.bias", Init::Zeros);
+    ln2_w = ln(".ln_2.weight", Init::Ones);
+    ln2_b = ln(".ln_2.bias", Init::Zeros);
+  }
+  Parameter ln1_w, ln1_b, ln2_w, ln2_b;
+  par::ColumnParallelLinear qkv;
+  par::RowParallelLinear proj;
+  par::ColumnParallelLinear fc;
+  par::RowParallelLinear mproj;
+  // Saved activations: x_in [Nl, C] is the block's input (the residual stream).
+  Tensor x_in, ln1_out, ln1_mean, ln1_rstd, qkv_out, probs, attn_y, x_mid, ln2_out, ln2_mean, ln2_rstd, fc_pre, fc_act;
+};
+
+GptModel::GptModel(const GptConfig& cfg, const par::ParallelState& ps) : cfg_(cfg), ps_(ps) {
+  cfg_.validate(ps.tp_size);
+  wte_ = std::make_unique<par::VocabParallelEmbedding>("transformer.wte.weight", cfg.vocab, cfg.hidden, ps, 0.02f);
+  wpe_ = make_parameter("transformer.wpe.weight", {cfg.seq, cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Normal,
+                        0.02f, true);
+  wpe_.sp_partial = ps.sp();
+  lnf_w_ = make_parameter("transformer.ln_f.weight", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Ones, 0, false);
+  lnf_b_ = make_parameter("transformer.ln_f.bias", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Zeros, 0, false);
+  lnf_w_.sp_partial = lnf_b_.sp_partial = ps.sp();
+  for (int64_t i = 0; i < cfg.layers; ++i) blocks_.push_back(std::make_unique<Block>(i, cfg, ps));
+}
+
+GptModel::~GptModel() = default;
+
+std::vector<Parameter*> GptModel::parameters() {
+  std::vector<Parameter*> v{&wte_->weight(), &wpe_};
+  for (auto& b : blocks_) {
+    for (Parameter* p : {&b->ln1_w, &b->ln1_b, &b->qkv.weight(), &b->qkv.bias(), &b->proj.weight(), &b->proj.bias(),
+                         &b->ln2_w, &b->ln2_b, &b->fc.weight(), &b->fc.bias(), &b->mproj.weight(), &b->mproj.bias()})
+      v.push_back(p);
+  }
+  v.push_back(&lnf_w_);
+  v.push_back(&lnf_b_);
+  return v;
+}
+
+std::vector<Parameter*> GptModel::parameters_in_grad_order() {
+  std::vector<Parameter*> v{&lnf_w_, &lnf_b_};
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    Block& b = **it;
+    for (Parameter* p : {&b.mproj.weight(), &b.mproj.bias(), &b.fc.weight(), &b.fc.bias(), &b.ln2_w, &b.ln2_b,
+                         &b.proj.weight(), &b.proj.bias(), &b.qkv.weight(), &b.qkv.bias(), &b.ln1_w, &b.ln1_b})
+      v.push_back(p);
+  }
+  v.push_back(&wpe_);
+  v.push_back(&wte_->weight());
+  return v;
+}
+
+void GptModel::init(uint64_t seed) {
+  for (Parameter* p : parameters()) par::init_parameter(*p, seed);
+}
+
+const float* GptModel::token_losses() const { return loss_.data<float>(); }
+
+void GptModel::attention_forward(Block& b, int64_t batch, int64_t seq) {
+  Device* dev = ps_.device;
+  const int64_t cl = b.qkv.out_local() / 3, hd = cfg_.hidden / cfg_.heads, hl = cl / hd, ld = 3 * cl;
+  const int64_t n = batch * seq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float* qkv = b.qkv_out.data<float>();
+  float* probs = ensure_buffer(b.probs, dev, batch * hl * seq * seq);
+  float* y = ensure_buffer(b.attn_y, dev, n * cl);
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    for (int64_t h = 0; h < hl; ++h) {
+      const float* q = qkv + bi * seq * ld + h * hd;
+      const float* k = q + cl;
+      const float* v = q + 2 * cl;
+      float* p = probs + (bi * hl + h) * seq * seq;
+      float* y_h = y + bi * seq * cl + h * hd;
+      // Causal: row block [r0, r0 + rows) only sees keys [0, r0 + rows), so
+      // the blocks above the diagonal are never computed (about half the work).
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, false, true, rows, cols, hd, 1.f, q + r0 * ld, ld, k, ld, 0.f, p + r0 * seq, seq);
+      }
+      kern::causal_softmax_forward(p, seq, seq, scale);
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, false, false, rows, hd, cols, 1.f, p + r0 * seq, seq, v, ld, 0.f, y_h + r0 * cl, cl);
+      }
+    }
+  }
+  kern::charge(dev, 5.0 * batch * hl * seq * seq, 8.0 * batch * hl * seq * seq);
+}
+
+void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
+  Device* dev = ps_.device;
+  const int64_t cl = b.qkv.out_local() / 3, hd = cfg_.hidden / cfg_.heads, hl = cl / hd, ld = 3 * cl;
+  const int64_t n = batch * seq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* qkv = b.qkv_out.data<float>();
+  const float* probs = b.probs.data<float>();
+  const float* dy = dattn_.data<float>();
+  float* dqkv = ensure_buffer(dqkv_, dev, n * ld);
+  float* dp = ensure_buffer(dprobs_, dev, seq * seq);
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    for (int64_t h = 0; h < hl; ++h) {
+      const int64_t off = bi * seq * ld + h * hd;
+      const float* q = qkv + off;
+      const float* k = q + cl;
+      const float* v = q + 2 * cl;
+      const float* p = probs + (bi * hl + h) * seq * seq;
+      const float* dyh = dy + bi * seq * cl + h * hd;
+      float* dq = dqkv + off;
+      float* dk = dq + cl;
+      float* dv = dq + 2 * cl;
+      // Row blocks as in the forward. dV and dK sum over row blocks: the last
+      // block covers every key, so it goes first with beta = 0.
+      const int64_t last = (seq - 1) / kAttnBlock * kAttnBlock;
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {  // dP = dY V^T
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, false, true, rows, cols, hd, 1.f, dyh + r0 * cl, cl, v, ld, 0.f, dp + r0 * seq, seq);
+      }
+      for (int64_t r0 = last; r0 >= 0; r0 -= kAttnBlock) {  // dV = P^T dY
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, true, false, cols, hd, rows, 1.f, p + r0 * seq, seq, dyh + r0 * cl, cl, r0 == last ? 0.f : 1.f,
+                   dv, ld);
+      }
+      kern::causal_softmax_backward(p, dp, seq, seq, scale);  // dP -> dS
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {      // dQ = dS K
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, false, false, rows, hd, cols, 1.f, dp + r0 * seq, seq, k, ld, 0.f, dq + r0 * ld, ld);
+      }
+      for (int64_t r0 = last; r0 >= 0; r0 -= kAttnBlock) {  // dK = dS^T Q
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm(dev, true, false, cols, hd, rows, 1.f, dp + r0 * seq, seq, q + r0 * ld, ld, r0 == last ? 0.f : 1.f,
+                   dk, ld);
+      }
+    }
+  }
+  kern::charge(dev, 4.0 * batch * hl * seq * seq, 12.0 * batch * hl * seq * seq);
+}
+
+double GptModel::forward(const int32_t* inputs, const int32_t* targets, int64_t batch, int64_t seq, bool want_grad,
+                         float grad_scale) {
+  TESSERA_ARG_CHECK(seq >= 1 && seq <= cfg_.seq, "sequence length ", seq, " exceeds the model context ", cfg_.seq);
+  const int64_t n = batch * seq, c = cfg_.hidden;
+  TESSERA_ARG_CHECK(!ps_.sp() || n % ps_.tp_size == 0, "sequence parallelism needs batch*seq (", n,
+                    ") divisible by tp ", ps_.tp_size);
+  for (int64_t i = 0; i < n; ++i) {
+    TESSERA_ARG_CHECK(inputs[i] >= 0 && inputs[i] < cfg_.vocab && targets[i] >= 0 && targets[i] < cfg_.vocab,
+                      "token id out of the vocabulary [0, ", cfg_.vocab, ") at position ", i);
+  }
+  Device* dev = ps_.device;
+  const int64_t nl = local_rows(n);
+  batch_ = batch;
+  seq_ = seq;
+  have_grad_ = want_grad;
+  // Keep our own copy of the inputs: backward needs them after the caller moved on.
+  int32_t* tok = nullptr;
+  if (!tokens_in_.defined() || tokens_in_.numel() < n) tokens_in_ = Tensor::empty({n}, DType::I32, dev);
+  tok = tokens_in_.data<int32_t>();
+  std::memcpy(tok, inputs, sizeof(int32_t) * n);
+  inputs_ = tok;
+
+  // Embeddings: token (vocab-parallel) + position (replicated).
+  float* x = ensure_buffer(blocks_[0]->x_in, dev, nl * c);
+  wte_->forward(tok, n, x);
+  const int64_t row0 = ps_.sp() ? ps_.tp_rank * nl : 0;
+  for (int64_t r = 0; r < nl; ++r) {
+    const float* pe = wpe_.value + ((row0 + r) % seq) * c;
+    float* xr = x + r * c;
+    for (int64_t j = 0; j < c; ++j) xr[j] += pe[j];
+  }
+  kern::charge(dev, double(nl) * c, 12.0 * nl * c);
+
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = *blocks_[l];
+    const float* xin = b.x_in.data<float>();
+    float* ln1 = ensure_buffer(b.ln1_out, dev, nl * c);
+    kern::layernorm_forward(dev, xin, b.ln1_w.value, b.ln1_b.value, ln1, ensure_buffer(b.ln1_mean, dev, nl),
+                            ensure_buffer(b.ln1_rstd, dev, nl), nl, c, cfg_.ln_eps);
+    b.qkv.forward(ln1, n, ensure_buffer(b.qkv_out, dev, n * b.qkv.out_local()));
+    attention_forward(b, batch, seq);
+    float* xm = ensure_buffer(b.x_mid, dev, nl * c);
+    b.proj.forward(b.attn_y.data<float>(), n, xin, xm);
+    float* ln2 = ensure_buffer(b.ln2_out, dev, nl * c);
+    kern::layernorm_forward(dev, xm, b.ln2_w.value, b.ln2_b.value, ln2, ensure_buffer(b.ln2_mean, dev, nl),
+                            ensure_buffer(b.ln2_rstd, dev, nl), nl, c, cfg_.ln_eps);
+    const int64_t f = b.fc.out_local();
+    float* pre = ensure_buffer(b.fc_pre, dev, n * f);
+    b.fc.forward(ln2, n, pre);
+    float* act = ensure_buffer(b.fc_act, dev, n * f);
+    kern::gelu_forward(dev, pre, act, n * f);
+    Tensor& out = (l + 1 < blocks_.size()) ? blocks_[l + 1]->x_in : x_final_;
+    b.mproj.forward(act, n, xm, ensure_buffer(out, dev, nl * c));
+  }
+
+  // Final LayerNorm and the tied, vocab-parallel LM head.
+  float* hf = ensure_buffer(hf_, dev, nl * c);
+  kern::layernorm_forward(dev, x_final_.data<float>(), lnf_w_.value, lnf_b_.value, hf,
+                          ensure_buffer(lnf_mean_, dev, nl), ensure_buffer(lnf_rstd_, dev, nl), nl, c, cfg_.ln_eps);
+  float* hfull = hf;
+  if (ps_.sp()) {
+    hfull = ensure_buffer(hf_full_, dev, n * c);
+    ps_.tp_all_gather(hf, hfull, nl * c);
+  }
+  const int64_t vv = wte_->vocab_valid();
+  float* logits = ensure_buffer(logits_, dev, n * std::max<int64_t>(vv, 1));
+  kern::gemm(dev, false, true, n, vv, c, 1.f, hfull, c, wte_->weight().value, c, 0.f, logits, vv);
+  float* loss = ensure_buffer(loss_, dev, n);
+  par::vocab_parallel_cross_entropy(ps_, logits, n, vv, vv, wte_->vocab_start(), targets, want_grad, grad_scale, loss,
+                                    ensure_buffer(ce_scratch_, dev, 3 * n));
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += loss[i];
+  return total;
+}
+
+void GptModel::backward(const std::function<void(Parameter*)>& on_ready) {
+  TESSERA_CHECK(have_grad_, "backward() needs a forward(..., want_grad = true) first");
+  have_grad_ = false;
+  auto ready = [&](Parameter& p) {
+    if (on_ready) on_ready(&p);
+  };
+  Device* dev = ps_.device;
+  const int64_t n = batch_ * seq_, c = cfg_.hidden, nl = local_rows(n);
+  const int64_t vv = wte_->vocab_valid();
+  const float* hfull = ps_.sp() ? hf_full_.data<float>() : hf_.data<float>();
+  const float* dlogits = logits_.data<float>();
+  Parameter& wte = wte_->weight();
+
+  float* dhf_full = ensure_buffer(dhf_full_, dev, n * c);
+  kern::gemm(dev, false, false, n, c, vv, 1.f, dlogits, vv, wte.value, c, 0.f, dhf_full, c);
+  kern::gemm(dev, true, false, vv, c, n, 1.f, dlogits, vv, hfull, c, 1.f, wte.grad, c);
+  float* dhf = dhf_full;
+  if (ps_.sp()) {
+    dhf = ensure_buffer(dhf_, dev, nl * c);
+    ps_.tp_reduce_scatter(dhf_full, dhf, nl * c);
+  } else {
+    ps_.tp_all_reduce(dhf_full, n * c);
+  }
+  float* dres = ensure_buffer(dres_, dev, nl * c);
+  std::memset(dres, 0, sizeof(float) * nl * c);
+  kern::layernorm_backward(dev, dhf, x_final_.data<float>(), lnf_w_.value, lnf_mean_.data<float>(),
+                           lnf_rstd_.data<float>(), dres, lnf_w_.grad, lnf_b_.grad, nl, c);
+  ready(lnf_w_);
+  ready(lnf_b_);
+
+  float* dln = ensure_buffer(dln_, dev, nl * c);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    Block& b = **it;
+    const int64_t f = b.fc.out_local();
+    float* dfc = ensure_buffer(dfc_, dev, n * f);
+    b.mproj.backward(dres, n, dfc);
+    ready(b.mproj.weight());
+    ready(b.mproj.bias());
+    kern::gelu_backward(dev, dfc, b.fc_pre.data<float>(), dfc, n * f);
+    b.fc.backward(dfc, n, dln);
+    ready(b.fc.weight());
+    ready(b.fc.bias());
+    kern::layernorm_backward(dev, dln, b.x_mid.data<float>(), b.ln2_w.value, b.ln2_mean.data<float>(),
+                             b.ln2_rstd.data<float>(), dres, b.ln2_w.grad, b.ln2_b.grad, nl, c);
+    ready(b.ln2_w);
+    ready(b.ln2_b);
+    float* dattn = ensure_buffer(dattn_, dev, n * b.proj.in_local());
+    b.proj.backward(dres, n, dattn);
+    ready(b.proj.weight());
+    ready(b.proj.bias());
+    attention_backward(b, batch_, seq_);
+    b.qkv.backward(dqkv_.data<float>(), n, dln);
+    ready(b.qkv.weight());
+    ready(b.qkv.bias());
+    kern::layernorm_backward(dev, dln, b.x_in.data<float>(), b.ln1_w.value, b.ln1_mean.data<float>(),
+                             b.ln1_rstd.data<float>(), dres, b.ln1_w.grad, b.ln1_b.grad, nl, c);
+    ready(b.ln1_w);
+    ready(b.ln1_b);
+  }
+
+  const int64_t row0 = ps_.sp() ? ps_.tp_rank * nl : 0;
+  for (int64_t r = 0; r < nl; ++r) {
+    float* g = wpe_.grad + ((row0 + r) % seq_) * c;
+    const float* d = dres + r * c;
+    for (int64_t j = 0; j < c; ++j) g[j] += d[j];
+  }
+  kern::charge(dev, double(nl) * c, 12.0 * nl * c);
+  ready(wpe_);
+  wte_->backward(inputs_, n, dres);
+  ready(wte);
+}
+
+}  // namespace tessera::gpt

@@ -1,0 +1,263 @@
+// train_gpt: trains a GPT-2 over emulated cores with tensor and data
+// parallelism. Runs alone, under `tessera run --nproc-per-node N -- train_gpt`
+// or `mpirun -np N train_gpt`; the world size must equal tp x dp.
+// docs/training.md describes the flags and the output.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "examples/gpt/bootstrap.h"
+#include "examples/gpt/sgemm_bench.h"
+#include "examples/gpt/trainer.h"
+#include "launcher/cli.h"
+#include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/checkpoint/safetensors.h"
+#include "runtime/device.h"
+#include "runtime/kernels.h"
+#include "runtime/log.h"
+
+namespace {
+
+using namespace tessera;
+
+struct Flags {
+  gpt::TrainOptions t;
+  std::string device = "trn1-core";
+  std::string log_json, eval_text, init, export_path;
+  int64_t eval_windows = 64;
+  int64_t val_every = 0, val_batches = 4;
+  double bucket_mb = 4;
+  bool bench_sgemm = false;
+};
+
+std::string human_bytes(double b) {
+  char buf[64];
+  if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
+  return buf;
+}
+
+std::string human_time(double s) {
+  char buf[64];
+  if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s >= 1e-3)
+    std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+
+// The model sizes come from --init's file when given; explicit flags must agree.
+void apply_init_config(Flags& f, const CLI::App& app) {
+  auto src = ckpt::open_safetensors(f.init);
+  int64_t heads_hint = app.count("--heads") ? f.t.model.heads : 0;
+  ckpt::Gpt2Config c = ckpt::infer_gpt2_config(*src, heads_hint);
+  ckpt::check_gpt2(*src, c);
+  auto agree = [&](const char* flag, int64_t given, int64_t file) {
+    TESSERA_ARG_CHECK(!app.count(flag) || given == file, flag, " ", given, " does not match ", f.init, " (", file, ")");
+  };
+  agree("--vocab", f.t.model.vocab, c.vocab);
+  agree("--hidden", f.t.model.hidden, c.hidden);
+  agree("--layers", f.t.model.layers, c.layers);
+  f.t.model.vocab = c.vocab;
+  f.t.model.hidden = c.hidden;
+  f.t.model.layers = c.layers;
+  f.t.model.heads = c.heads;
+  f.t.model.seq = c.n_positions;
+  if (!app.count("--seq")) f.t.seq = std::min<int64_t>(f.t.seq, c.n_positions);
+}
+
+int train(Flags& f, const gpt::Job& job) {
+  const bool lead = job.world.rank == 0;
+  TESSERA_ARG_CHECK(job.world.size == f.t.tp * f.t.dp, "this job has ", job.world.size, " process(es) but --tp ",
+                    f.t.tp, " x --dp ", f.t.dp, " = ", f.t.tp * f.t.dp, " are needed");
+  Device& dev = *job.device;
+  par::ParallelState ps = job.comm ? par::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
+                                   : par::serial_state(&dev);
+  ps.sequence_parallel = f.t.sequence_parallel;
+  auto files = f.t.data.empty() ? data::ByteDataset::default_files() : f.t.data;
+  auto dataset = std::make_shared<data::ByteDataset>(files, f.t.val_fraction, f.t.seed);
+  gpt::Trainer trainer(f.t, ps, dataset);
+  const gpt::TrainOptions& o = trainer.options();
+  if (f.init.empty()) {
+    trainer.init_random();
+  } else {
+    trainer.load_hf(f.init);
+  }
+
+  double sgemm_before = 0;
+  if (f.bench_sgemm) sgemm_before = gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 2.0);
+
+  std::unique_ptr<std::ofstream> json;
+  if (lead && !f.log_json.empty()) {
+    json = std::make_unique<std::ofstream>(f.log_json);
+    if (!*json) throw InvalidArgument("--log-json: cannot open " + f.log_json + " for writing");
+  }
+  if (lead) {
+    const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+    std::printf(
+        "train_gpt: %d rank(s) tp=%d dp=%d%s%s | GPT-2 vocab=%lld ctx=%lld hidden=%lld layers=%lld heads=%lld "
+        "(%.2fM params) | seq=%lld micro-batch=%lld global-batch=%lld steps=%lld lr=%g | device %s | "
+        "OPENBLAS_CORETYPE=%s\n",
+        job.world.size, o.tp, o.dp, o.sequence_parallel ? " sp" : "", o.adamw.zero1 ? " zero1" : "",
+        (long long)o.model.vocab, (long long)o.model.seq, (long long)o.model.hidden, (long long)o.model.layers,
+        (long long)o.model.heads, o.model.num_params() / 1e6, (long long)o.seq, (long long)o.micro_batch,
+        (long long)o.global_batch, (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
+    std::fflush(stdout);
+  }
+  std::vector<double> step_times, sgemm_between;
+  for (int64_t s = 0; s < o.steps; ++s) {
+    gpt::StepRecord r = trainer.step();
+    step_times.push_back(r.wall_s);
+    // Interleaved with the steps, so a machine shared with other work slows
+    // both measurements alike.
+    if (f.bench_sgemm && lead) sgemm_between.push_back(gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 1.0));
+    if (lead) {
+      std::printf(
+          "step %lld/%lld loss %.4f grad_norm %.4f lr %.3g tokens/s %.0f modeled_step %s mfu %.1f%% peak_mem %s\n",
+          (long long)r.step, (long long)o.steps, r.loss, r.grad_norm, r.lr, r.tokens_per_s,
+          human_time(r.modeled_step_s).c_str(), 100 * r.mfu, human_bytes(double(r.peak_mem_bytes)).c_str());
+      std::fflush(stdout);
+      if (json) {
+        nlohmann::json j{{"step", r.step},
+                         {"loss", r.loss},
+                         {"grad_norm", r.grad_norm},
+                         {"lr", r.lr},
+                         {"tokens_per_s", r.tokens_per_s},
+                         {"wall_s", r.wall_s},
+                         {"modeled_step_s", r.modeled_step_s},
+                         {"modeled_compute_s", r.modeled_compute_s},
+                         {"modeled_comm_s", r.modeled_comm_s},
+                         {"mfu", r.mfu},
+                         {"peak_mem_bytes", r.peak_mem_bytes}};
+        *json << j.dump() << "\n";
+        json->flush();
+      }
+    }
+    if (f.val_every > 0 && (r.step % f.val_every == 0 || r.step == o.steps)) {
+      double v = trainer.validation_loss(f.val_batches);
+      if (lead) {
+        std::printf("val_loss %.4f step %lld\n", v, (long long)r.step);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (!f.eval_text.empty()) {
+    std::vector<int32_t> windows;
+    int64_t n = data::eval_windows(f.eval_text, o.seq, f.eval_windows, &windows);
+    double e = trainer.eval_windows(windows, n, o.seq);
+    if (lead) {
+      std::printf("eval_loss %.6f\n", e);
+      std::fflush(stdout);
+    }
+  }
+  if (f.bench_sgemm && lead && step_times.size() >= 2) {
+    double sgemm_after = gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 2.0);
+    const double flops_per_step =
+        o.model.train_flops_per_token() * static_cast<double>(o.tokens_per_step()) / (o.tp * o.dp);
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    };
+    // Step 1 warms up (first touch of every buffer); ratios per step against
+    // the sgemm measured right after it.
+    std::vector<double> ratios;
+    for (size_t i = 1; i < step_times.size(); ++i) ratios.push_back(flops_per_step / step_times[i] / sgemm_between[i]);
+    const double med_step = median(std::vector<double>(step_times.begin() + 1, step_times.end()));
+    std::printf(
+        "bench: sgemm %.2f GFLOP/s before, %.2f after, median %.2f between steps (model GEMM shapes, 1 thread); "
+        "training %.2f GFLOP/s per rank (median step %.3f s, %.0f tokens/s, %.1f MFLOP/token); "
+        "training / sgemm: %.1f%% median over steps (min %.1f%%, max %.1f%%)\n",
+        sgemm_before / 1e9, sgemm_after / 1e9, median(sgemm_between) / 1e9, flops_per_step / med_step / 1e9, med_step,
+        o.tokens_per_step() / med_step, o.model.train_flops_per_token() / 1e6, 100 * median(ratios),
+        100 * *std::min_element(ratios.begin(), ratios.end()), 100 * *std::max_element(ratios.begin(), ratios.end()));
+  }
+  if (!f.export_path.empty()) {
+    trainer.export_hf(f.export_path);
+    if (lead) std::printf("exported %s\n", f.export_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kern::default_blas_threads();
+  Flags f;
+  CLI::App app{"Train a GPT-2 over emulated cores with tensor and data parallelism", "train_gpt"};
+  app.add_option("--tp", f.t.tp, "tensor-parallel degree")->check(CLI::PositiveNumber);
+  app.add_option("--dp", f.t.dp, "data-parallel degree")->check(CLI::PositiveNumber);
+  app.add_flag("--sequence-parallel", f.t.sequence_parallel, "shard LayerNorm/residual activations over TP");
+  app.add_option("--layers", f.t.model.layers, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", f.t.model.hidden, "model width")->check(CLI::PositiveNumber);
+  app.add_option("--heads", f.t.model.heads, "attention heads")->check(CLI::PositiveNumber);
+  app.add_option("--seq", f.t.seq, "sequence length (also the context, without --init)")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", f.t.model.vocab, "vocabulary (>= 256: byte tokens)")->check(CLI::PositiveNumber);
+  app.add_option("--micro-batch", f.t.micro_batch, "sequences per micro-batch per DP rank")->check(CLI::PositiveNumber);
+  app.add_option("--global-batch", f.t.global_batch, "sequences per step (default micro-batch x dp)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steps", f.t.steps, "optimizer steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", f.t.lr, "peak learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--min-lr", f.t.min_lr, "final learning rate of the cosine decay (default lr/10)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", f.t.warmup, "warm-up steps (default min(steps/10, 100))")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", f.t.adamw.weight_decay, "AdamW decoupled weight decay")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--clip-grad", f.t.adamw.clip_norm, "clip the global gradient norm to this (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", f.t.seed, "initialisation and data seed");
+  app.add_flag("--zero1", f.t.adamw.zero1, "shard AdamW states over DP (ZeRO-1)");
+  app.add_option("--bucket-mb", f.bucket_mb, "DP gradient bucket size in MiB")->check(CLI::PositiveNumber);
+  app.add_option("--device", f.device, "emulated core")->check(CLI::IsMember(DeviceSpec::preset_names()));
+  app.add_option("--log-json", f.log_json, "write one JSON object per step to FILE");
+  app.add_option("--eval-text", f.eval_text, "print eval_loss over windows of FILE after training")
+      ->check(CLI::ExistingFile);
+  app.add_option("--eval-windows", f.eval_windows, "at most N eval windows")->check(CLI::PositiveNumber);
+  app.add_option("--val-every", f.val_every, "print held-out val_loss every N steps (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--val-batches", f.val_batches, "global batches of the held-out split per val_loss")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--init", f.init, "start from a Hugging Face GPT-2 safetensors file")->check(CLI::ExistingPath);
+  app.add_option("--export", f.export_path, "write the final weights as Hugging Face GPT-2 safetensors");
+  app.add_option("--data", f.t.data, "training text files (default: /usr/share/common-licenses/*)")
+      ->check(CLI::ExistingFile);
+  app.add_flag("--bench-sgemm", f.bench_sgemm, "measure sgemm at the model's GEMM shapes and compare");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return cli::kUsageExit;
+  }
+  f.t.model.seq = f.t.seq;
+  f.t.adamw.bucket_elems = static_cast<int64_t>(f.bucket_mb * (1 << 20) / 4);
+  try {
+    if (!f.init.empty()) apply_init_config(f, app);
+    f.t.normalize();  // bad combinations exit 2 before any process joins the job
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "train_gpt: %s\nRun with --help for more information.\n", e.what());
+    return cli::kUsageExit;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "train_gpt: %s\n", e.what());
+    return 1;
+  }
+  return gpt::run_job(f.device, [&](const gpt::Job& job) {
+    try {
+      return train(f, job);
+    } catch (const InvalidArgument& e) {
+      std::fprintf(stderr, "train_gpt: %s\n", e.what());
+      return cli::kUsageExit;
+    }
+  });
+}

@@ -1,0 +1,94 @@
+// Trainer: the GPT training loop of train_gpt, usable from tests.
+//
+// One Trainer per rank. It owns the Device-resident model and the
+// DistributedOptimizer for a ParallelState built by the caller (serial or
+// from the world communicator), reads batches from the byte-level corpus
+// (parallel/data/byte_dataset.h: a batch depends on the step and the global
+// batch size only, never on the layout), and runs synchronous steps: each DP
+// rank takes its global_batch / dp rows in micro-batches, the last
+// micro-batch's backward launches the DP bucket reductions, then the
+// optimizer clips and updates. Every rank of the job must make the same
+// calls in the same order (they are collective). Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "examples/gpt/gpt_model.h"
+#include "parallel/data/byte_dataset.h"
+#include "parallel/optim/optimizer.h"
+
+namespace tessera::gpt {
+
+struct TrainOptions {
+  GptConfig model;    // model.seq is the context (wpe rows)
+  int64_t seq = 256;  // training sequence length (<= model.seq)
+  int tp = 1, dp = 1;
+  bool sequence_parallel = false;
+  int64_t micro_batch = 8;
+  int64_t global_batch = 0;  // 0: micro_batch * dp
+  int64_t steps = 10;
+  optim::AdamWConfig adamw;       // lr schedule filled from the fields below by normalize()
+  double lr = 6e-4, min_lr = -1;  // min_lr < 0: lr / 10
+  int64_t warmup = -1;            // < 0: min(steps / 10, 100)
+  uint64_t seed = 1234;
+  std::vector<std::string> data;  // empty: the default corpus
+  double val_fraction = 0.05;
+
+  // Fills defaults and checks everything against tp/dp; throws InvalidArgument.
+  void normalize();
+  int64_t tokens_per_step() const { return global_batch * seq; }
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0, grad_norm = 0, lr = 0;
+  double wall_s = 0, tokens_per_s = 0;
+  double modeled_step_s = 0, modeled_compute_s = 0, modeled_comm_s = 0, mfu = 0;
+  uint64_t peak_mem_bytes = 0;
+};
+
+class Trainer {
+ public:
+  // `dataset` may be shared between trainers (threads) and must outlive it.
+  Trainer(TrainOptions opts, const par::ParallelState& ps, std::shared_ptr<const data::ByteDataset> dataset);
+  ~Trainer();
+
+  const TrainOptions& options() const { return opts_; }
+  GptModel& model() { return *model_; }
+  optim::DistributedOptimizer& optimizer() { return *opt_; }
+
+  // Random GPT-2 initialisation from opts.seed (identical for every layout).
+  void init_random();
+  // Loads Hugging Face GPT-2 weights (sizes must match the model).
+  void load_hf(const std::string& path);
+  // Writes the full model in Hugging Face GPT-2 layout. Collective over TP;
+  // only global rank 0 (dp 0, tp 0) writes.
+  void export_hf(const std::string& path);
+
+  // One optimizer step (steps count from 1).
+  StepRecord step();
+  int64_t steps_done() const { return step_; }
+
+  // Mean next-token loss over `windows` [count, seq + 1] token windows
+  // (collective: DP ranks split the windows).
+  double eval_windows(const std::vector<int32_t>& windows, int64_t count, int64_t seq);
+  // Mean loss over `batches` global batches of the held-out split.
+  double validation_loss(int64_t batches);
+
+ private:
+  double forward_rows(const int32_t* rows, int64_t nrows, int64_t seq, bool train, float grad_scale);
+
+  TrainOptions opts_;
+  const par::ParallelState& ps_;
+  std::shared_ptr<const data::ByteDataset> data_;
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<optim::DistributedOptimizer> opt_;
+  int64_t step_ = 0;
+  std::vector<int32_t> rows_, inputs_, targets_;
+};
+
+}  // namespace tessera::gpt

@@ -1,0 +1,77 @@
+#include "parallel/layers/parallel_state.h"
+
+#include <algorithm>
+
+#include "parallel/mesh.h"
+#include "runtime/error.h"
+
+namespace tessera::par {
+
+int ParallelState::global_rank() const {
+  parallel::MeshCoord c;
+  c.tp = tp_rank;
+  c.dp = dp_rank;
+  return parallel::Mesh(tp_size, 1, dp_size).rank(c);
+}
+
+void ParallelState::tp_all_reduce(float* buf, int64_t n) const {
+  if (tp_size == 1 || n == 0) return;
+  tp->all_reduce(buf, buf, static_cast<size_t>(n), DType::F32, coll::ReduceOp::Sum);
+}
+
+void ParallelState::tp_all_reduce_max(float* buf, int64_t n) const {
+  if (tp_size == 1 || n == 0) return;
+  tp->all_reduce(buf, buf, static_cast<size_t>(n), DType::F32, coll::ReduceOp::Max);
+}
+
+void ParallelState::tp_all_gather(const float* send, float* recv, int64_t n) const {
+  if (tp_size == 1) {
+    if (recv != send) std::copy(send, send + n, recv);
+    return;
+  }
+  tp->all_gather(send, recv, static_cast<size_t>(n), DType::F32);
+}
+
+void ParallelState::tp_reduce_scatter(const float* send, float* recv, int64_t n) const {
+  if (tp_size == 1) {
+    if (recv != send) std::copy(send, send + n, recv);
+    return;
+  }
+  tp->reduce_scatter(send, recv, static_cast<size_t>(n), DType::F32, coll::ReduceOp::Sum);
+}
+
+ParallelState serial_state(Device* device) {
+  ParallelState s;
+  s.device = device;
+  return s;
+}
+
+ParallelState make_parallel_state(std::shared_ptr<coll::Communicator> world, int tp, int dp, Device* device,
+                                  bool sequence_parallel) {
+  TESSERA_ARG_CHECK(world != nullptr, "make_parallel_state: no world communicator");
+  TESSERA_ARG_CHECK(tp >= 1 && dp >= 1, "tp and dp must be >= 1 (got tp ", tp, ", dp ", dp, ")");
+  TESSERA_ARG_CHECK(world->size() == tp * dp, "world size ", world->size(), " != tp ", tp, " x dp ", dp,
+                    " (launch tp*dp processes)");
+  ParallelState s;
+  s.device = device;
+  s.world = world;
+  s.tp_size = tp;
+  s.dp_size = dp;
+  const parallel::Mesh mesh(tp, 1, dp);
+  const parallel::MeshCoord c = mesh.coord(world->rank());
+  s.tp_rank = c.tp;
+  s.dp_rank = c.dp;
+  s.sequence_parallel = sequence_parallel;
+  // One communicator per group, colored by the group's lowest world rank and
+  // ordered by the mesh's group order. split() is collective over world:
+  // every rank makes both calls in this order.
+  const std::vector<int> tp_group = mesh.tp_group(world->rank()), dp_group = mesh.dp_group(world->rank());
+  TESSERA_CHECK(tp_group[c.tp] == world->rank() && dp_group[c.dp] == world->rank(), "mesh group order");
+  auto tp_comm = world->split(tp_group.front(), c.tp, "tp" + std::to_string(c.dp));
+  auto dp_comm = world->split(dp_group.front(), c.dp, "dp" + std::to_string(c.tp));
+  if (tp > 1) s.tp = tp_comm;
+  if (dp > 1) s.dp = dp_comm;
+  return s;
+}
+
+}  // namespace tessera::par

@@ -1,0 +1,55 @@
+// ParallelState: one rank's place in a (data x tensor) parallel layout and
+// the communicators of its groups, as NxD's parallel_state / Megatron's mpu.
+//
+// Ranks are laid out TP fastest, then DP (then PP, which comes later):
+// global = tp_rank + dp_rank * TP. The TP group of a rank is the TP ranks
+// with its dp_rank; its DP group the DP ranks with its tp_rank.
+//
+// Ownership: the state shares the communicators; the Device is borrowed and
+// must outlive it. Collective helpers below are no-ops for groups of one and
+// must be called by every member of the group in the same order (one thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "collectives/communicator.h"
+
+namespace tessera {
+class Device;
+}
+
+namespace tessera::par {
+
+struct ParallelState {
+  Device* device = nullptr;
+  int tp_size = 1, tp_rank = 0;
+  int dp_size = 1, dp_rank = 0;
+  // Sequence parallelism (Korthikanti et al.): LayerNorms, residual adds and
+  // embeddings work on rows / tp of the activations; TP all-reduces become
+  // reduce-scatter + all-gather pairs.
+  bool sequence_parallel = false;
+  std::shared_ptr<coll::Communicator> world, tp, dp;  // tp/dp null when of size 1
+
+  bool sp() const { return sequence_parallel && tp_size > 1; }
+  int global_rank() const;  // through parallel/mesh.h (TP fastest, then DP)
+
+  // ---- TP collectives on fp32 buffers (no-ops for tp_size == 1) ----
+  void tp_all_reduce(float* buf, int64_t n) const;
+  // send: n elements; recv: tp_size * n.
+  void tp_all_gather(const float* send, float* recv, int64_t n) const;
+  // send: tp_size * n; recv: n (this rank's block, summed).
+  void tp_reduce_scatter(const float* send, float* recv, int64_t n) const;
+  void tp_all_reduce_max(float* buf, int64_t n) const;
+};
+
+// A single-process state (tp = dp = 1).
+ParallelState serial_state(Device* device);
+
+// Builds the TP and DP groups of parallel::Mesh(tp, pp = 1, dp) from the
+// world communicator (collective over world; world->size() must equal
+// tp * dp). Throws InvalidArgument otherwise.
+ParallelState make_parallel_state(std::shared_ptr<coll::Communicator> world, int tp, int dp, Device* device,
+                                  bool sequence_parallel);
+
+}  // namespace tessera::par

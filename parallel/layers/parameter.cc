@@ -1,0 +1,119 @@
+#include "parallel/layers/parameter.h"
+
+#include <cmath>
+
+#include "runtime/error.h"
+
+namespace tessera::par {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t hash_name(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Standard normal from two counter-based uniforms (Box-Muller).
+float normal_at(uint64_t key, int64_t i) {
+  uint64_t a = splitmix64(key ^ splitmix64(static_cast<uint64_t>(2 * i)));
+  uint64_t b = splitmix64(key ^ splitmix64(static_cast<uint64_t>(2 * i + 1)));
+  double u1 = (static_cast<double>(a >> 11) + 1.0) * (1.0 / 9007199254740993.0);  // (0, 1]
+  double u2 = static_cast<double>(b >> 11) * (1.0 / 9007199254740992.0);
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+}  // namespace
+
+int64_t Parameter::full_block() const { return split_dim < 0 ? 0 : full_shape[split_dim] / chunks; }
+
+int64_t Parameter::local_block() const {
+  if (split_dim < 0) return 0;
+  return (full_block() + tp_size - 1) / tp_size;
+}
+
+Parameter make_parameter(std::string name, Shape full_shape, int split_dim, int chunks, int tp_size, int tp_rank,
+                         Init init, float init_std, bool decay) {
+  Parameter p;
+  p.name = std::move(name);
+  p.full_shape = full_shape;
+  p.split_dim = tp_size > 1 ? split_dim : -1;
+  p.chunks = chunks;
+  p.tp_size = tp_size;
+  p.tp_rank = tp_rank;
+  p.init = init;
+  p.init_std = init_std;
+  p.decay = decay;
+  p.shape = full_shape;
+  if (p.split_dim >= 0) {
+    TESSERA_CHECK(full_shape[split_dim] % chunks == 0, p.name);
+    p.shape[split_dim] = p.local_block() * chunks;
+  }
+  return p;
+}
+
+void for_each_shard_element(const Parameter& p, const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t n = p.numel();
+  if (p.split_dim < 0) {
+    for (int64_t i = 0; i < n; ++i) fn(i, i);
+    return;
+  }
+  // Element (outer, c, inner) with c along split_dim.
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < p.split_dim; ++d) outer *= p.shape[d];
+  for (size_t d = p.split_dim + 1; d < p.shape.size(); ++d) inner *= p.shape[d];
+  const int64_t local_dim = p.shape[p.split_dim], full_dim = p.full_shape[p.split_dim];
+  const int64_t lb = p.local_block(), fb = p.full_block();
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t c = 0; c < local_dim; ++c) {
+      int64_t block = c / lb, within = p.tp_rank * lb + c % lb;
+      bool pad = within >= fb;
+      int64_t gc = block * fb + within;
+      for (int64_t i = 0; i < inner; ++i) {
+        int64_t li = (o * local_dim + c) * inner + i;
+        fn(li, pad ? -1 : (o * full_dim + gc) * inner + i);
+      }
+    }
+  }
+}
+
+void init_parameter(Parameter& p, uint64_t seed) {
+  TESSERA_CHECK(p.value != nullptr, "parameter ", p.name, " is not bound to a ParamBuffer");
+  const uint64_t key = splitmix64(seed ^ hash_name(p.name));
+  for_each_shard_element(p, [&](int64_t li, int64_t gi) {
+    float v = 0;
+    if (gi >= 0) {
+      switch (p.init) {
+        case Init::Zeros:
+          v = 0;
+          break;
+        case Init::Ones:
+          v = 1;
+          break;
+        case Init::Normal:
+          v = p.init_std * normal_at(key, gi);
+          break;
+      }
+    }
+    p.value[li] = v;
+  });
+}
+
+void load_shard(Parameter& p, const float* full) {
+  for_each_shard_element(p, [&](int64_t li, int64_t gi) { p.value[li] = gi >= 0 ? full[gi] : 0.f; });
+}
+
+void store_shard(const Parameter& p, float* full) {
+  for_each_shard_element(p, [&](int64_t li, int64_t gi) {
+    if (gi >= 0) full[gi] = p.value[li];
+  });
+}
+
+}  // namespace tessera::par

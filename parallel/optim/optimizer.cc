@@ -1,0 +1,184 @@
+#include "parallel/optim/optimizer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "runtime/device.h"
+#include "runtime/kernels.h"
+
+namespace tessera::optim {
+
+DistributedOptimizer::DistributedOptimizer(const par::ParallelState& ps, std::vector<par::Parameter*> params,
+                                           AdamWConfig config)
+    : ps_(ps), cfg_(std::move(config)), params_(std::move(params)) {
+  TESSERA_ARG_CHECK(!params_.empty(), "optimizer: no parameters");
+  TESSERA_ARG_CHECK(cfg_.bucket_elems > 0, "optimizer: bucket size must be > 0");
+  const int dp = ps_.dp_size;
+  // Buckets in gradient order; each padded to a multiple of dp so ZeRO-1
+  // gives every rank an equal slice of it.
+  Bucket cur;
+  auto close = [&]() {
+    if (cur.num_params == 0) return;
+    int64_t used = total_ - cur.offset;
+    cur.size = (used + dp - 1) / dp * dp;
+    total_ = cur.offset + cur.size;
+    buckets_.push_back(cur);
+    cur = Bucket{};
+    cur.offset = total_;
+  };
+  std::vector<int64_t> offsets;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    par::Parameter* p = params_[i];
+    p->index = static_cast<int>(i);
+    offsets.push_back(total_);
+    total_ += p->numel();
+    bucket_of_.push_back(static_cast<int>(buckets_.size()));
+    ++cur.num_params;
+    if (total_ - cur.offset >= cfg_.bucket_elems) close();
+  }
+  close();
+  ready_.assign(params_.size(), false);
+
+  values_ = Tensor::empty({total_}, DType::F32, ps_.device);
+  grads_ = Tensor::empty({total_}, DType::F32, ps_.device);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->offset = offsets[i];
+    params_[i]->value = values() + offsets[i];
+    params_[i]->grad = grads() + offsets[i];
+  }
+
+  // What this rank updates: everything (plain DP) or its slice of every bucket (ZeRO-1).
+  const bool shard = cfg_.zero1 && dp > 1;
+  int64_t state = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bk = buckets_[b];
+    int64_t lo = bk.offset, hi = bk.offset + bk.size;
+    if (shard) {
+      lo = bk.offset + ps_.dp_rank * shard_size(bk);
+      hi = lo + shard_size(bk);
+    }
+    shard_offset_.push_back(state);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (bucket_of_[i] != static_cast<int>(b)) continue;
+      const par::Parameter* p = params_[i];
+      int64_t s = std::max(lo, p->offset), e = std::min(hi, p->offset + p->numel());
+      if (s >= e) continue;
+      bool count = p->tp_sharded() || ps_.tp_rank == 0;
+      segments_.push_back({state + (s - lo), e - s, p->decay, count});
+      segment_src_.push_back(s);
+    }
+    state += hi - lo;
+  }
+  m_ = Tensor::empty({state}, DType::F32, ps_.device);
+  v_ = Tensor::empty({state}, DType::F32, ps_.device);
+  if (shard) {
+    shard_grads_ = Tensor::empty({state}, DType::F32, ps_.device);
+    shard_values_ = Tensor::empty({state}, DType::F32, ps_.device);
+  }
+}
+
+DistributedOptimizer::~DistributedOptimizer() {
+  // Outstanding reductions write into our buffers: let them finish first.
+  for (auto& b : buckets_) {
+    if (b.work) {
+      try {
+        b.work->wait();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+}
+
+int64_t DistributedOptimizer::optimizer_state_bytes() const { return static_cast<int64_t>(m_.nbytes() + v_.nbytes()); }
+
+void DistributedOptimizer::zero_grad() {
+  std::memset(grads(), 0, sizeof(float) * total_);
+  kern::charge(ps_.device, 0, 4.0 * total_);
+  for (auto& b : buckets_) {
+    b.pending = b.num_params;
+    b.launched = false;
+    b.work.reset();
+  }
+  ready_.assign(params_.size(), false);
+}
+
+void DistributedOptimizer::launch(Bucket& b) {
+  b.launched = true;
+  if (ps_.dp_size == 1) return;
+  float* g = grads() + b.offset;
+  if (cfg_.zero1) {
+    size_t idx = &b - buckets_.data();
+    b.work = ps_.dp->reduce_scatter_async(g, shard_grads_.data<float>() + shard_offset_[idx],
+                                          static_cast<size_t>(shard_size(b)), DType::F32, coll::ReduceOp::Sum);
+  } else {
+    b.work = ps_.dp->all_reduce_async(g, g, static_cast<size_t>(b.size), DType::F32, coll::ReduceOp::Sum);
+  }
+}
+
+void DistributedOptimizer::grad_ready(par::Parameter* p) {
+  TESSERA_CHECK(p->index >= 0 && p->index < static_cast<int>(params_.size()) && params_[p->index] == p,
+                "grad_ready for a parameter this optimizer does not own: ", p->name);
+  if (ps_.sp() && p->sp_partial) ps_.tp_all_reduce(p->grad, p->numel());
+  TESSERA_CHECK(!ready_[p->index], "grad_ready called twice in a step for ", p->name);
+  ready_[p->index] = true;
+  Bucket& b = buckets_[bucket_of_[p->index]];
+  if (--b.pending == 0) launch(b);
+}
+
+StepStats DistributedOptimizer::step(int64_t step) {
+  TESSERA_ARG_CHECK(step >= 1, "optimizer step counts from 1");
+  // Parameters the model never reported (unused in this step) are reduced now, in order.
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!ready_[i]) grad_ready(params_[i]);
+  for (auto& b : buckets_) {
+    if (b.work) b.work->wait();
+    b.work.reset();
+  }
+  const bool shard = cfg_.zero1 && ps_.dp_size > 1;
+  float* m = m_.data<float>();
+  float* v = v_.data<float>();
+  auto grad_of = [&](size_t s) {
+    return shard ? shard_grads_.data<float>() + segments_[s].offset : grads() + segment_src_[s];
+  };
+
+  // Global norm: every element of every shard exactly once.
+  double local = 0;
+  for (size_t s = 0; s < segments_.size(); ++s)
+    if (segments_[s].count_in_norm) local += kern::sum_squares(ps_.device, grad_of(s), segments_[s].size);
+  float sq = static_cast<float>(local);
+  if (shard) ps_.dp->all_reduce(&sq, &sq, 1, DType::F32, coll::ReduceOp::Sum);
+  ps_.tp_all_reduce(&sq, 1);
+  StepStats st;
+  st.grad_norm = std::sqrt(static_cast<double>(sq));
+  st.clip_coef = 1.0;
+  if (cfg_.clip_norm > 0 && st.grad_norm > cfg_.clip_norm) st.clip_coef = cfg_.clip_norm / (st.grad_norm + 1e-6);
+  st.lr = cfg_.lr.at(step);
+
+  const float bias1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(step)));
+  const float bias2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(step)));
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const Segment& sg = segments_[s];
+    kern::adamw_update(ps_.device, values() + segment_src_[s], grad_of(s), m + sg.offset, v + sg.offset, sg.size,
+                       static_cast<float>(st.lr), static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+                       static_cast<float>(cfg_.eps), sg.decay ? static_cast<float>(cfg_.weight_decay) : 0.f, bias1,
+                       bias2, static_cast<float>(st.clip_coef));
+  }
+
+  if (shard) {
+    // Every rank updated its slice of each bucket; gather the slices back.
+    auto& works = gather_works_;
+    works.clear();
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const Bucket& bk = buckets_[b];
+      const int64_t ss = shard_size(bk);
+      float* sv = shard_values_.data<float>() + shard_offset_[b];
+      std::memcpy(sv, values() + bk.offset + ps_.dp_rank * ss, sizeof(float) * ss);
+      works.push_back(ps_.dp->all_gather_async(sv, values() + bk.offset, static_cast<size_t>(ss), DType::F32));
+    }
+    for (auto& w : works) w->wait();
+    works.clear();
+  }
+  return st;
+}
+
+}  // namespace tessera::optim

@@ -1,0 +1,110 @@
+// DistributedOptimizer: flat parameter/gradient buffers, data-parallel
+// gradient reduction in buckets overlapped with backward, optional ZeRO-1,
+// clipping by the true global gradient norm, and AdamW.
+//
+// Layout: the Parameters are given in the order backward finishes their
+// gradients; their values and gradients become views into two flat fp32
+// buffers on the Device in that order, cut into buckets of about
+// `bucket_elems` (each padded to a multiple of dp), so a bucket is complete
+// as soon as backward has passed through it.
+//
+// Per step (all ranks of the job, one thread each):
+//   zero_grad(); for each micro-batch { forward; backward } where, on the
+//   last micro-batch only, the model calls grad_ready(p) once per Parameter
+//   as its gradient becomes final; then step().
+// grad_ready sums sequence-parallel partial gradients over TP (blocking) and,
+// when a bucket is complete, launches its DP reduction asynchronously:
+// all_reduce (plain DP) or reduce_scatter into this rank's shard (ZeRO-1).
+// step() waits for them, computes the global norm over every shard (TP
+// sharded parameters counted once per TP rank, replicated ones once), scales
+// gradients by min(1, clip / norm), applies AdamW (decoupled weight decay,
+// none on parameters with decay == false) to the full buffer (plain DP) or to
+// this rank's shard of every bucket (ZeRO-1, which then all-gathers the
+// updated values per bucket). Gradients must be pre-scaled so that their DP
+// sum is the gradient of the global mean loss.
+//
+// The Parameters and ParallelState must outlive the optimizer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "parallel/layers/parallel_state.h"
+#include "parallel/layers/parameter.h"
+#include "parallel/optim/lr_schedule.h"
+
+namespace tessera::optim {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double clip_norm = 1.0;  // <= 0: no clipping
+  LrSchedule lr;
+  bool zero1 = false;
+  int64_t bucket_elems = 1 << 20;  // ~4 MiB of fp32 per bucket
+};
+
+struct StepStats {
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+  double clip_coef = 1;
+};
+
+class DistributedOptimizer {
+ public:
+  DistributedOptimizer(const par::ParallelState& ps, std::vector<par::Parameter*> params_in_grad_order,
+                       AdamWConfig config);
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  const AdamWConfig& config() const { return cfg_; }
+  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  int64_t total_elems() const { return total_; }
+  // Bytes of AdamW state this rank holds (2 x its shard, or 2 x all under plain DP).
+  int64_t optimizer_state_bytes() const;
+
+  void zero_grad();
+  void grad_ready(par::Parameter* p);
+  // `step` counts from 1 (it selects the learning rate and bias corrections).
+  StepStats step(int64_t step);
+
+  // Flat buffers (for tests and checkpoints).
+  float* values() const { return values_.data<float>(); }
+  float* grads() const { return grads_.data<float>(); }
+
+ private:
+  struct Segment {  // a run of elements of one parameter
+    int64_t offset, size;
+    bool decay, count_in_norm;
+  };
+  struct Bucket {
+    int64_t offset = 0, size = 0;  // size padded to a multiple of dp
+    int num_params = 0, pending = 0;
+    bool launched = false;
+    std::shared_ptr<coll::Work> work;
+  };
+  void launch(Bucket& b);
+  int64_t shard_size(const Bucket& b) const { return b.size / ps_.dp_size; }
+
+  const par::ParallelState& ps_;
+  AdamWConfig cfg_;
+  std::vector<par::Parameter*> params_;
+  std::vector<int> bucket_of_;  // per parameter
+  std::vector<bool> ready_;     // per parameter, this step
+  std::vector<Bucket> buckets_;
+  int64_t total_ = 0;
+  Tensor values_, grads_;
+  // ZeRO-1: this rank's reduced gradient shard and value shard per bucket (at shard_offset_[b]).
+  Tensor shard_grads_, shard_values_;
+  std::vector<int64_t> shard_offset_;
+  Tensor m_, v_;
+  std::vector<Segment> segments_;                          // what this rank updates, offsets into its m_/v_ space
+  std::vector<int64_t> segment_src_;                       // offsets of those segments in the flat buffers
+  std::vector<std::shared_ptr<coll::Work>> gather_works_;  // reused across steps
+};
+
+}  // namespace tessera::optim

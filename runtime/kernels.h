@@ -1,0 +1,73 @@
+// CPU compute kernels of an emulated core.
+//
+// Every kernel works on fp32 row-major buffers the caller owns (normally the
+// storage of Tensors allocated on `dev`) and charges `dev`'s SimClock with
+// the FLOPs and HBM bytes the same kernel would cost on the accelerator
+// (roofline), so modeled step times follow the real work. `dev` may be
+// nullptr (nothing charged). Kernels allocate nothing; GEMMs go through
+// OpenBLAS cblas_sgemm (set OPENBLAS_NUM_THREADS=1 per rank).
+//
+// Thread-safety: kernels are reentrant; concurrent calls on one Device only
+// contend on its clock's atomics.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera {
+
+class Device;
+
+namespace kern {
+
+// One BLAS thread per rank unless OPENBLAS_NUM_THREADS says otherwise (ranks
+// are the parallelism; BLAS threads would oversubscribe the cores).
+void default_blas_threads();
+
+// Charges `dev` (if not null) for a kernel of `flops` FLOPs touching `bytes` bytes.
+void charge(Device* dev, double flops, double bytes);
+
+// C[M,N] = alpha * op(A) * op(B) + beta * C, op = transpose when ta/tb.
+// lda/ldb/ldc are the row strides of A, B, C as stored. Charges 2*M*N*K.
+void gemm(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// The same without charging (for callers that charge a batch once).
+void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// y[r, :] = layernorm(x[r, :]) * gamma + beta; saves mean and 1/std per row.
+void layernorm_forward(Device* dev, const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                       float* rstd, int64_t rows, int64_t cols, float eps);
+// dx += dLN/dx (accumulates: the residual stream's gradient flows through);
+// dgamma += sum_r dy*xhat, dbeta += sum_r dy.
+void layernorm_backward(Device* dev, const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
+
+// out[r, :] = bias (broadcast), so a following GEMM with beta = 1 adds the bias for free.
+void broadcast_rows(Device* dev, const float* bias, float* out, int64_t rows, int64_t cols);
+// out[r, :] = a[r, :] + b[r, :] (+ bias[:] when not null); b may be null when bias is not.
+// out may alias a or b.
+void add_rows(Device* dev, const float* a, const float* b, const float* bias, float* out, int64_t rows, int64_t cols);
+// db[j] += sum_r dy[r, j].
+void bias_grad(Device* dev, const float* dy, float* db, int64_t rows, int64_t cols);
+
+// GELU, tanh approximation (GPT-2's "gelu_new"): y = gelu(x).
+void gelu_forward(Device* dev, const float* x, float* y, int64_t n);
+// dx = dy * gelu'(x); dx may alias dy.
+void gelu_backward(Device* dev, const float* dy, const float* x, float* dx, int64_t n);
+
+// In place on a [t, t] score matrix with row stride ld: p = softmax(scale * s)
+// over columns j <= i of row i; entries j > i become 0.
+void causal_softmax_forward(float* s, int64_t t, int64_t ld, float scale);
+// In place: dp (gradient w.r.t. p) becomes the gradient w.r.t. the raw scores s.
+void causal_softmax_backward(const float* p, float* dp, int64_t t, int64_t ld, float scale);
+
+// AdamW on n contiguous elements (decoupled weight decay: p -= lr*wd*p first).
+// bias1/bias2 are 1 - beta^t. grad_scale multiplies g (clipping).
+void adamw_update(Device* dev, float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float bias1, float bias2, float grad_scale);
+
+// sum of squares (in double) of n elements.
+double sum_squares(Device* dev, const float* x, int64_t n);
+
+}  // namespace kern
+}  // namespace tessera
