@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and runs it.
+# The main job: installs what is missing, builds, then trains a small GPT-2
+# over 8 emulated Trainium cores (tensor parallel 2 x data parallel 4) under
+# `tessera run`, and measures all-reduce bandwidth over 4 emulated cores.
 source "$(dirname "$0")/common.sh"
 tessera_build
 OUT="$ROOT/out/demo"
 mkdir -p "$OUT"
-echo "== all-reduce bandwidth over 4 emulated cores (shared memory) =="
-"$BUILD_DIR/bin/tessera" bench all_reduce -r 4 -b 8 -e 64M -f 4 --check --baseline \
+BIN="$BUILD_DIR/bin"
+STEPS="${TESSERA_DEMO_STEPS:-150}"
+
+echo "== GPT-2 (4 layers, width 128, byte tokens) on 8 emulated trn1 cores: TP=2 x DP=4 =="
+"$BIN/tessera" run --nproc-per-node 8 --log-dir "$OUT/logs" -- \
+  "$BIN/train_gpt" --tp 2 --dp 4 --zero1 --layers 4 --hidden 128 --heads 4 --seq 128 \
+  --micro-batch 4 --steps "$STEPS" --lr 3e-3 --val-every 50 --device trn1-core \
+  --log-json "$OUT/train_log.jsonl" --export "$OUT/gpt2_tp2_dp4.safetensors" \
+  | tee "$OUT/train.txt"
+
+echo
+echo "== all-reduce bandwidth over 4 emulated cores (shared memory), modeled on trn1.32xlarge =="
+"$BIN/tessera" bench all_reduce -r 4 -b 8 -e 16M -f 4 --check --baseline \
   --topology trn1.32xlarge --json "$OUT/bench_all_reduce.json" --plot "$OUT/bench_all_reduce.png" \
   | tee "$OUT/bench_all_reduce.txt"
+
 echo
-echo "demo: results in $OUT/ (bench_all_reduce.txt, .json, .png)"
+echo "demo: results in $OUT/"
+echo "  train.txt, train_log.jsonl     per-step loss, grad norm, tokens/s, modeled step time, MFU, peak memory"
+echo "  logs/                          one log file per rank"
+echo "  gpt2_tp2_dp4.safetensors       the trained weights, Hugging Face GPT-2 layout"
+echo "  bench_all_reduce.{txt,json,png} all-reduce bandwidth table, JSON and plot"
