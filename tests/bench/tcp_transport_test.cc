@@ -1,5 +1,7 @@
 // The TCP transport on its own: forked ranks on loopback, exact payloads,
 // protocol errors, a dead peer and a timeout.
+#include "collectives/tcp/tcp_transport.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "collectives/store.h"
-#include "collectives/tcp/tcp_transport.h"
 #include "tests/bench/rank_fork.h"
 
 namespace tessera::coll {
