@@ -50,6 +50,7 @@
 
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/world.h"
 
 namespace tessera::coll::tcp {
 namespace {
@@ -417,11 +418,16 @@ void Connection::post_abort() {
              }));
 }
 
+// The header goes out in one gather write with the first piece of the
+// payload, so a small message costs one system call.
 void Connection::write_header() {
   writing_ = true;
-  asio::async_write(socket_, asio::buffer(&out_hdr_, sizeof out_hdr_),
-                    bind_slot(mem_write_, [this](const boost::system::error_code& ec, size_t) {
+  const size_t first = std::min(kChunk, send_op_.bytes);
+  const std::array<asio::const_buffer, 2> bufs{asio::buffer(&out_hdr_, sizeof out_hdr_),
+                                               asio::buffer(send_op_.sbuf, first)};
+  asio::async_write(socket_, bufs, bind_slot(mem_write_, [this, first](const boost::system::error_code& ec, size_t) {
                       if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message());
+                      send_op_.done += first;
                       write_payload();
                     }));
 }
@@ -581,9 +587,33 @@ void Connection::fail(Kind kind, const std::string& what) {
 
 // ---- TcpTransport ------------------------------------------------------------------
 
+// The address peers connect to: TESSERA_TCP_ADDR; else loopback when every
+// rank is on this host; else this host name's first non-loopback IPv4
+// address (never loopback silently for a multi-host job).
 std::string advertised_address() {
   if (const char* a = std::getenv("TESSERA_TCP_ADDR"); a && *a) return a;
-  return "127.0.0.1";
+  World w;
+  try {
+    w = discover_world();
+  } catch (const Error&) {
+    return "127.0.0.1";
+  }
+  if (w.local_size >= w.size) return "127.0.0.1";
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) {
+    asio::io_context io;
+    tcp::resolver res(io);
+    boost::system::error_code ec;
+    auto results = res.resolve(tcp::v4(), host, "0", ec);
+    if (!ec) {
+      for (const auto& e : results) {
+        auto ip = e.endpoint().address();
+        if (!ip.is_loopback()) return ip.to_string();
+      }
+    }
+  }
+  throw InvalidArgument(std::string("tcp transport: ranks span several hosts but host '") + host +
+                        "' has no non-loopback IPv4 address; set TESSERA_TCP_ADDR to this host's address");
 }
 
 void set_socket_options(tcp::socket& s) {
@@ -763,16 +793,18 @@ void TcpTransport::wait_op(Connection& c, Op& op, const char* what) {
 // io thread to settle the op, and throws.
 void TcpTransport::fail_op(Connection& c, Op& op, const char* what) {
   std::unique_lock<std::mutex> lk(mu_);
-  Kind k;
-  std::string msg;
-  if (op.failed) {
-    k = op.kind, msg = op.error;
-  } else if (failed_) {
-    k = fail_kind_, msg = fail_what_;
-  } else {
-    k = Kind::Timeout, msg = "timed out after " + std::to_string(options_.timeout.count()) + " ms";
+  if (!failed_) {
+    // Nothing failed before this wait ran out: a timeout (an op only fails
+    // together with the transport, see Connection::fail).
+    set_failed_locked(op.failed ? op.kind : Kind::Timeout, c.peer_,
+                      op.failed ? op.error : "timed out after " + std::to_string(options_.timeout.count()) + " ms");
   }
-  if (!failed_) set_failed_locked(k, c.peer_, msg);
+  // Report the first failure (the root cause: an abort, the peer that died),
+  // not the shutdown it caused on this connection.
+  const Kind k = fail_kind_;
+  const int peer = fail_peer_ >= 0 ? fail_peer_ : c.peer_;
+  std::string msg = fail_what_;
+  if (peer != c.peer_) msg += " (rank " + std::to_string(peer) + ")";
   lk.unlock();
   shutdown_all();
   lk.lock();
@@ -780,7 +812,7 @@ void TcpTransport::fail_op(Connection& c, Op& op, const char* what) {
   if (!op.sink) cv_.wait_for(lk, std::chrono::seconds(5), [&] { return op.complete || op.failed; });
   op.active = false;
   throw TransportError(
-      k, c.peer_,
+      k, peer,
       std::string("tcp ") + what + " rank " + std::to_string(c.peer_) + " (group '" + options_.name + "'): " + msg);
 }
 
