@@ -1,11 +1,16 @@
 // Baselines measured in the same run as the benchmark (docs/bench.md), and
 // the gnuplot plot.
+
+// clang-format off
+// Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
+#include <utility>
+#include <boost/asio.hpp>
+// clang-format on
+
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
-#include <boost/asio.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -22,9 +27,7 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Pre-faulted anonymous memory.
 struct Mem {
@@ -70,8 +73,10 @@ TcpBaseline run_stream(tcp::socket& s, bool is_a, size_t bytes, int reps) {
     asio::write(s, asio::buffer(&b, 1));
   }
   // Phase 2: both directions at once; a reader thread per side.
-  if (is_a) asio::write(s, asio::buffer(&b, 1));
-  else asio::read(s, asio::buffer(&b, 1));
+  if (is_a)
+    asio::write(s, asio::buffer(&b, 1));
+  else
+    asio::read(s, asio::buffer(&b, 1));
   double t0 = now_s();
   boost::system::error_code rec;
   std::thread reader([&] {
@@ -163,8 +168,7 @@ void plot_png(const Report& r, const std::string& png) {
     std::ofstream g(gp);
     g << "set terminal pngcairo size 960,600 noenhanced\n"
       << "set output '" << png << "'\n"
-      << "set title 'tessera bench " << r.op << ": " << r.ranks << " ranks, " << r.transport << ", " << r.dtype
-      << "'\n"
+      << "set title 'tessera bench " << r.op << ": " << r.ranks << " ranks, " << r.transport << ", " << r.dtype << "'\n"
       << "set logscale x 2\nset xlabel 'size (bytes)'\nset ylabel 'busbw (GB/s)'\nset grid\nset key left top\n"
       << "set format x '%.0b %BB'\n"
       << "plot '" << dat.string() << "' using 1:2 with linespoints title 'out-of-place'";

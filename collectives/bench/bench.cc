@@ -3,9 +3,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cstdarg>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -31,13 +31,20 @@ BenchOp parse_bench_op(const std::string& s) {
 
 const char* bench_op_name(BenchOp op) {
   switch (op) {
-    case BenchOp::AllReduce: return "all_reduce";
-    case BenchOp::AllGather: return "all_gather";
-    case BenchOp::ReduceScatter: return "reduce_scatter";
-    case BenchOp::AllToAll: return "all_to_all";
-    case BenchOp::Broadcast: return "broadcast";
-    case BenchOp::Reduce: return "reduce";
-    case BenchOp::SendRecv: return "sendrecv";
+    case BenchOp::AllReduce:
+      return "all_reduce";
+    case BenchOp::AllGather:
+      return "all_gather";
+    case BenchOp::ReduceScatter:
+      return "reduce_scatter";
+    case BenchOp::AllToAll:
+      return "all_to_all";
+    case BenchOp::Broadcast:
+      return "broadcast";
+    case BenchOp::Reduce:
+      return "reduce";
+    case BenchOp::SendRecv:
+      return "sendrecv";
   }
   return "?";
 }
@@ -49,13 +56,16 @@ bool op_reduces(BenchOp op) {
 double bus_factor(BenchOp op, int n) {
   TESSERA_CHECK(n >= 1, "nranks ", n);
   switch (op) {
-    case BenchOp::AllReduce: return 2.0 * (n - 1) / n;
+    case BenchOp::AllReduce:
+      return 2.0 * (n - 1) / n;
     case BenchOp::AllGather:
     case BenchOp::ReduceScatter:
-    case BenchOp::AllToAll: return static_cast<double>(n - 1) / n;
+    case BenchOp::AllToAll:
+      return static_cast<double>(n - 1) / n;
     case BenchOp::Broadcast:
     case BenchOp::Reduce:
-    case BenchOp::SendRecv: return 1.0;
+    case BenchOp::SendRecv:
+      return 1.0;
   }
   return 1.0;
 }
@@ -66,9 +76,7 @@ static bool splits_per_rank(BenchOp op) {
 
 size_t parse_size(const std::string& text) {
   std::string s = text;
-  auto bad = [&] {
-    return InvalidArgument("bad size '" + text + "': expected bytes such as 8, 64K, 1M or 1G");
-  };
+  auto bad = [&] { return InvalidArgument("bad size '" + text + "': expected bytes such as 8, 64K, 1M or 1G"); };
   if (s.empty()) throw bad();
   // Strip an optional trailing "B" / "iB".
   if (s.size() > 1 && (s.back() == 'B' || s.back() == 'b')) {
@@ -77,11 +85,24 @@ size_t parse_size(const std::string& text) {
   }
   uint64_t mult = 1;
   switch (s.empty() ? '\0' : s.back()) {
-    case 'k': case 'K': mult = 1ull << 10; break;
-    case 'm': case 'M': mult = 1ull << 20; break;
-    case 'g': case 'G': mult = 1ull << 30; break;
-    case 't': case 'T': mult = 1ull << 40; break;
-    default: break;
+    case 'k':
+    case 'K':
+      mult = 1ull << 10;
+      break;
+    case 'm':
+    case 'M':
+      mult = 1ull << 20;
+      break;
+    case 'g':
+    case 'G':
+      mult = 1ull << 30;
+      break;
+    case 't':
+    case 'T':
+      mult = 1ull << 40;
+      break;
+    default:
+      break;
   }
   if (mult != 1) s.pop_back();
   if (s.empty() || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) throw bad();
@@ -129,10 +150,13 @@ size_t row_count(BenchOp op, size_t bytes, DType dtype, int n) {
 
 double reduce_input(ReduceOp op, int r, int n, size_t i) {
   switch (op) {
-    case ReduceOp::Sum: return static_cast<double>((static_cast<size_t>(r) + i) % 4 + 1);
-    case ReduceOp::Prod: return static_cast<double>(1 + (static_cast<size_t>(r) + i) % 2);
+    case ReduceOp::Sum:
+      return static_cast<double>((static_cast<size_t>(r) + i) % 4 + 1);
+    case ReduceOp::Prod:
+      return static_cast<double>(1 + (static_cast<size_t>(r) + i) % 2);
     case ReduceOp::Min:
-    case ReduceOp::Max: return static_cast<double>((static_cast<size_t>(r) * 5 + i) % 7);
+    case ReduceOp::Max:
+      return static_cast<double>((static_cast<size_t>(r) * 5 + i) % 7);
     case ReduceOp::Avg: {
       // Offsets +1/-1 in pairs (0 for an odd last rank) sum to zero, so the
       // average is the integer i % 4 + 1 exactly.
@@ -149,10 +173,18 @@ double reduce_expected(ReduceOp op, int n, size_t i) {
     double v = reduce_input(op, r, n, i);
     switch (op) {
       case ReduceOp::Sum:
-      case ReduceOp::Avg: acc += v; break;
-      case ReduceOp::Prod: acc *= v; break;
-      case ReduceOp::Min: acc = std::min(acc, v); break;
-      case ReduceOp::Max: acc = std::max(acc, v); break;
+      case ReduceOp::Avg:
+        acc += v;
+        break;
+      case ReduceOp::Prod:
+        acc *= v;
+        break;
+      case ReduceOp::Min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::Max:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::Avg) acc /= n;
@@ -163,22 +195,37 @@ double move_input(int r, size_t i) { return static_cast<double>((static_cast<siz
 
 double load(const void* buf, DType t, size_t i) {
   switch (t) {
-    case DType::F32: return static_cast<const float*>(buf)[i];
-    case DType::BF16: return bf16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
-    case DType::F16: return f16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
-    case DType::I32: return static_cast<const int32_t*>(buf)[i];
-    case DType::I64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case DType::F32:
+      return static_cast<const float*>(buf)[i];
+    case DType::BF16:
+      return bf16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::F16:
+      return f16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::I32:
+      return static_cast<const int32_t*>(buf)[i];
+    case DType::I64:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
   }
   return 0;
 }
 
 void store(void* buf, DType t, size_t i, double v) {
   switch (t) {
-    case DType::F32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case DType::BF16: static_cast<uint16_t*>(buf)[i] = float_to_bf16_bits(static_cast<float>(v)); break;
-    case DType::F16: static_cast<uint16_t*>(buf)[i] = float_to_f16_bits(static_cast<float>(v)); break;
-    case DType::I32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); break;
-    case DType::I64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
+    case DType::F32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DType::BF16:
+      static_cast<uint16_t*>(buf)[i] = float_to_bf16_bits(static_cast<float>(v));
+      break;
+    case DType::F16:
+      static_cast<uint16_t*>(buf)[i] = float_to_f16_bits(static_cast<float>(v));
+      break;
+    case DType::I32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::I64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
   }
 }
 
@@ -214,8 +261,7 @@ struct Pattern {
     for (size_t i = 0; i < count;) {
       size_t n = std::min(count - i, kPeriod - j);
       if (std::memcmp(in + i * ts, bytes.data() + j * ts, n * ts) != 0) {
-        for (size_t k = 0; k < n; ++k)
-          wrong += std::memcmp(in + (i + k) * ts, bytes.data() + (j + k) * ts, ts) != 0;
+        for (size_t k = 0; k < n; ++k) wrong += std::memcmp(in + (i + k) * ts, bytes.data() + (j + k) * ts, ts) != 0;
       }
       i += n;
       j = 0;
@@ -254,24 +300,42 @@ Call make_call(BenchOp op, size_t total, int r, int n, size_t ts, void* S, void*
   size_t per = total / static_cast<size_t>(n);
   switch (op) {
     case BenchOp::AllReduce:
-    case BenchOp::Reduce: return inplace ? Call{R, R, total} : Call{S, R, total};
-    case BenchOp::AllGather: return inplace ? Call{rb + r * per * ts, R, per} : Call{S, R, per};
-    case BenchOp::ReduceScatter: return inplace ? Call{R, rb + r * per * ts, per} : Call{S, R, per};
-    case BenchOp::AllToAll: return inplace ? Call{R, R, per} : Call{S, R, per};
-    case BenchOp::Broadcast: return Call{R, R, total};
-    case BenchOp::SendRecv: return Call{S, R, total};
+    case BenchOp::Reduce:
+      return inplace ? Call{R, R, total} : Call{S, R, total};
+    case BenchOp::AllGather:
+      return inplace ? Call{rb + r * per * ts, R, per} : Call{S, R, per};
+    case BenchOp::ReduceScatter:
+      return inplace ? Call{R, rb + r * per * ts, per} : Call{S, R, per};
+    case BenchOp::AllToAll:
+      return inplace ? Call{R, R, per} : Call{S, R, per};
+    case BenchOp::Broadcast:
+      return Call{R, R, total};
+    case BenchOp::SendRecv:
+      return Call{S, R, total};
   }
   return Call{S, R, total};
 }
 
 void issue(Communicator& c, BenchOp op, const Call& k, DType dt, ReduceOp redop, int root) {
   switch (op) {
-    case BenchOp::AllReduce: c.all_reduce(k.send, k.recv, k.count, dt, redop); break;
-    case BenchOp::AllGather: c.all_gather(k.send, k.recv, k.count, dt); break;
-    case BenchOp::ReduceScatter: c.reduce_scatter(k.send, k.recv, k.count, dt, redop); break;
-    case BenchOp::AllToAll: c.all_to_all(k.send, k.recv, k.count, dt); break;
-    case BenchOp::Broadcast: c.broadcast(k.recv, k.count, dt, root); break;
-    case BenchOp::Reduce: c.reduce(k.send, k.recv, k.count, dt, redop, root); break;
+    case BenchOp::AllReduce:
+      c.all_reduce(k.send, k.recv, k.count, dt, redop);
+      break;
+    case BenchOp::AllGather:
+      c.all_gather(k.send, k.recv, k.count, dt);
+      break;
+    case BenchOp::ReduceScatter:
+      c.reduce_scatter(k.send, k.recv, k.count, dt, redop);
+      break;
+    case BenchOp::AllToAll:
+      c.all_to_all(k.send, k.recv, k.count, dt);
+      break;
+    case BenchOp::Broadcast:
+      c.broadcast(k.recv, k.count, dt, root);
+      break;
+    case BenchOp::Reduce:
+      c.reduce(k.send, k.recv, k.count, dt, redop, root);
+      break;
     case BenchOp::SendRecv: {
       // Each rank sends to rank+1 and receives from rank-1 (nccl-tests'
       // sendrecv). Blocking calls: even ranks send first, odd ranks receive
@@ -296,8 +360,7 @@ void issue(Communicator& c, BenchOp op, const Call& k, DType dt, ReduceOp redop,
 
 class Checker {
  public:
-  Checker(BenchOp op, DType dt, ReduceOp redop, int r, int n, int root)
-      : op_(op), dt_(dt), r_(r), n_(n), root_(root) {
+  Checker(BenchOp op, DType dt, ReduceOp redop, int r, int n, int root) : op_(op), dt_(dt), r_(r), n_(n), root_(root) {
     if (op_reduces(op)) {
       in_.emplace_back(dt, [&](size_t j) { return reduce_input(redop, r, n, j); });
       exp_.emplace_back(dt, [&](size_t j) { return reduce_expected(redop, n, j); });
@@ -335,8 +398,10 @@ class Checker {
         if (!inplace) sentinel_->fill(R, total, 0);
         break;
       case BenchOp::Broadcast:
-        if (r_ == root_) exp_[root_].fill(R, total, 0);
-        else sentinel_->fill(R, total, 0);
+        if (r_ == root_)
+          exp_[root_].fill(R, total, 0);
+        else
+          sentinel_->fill(R, total, 0);
         break;
       case BenchOp::SendRecv:
         exp_[r_].fill(send, total, 0);
@@ -350,9 +415,12 @@ class Checker {
     size_t ts = dtype_size(dt_);
     const auto* out = static_cast<const unsigned char*>(k.recv);
     switch (op_) {
-      case BenchOp::AllReduce: return exp_[0].count_wrong(out, total, 0);
-      case BenchOp::Reduce: return r_ == root_ ? exp_[0].count_wrong(out, total, 0) : 0;
-      case BenchOp::ReduceScatter: return exp_[0].count_wrong(out, per, static_cast<size_t>(r_) * per);
+      case BenchOp::AllReduce:
+        return exp_[0].count_wrong(out, total, 0);
+      case BenchOp::Reduce:
+        return r_ == root_ ? exp_[0].count_wrong(out, total, 0) : 0;
+      case BenchOp::ReduceScatter:
+        return exp_[0].count_wrong(out, per, static_cast<size_t>(r_) * per);
       case BenchOp::AllGather: {
         int64_t w = 0;
         for (int s = 0; s < n_; ++s) w += exp_[s].count_wrong(out + s * per * ts, per, 0);
@@ -363,8 +431,10 @@ class Checker {
         for (int s = 0; s < n_; ++s) w += exp_[s].count_wrong(out + s * per * ts, per, static_cast<size_t>(r_) * per);
         return w;
       }
-      case BenchOp::Broadcast: return exp_[root_].count_wrong(out, total, 0);
-      case BenchOp::SendRecv: return exp_[(r_ + n_ - 1) % n_].count_wrong(out, total, 0);
+      case BenchOp::Broadcast:
+        return exp_[root_].count_wrong(out, total, 0);
+      case BenchOp::SendRecv:
+        return exp_[(r_ + n_ - 1) % n_].count_wrong(out, total, 0);
     }
     return 0;
   }
@@ -377,14 +447,12 @@ class Checker {
   std::optional<Pattern> sentinel_;
 };
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 struct Measured {
-  double seconds;  // per iteration, mean over ranks
-  double modeled;  // seconds, this rank's model of the last call
-  int64_t wrong;   // summed over ranks; -1 unchecked
+  double seconds;         // per iteration, mean over ranks
+  double modeled;         // seconds, this rank's model of the last call
+  int64_t wrong;          // summed over ranks; -1 unchecked
   std::string algorithm;  // what served the timed calls
 };
 
@@ -538,8 +606,8 @@ std::string format_header(const Report& r) {
     extra3 += fmt("  %9s  %6s", "(GB/s)", "");
   }
   os << fmt("# %12s  %12s  %8s  %6s%33s%33s", "", "", "", "", "out-of-place", "in-place") << extra1 << "\n";
-  os << fmt("# %12s  %12s  %8s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s", "size", "count", "type", "redop",
-            "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong")
+  os << fmt("# %12s  %12s  %8s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s", "size", "count", "type", "redop", "time",
+            "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong")
      << extra2 << "\n";
   os << fmt("# %12s  %12s  %8s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s", "(B)", "(elements)", "", "", "(us)",
             "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "")
@@ -550,15 +618,21 @@ std::string format_header(const Report& r) {
 std::string format_row(const Report& r, const Row& row) {
   std::string s = fmt("  %12zu  %12zu  %8s  %6s", row.size_bytes, row.count, r.dtype.c_str(), r.redop.c_str());
   s += result_cols(row.oop);
-  if (row.ip) s += result_cols(*row.ip);
-  else s += fmt("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
-  if (row.modeled_busbw_gbps > 0) s += fmt("  %11.2f", row.modeled_busbw_gbps);
-  else s += fmt("  %11s", "N/A");
+  if (row.ip)
+    s += result_cols(*row.ip);
+  else
+    s += fmt("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
+  if (row.modeled_busbw_gbps > 0)
+    s += fmt("  %11.2f", row.modeled_busbw_gbps);
+  else
+    s += fmt("  %11s", "N/A");
   if (!r.compare.empty()) {
     double c = row.compare_busbw_gbps.value_or(0);
     s += fmt("  %9.2f", c);
-    if (c > 0) s += fmt("  %6.2f", row.oop.busbw_gbps / c);
-    else s += fmt("  %6s", "N/A");
+    if (c > 0)
+      s += fmt("  %6.2f", row.oop.busbw_gbps / c);
+    else
+      s += fmt("  %6s", "N/A");
   }
   return s + "\n";
 }
@@ -601,8 +675,8 @@ nlohmann::json to_json(const Report& r) {
     if (!row.algorithm.empty()) o["algorithm"] = row.algorithm;
     if (row.compare_busbw_gbps) {
       o["compare_busbw_gbps"] = *row.compare_busbw_gbps;
-      o["compare_ratio"] = *row.compare_busbw_gbps > 0 ? json(row.oop.busbw_gbps / *row.compare_busbw_gbps)
-                                                       : json(nullptr);
+      o["compare_ratio"] =
+          *row.compare_busbw_gbps > 0 ? json(row.oop.busbw_gbps / *row.compare_busbw_gbps) : json(nullptr);
     }
     rows.push_back(o);
   }

@@ -71,8 +71,10 @@ bench::BenchConfig make_config(const BenchArgs& a) {
     throw InvalidArgument("-f/--stepfactor must be > 1, got " + std::to_string(a.stepfactor));
   double factor = a.stepfactor;
   size_t step = 0;
-  if (!a.stepbytes.empty()) step = bench::parse_size(a.stepbytes);
-  else if (factor == 0) factor = 2.0;  // nccom-test's default sweep doubles
+  if (!a.stepbytes.empty())
+    step = bench::parse_size(a.stepbytes);
+  else if (factor == 0)
+    factor = 2.0;  // nccom-test's default sweep doubles
   c.sizes = bench::size_sweep(lo, hi, factor, step);
   c.iters = a.iters;
   c.warmup = a.warmup;
@@ -240,8 +242,9 @@ int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
     mpi::init();
   }
   if (want_mpi && !in_mpirun && w.size > 1)
-    throw InvalidArgument("--transport mpi and --compare mpi need the ranks started by mpirun "
-                          "(use -r N, or mpirun -np N tessera bench ...)");
+    throw InvalidArgument(
+        "--transport mpi and --compare mpi need the ranks started by mpirun "
+        "(use -r N, or mpirun -np N tessera bench ...)");
   if (cfg.root < 0 || cfg.root >= w.size)
     throw InvalidArgument("--root " + std::to_string(cfg.root) + " is not a rank of " + std::to_string(w.size));
 
@@ -309,7 +312,8 @@ int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
       int reps = static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000));
       rep.memcpy_gbps = bench::measure_memcpy_gbps(bytes, reps);
     }
-    auto tcp = bench::measure_tcp_loopback(*comm, bytes, static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
+    auto tcp = bench::measure_tcp_loopback(*comm, bytes,
+                                           static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
     rep.tcp_loopback_gbps = tcp.bidir_gbps;
     rep.tcp_loopback_unidir_gbps = tcp.unidir_gbps;
   }
@@ -341,8 +345,7 @@ int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
 
 int bench_main(const BenchArgs& a) {
   const bench::BenchConfig cfg = make_config(a);  // validate before spawning anything
-  if (!a.compare.empty() && a.compare != "mpi")
-    throw InvalidArgument("--compare takes 'mpi', got '" + a.compare + "'");
+  if (!a.compare.empty() && a.compare != "mpi") throw InvalidArgument("--compare takes 'mpi', got '" + a.compare + "'");
   const TransportKind kind = parse_transport(a.transport);
   if (!a.topology.empty()) (void)topology_model(a.topology, std::max(a.nworkers, 1));  // fail early on bad names
   const bool launched =
@@ -387,8 +390,7 @@ void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
   cmd->add_flag("--baseline", a->baseline, "Also measure single-core memcpy and raw TCP loopback bandwidth");
   cmd->add_option("--compare", a->compare, "Run the same sizes through MPI's own collectives: mpi")
       ->check(CLI::IsMember({"mpi"}));
-  cmd->add_option("--timeout", a->timeout_s, "Seconds any wait may take (default 120)")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout", a->timeout_s, "Seconds any wait may take (default 120)")->check(CLI::PositiveNumber);
   cmd->callback([&action, a] { action = [a] { return bench_main(*a); }; });
 }
 

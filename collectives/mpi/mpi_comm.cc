@@ -59,10 +59,18 @@ void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) {
     float x = to_f<kBf16>(a[i]), y = to_f<kBf16>(b[i]), r;
     switch (kOp) {
-      case 0: r = x + y; break;
-      case 1: r = x * y; break;
-      case 2: r = std::min(x, y); break;
-      default: r = std::max(x, y); break;
+      case 0:
+        r = x + y;
+        break;
+      case 1:
+        r = x * y;
+        break;
+      case 2:
+        r = std::min(x, y);
+        break;
+      default:
+        r = std::max(x, y);
+        break;
     }
     b[i] = from_f<kBf16>(r);
   }
@@ -70,11 +78,15 @@ void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::F32: return MPI_FLOAT;
+    case DType::F32:
+      return MPI_FLOAT;
     case DType::BF16:
-    case DType::F16: return MPI_UINT16_T;
-    case DType::I32: return MPI_INT32_T;
-    case DType::I64: return MPI_INT64_T;
+    case DType::F16:
+      return MPI_UINT16_T;
+    case DType::I32:
+      return MPI_INT32_T;
+    case DType::I64:
+      return MPI_INT64_T;
   }
   return MPI_BYTE;
 }
@@ -82,10 +94,14 @@ MPI_Datatype mpi_type(DType t) {
 int op_index(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return 0;
-    case ReduceOp::Prod: return 1;
-    case ReduceOp::Min: return 2;
-    case ReduceOp::Max: return 3;
+    case ReduceOp::Avg:
+      return 0;
+    case ReduceOp::Prod:
+      return 1;
+    case ReduceOp::Min:
+      return 2;
+    case ReduceOp::Max:
+      return 3;
   }
   return 0;
 }
@@ -108,10 +124,14 @@ MPI_Op mpi_op(DType t, ReduceOp op) {
   }
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return MPI_SUM;
-    case ReduceOp::Prod: return MPI_PROD;
-    case ReduceOp::Min: return MPI_MIN;
-    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Avg:
+      return MPI_SUM;
+    case ReduceOp::Prod:
+      return MPI_PROD;
+    case ReduceOp::Min:
+      return MPI_MIN;
+    case ReduceOp::Max:
+      return MPI_MAX;
   }
   return MPI_SUM;
 }
@@ -152,7 +172,8 @@ int as_int(size_t count, const char* what) {
 // Aborts the job when an MPI call runs past the timeout (MPI cannot time out itself).
 class Watchdog {
  public:
-  explicit Watchdog(std::chrono::milliseconds timeout, std::string group) : timeout_(timeout), group_(std::move(group)) {
+  explicit Watchdog(std::chrono::milliseconds timeout, std::string group)
+      : timeout_(timeout), group_(std::move(group)) {
     thread_ = std::thread([this] { run(); });
   }
   ~Watchdog() {
@@ -240,7 +261,8 @@ class MpiCommunicator final : public Communicator {
   }
   void all_gather(const void* send, void* recv, size_t count, DType dt) override {
     Guard g(*this, "all_gather");
-    const void* s = send == static_cast<char*>(recv) + static_cast<size_t>(rank_) * count * dtype_size(dt) ? MPI_IN_PLACE : send;
+    const void* s =
+        send == static_cast<char*>(recv) + static_cast<size_t>(rank_) * count * dtype_size(dt) ? MPI_IN_PLACE : send;
     int n = as_int(count, "all_gather");
     check_mpi(MPI_Allgather(s, n, mpi_type(dt), recv, n, mpi_type(dt), comm_), "all_gather");
     model(net_.torus_allgather_time(bytes(count, dt) * size_), "all_gather");
@@ -250,13 +272,11 @@ class MpiCommunicator final : public Communicator {
     int n = as_int(count, "reduce_scatter");
     const size_t blk = count * dtype_size(dt);
     if (send == recv) {
-      check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, recv, n, mpi_type(dt), mpi_op(dt, op), comm_),
-                "reduce_scatter");
+      check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, recv, n, mpi_type(dt), mpi_op(dt, op), comm_), "reduce_scatter");
     } else if (static_cast<const char*>(send) + rank_ * blk == recv) {
       // nccl-style in place (result in this rank's own block): MPI puts it first.
       void* buf = const_cast<void*>(send);
-      check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, n, mpi_type(dt), mpi_op(dt, op), comm_),
-                "reduce_scatter");
+      check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, n, mpi_type(dt), mpi_op(dt, op), comm_), "reduce_scatter");
       std::memmove(recv, buf, blk);
     } else {
       check_mpi(MPI_Reduce_scatter_block(send, recv, n, mpi_type(dt), mpi_op(dt, op), comm_), "reduce_scatter");
@@ -274,8 +294,8 @@ class MpiCommunicator final : public Communicator {
     Guard g(*this, "reduce");
     check_root(root, "reduce");
     const void* s = (rank_ == root && send == recv) ? MPI_IN_PLACE : send;
-    check_mpi(MPI_Reduce(s, rank_ == root ? recv : nullptr, as_int(count, "reduce"), mpi_type(dt), mpi_op(dt, op),
-                         root, comm_),
+    check_mpi(MPI_Reduce(s, rank_ == root ? recv : nullptr, as_int(count, "reduce"), mpi_type(dt), mpi_op(dt, op), root,
+                         comm_),
               "reduce");
     if (op == ReduceOp::Avg && rank_ == root) divide(recv, count, dt, size_);
     model(net_.torus_allreduce_time(bytes(count, dt)), "reduce");  // reduce-scatter + gather schedule
@@ -352,8 +372,8 @@ class MpiCommunicator final : public Communicator {
   struct Guard {
     Guard(MpiCommunicator& c, const char* what) : c_(c) {
       if (c.aborted_.load())
-        throw CollectiveError("mpi " + std::string(what) + " on group '" + c.options_.name + "': aborted",
-                              what, c.options_.name, -1);
+        throw CollectiveError("mpi " + std::string(what) + " on group '" + c.options_.name + "': aborted", what,
+                              c.options_.name, -1);
       c.watchdog_->begin(what);
     }
     ~Guard() { c_.watchdog_->end(); }

@@ -27,6 +27,12 @@
 // first failure is stored and every later call throws it.
 #include "collectives/tcp/tcp_transport.h"
 
+// clang-format off
+// Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
+#include <utility>
+#include <boost/asio.hpp>
+// clang-format on
+
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -34,8 +40,6 @@
 
 #include <array>
 #include <atomic>
-#include <utility>  // before Asio: Boost 1.74 awaitable.hpp needs std::exchange
-#include <boost/asio.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -46,6 +50,7 @@
 
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/world.h"
 
 namespace tessera::coll::tcp {
 namespace {
@@ -84,8 +89,10 @@ class HandlerMemory {
     return ::operator new(n);
   }
   void deallocate(void* p) {
-    if (p == &storage_) in_use_.store(false, std::memory_order_release);
-    else ::operator delete(p);
+    if (p == &storage_)
+      in_use_.store(false, std::memory_order_release);
+    else
+      ::operator delete(p);
   }
 
  private:
@@ -103,9 +110,13 @@ class SlotAllocator {
   T* allocate(size_t n) { return static_cast<T*>(mem_->allocate(sizeof(T) * n)); }
   void deallocate(T* p, size_t) { mem_->deallocate(p); }
   template <typename U>
-  bool operator==(const SlotAllocator<U>& o) const noexcept { return mem_ == o.mem_; }
+  bool operator==(const SlotAllocator<U>& o) const noexcept {
+    return mem_ == o.mem_;
+  }
   template <typename U>
-  bool operator!=(const SlotAllocator<U>& o) const noexcept { return mem_ != o.mem_; }
+  bool operator!=(const SlotAllocator<U>& o) const noexcept {
+    return mem_ != o.mem_;
+  }
 
   HandlerMemory* mem_;
 };
@@ -218,8 +229,7 @@ class TcpTransport final : public Transport {
     begin_recv(c, tag, buf, bytes);
     wait_op(c, c.recv_op_, "recv from");
   }
-  void sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes,
-                uint32_t tag) override {
+  void sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes, uint32_t tag) override {
     check_peer(to);
     check_peer(from);
     Connection& ct = *conns_[to];
@@ -291,12 +301,10 @@ class TcpTransport final : public Transport {
  private:
   void check_peer(int peer) const {
     if (peer < 0 || peer >= size_ || peer == rank_)
-      throw InvalidArgument("tcp transport: bad peer " + std::to_string(peer) + " for rank " +
-                            std::to_string(rank_) + " of " + std::to_string(size_));
+      throw InvalidArgument("tcp transport: bad peer " + std::to_string(peer) + " for rank " + std::to_string(rank_) +
+                            " of " + std::to_string(size_));
   }
-  void throw_failed_locked() {
-    throw TransportError(fail_kind_, fail_peer_, fail_what_);
-  }
+  void throw_failed_locked() { throw TransportError(fail_kind_, fail_peer_, fail_what_); }
   void set_failed_locked(Kind k, int peer, const std::string& what) {
     failed_ = true;
     fail_kind_ = k;
@@ -308,8 +316,9 @@ class TcpTransport final : public Transport {
       std::lock_guard<std::mutex> lk(mu_);
       if (failed_) throw_failed_locked();
       if (c.dead_.load())
-        throw TransportError(Kind::PeerDead, c.peer_, "tcp send to rank " + std::to_string(c.peer_) + " (group '" +
-                                                          options_.name + "'): peer has closed its connection (exited?)");
+        throw TransportError(Kind::PeerDead, c.peer_,
+                             "tcp send to rank " + std::to_string(c.peer_) + " (group '" + options_.name +
+                                 "'): peer has closed its connection (exited?)");
       TESSERA_CHECK(!c.send_op_.active, "tcp: a send to ", c.peer_, " is already in flight");
       c.send_op_ = Op{};
       c.send_op_.sbuf = static_cast<const unsigned char*>(buf);
@@ -324,8 +333,9 @@ class TcpTransport final : public Transport {
       std::lock_guard<std::mutex> lk(mu_);
       if (failed_) throw_failed_locked();
       if (c.dead_.load())
-        throw TransportError(Kind::PeerDead, c.peer_, "tcp recv from rank " + std::to_string(c.peer_) + " (group '" +
-                                                          options_.name + "'): peer has closed its connection (exited?)");
+        throw TransportError(Kind::PeerDead, c.peer_,
+                             "tcp recv from rank " + std::to_string(c.peer_) + " (group '" + options_.name +
+                                 "'): peer has closed its connection (exited?)");
       TESSERA_CHECK(!c.recv_op_.active, "tcp: a recv from ", c.peer_, " is already in flight");
       c.recv_op_ = Op{};
       c.recv_op_.rbuf = static_cast<unsigned char*>(buf);
@@ -408,11 +418,16 @@ void Connection::post_abort() {
              }));
 }
 
+// The header goes out in one gather write with the first piece of the
+// payload, so a small message costs one system call.
 void Connection::write_header() {
   writing_ = true;
-  asio::async_write(socket_, asio::buffer(&out_hdr_, sizeof out_hdr_),
-                    bind_slot(mem_write_, [this](const boost::system::error_code& ec, size_t) {
+  const size_t first = std::min(kChunk, send_op_.bytes);
+  const std::array<asio::const_buffer, 2> bufs{asio::buffer(&out_hdr_, sizeof out_hdr_),
+                                               asio::buffer(send_op_.sbuf, first)};
+  asio::async_write(socket_, bufs, bind_slot(mem_write_, [this, first](const boost::system::error_code& ec, size_t) {
                       if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message());
+                      send_op_.done += first;
                       write_payload();
                     }));
 }
@@ -515,8 +530,10 @@ void Connection::read_payload_sink() {
                      }
                      t_.cv_.notify_all();
                      ++fill_idx_;
-                     if (last) read_header();
-                     else read_payload_sink();
+                     if (last)
+                       read_header();
+                     else
+                       read_payload_sink();
                    }));
 }
 
@@ -532,16 +549,15 @@ void Connection::read_payload() {
     return;
   }
   size_t n = std::min(kChunk, op.bytes - op.done);
-  socket_.async_read_some(asio::buffer(op.rbuf + op.done, n),
-                          bind_slot(mem_read_, [this](const boost::system::error_code& ec, size_t r) {
-                            if (ec) {
-                              return fail(Kind::PeerDead, ec == asio::error::eof
-                                                              ? "connection closed by peer mid-message"
-                                                              : "read from peer failed: " + ec.message());
-                            }
-                            recv_op_.done += r;
-                            read_payload();
-                          }));
+  socket_.async_read_some(
+      asio::buffer(op.rbuf + op.done, n), bind_slot(mem_read_, [this](const boost::system::error_code& ec, size_t r) {
+        if (ec) {
+          return fail(Kind::PeerDead, ec == asio::error::eof ? "connection closed by peer mid-message"
+                                                             : "read from peer failed: " + ec.message());
+        }
+        recv_op_.done += r;
+        read_payload();
+      }));
 }
 
 // Marks the connection dead (io thread). A peer that closes while nothing is
@@ -571,9 +587,33 @@ void Connection::fail(Kind kind, const std::string& what) {
 
 // ---- TcpTransport ------------------------------------------------------------------
 
+// The address peers connect to: TESSERA_TCP_ADDR; else loopback when every
+// rank is on this host; else this host name's first non-loopback IPv4
+// address (never loopback silently for a multi-host job).
 std::string advertised_address() {
   if (const char* a = std::getenv("TESSERA_TCP_ADDR"); a && *a) return a;
-  return "127.0.0.1";
+  World w;
+  try {
+    w = discover_world();
+  } catch (const Error&) {
+    return "127.0.0.1";
+  }
+  if (w.local_size >= w.size) return "127.0.0.1";
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) {
+    asio::io_context io;
+    tcp::resolver res(io);
+    boost::system::error_code ec;
+    auto results = res.resolve(tcp::v4(), host, "0", ec);
+    if (!ec) {
+      for (const auto& e : results) {
+        auto ip = e.endpoint().address();
+        if (!ip.is_loopback()) return ip.to_string();
+      }
+    }
+  }
+  throw InvalidArgument(std::string("tcp transport: ranks span several hosts but host '") + host +
+                        "' has no non-loopback IPv4 address; set TESSERA_TCP_ADDR to this host's address");
 }
 
 void set_socket_options(tcp::socket& s) {
@@ -610,8 +650,9 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
   boost::system::error_code ec;
   auto ip = asio::ip::make_address(addr, ec);
   if (ec) throw InvalidArgument("TESSERA_TCP_ADDR='" + addr + "' is not an IP address");
-  tcp::endpoint listen_ep(ip.is_loopback() ? ip : (ip.is_v4() ? asio::ip::address(asio::ip::address_v4::any())
-                                                             : asio::ip::address(asio::ip::address_v6::any())),
+  tcp::endpoint listen_ep(ip.is_loopback() ? ip
+                                           : (ip.is_v4() ? asio::ip::address(asio::ip::address_v4::any())
+                                                         : asio::ip::address(asio::ip::address_v6::any())),
                           0);
   acceptor.open(listen_ep.protocol());
   acceptor.set_option(tcp::acceptor::reuse_address(true));
@@ -627,20 +668,22 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
     try {
       ep = store_->get("tcp/ep/" + std::to_string(j), std::max(left, std::chrono::milliseconds(1)));
     } catch (const TimeoutError&) {
-      throw TransportError(Kind::Timeout, j, where + ": rank " + std::to_string(j) +
-                                                 " never published its endpoint within the timeout");
+      throw TransportError(Kind::Timeout, j,
+                           where + ": rank " + std::to_string(j) + " never published its endpoint within the timeout");
     }
     auto sp = ep.find(' ');
     TESSERA_CHECK(sp != std::string::npos, "bad endpoint '", ep, "'");
-    tcp::endpoint peer_ep(asio::ip::make_address(ep.substr(0, sp)), static_cast<uint16_t>(std::stoi(ep.substr(sp + 1))));
+    tcp::endpoint peer_ep(asio::ip::make_address(ep.substr(0, sp)),
+                          static_cast<uint16_t>(std::stoi(ep.substr(sp + 1))));
     auto conn = std::make_unique<Connection>(*this, j);
     for (;;) {
       conn->socket().close(ec);
       conn->socket().connect(peer_ep, ec);
       if (!ec) break;
       if (Clock::now() > deadline)
-        throw TransportError(Kind::Timeout, j, where + ": cannot connect to rank " + std::to_string(j) + " at " +
-                                                   ep + ": " + ec.message());
+        throw TransportError(
+            Kind::Timeout, j,
+            where + ": cannot connect to rank " + std::to_string(j) + " at " + ep + ": " + ec.message());
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     set_socket_options(conn->socket());
@@ -750,24 +793,27 @@ void TcpTransport::wait_op(Connection& c, Op& op, const char* what) {
 // io thread to settle the op, and throws.
 void TcpTransport::fail_op(Connection& c, Op& op, const char* what) {
   std::unique_lock<std::mutex> lk(mu_);
-  Kind k;
-  std::string msg;
-  if (op.failed) {
-    k = op.kind, msg = op.error;
-  } else if (failed_) {
-    k = fail_kind_, msg = fail_what_;
-  } else {
-    k = Kind::Timeout, msg = "timed out after " + std::to_string(options_.timeout.count()) + " ms";
+  if (!failed_) {
+    // Nothing failed before this wait ran out: a timeout (an op only fails
+    // together with the transport, see Connection::fail).
+    set_failed_locked(op.failed ? op.kind : Kind::Timeout, c.peer_,
+                      op.failed ? op.error : "timed out after " + std::to_string(options_.timeout.count()) + " ms");
   }
-  if (!failed_) set_failed_locked(k, c.peer_, msg);
+  // Report the first failure (the root cause: an abort, the peer that died),
+  // not the shutdown it caused on this connection.
+  const Kind k = fail_kind_;
+  const int peer = fail_peer_ >= 0 ? fail_peer_ : c.peer_;
+  std::string msg = fail_what_;
+  if (peer != c.peer_) msg += " (rank " + std::to_string(peer) + ")";
   lk.unlock();
   shutdown_all();
   lk.lock();
   // (A sink op only ever touches the connection's own staging buffers.)
   if (!op.sink) cv_.wait_for(lk, std::chrono::seconds(5), [&] { return op.complete || op.failed; });
   op.active = false;
-  throw TransportError(k, c.peer_, std::string("tcp ") + what + " rank " + std::to_string(c.peer_) + " (group '" +
-                                       options_.name + "'): " + msg);
+  throw TransportError(
+      k, peer,
+      std::string("tcp ") + what + " rank " + std::to_string(c.peer_) + " (group '" + options_.name + "'): " + msg);
 }
 
 void TcpTransport::shutdown_all() {

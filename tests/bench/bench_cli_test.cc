@@ -58,7 +58,7 @@ TEST_F(BenchCli, TransportsOverTwoToFourRanksGiveCheckedResults) {
         SCOPED_TRACE(std::string(t) + " " + op + " ranks " + std::to_string(n));
         std::string js = dir_ + "/r.json";
         RunResult r = run(std::string("bench ") + op + " -r " + std::to_string(n) + " --transport " + t +
-                    " -b 4K -e 256K -f 8 -n 2 -w 1 --json " + js);
+                          " -b 4K -e 256K -f 8 -n 2 -w 1 --json " + js);
         ASSERT_EQ(r.code, 0) << r.out;
         auto j = read_json(js);
         EXPECT_EQ(j["ranks"], n);
@@ -117,7 +117,7 @@ TEST_F(BenchCli, BadFlagsExitTwo) {
 TEST_F(BenchCli, RunsUnderMpirun) {
   std::string js = dir_ + "/m.json";
   RunResult r = run(std::string("bench allr --transport mpi -b 1K -e 64K -f 8 -n 2 -w 1 --json ") + js,
-              std::string("mpirun --oversubscribe -np 2"));
+                    std::string("mpirun --oversubscribe -np 2"));
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = read_json(js);
   EXPECT_EQ(j["ranks"], 2);
@@ -155,8 +155,8 @@ TEST_F(BenchCli, CompareMpiPrintsARatioPerRow) {
 
 TEST_F(BenchCli, BaselinesAndPlot) {
   std::string js = dir_ + "/b.json", png = dir_ + "/b.png";
-  RunResult r = run("bench allr -r 2 --transport tcp -b 64K -e 1M -f 4 -n 2 -w 1 --baseline --json " + js + " --plot " +
-              png);
+  RunResult r =
+      run("bench allr -r 2 --transport tcp -b 64K -e 1M -f 4 -n 2 -w 1 --baseline --json " + js + " --plot " + png);
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = read_json(js);
   EXPECT_GT(j["baselines"]["memcpy_gbps"].get<double>(), 0.0);

@@ -75,11 +75,16 @@ TEST(BenchValues, ExpectedIsTheSerialReductionAndExactInEveryDtype) {
         double acc = 0;
         for (int r = 0; r < n; ++r) {
           double v = reduce_input(op, r, n, i);
-          if (r == 0) acc = v;
-          else if (op == ReduceOp::Sum || op == ReduceOp::Avg) acc += v;
-          else if (op == ReduceOp::Prod) acc *= v;
-          else if (op == ReduceOp::Min) acc = std::min(acc, v);
-          else acc = std::max(acc, v);
+          if (r == 0)
+            acc = v;
+          else if (op == ReduceOp::Sum || op == ReduceOp::Avg)
+            acc += v;
+          else if (op == ReduceOp::Prod)
+            acc *= v;
+          else if (op == ReduceOp::Min)
+            acc = std::min(acc, v);
+          else
+            acc = std::max(acc, v);
         }
         if (op == ReduceOp::Avg) acc /= n;
         double e = reduce_expected(op, n, i);
@@ -141,8 +146,8 @@ TEST(BenchFormat, TableHeaderAndFooter) {
   std::string t = format_table(r);
   EXPECT_NE(t.find("out-of-place"), std::string::npos);
   EXPECT_NE(t.find("in-place"), std::string::npos);
-  for (const char* col : {"size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "(B)", "(elements)",
-                          "(us)", "(GB/s)"})
+  for (const char* col :
+       {"size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "(B)", "(elements)", "(us)", "(GB/s)"})
     EXPECT_NE(t.find(col), std::string::npos) << col;
   EXPECT_NE(t.find("# memcpy baseline (1 core, pre-faulted) : 10.00 GB/s"), std::string::npos);
   // The footer is the last line, with the mean busbw.

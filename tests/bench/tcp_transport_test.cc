@@ -1,5 +1,7 @@
 // The TCP transport on its own: forked ranks on loopback, exact payloads,
 // protocol errors, a dead peer and a timeout.
+#include "collectives/tcp/tcp_transport.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "collectives/store.h"
-#include "collectives/tcp/tcp_transport.h"
 #include "tests/bench/rank_fork.h"
 
 namespace tessera::coll {
@@ -124,7 +125,12 @@ TEST_F(TcpTransportTest, TagOrSizeMismatchIsAProtocolError) {
     auto t = make(r, 2);
     std::vector<char> buf(64);
     if (r == 0) {
-      t->send(1, 1, buf.data(), 64);
+      // The peer may reject the message and shut down before this send
+      // returns; either outcome is right for the sender.
+      try {
+        t->send(1, 1, buf.data(), 64);
+      } catch (const TransportError&) {
+      }
       return true;
     }
     try {
