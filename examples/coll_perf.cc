@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int iters_large = 4, iters_small = 5000, rounds = 5;
+  int iters_large = 4, iters_small = 5000, rounds = 9;
   size_t mib = 64;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -102,11 +102,13 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--iters-large")
-      iters_large = std::atoi(next());
+      iters_large = std::max(1, std::atoi(next()));
     else if (a == "--iters-small")
-      iters_small = std::atoi(next());
+      iters_small = std::max(1, std::atoi(next()));
     else if (a == "--mib")
-      mib = static_cast<size_t>(std::atol(next()));
+      mib = static_cast<size_t>(std::max(1L, std::atol(next())));
+    else if (a == "--rounds")
+      rounds = std::max(1, std::atoi(next()));
     else {
       if (rank == 0)
         std::fprintf(stderr, "usage: mpirun -np N coll_perf [--iters-large N] [--iters-small N] [--mib M] [--rounds R]\n");
