@@ -1,7 +1,10 @@
 // coll_perf: tessera's shared-memory all-reduce against MPI_Allreduce, in the
 // same processes and the same run, plus single-core memcpy bandwidth.
 //
-//   mpirun -np 2 build/bin/coll_perf [--iters-large N] [--iters-small N] [--mib M]
+//   mpirun -np 2 build/bin/coll_perf [--iters-large N] [--iters-small N] [--mib M] [--rounds R]
+//
+// Iteration counts are per round; rounds interleave all cases and each case
+// reports its median round (the machine this was written on is shared).
 //
 // Bus bandwidth follows nccl-tests: busbw = 2 (p-1)/p * bytes / time.
 // tessera runs twice for large messages: with buffers in the device's shared
@@ -42,16 +45,35 @@ double time_op(int iters, int warmup, Fn fn) {
   return worst;
 }
 
-double memcpy_bandwidth(size_t bytes) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);  // touched: no first-touch faults in the timing
-  double best = 1e30;
-  for (int i = 0; i < 5; ++i) {
+// Mean bandwidth of `iters` copies between two pre-faulted buffers, on one core.
+// Per-call seconds of fn on this rank, appended to `out` (reserved by the caller).
+template <typename Fn>
+void time_each(int iters, Fn fn, std::vector<double>& out) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (int i = 0; i < iters; ++i) {
     const double t0 = now();
-    std::memcpy(b.data(), a.data(), bytes);
-    best = std::min(best, now() - t0);
-    a[i] = b[bytes - 1 - i];  // keep the copies observable
+    fn();
+    out.push_back(now() - t0);
   }
-  return static_cast<double>(bytes) / best;
+}
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+double memcpy_bandwidth(std::vector<char>& a, std::vector<char>& b, int iters) {
+  const double t0 = now();
+  for (int i = 0; i < iters; ++i) {
+    std::memcpy(b.data(), a.data(), a.size());
+    a[static_cast<size_t>(i)] = b[a.size() - 1 - static_cast<size_t>(i)];  // keep the copies observable
+  }
+  return static_cast<double>(a.size()) * iters / (now() - t0);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 bool check(const float* v, size_t n, float expect) {
@@ -67,7 +89,7 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int iters_large = 20, iters_small = 20000;
+  int iters_large = 4, iters_small = 5000, rounds = 9;
   size_t mib = 64;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -80,14 +102,16 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--iters-large")
-      iters_large = std::atoi(next());
+      iters_large = std::max(1, std::atoi(next()));
     else if (a == "--iters-small")
-      iters_small = std::atoi(next());
+      iters_small = std::max(1, std::atoi(next()));
     else if (a == "--mib")
-      mib = static_cast<size_t>(std::atol(next()));
+      mib = static_cast<size_t>(std::max(1L, std::atol(next())));
+    else if (a == "--rounds")
+      rounds = std::max(1, std::atoi(next()));
     else {
       if (rank == 0)
-        std::fprintf(stderr, "usage: mpirun -np N coll_perf [--iters-large N] [--iters-small N] [--mib M]\n");
+        std::fprintf(stderr, "usage: mpirun -np N coll_perf [--iters-large N] [--iters-small N] [--mib M] [--rounds R]\n");
       MPI_Finalize();
       return 2;
     }
@@ -113,43 +137,79 @@ int main(int argc, char** argv) {
     Device dev(DeviceSpec::preset("trn1-core"), rank, make_shm_memory(size_t{4} << 30));
     auto* arena = static_cast<float*>(dev.allocate(bytes));
     std::vector<float> heap(n), mpi_send(n, 1.0f), mpi_recv(n);
+    std::vector<char> copy_a(rank == 0 ? bytes : 1, 1), copy_b(rank == 0 ? bytes : 1, 2);
+    // Fault in the pages the timed loops use.
+    std::fill(mpi_recv.begin(), mpi_recv.end(), 0.0f);
 
-    const double memcpy_bw = memcpy_bandwidth(bytes);
-
-    // ---- 8 bytes ----
+    // The machine is shared: the cases are interleaved in `rounds` rounds and
+    // each reports its median round, so a noisy neighbour hits all alike.
     float small[2] = {1, 1}, small_out[2];
-    const double mpi_small =
-        time_op(iters_small, 1000, [&] { MPI_Allreduce(small, small_out, 2, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
-    const double tes_small =
-        time_op(iters_small, 1000, [&] { comm->all_reduce(small, small_out, 2, DType::F32, ReduceOp::Sum); });
-    const std::string small_algo = comm->last_algorithm();
-    rc |= small_out[0] != static_cast<float>(size);
-
-    // ---- large: results must be exact (all ones summed) ----
-    const double mpi_large = time_op(iters_large, 2, [&] {
-      MPI_Allreduce(mpi_send.data(), mpi_recv.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    });
-    rc |= !check(mpi_recv.data(), n, static_cast<float>(size));
     std::fill(arena, arena + n, 1.0f);
     auto* arena_out = static_cast<float*>(dev.allocate(bytes));
-    const double tes_arena =
-        time_op(iters_large, 2, [&] { comm->all_reduce(arena, arena_out, n, DType::F32, ReduceOp::Sum); });
-    const std::string arena_algo = comm->last_algorithm();
-    rc |= !check(arena_out, n, static_cast<float>(size));
     std::fill(heap.begin(), heap.end(), 1.0f);
     std::vector<float> heap_out(n);
-    const double tes_heap =
-        time_op(iters_large, 2, [&] { comm->all_reduce(heap.data(), heap_out.data(), n, DType::F32, ReduceOp::Sum); });
-    const std::string heap_algo = comm->last_algorithm();
-    rc |= !check(heap_out.data(), n, static_cast<float>(size));
-    const double modeled = comm->last_modeled_seconds();
+    std::vector<double> v_memcpy, v_mpi_small, v_tes_small, v_mpi_large, v_tes_arena, v_tes_heap;
+    std::string small_algo, arena_algo, heap_algo;
+    std::vector<double> each_mpi, each_tes;  // per-call 8-byte latencies (rank 0)
+    each_mpi.reserve(static_cast<size_t>(iters_small) * rounds);
+    each_tes.reserve(static_cast<size_t>(iters_small) * rounds);
+    double modeled = 0;
+    for (int round = 0; round < rounds; ++round) {
+      double bw = 0;
+      if (rank == 0) bw = memcpy_bandwidth(copy_a, copy_b, iters_large);  // one core copying, the others idle in the barrier
+      MPI_Barrier(MPI_COMM_WORLD);
+      v_memcpy.push_back(bw);
+      // Alternate which library goes first, so neither always runs right
+      // after the other (order effects on a shared machine cancel out).
+      auto mpi8 = [&] {
+        v_mpi_small.push_back(time_op(iters_small, 500, [&] {
+          MPI_Allreduce(small, small_out, 2, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        }));
+      };
+      auto tes8 = [&] {
+        v_tes_small.push_back(
+            time_op(iters_small, 500, [&] { comm->all_reduce(small, small_out, 2, DType::F32, ReduceOp::Sum); }));
+      };
+      if (round % 2 == 0) {
+        mpi8();
+        tes8();
+      } else {
+        tes8();
+        mpi8();
+      }
+      small_algo = comm->last_algorithm();
+      rc |= small_out[0] != static_cast<float>(size);
+      time_each(iters_small, [&] { MPI_Allreduce(small, small_out, 2, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+                each_mpi);
+      time_each(iters_small, [&] { comm->all_reduce(small, small_out, 2, DType::F32, ReduceOp::Sum); }, each_tes);
+      v_mpi_large.push_back(time_op(iters_large, 1, [&] {
+        MPI_Allreduce(mpi_send.data(), mpi_recv.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      }));
+      rc |= !check(mpi_recv.data(), n, static_cast<float>(size));
+      v_tes_arena.push_back(
+          time_op(iters_large, 1, [&] { comm->all_reduce(arena, arena_out, n, DType::F32, ReduceOp::Sum); }));
+      arena_algo = comm->last_algorithm();
+      rc |= !check(arena_out, n, static_cast<float>(size));
+      v_tes_heap.push_back(time_op(iters_large, 1, [&] {
+        comm->all_reduce(heap.data(), heap_out.data(), n, DType::F32, ReduceOp::Sum);
+      }));
+      heap_algo = comm->last_algorithm();
+      modeled = comm->last_modeled_seconds();
+      rc |= !check(heap_out.data(), n, static_cast<float>(size));
+    }
+    const double memcpy_bw = median(v_memcpy), mpi_small = median(v_mpi_small), tes_small = median(v_tes_small),
+                 mpi_large = median(v_mpi_large), tes_arena = median(v_tes_arena), tes_heap = median(v_tes_heap);
 
     if (rank == 0) {
-      std::printf("coll_perf: %d ranks, f32 sum, %zu MiB, single-core memcpy %.2f GB/s\n", size, mib, memcpy_bw / 1e9);
+      std::printf("coll_perf: %d ranks, f32 sum, %zu MiB, medians of %d interleaved rounds; single-core memcpy %.2f GB/s\n",
+                  size, mib, rounds, memcpy_bw / 1e9);
       std::printf("%-34s %12s %12s %14s\n", "case", "time", "busbw GB/s", "vs OpenMPI");
       std::printf("%-34s %10.2f us %12s %14s\n", "MPI_Allreduce 8 B", mpi_small * 1e6, "-", "1.00x");
       std::printf("%-34s %10.2f us %12s %13.2fx\n", ("tessera 8 B (" + small_algo + ")").c_str(), tes_small * 1e6, "-",
                   mpi_small / tes_small);
+      std::printf("  8 B per call on rank 0: MPI p50 %.2f us p99 %.2f us; tessera p50 %.2f us p99 %.2f us\n",
+                  percentile(each_mpi, 0.5) * 1e6, percentile(each_mpi, 0.99) * 1e6, percentile(each_tes, 0.5) * 1e6,
+                  percentile(each_tes, 0.99) * 1e6);
       auto line = [&](const std::string& name, double t) {
         const double bw = bus * static_cast<double>(bytes) / t;
         std::printf("%-34s %10.2f ms %12.2f %13.2fx  (%.0f%% of memcpy)\n", name.c_str(), t * 1e3, bw / 1e9,

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -70,9 +71,21 @@ struct PubSlot {
   alignas(64) char inline_data[SharedMemoryPeers::kInlineBytes];
 };
 
-struct alignas(64) PubBlock {
+// The round's sequence number shares one cache line with small inline data
+// and the buffer count, so a small all-reduce or a barrier costs a peer one
+// line transfer per round. Double buffered by round parity: a rank can only
+// reach round s+2 after every peer published s+1, i.e. finished reading s.
+constexpr size_t kFastBytes = 48;
+struct alignas(64) FastLine {
   std::atomic<uint64_t> seq;
-  char pad[56];
+  uint32_t num_buffers;
+  uint32_t inline_bytes;
+  char data[kFastBytes];
+};
+static_assert(sizeof(FastLine) == 64);
+
+struct alignas(64) PubBlock {
+  FastLine fast[2];
   PubSlot slots[2];
 };
 
@@ -103,6 +116,18 @@ struct Layout {
     total = chan_data + slot_bytes * kSlots * static_cast<size_t>(p);
   }
 };
+
+std::chrono::microseconds env_us(const char* name, long dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::chrono::microseconds(dflt);
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  TESSERA_ARG_CHECK(end && *end == '\0' && x >= 0, name, "='", v, "' is not a number of microseconds");
+  return std::chrono::microseconds(x);
+}
+
+// CPUs of the host (not this process's affinity: mpirun binds each rank to one).
+int online_cpus() { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
 
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const struct timespec* ts) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
@@ -242,28 +267,35 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     TESSERA_CHECK(n >= 0 && n <= kMaxBuffers && inline_bytes <= kInlineBytes);
     fail_fast(-1);
     const uint64_t round = ++round_;
-    PubSlot& slot = pub(rank_)->slots[round % 2];
-    slot.num_buffers = static_cast<uint32_t>(n);
-    for (int i = 0; i < n; ++i) {
-      slot.sizes[i] = sizes[i];
-      if (sizes[i] == 0) {
-        slot.locs[i] = ShmLocation{};
-        continue;
+    const bool small = inline_bytes <= kFastBytes;
+    if (n > 0 || !small) {
+      PubSlot& slot = pub(rank_)->slots[round % 2];
+      slot.num_buffers = static_cast<uint32_t>(n);
+      for (int i = 0; i < n; ++i) {
+        slot.sizes[i] = sizes[i];
+        if (sizes[i] == 0) {
+          slot.locs[i] = ShmLocation{};
+          continue;
+        }
+        auto loc = find_shm_location(buffers[i], sizes[i]);
+        TESSERA_CHECK(loc.has_value(), "publish of a buffer outside every shared arena");
+        slot.locs[i] = *loc;
       }
-      auto loc = find_shm_location(buffers[i], sizes[i]);
-      TESSERA_CHECK(loc.has_value(), "publish of a buffer outside every shared arena");
-      slot.locs[i] = *loc;
+      slot.inline_bytes = static_cast<uint32_t>(inline_bytes);
+      if (!small) std::memcpy(slot.inline_data, inline_data, inline_bytes);
     }
-    slot.inline_bytes = static_cast<uint32_t>(inline_bytes);
-    if (inline_bytes) std::memcpy(slot.inline_data, inline_data, inline_bytes);
-    pub(rank_)->seq.store(round, std::memory_order_seq_cst);
+    FastLine& fl = pub(rank_)->fast[round % 2];
+    fl.num_buffers = static_cast<uint32_t>(n);
+    fl.inline_bytes = static_cast<uint32_t>(inline_bytes);
+    if (small && inline_bytes) std::memcpy(fl.data, inline_data, inline_bytes);
+    fl.seq.store(round, std::memory_order_seq_cst);
     for (int j = 0; j < size_; ++j)
       if (j != rank_) ring(j);
     int missing = -1;
     wait_until(
         [&] {
           for (int j = 0; j < size_; ++j) {
-            if (j != rank_ && pub(j)->seq.load(std::memory_order_acquire) < round) {
+            if (j != rank_ && pub(j)->fast[round % 2].seq.load(std::memory_order_acquire) < round) {
               missing = j;
               return false;
             }
@@ -272,12 +304,13 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
         },
         -1, &missing);
     for (int j = 0; j < size_; ++j) {
+      const FastLine& f = pub(j)->fast[round % 2];
       const PubSlot& ps = pub(j)->slots[round % 2];
-      peer_inline_[j] = ps.inline_data;
+      peer_inline_[j] = f.inline_bytes <= kFastBytes ? f.data : ps.inline_data;
       for (int i = 0; i < kMaxBuffers; ++i) {
         void*& out = peer_ptrs_[static_cast<size_t>(j) * kMaxBuffers + i];
         out = nullptr;
-        if (i >= static_cast<int>(ps.num_buffers) || ps.sizes[i] == 0) continue;
+        if (i >= static_cast<int>(f.num_buffers) || ps.sizes[i] == 0) continue;
         if (j == rank_) {
           out = const_cast<void*>(buffers[i]);
           continue;
@@ -338,10 +371,16 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
                       " of ", size_);
   }
 
+  // Called after a seq_cst store of the state `j` may wait for. Dekker-style
+  // with the waiter (which stores `sleeping` and then re-checks its state):
+  // either we see it asleep and wake it, or it sees our state change; so a
+  // busy peer costs only this load.
   void ring(int j) {
     Control* c = ctl(j);
-    c->doorbell.fetch_add(1, std::memory_order_seq_cst);
-    if (c->sleeping.load(std::memory_order_seq_cst)) futex(&c->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+    if (c->sleeping.load(std::memory_order_seq_cst)) {
+      c->doorbell.fetch_add(1, std::memory_order_seq_cst);
+      futex(&c->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+    }
   }
 
   bool can_send(int peer) const {
@@ -493,15 +532,22 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   // Waits until ready(); `peer` (or *peer_ref when given) is blamed on timeout.
   template <typename Ready>
   void wait_until(Ready ready, int peer, const int* peer_ref = nullptr) {
-    for (int i = 0; i < 200; ++i) {
+    for (int i = 0; i < 64; ++i) {
       if (ready()) return;
       cpu_relax();
     }
     const auto start = Clock::now();
     const auto deadline = start + timeout_;
-    // Yield for a short while: cheap when the peer is about to answer and
-    // ranks outnumber cores.
-    while (Clock::now() - start < std::chrono::microseconds(50)) {
+    // Spin, then yield, for short windows: the peer usually answers within
+    // microseconds, and a futex sleep + wake costs far more than that. The
+    // windows are short enough that ranks outnumbering cores lose little.
+    for (int i = 0; Clock::now() - start < spin_; ++i) {
+      for (int k = 0; k < 16; ++k) {
+        if (ready()) return;
+        cpu_relax();
+      }
+    }
+    while (Clock::now() - start < spin_ + yield_) {
       if (ready()) return;
       ::sched_yield();
     }
@@ -552,6 +598,13 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
 
   const int rank_, size_;
   const std::chrono::milliseconds timeout_;
+  // Busy windows before sleeping (TESSERA_SHM_SPIN_US, TESSERA_SHM_YIELD_US).
+  // With a core per rank, waiting busy for up to 2 ms avoids paying a wake-up
+  // (scheduler latency) whenever a peer is briefly preempted; when ranks
+  // outnumber cores the windows shrink so waiters give the cores away.
+  const bool oversubscribed_ = size_ > online_cpus();
+  const std::chrono::microseconds spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed_ ? 5 : 50);
+  const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 100 : 2000);
   const std::string group_;
   const Layout layout_;
   std::unique_ptr<ShmSegment> own_;
