@@ -13,13 +13,20 @@ namespace tessera::coll {
 
 const char* coll_kind_name(CollKind k) {
   switch (k) {
-    case CollKind::AllReduce: return "all_reduce";
-    case CollKind::ReduceScatter: return "reduce_scatter";
-    case CollKind::AllGather: return "all_gather";
-    case CollKind::Broadcast: return "broadcast";
-    case CollKind::Reduce: return "reduce";
-    case CollKind::AllToAll: return "all_to_all";
-    case CollKind::Barrier: return "barrier";
+    case CollKind::AllReduce:
+      return "all_reduce";
+    case CollKind::ReduceScatter:
+      return "reduce_scatter";
+    case CollKind::AllGather:
+      return "all_gather";
+    case CollKind::Broadcast:
+      return "broadcast";
+    case CollKind::Reduce:
+      return "reduce";
+    case CollKind::AllToAll:
+      return "all_to_all";
+    case CollKind::Barrier:
+      return "barrier";
   }
   return "?";
 }
@@ -144,8 +151,8 @@ double ring_step_cost(const AlgoContext& c, const int* members, int m, int dir_n
 // dst). Step s sends block q-s-1 and reduces the incoming block q-s-2 as its
 // fragments arrive. Returns the modeled seconds.
 template <typename BlockFn>
-double ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, BlockFn block, const char* src,
-                           char* dst, DType dt, ReduceOp op, char* final_dst = nullptr) {
+double ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, BlockFn block, const char* src, char* dst,
+                           DType dt, ReduceOp op, char* final_dst = nullptr) {
   const size_t es = dtype_size(dt);
   size_t maxb = 0;
   for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
@@ -206,8 +213,8 @@ class RingAlgorithm final : public Algorithm {
       case CollKind::AllReduce: {
         if (p == 1) return copy_if_needed(k.recv, k.send, k.count * es), true;
         auto blk = [&](int i) { return part(k.count, p, i); };
-        c.model += ring_reduce_scatter(c, all, p, r, blk, static_cast<const char*>(k.send),
-                                       static_cast<char*>(k.recv), k.dtype, k.op);
+        c.model += ring_reduce_scatter(c, all, p, r, blk, static_cast<const char*>(k.send), static_cast<char*>(k.recv),
+                                       k.dtype, k.op);
         c.model += ring_all_gather(c, all, p, r, blk, static_cast<char*>(k.recv), es);
         return true;
       }
@@ -227,7 +234,8 @@ class RingAlgorithm final : public Algorithm {
         c.model += ring_all_gather(c, all, p, r, blk, buf, es);
         return true;
       }
-      default: return false;
+      default:
+        return false;
     }
   }
 };
@@ -285,9 +293,12 @@ class RhdAlgorithm final : public Algorithm {
         const Range keep = lower ? bytes_of(lo, mid) : bytes_of(mid, hi);
         const Range give = lower ? bytes_of(mid, hi) : bytes_of(lo, mid);
         ReduceSink sink(buf + keep.off * es, buf + keep.off * es, k.dtype, k.op);
-        c.transport->sendrecv_sink(real(partner), buf + give.off * es, give.len * es, real(partner),
-                                   keep.len * es, sink, c.tag);
-        if (lower) hi = mid; else lo = mid;
+        c.transport->sendrecv_sink(real(partner), buf + give.off * es, give.len * es, real(partner), keep.len * es,
+                                   sink, c.tag);
+        if (lower)
+          hi = mid;
+        else
+          lo = mid;
       }
       for (int lvl2 = levels - 1; lvl2 >= 0; --lvl2) {
         const int mask = pp >> (lvl2 + 1);
@@ -296,8 +307,8 @@ class RhdAlgorithm final : public Algorithm {
         const bool lower = (nr & mask) == 0;
         const Range mine = lower ? bytes_of(L, mid) : bytes_of(mid, H);
         const Range theirs = lower ? bytes_of(mid, H) : bytes_of(L, mid);
-        c.transport->sendrecv(real(partner), buf + mine.off * es, mine.len * es, real(partner),
-                              buf + theirs.off * es, theirs.len * es, c.tag);
+        c.transport->sendrecv(real(partner), buf + mine.off * es, mine.len * es, real(partner), buf + theirs.off * es,
+                              theirs.len * es, c.tag);
       }
     }
     // Model: every level's exchanges run concurrently; halving level l moves
@@ -310,8 +321,10 @@ class RhdAlgorithm final : public Algorithm {
       c.model += 2 * worst;  // halving + doubling at this distance
     }
     if (r < 2 * rem) {
-      if (r % 2 == 1) c.transport->send(r - 1, c.tag, buf, n * es);
-      else c.transport->recv(r + 1, c.tag, buf, n * es);
+      if (r % 2 == 1)
+        c.transport->send(r - 1, c.tag, buf, n * es);
+      else
+        c.transport->recv(r + 1, c.tag, buf, n * es);
     }
     c.model += fold;
     return true;
@@ -373,7 +386,8 @@ class TorusAlgorithm final : public Algorithm {
         c.model += all_gather(c, blk, buf, es, false);
         return true;
       }
-      default: return false;
+      default:
+        return false;
     }
   }
 
@@ -394,8 +408,8 @@ class TorusAlgorithm final : public Algorithm {
 
   // Linear-block range [glo, ghi) this rank covers before dim i's step (RS order).
   template <typename BlockFn>
-  double reduce_scatter(AlgoContext& c, BlockFn blk, const char* src, char* dst, DType dt, ReduceOp op,
-                        bool backward, char* final_dst) {
+  double reduce_scatter(AlgoContext& c, BlockFn blk, const char* src, char* dst, DType dt, ReduceOp op, bool backward,
+                        char* final_dst) {
     const TorusShape& ts = *c.torus;
     const int D = static_cast<int>(ts.extent.size());
     int glo = 0, ghi = c.size;
@@ -471,8 +485,8 @@ class DirectAlgorithm final : public Algorithm {
 
  private:
   // Round 1 for (send, recv): true when every rank's buffers are shared.
-  static bool exchange(SharedMemoryPeers& shm, const void* a, size_t abytes, const void* b, size_t bbytes,
-                       void** ptrs, int p) {
+  static bool exchange(SharedMemoryPeers& shm, const void* a, size_t abytes, const void* b, size_t bbytes, void** ptrs,
+                       int p) {
     const uint8_t ok = shm.is_shared(a, abytes) && shm.is_shared(b, bbytes);
     const void* bufs[2] = {a, b};
     const size_t sizes[2] = {abytes, bbytes};
@@ -493,7 +507,9 @@ class DirectAlgorithm final : public Algorithm {
     void* ptrs[128];
     if (!exchange(shm, k.send, n * es, k.recv, n * es, ptrs, p)) return false;
     const Range mine = part(n, p, r);
-    // Reduce my block in cache-sized pieces across all sources.
+    // Reduce my block in cache-sized pieces across all sources, then push
+    // each piece, still in cache, into every peer's recv: each rank reads n
+    // and writes n bytes in all, and one round less than pull-after-reduce.
     constexpr size_t kPiece = 16384;
     char* out = static_cast<char*>(k.recv) + mine.off * es;
     for (size_t done = 0; done < mine.len; done += kPiece) {
@@ -505,17 +521,14 @@ class DirectAlgorithm final : public Algorithm {
       for (int j = 2; j < p; ++j)
         reduce2(out + done * es, out + done * es, static_cast<char*>(ptrs[2 * ((r + j) % p)]) + off, len, k.dtype,
                 k.op);
+      // Only this rank touches block `mine` of any buffer, and it has read
+      // the peers' inputs of this piece already, so in place is safe.
+      for (int j = 1; j < p; ++j)
+        std::memcpy(static_cast<char*>(ptrs[2 * ((r + j) % p) + 1]) + off, out + done * es, len * es);
     }
-    shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every block reduced
-    for (int j = 1; j < p; ++j) {
-      const int o = (r + j) % p;  // stagger, so ranks read different owners
-      const Range b = part(n, p, o);
-      if (b.len)
-        std::memcpy(static_cast<char*>(k.recv) + b.off * es, static_cast<char*>(ptrs[2 * o + 1]) + b.off * es,
-                    b.len * es);
-    }
-    shm.publish(nullptr, nullptr, 0, nullptr, 0);  // nobody reads my buffers any more
-    // Model: each rank pulls p-1 blocks from its peers, twice.
+    shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every block reduced and delivered
+    // Model: each rank pulls p-1 blocks from its peers, then pushes its
+    // block to p-1 peers (the same link traffic as reduce-scatter + all-gather).
     double worst = 0;
     const double bb = static_cast<double>(part(n, p, 0).len * es);
     for (int a = 0; a < p; ++a) {
@@ -641,8 +654,8 @@ class PairwiseAlgorithm final : public Algorithm {
     if (blk) std::memcpy(recv + static_cast<size_t>(r) * blk, send + static_cast<size_t>(r) * blk, blk);
     for (int s = 1; s < p; ++s) {
       const int to = (r + s) % p, from = mod(r - s, p);
-      c.transport->sendrecv(to, send + static_cast<size_t>(to) * blk, blk, from,
-                            recv + static_cast<size_t>(from) * blk, blk, c.tag);
+      c.transport->sendrecv(to, send + static_cast<size_t>(to) * blk, blk, from, recv + static_cast<size_t>(from) * blk,
+                            blk, c.tag);
       double t = 0;
       for (int a = 0; a < p; ++a) t = std::max(t, c.links->time(a, (a + s) % p, static_cast<double>(blk)));
       c.model += t;
@@ -702,8 +715,8 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, cons
     if (!f) {
       std::string names;
       for (auto* a : kAll) names += std::string(names.empty() ? "" : ", ") + a->name();
-      throw InvalidArgument("unknown collective algorithm '" + forced + "' (TESSERA_ALGO / CommOptions::algo; known: " +
-                            names + ")");
+      throw InvalidArgument("unknown collective algorithm '" + forced +
+                            "' (TESSERA_ALGO / CommOptions::algo; known: " + names + ")");
     }
     add(f);
   }
@@ -724,8 +737,12 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, cons
       if (bytes > (size_t{64} << 10)) add(&g_direct);
       add(&g_tree);
       break;
-    case CollKind::Reduce: add(&g_tree); break;
-    case CollKind::AllToAll: add(&g_pairwise); break;
+    case CollKind::Reduce:
+      add(&g_tree);
+      break;
+    case CollKind::AllToAll:
+      add(&g_pairwise);
+      break;
     case CollKind::Barrier:
       add(&g_direct);
       add(&g_dissemination);

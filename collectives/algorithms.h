@@ -31,7 +31,7 @@ struct CollCall {
   void* recv;
   size_t count;  // as in the Communicator API
   DType dtype;
-  ReduceOp op;   // never Avg here
+  ReduceOp op;  // never Avg here
   int root;
 };
 
@@ -55,12 +55,12 @@ class LinkCosts {
 // which members differ, each with the sorted coordinates in use.
 struct TorusShape {
   bool valid = false;
-  std::vector<int> dim_index;             // NetModel dims used, fastest first
-  std::vector<int> extent;                // members along each
-  std::vector<std::vector<int>> coord;    // coord[r][i]: group rank r's index along dim i
-  std::vector<int> linear;                // linear[r]: r's index, dim 0 fastest
-  std::vector<int> rank_of_linear;        // inverse of linear
-  bool identity = false;                  // linear[r] == r for all r
+  std::vector<int> dim_index;           // NetModel dims used, fastest first
+  std::vector<int> extent;              // members along each
+  std::vector<std::vector<int>> coord;  // coord[r][i]: group rank r's index along dim i
+  std::vector<int> linear;              // linear[r]: r's index, dim 0 fastest
+  std::vector<int> rank_of_linear;      // inverse of linear
+  bool identity = false;                // linear[r] == r for all r
 };
 TorusShape torus_shape(const NetModel& net, const std::vector<int>& nodes);
 
@@ -85,8 +85,8 @@ struct AlgoContext {
   const LinkCosts* links = nullptr;
   const NetModel* net = nullptr;
   const TorusShape* torus = nullptr;
-  Workspace* ws = nullptr;   // algorithm scratch
-  double model = 0;          // modeled seconds charged by the schedule
+  Workspace* ws = nullptr;  // algorithm scratch
+  double model = 0;         // modeled seconds charged by the schedule
 };
 
 class Algorithm {
@@ -102,8 +102,7 @@ class Algorithm {
 // name (TESSERA_ALGO / CommOptions::algo) goes first and the defaults follow
 // as fallbacks. Unknown names throw InvalidArgument. Allocates nothing.
 constexpr int kMaxCandidates = 8;
-int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, const std::string& forced,
-                         Algorithm** out);
+int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, const std::string& forced, Algorithm** out);
 std::vector<std::string> algorithm_names();
 
 }  // namespace tessera::coll

@@ -166,8 +166,8 @@ class TransportCommunicator final : public Communicator {
       sub.world_ranks.push_back(options_.world_ranks[members[i].second]);
       if (members[i].second == rank_) new_rank = static_cast<int>(i);
     }
-    auto store = std::make_shared<PrefixStore>(
-        store_, "split/" + std::to_string(seq) + "/" + std::to_string(color) + "/");
+    auto store =
+        std::make_shared<PrefixStore>(store_, "split/" + std::to_string(seq) + "/" + std::to_string(color) + "/");
     const int new_size = static_cast<int>(members.size());
     std::unique_ptr<Transport> t;
     try {
@@ -197,8 +197,8 @@ class TransportCommunicator final : public Communicator {
 
  private:
   void check_buf(const void* p, size_t count, const char* what) const {
-    TESSERA_ARG_CHECK(p != nullptr || count == 0, what, " buffer is null on rank ", rank_, " of group '",
-                      options_.name, "'");
+    TESSERA_ARG_CHECK(p != nullptr || count == 0, what, " buffer is null on rank ", rank_, " of group '", options_.name,
+                      "'");
   }
   void check_root(int root, const char* what) const {
     TESSERA_ARG_CHECK(root >= 0 && root < size_, what, ": root ", root, " out of range for group '", options_.name,
@@ -218,8 +218,9 @@ class TransportCommunicator final : public Communicator {
   template <typename Fn>
   void guarded(const char* coll, Fn fn) {
     if (aborted_.load()) throw_aborted(coll);
-    if (failed_) throw CollectiveError(where(coll) + " failed: communicator already failed: " + fail_what_, coll,
-                                       options_.name, fail_peer_);
+    if (failed_)
+      throw CollectiveError(where(coll) + " failed: communicator already failed: " + fail_what_, coll, options_.name,
+                            fail_peer_);
     try {
       fn();
     } catch (const TransportError& e) {
@@ -249,8 +250,7 @@ class TransportCommunicator final : public Communicator {
       ctx.net = &net_;
       ctx.torus = &torus_;
       ctx.ws = &ws_;
-      const bool reducing =
-          kind == CollKind::AllReduce || kind == CollKind::ReduceScatter || kind == CollKind::Reduce;
+      const bool reducing = kind == CollKind::AllReduce || kind == CollKind::ReduceScatter || kind == CollKind::Reduce;
       const ReduceOp kop = op == ReduceOp::Avg ? ReduceOp::Sum : op;
       CollCall call{kind, send, recv, count, dtype, kop, root};
       const bool widen = reducing && !kernel_dtype(dtype);
@@ -259,7 +259,7 @@ class TransportCommunicator final : public Communicator {
       if (widen) {
         const size_t in_n = kind == CollKind::ReduceScatter ? count * static_cast<size_t>(size_) : count;
         auto* a = static_cast<float*>(wide_in_.get(in_n * 4));
-        convert(send, dtype, a, DType::F32, in_n);
+        if (in_n) convert(send, dtype, a, DType::F32, in_n);
         call.send = a;
         call.recv = kind == CollKind::AllReduce ? a : wide_out_.get(count * 4);
         call.dtype = DType::F32;
@@ -294,8 +294,10 @@ class TransportCommunicator final : public Communicator {
     std::lock_guard<std::mutex> lk(exec_mu_);
     guarded(coll, [&] {
       const size_t bytes = count * dtype_size(dtype);
-      if (is_send) transport_->send(peer, tag | kP2PTagBit, buf, bytes);
-      else transport_->recv(peer, tag | kP2PTagBit, buf, bytes);
+      if (is_send)
+        transport_->send(peer, tag | kP2PTagBit, buf, bytes);
+      else
+        transport_->recv(peer, tag | kP2PTagBit, buf, bytes);
       record("p2p", links_.time(is_send ? rank_ : peer, is_send ? peer : rank_, static_cast<double>(bytes)));
     });
   }
@@ -398,8 +400,7 @@ class TransportCommunicator final : public Communicator {
 }  // namespace
 
 std::shared_ptr<Communicator> make_transport_communicator(std::shared_ptr<Store> store,
-                                                          std::unique_ptr<Transport> transport,
-                                                          CommOptions options) {
+                                                          std::unique_ptr<Transport> transport, CommOptions options) {
   return std::make_shared<TransportCommunicator>(std::move(store), std::move(transport), std::move(options));
 }
 

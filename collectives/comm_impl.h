@@ -12,8 +12,7 @@ namespace tessera::coll {
 // Takes ownership of `transport`; `store` is this communicator's (prefixed) store,
 // kept for split(). Options are final (env overrides already applied).
 std::shared_ptr<Communicator> make_transport_communicator(std::shared_ptr<Store> store,
-                                                          std::unique_ptr<Transport> transport,
-                                                          CommOptions options);
+                                                          std::unique_ptr<Transport> transport, CommOptions options);
 
 // Applies TESSERA_TIMEOUT_S and TESSERA_ALGO to `options`; throws InvalidArgument on bad values.
 CommOptions apply_env_overrides(CommOptions options);

@@ -12,11 +12,16 @@ namespace tessera::coll {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Prod: return "prod";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Prod:
+      return "prod";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Avg:
+      return "avg";
   }
   return "?";
 }
@@ -32,9 +37,12 @@ ReduceOp parse_reduce_op(const std::string& s) {
 
 const char* transport_name(TransportKind t) {
   switch (t) {
-    case TransportKind::Shm: return "shm";
-    case TransportKind::Tcp: return "tcp";
-    case TransportKind::Mpi: return "mpi";
+    case TransportKind::Shm:
+      return "shm";
+    case TransportKind::Tcp:
+      return "tcp";
+    case TransportKind::Mpi:
+      return "mpi";
   }
   return "?";
 }
@@ -60,9 +68,12 @@ CommOptions apply_env_overrides(CommOptions options) {
 std::unique_ptr<Transport> make_transport(TransportKind kind, std::shared_ptr<Store> store, int rank, int size,
                                           const CommOptions& options) {
   switch (kind) {
-    case TransportKind::Shm: return shm::create_transport(std::move(store), rank, size, options);
-    case TransportKind::Tcp: return tcp::create_transport(std::move(store), rank, size, options);
-    case TransportKind::Mpi: break;
+    case TransportKind::Shm:
+      return shm::create_transport(std::move(store), rank, size, options);
+    case TransportKind::Tcp:
+      return tcp::create_transport(std::move(store), rank, size, options);
+    case TransportKind::Mpi:
+      break;
   }
   throw InvalidArgument("the mpi backend has no Transport; use Communicator::create");
 }
@@ -79,15 +90,22 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   TESSERA_ARG_CHECK(static_cast<int>(options.world_ranks.size()) == size, "world_ranks has ",
                     options.world_ranks.size(), " entries for a group of ", size);
   if (options.transport == TransportKind::Mpi) return mpi::create_communicator(rank, size, options);
-  TESSERA_ARG_CHECK(store != nullptr, "Communicator::create needs a store for the ",
-                    transport_name(options.transport), " transport");
+  TESSERA_ARG_CHECK(store != nullptr, "Communicator::create needs a store for the ", transport_name(options.transport),
+                    " transport");
   // Ranks agree on a store prefix without talking: the n-th communicator
   // named X that rank r creates on a store gets generation n (creation is
   // collective and ordered, so every member counts alike).
   const int64_t gen = store->add("tessera/comm/" + options.name + "/generation/" + std::to_string(rank), 1) - 1;
   auto prefixed =
       std::make_shared<PrefixStore>(store, "tessera/comm/" + options.name + "/" + std::to_string(gen) + "/");
-  auto transport = make_transport(options.transport, prefixed, rank, size, options);
+  std::unique_ptr<Transport> transport;
+  try {
+    transport = make_transport(options.transport, prefixed, rank, size, options);
+  } catch (const TransportError& e) {
+    throw CollectiveError("creating communicator '" + options.name + "' (rank " + std::to_string(rank) + " of " +
+                              std::to_string(size) + ") failed: " + e.what(),
+                          "create", options.name, e.peer());
+  }
   return make_transport_communicator(prefixed, std::move(transport), std::move(options));
 }
 

@@ -21,10 +21,18 @@ void reduce_typed(void* dst, const void* a, const void* b, size_t n, ReduceOp op
   const auto* y = static_cast<const T*>(b);
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: apply(d, x, y, n, [](T u, T v) { return static_cast<T>(u + v); }); break;
-    case ReduceOp::Prod: apply(d, x, y, n, [](T u, T v) { return static_cast<T>(u * v); }); break;
-    case ReduceOp::Min: apply(d, x, y, n, [](T u, T v) { return v < u ? v : u; }); break;
-    case ReduceOp::Max: apply(d, x, y, n, [](T u, T v) { return u < v ? v : u; }); break;
+    case ReduceOp::Avg:
+      apply(d, x, y, n, [](T u, T v) { return static_cast<T>(u + v); });
+      break;
+    case ReduceOp::Prod:
+      apply(d, x, y, n, [](T u, T v) { return static_cast<T>(u * v); });
+      break;
+    case ReduceOp::Min:
+      apply(d, x, y, n, [](T u, T v) { return v < u ? v : u; });
+      break;
+    case ReduceOp::Max:
+      apply(d, x, y, n, [](T u, T v) { return u < v ? v : u; });
+      break;
   }
 }
 
@@ -42,7 +50,8 @@ void reduce_int(void* dst, const void* a, const void* b, size_t n, ReduceOp op) 
     case ReduceOp::Prod:
       apply(d, x, y, n, [](T u, T v) { return static_cast<T>(static_cast<U>(u) * static_cast<U>(v)); });
       break;
-    default: reduce_typed<T>(dst, a, b, n, op);
+    default:
+      reduce_typed<T>(dst, a, b, n, op);
   }
 }
 
@@ -50,10 +59,17 @@ void reduce_int(void* dst, const void* a, const void* b, size_t n, ReduceOp op) 
 
 void reduce2(void* dst, const void* a, const void* b, size_t n, DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::F32: reduce_typed<float>(dst, a, b, n, op); return;
-    case DType::I32: reduce_int<int32_t, uint32_t>(dst, a, b, n, op); return;
-    case DType::I64: reduce_int<int64_t, uint64_t>(dst, a, b, n, op); return;
-    default: TESSERA_CHECK(false, "reduce2 on ", dtype_name(dtype), " (reduced in f32 by the communicator)");
+    case DType::F32:
+      reduce_typed<float>(dst, a, b, n, op);
+      return;
+    case DType::I32:
+      reduce_int<int32_t, uint32_t>(dst, a, b, n, op);
+      return;
+    case DType::I64:
+      reduce_int<int64_t, uint64_t>(dst, a, b, n, op);
+      return;
+    default:
+      TESSERA_CHECK(false, "reduce2 on ", dtype_name(dtype), " (reduced in f32 by the communicator)");
   }
 }
 
@@ -75,7 +91,8 @@ void divide(void* buf, size_t n, DType dtype, int divisor) {
       for (size_t i = 0; i < n; ++i) d[i] /= divisor;
       return;
     }
-    default: TESSERA_CHECK(false, "divide on ", dtype_name(dtype));
+    default:
+      TESSERA_CHECK(false, "divide on ", dtype_name(dtype));
   }
 }
 

@@ -36,7 +36,7 @@ class FileStore : public Store {
     TESSERA_ARG_CHECK(!dir_.empty(), "file store directory is empty");
     if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST)
       throw InvalidArgument("cannot create file store directory '" + dir_ + "': " + std::strerror(errno));
-    struct stat st{};
+    struct stat st {};
     if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw InvalidArgument("file store path '" + dir_ + "' is not a directory");
   }
@@ -212,8 +212,8 @@ class MemoryStore : public Store {
       std::vector<std::string> missing;
       for (const auto& k : keys)
         if (!map_.count(k)) missing.push_back(k);
-      throw TimeoutError("memory store: timed out after " + std::to_string(timeout.count()) +
-                         " ms waiting for " + missing_list(missing));
+      throw TimeoutError("memory store: timed out after " + std::to_string(timeout.count()) + " ms waiting for " +
+                         missing_list(missing));
     }
   }
 

@@ -95,8 +95,7 @@ class Transport {
   // `tag`); returns when both are done. Deadlock-free when all ranks of a ring
   // call it together. `to`/`from` may be the same peer (pairwise exchange);
   // sbuf and rbuf must not overlap.
-  virtual void sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes,
-                        uint32_t tag) = 0;
+  virtual void sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes, uint32_t tag) = 0;
 
   // As sendrecv, but the received bytes go to `sink` fragment by fragment as
   // they arrive, so a ring can reduce fragment k (straight out of the

@@ -79,9 +79,12 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--iters-large") iters_large = std::atoi(next());
-    else if (a == "--iters-small") iters_small = std::atoi(next());
-    else if (a == "--mib") mib = static_cast<size_t>(std::atol(next()));
+    if (a == "--iters-large")
+      iters_large = std::atoi(next());
+    else if (a == "--iters-small")
+      iters_small = std::atoi(next());
+    else if (a == "--mib")
+      mib = static_cast<size_t>(std::atol(next()));
     else {
       if (rank == 0)
         std::fprintf(stderr, "usage: mpirun -np N coll_perf [--iters-large N] [--iters-small N] [--mib M]\n");
@@ -115,12 +118,10 @@ int main(int argc, char** argv) {
 
     // ---- 8 bytes ----
     float small[2] = {1, 1}, small_out[2];
-    const double mpi_small = time_op(iters_small, 1000, [&] {
-      MPI_Allreduce(small, small_out, 2, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    });
-    const double tes_small = time_op(iters_small, 1000, [&] {
-      comm->all_reduce(small, small_out, 2, DType::F32, ReduceOp::Sum);
-    });
+    const double mpi_small =
+        time_op(iters_small, 1000, [&] { MPI_Allreduce(small, small_out, 2, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
+    const double tes_small =
+        time_op(iters_small, 1000, [&] { comm->all_reduce(small, small_out, 2, DType::F32, ReduceOp::Sum); });
     const std::string small_algo = comm->last_algorithm();
     rc |= small_out[0] != static_cast<float>(size);
 
@@ -131,27 +132,24 @@ int main(int argc, char** argv) {
     rc |= !check(mpi_recv.data(), n, static_cast<float>(size));
     std::fill(arena, arena + n, 1.0f);
     auto* arena_out = static_cast<float*>(dev.allocate(bytes));
-    const double tes_arena = time_op(iters_large, 2, [&] {
-      comm->all_reduce(arena, arena_out, n, DType::F32, ReduceOp::Sum);
-    });
+    const double tes_arena =
+        time_op(iters_large, 2, [&] { comm->all_reduce(arena, arena_out, n, DType::F32, ReduceOp::Sum); });
     const std::string arena_algo = comm->last_algorithm();
     rc |= !check(arena_out, n, static_cast<float>(size));
     std::fill(heap.begin(), heap.end(), 1.0f);
     std::vector<float> heap_out(n);
-    const double tes_heap = time_op(iters_large, 2, [&] {
-      comm->all_reduce(heap.data(), heap_out.data(), n, DType::F32, ReduceOp::Sum);
-    });
+    const double tes_heap =
+        time_op(iters_large, 2, [&] { comm->all_reduce(heap.data(), heap_out.data(), n, DType::F32, ReduceOp::Sum); });
     const std::string heap_algo = comm->last_algorithm();
     rc |= !check(heap_out.data(), n, static_cast<float>(size));
     const double modeled = comm->last_modeled_seconds();
 
     if (rank == 0) {
-      std::printf("coll_perf: %d ranks, f32 sum, %zu MiB, single-core memcpy %.2f GB/s\n", size, mib,
-                  memcpy_bw / 1e9);
+      std::printf("coll_perf: %d ranks, f32 sum, %zu MiB, single-core memcpy %.2f GB/s\n", size, mib, memcpy_bw / 1e9);
       std::printf("%-34s %12s %12s %14s\n", "case", "time", "busbw GB/s", "vs OpenMPI");
       std::printf("%-34s %10.2f us %12s %14s\n", "MPI_Allreduce 8 B", mpi_small * 1e6, "-", "1.00x");
-      std::printf("%-34s %10.2f us %12s %13.2fx\n", ("tessera 8 B (" + small_algo + ")").c_str(), tes_small * 1e6,
-                  "-", mpi_small / tes_small);
+      std::printf("%-34s %10.2f us %12s %13.2fx\n", ("tessera 8 B (" + small_algo + ")").c_str(), tes_small * 1e6, "-",
+                  mpi_small / tes_small);
       auto line = [&](const std::string& name, double t) {
         const double bw = bus * static_cast<double>(bytes) / t;
         std::printf("%-34s %10.2f ms %12.2f %13.2fx  (%.0f%% of memcpy)\n", name.c_str(), t * 1e3, bw / 1e9,

@@ -24,8 +24,7 @@ size_t page_round(size_t b) {
 }
 }  // namespace
 
-std::unique_ptr<ShmSegment> ShmSegment::create(size_t bytes, const std::string& label, bool prefault,
-                                               bool noreserve) {
+std::unique_ptr<ShmSegment> ShmSegment::create(size_t bytes, const std::string& label, bool prefault, bool noreserve) {
   const size_t size = page_round(bytes);
   int fd = ::memfd_create(("tessera-" + label).c_str(), MFD_CLOEXEC);
   if (fd < 0) throw Error("memfd_create(" + label + "): " + std::strerror(errno));

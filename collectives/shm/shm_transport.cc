@@ -154,13 +154,23 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
         int pfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
         pidfds_[j] = pfd;  // -1: fall back to kill(pid, 0)
       }
-      peer_segs_.push_back(ShmSegment::open_peer(pid, fd, bytes));
+      try {
+        peer_segs_.push_back(ShmSegment::open_peer(pid, fd, bytes));
+      } catch (const Error& e) {
+        throw TransportError(TransportError::Kind::PeerDead, j,
+                             "shm transport of group '" + group_ + "': cannot map rank " + std::to_string(j) +
+                                 "'s segment (" + e.what() + ")");
+      }
       segs_[j] = peer_segs_.back()->data();
     }
     send_head_.assign(size_, 0);
     recv_tail_.assign(size_, 0);
     peer_ptrs_.assign(static_cast<size_t>(size_) * kMaxBuffers, nullptr);
     peer_inline_.assign(size_, nullptr);
+    // Nobody returns before every rank has mapped every segment, so a rank
+    // that dies right after creation fails the others' first collective,
+    // not their creation.
+    publish(nullptr, nullptr, 0, nullptr, 0);
   }
 
   ~ShmTransport() override {
@@ -188,8 +198,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     sendrecv_sink(-1, nullptr, 0, peer, bytes, sink, tag, /*with_send=*/false);
   }
 
-  void sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes,
-                uint32_t tag) override {
+  void sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes, uint32_t tag) override {
     CopySink sink(static_cast<char*>(rbuf));
     sendrecv_sink(to, sbuf, sbytes, from, rbytes, sink, tag, true);
   }
@@ -325,8 +334,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   }
 
   void check_peer(int peer) const {
-    TESSERA_ARG_CHECK(peer >= 0 && peer < size_ && peer != rank_, "shm transport: bad peer ", peer, " for rank ",
-                      rank_, " of ", size_);
+    TESSERA_ARG_CHECK(peer >= 0 && peer < size_ && peer != rank_, "shm transport: bad peer ", peer, " for rank ", rank_,
+                      " of ", size_);
   }
 
   void ring(int j) {
@@ -338,9 +347,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   bool can_send(int peer) const {
     return send_head_[peer] - chan(peer, rank_)->tail.load(std::memory_order_acquire) < kSlots;
   }
-  bool can_recv(int peer) const {
-    return chan(rank_, peer)->head.load(std::memory_order_acquire) > recv_tail_[peer];
-  }
+  bool can_recv(int peer) const { return chan(rank_, peer)->head.load(std::memory_order_acquire) > recv_tail_[peer]; }
 
   // Writes as many fragments as there are free slots; true if any was written.
   bool progress_send(SendState& s) {
@@ -383,8 +390,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     return any;
   }
 
-  void sendrecv_sink(int to, const void* sbuf, size_t sbytes, int from, size_t rbytes, RecvSink& sink,
-                     uint32_t tag, bool with_send) {
+  void sendrecv_sink(int to, const void* sbuf, size_t sbytes, int from, size_t rbytes, RecvSink& sink, uint32_t tag,
+                     bool with_send) {
     check_peer(from);
     if (with_send) check_peer(to);
     fail_fast(from);
@@ -402,7 +409,9 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   bool process_alive(int j) const {
     if (pids_[j] == ::getpid()) return true;
     if (pidfds_[j] >= 0) {
-      struct pollfd pf{pidfds_[j], POLLIN, 0};
+      struct pollfd pf {
+        pidfds_[j], POLLIN, 0
+      };
       return ::poll(&pf, 1, 0) == 0;  // readable once the process exited (zombie too)
     }
     return ::kill(pids_[j], 0) == 0 || errno == EPERM;
@@ -445,8 +454,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     // first, then peers that reported a failure, then a peer this rank waits
     // for that closed its communicator; so the root cause is named.
     auto crashed = [&](int j) -> std::optional<Failure> {
-      if (j < 0 || j == rank_ || !check_processes || ctl(j)->closed.load(std::memory_order_acquire) ||
-          process_alive(j))
+      if (j < 0 || j == rank_ || !check_processes || ctl(j)->closed.load(std::memory_order_acquire) || process_alive(j))
         return std::nullopt;
       return Failure{TransportError::Kind::PeerDead, j,
                      "peer rank " + std::to_string(j) + " (pid " + std::to_string(pids_[j]) + ") exited"};
@@ -466,9 +474,9 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       if (auto f = failed(j)) return f;
     if (check_processes && prefer_peer >= 0 && prefer_peer != rank_ &&
         ctl(prefer_peer)->closed.load(std::memory_order_acquire))
-      return Failure{TransportError::Kind::PeerDead, prefer_peer,
-                     "peer rank " + std::to_string(prefer_peer) +
-                         " closed its communicator while this rank waits for it"};
+      return Failure{
+          TransportError::Kind::PeerDead, prefer_peer,
+          "peer rank " + std::to_string(prefer_peer) + " closed its communicator while this rank waits for it"};
     return std::nullopt;
   }
 
@@ -526,7 +534,9 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       }
       const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
-      struct timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      struct timespec ts {
+        static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)
+      };
       futex(&me->doorbell, FUTEX_WAIT, bell, &ts);
       me->sleeping.store(0, std::memory_order_relaxed);
     }

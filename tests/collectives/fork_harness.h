@@ -21,6 +21,10 @@
 
 #include "collectives/store.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 namespace tessera::coll::test {
 
 struct RankResult {
@@ -37,8 +41,7 @@ inline std::string make_temp_dir() {
 
 // Forks `size` ranks running fn(rank, size, store); waits at most timeout_s
 // (then kills the rest). Returns each rank's result.
-inline std::vector<RankResult> run_ranks(int size,
-                                         const std::function<void(int, int, std::shared_ptr<Store>)>& fn,
+inline std::vector<RankResult> run_ranks(int size, const std::function<void(int, int, std::shared_ptr<Store>)>& fn,
                                          int timeout_s = 90) {
   const std::string dir = make_temp_dir();
   std::vector<pid_t> pids;
@@ -60,6 +63,10 @@ inline std::vector<RankResult> run_ranks(int size,
         std::ofstream(dir + "/err." + std::to_string(r)) << msg;
       }
       std::fflush(nullptr);
+#if defined(__SANITIZE_ADDRESS__)
+      // _exit skips the exit-time leak check: run it here (a leak fails the rank).
+      if (code == 0) __lsan_do_leak_check();
+#endif
       ::_exit(code);
     }
     pids.push_back(pid);
@@ -111,9 +118,9 @@ inline std::string failures(const std::vector<RankResult>& res) {
 }
 
 // Throws std::runtime_error with the message when cond is false (inside ranks).
-#define COLL_REQUIRE(cond, ...)                                                                      \
-  do {                                                                                               \
-    if (!(cond))                                                                                     \
+#define COLL_REQUIRE(cond, ...)                                                                                    \
+  do {                                                                                                             \
+    if (!(cond))                                                                                                   \
       throw std::runtime_error(::tessera::detail::concat(__FILE__, ":", __LINE__, ": " #cond " ", ##__VA_ARGS__)); \
   } while (0)
 
