@@ -123,6 +123,7 @@ class Agent {
 
  private:
   void setup_signals();
+  bool join(int round, pb::JoinReply& layout);
   void start_coordinator();
   RoundEnd run_round(int round, const pb::JoinReply& layout);
   void spawn(Worker& w, int round, const pb::JoinReply& layout);
@@ -241,7 +242,11 @@ int Agent::run() {
     client_->set_round(-1);
     pb::JoinReply layout;
     try {
-      layout = client_->join(opt_.node_rank, host_, opt_.nproc_per_node, round, opt_.rdzv_timeout);
+      if (!join(round, layout)) {
+        std::fprintf(stderr, "tessera run: interrupted by %s during rendezvous\n", strsignal(interrupted_));
+        code = 128 + interrupted_;
+        break;
+      }
     } catch (const Error& e) {
       std::fprintf(stderr, "tessera run: rendezvous failed: %s\n", e.what());
       code = 1;
@@ -320,6 +325,33 @@ int Agent::run() {
     coordinator_->shutdown();
   }
   return code;
+}
+
+// Joins in slices of half a second so that SIGINT/SIGTERM (blocked, read from the
+// signalfd) can end a long wait for the other nodes. A node that gave up on a
+// slice is withdrawn and re-joins at once; the round starts only with all.
+// Returns false when interrupted.
+bool Agent::join(int round, pb::JoinReply& layout) {
+  const auto deadline = Clock::now() + opt_.rdzv_timeout;
+  for (;;) {
+    signalfd_siginfo si;
+    while (read(sig_fd_, &si, sizeof si) == sizeof si) {
+      int sig = static_cast<int>(si.ssi_signo);
+      if (sig != SIGCHLD) {
+        interrupted_ = sig;
+        return false;
+      }
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      layout = client_->join(opt_.node_rank, host_, opt_.nproc_per_node, round,
+                             std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(500)));
+      return true;
+    } catch (const TimeoutError& e) {
+      if (Clock::now() >= deadline)
+        throw TimeoutError(detail::concat(e.what(), " (--rdzv-timeout ", opt_.rdzv_timeout.count() / 1000.0, " s)"));
+    }
+  }
 }
 
 // Node 0 serves until the other agents had a chance to read the outcome.

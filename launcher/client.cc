@@ -64,7 +64,7 @@ void CoordinatorClient::prepare(grpc::ClientContext& ctx, std::chrono::milliseco
 pb::JoinReply CoordinatorClient::join(int node_rank, const std::string& host, int nproc, int round,
                                       std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
-  prepare(ctx, timeout + kSlack);  // waits for node 0 to come up, too
+  prepare(ctx, timeout + std::chrono::milliseconds(500));  // waits for node 0 to come up, too
   pb::JoinRequest req;
   req.set_node_rank(node_rank);
   req.set_host(host);
@@ -200,11 +200,11 @@ void Heartbeater::stop(bool leaving) {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (leaving) {
+  if (leaving && ever_ok_.load()) {  // nobody to say goodbye to otherwise
     try {
       pb::HeartbeatRequest last = beat_;
       last.set_leaving(true);
-      client_->heartbeat(last, std::chrono::seconds(2));
+      client_->heartbeat(last, std::chrono::seconds(1));
     } catch (const std::exception& e) {
       spdlog::debug("last heartbeat not delivered: {}", e.what());
     }
@@ -212,20 +212,24 @@ void Heartbeater::stop(bool leaving) {
 }
 
 void Heartbeater::loop() {
-  auto last_ok = std::chrono::steady_clock::now();
+  // The give-up window starts at the first beat that got through: an agent
+  // may start long before node 0's coordinator is up.
+  std::optional<std::chrono::steady_clock::time_point> last_ok;
   std::unique_lock<std::mutex> l(mu_);
   while (!stop_) {
     l.unlock();
     std::string lost;
     try {
-      auto rep = client_->heartbeat(beat_, std::max(interval_, std::chrono::milliseconds(1000)));
+      auto rep = client_->heartbeat(beat_, std::chrono::milliseconds(1000));
       last_ok = std::chrono::steady_clock::now();
+      ever_ok_ = true;
       if (rep.aborted() && stop_on_abort_) lost = "the coordinator reports the job aborted";
     } catch (const AbortedError& e) {
       last_ok = std::chrono::steady_clock::now();  // it answered: still alive
+      ever_ok_ = true;
       if (stop_on_abort_) lost = e.what();
     } catch (const std::exception& e) {
-      if (std::chrono::steady_clock::now() - last_ok > give_up_)
+      if (last_ok && std::chrono::steady_clock::now() - *last_ok > give_up_)
         lost = detail::concat("no heartbeat reached the coordinator for ", give_up_.count(), " ms: ", e.what());
     }
     l.lock();

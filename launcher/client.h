@@ -105,6 +105,7 @@ class Heartbeater {
   proto::HeartbeatRequest beat_;
   std::chrono::milliseconds interval_, give_up_;
   bool stop_on_abort_;
+  std::atomic<bool> ever_ok_{false};
   std::function<void(const std::string&)> on_lost_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-
 #include "tests/launcher/subprocess.h"
 
 using namespace tessera::testing;
@@ -90,13 +89,18 @@ TEST(Run, TwoNodesRendezvousThroughNodeZero) {
   TempDir d;
   const std::string coord = "127.0.0.1:" + std::to_string(free_port());
   setenv("TESSERA_JOB_TOKEN", "two-node-test-token", 1);
-  Subprocess n1(
-      run_cmd({"--nproc-per-node", "3", "--nnodes", "2", "--node-rank", "1", "--coordinator", coord}, {"--print-env"}),
-      d.path, "n1");
-  std::this_thread::sleep_for(100ms);  // node 1 first: it must wait for node 0 to come up
-  Subprocess n0(
-      run_cmd({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0", "--coordinator", coord}, {"--print-env"}),
-      d.path, "n0");
+  Subprocess n1(run_cmd({"--nproc-per-node", "3", "--nnodes", "2", "--node-rank", "1", "--coordinator", coord,
+                         "--heartbeat-timeout", "1"},
+                        {"--print-env"}),
+                d.path, "n1");
+  // Node 1 first, for longer than its heartbeat give-up (2 s): it must keep
+  // waiting for node 0 to come up, and its heartbeats must work once it does
+  // (node 0's workers outlast the 1 s heartbeat timeout).
+  std::this_thread::sleep_for(2500ms);
+  Subprocess n0(run_cmd({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0", "--coordinator", coord,
+                         "--heartbeat-timeout", "1"},
+                        {"--print-env", "--sleep", "1.5"}),
+                d.path, "n0");
   unsetenv("TESSERA_JOB_TOKEN");
   ASSERT_EQ(n0.wait(60s), 0) << n0.err();
   ASSERT_EQ(n1.wait(60s), 0) << n1.err();
@@ -107,6 +111,22 @@ TEST(Run, TwoNodesRendezvousThroughNodeZero) {
     EXPECT_EQ(count(out, pre + "env GROUP_RANK=" + std::string(r < 2 ? "0" : "1") + "\n"), 1) << out;
     EXPECT_EQ(count(out, pre + "env LOCAL_RANK=" + std::to_string(r < 2 ? r : r - 2) + "\n"), 1) << out;
   }
+}
+
+TEST(Run, SigtermDuringRendezvous) {
+  TempDir d;
+  const std::string coord = "127.0.0.1:" + std::to_string(free_port());
+  setenv("TESSERA_JOB_TOKEN", "lonely-node-token", 1);
+  // Node 1 of 2, and node 0 never comes.
+  Subprocess n1(run_cmd({"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1", "--coordinator", coord}, {}),
+                d.path, "n1");
+  unsetenv("TESSERA_JOB_TOKEN");
+  std::this_thread::sleep_for(500ms);
+  auto t0 = std::chrono::steady_clock::now();
+  kill(n1.pid(), SIGTERM);
+  EXPECT_EQ(n1.wait(10s), 128 + SIGTERM) << n1.err();
+  // A join slice (0.5 s + 0.5 s slack) and an in-flight heartbeat (<= 1 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
 }
 
 TEST(Run, FailureOnOneNodeStopsBothNodes) {
