@@ -128,6 +128,7 @@ double load(const void* p, DType t, size_t i) {
 }  // namespace
 
 void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
+  if (n == 0) return;  // src/dst may be null for empty tensors
   if (st == dt) {
     std::memcpy(dst, src, n * dtype_size(st));
     return;

@@ -33,7 +33,9 @@ constexpr Names kSources[] = {
     {WorldSource::Tessera, "TESSERA_RANK", "TESSERA_WORLD_SIZE", "TESSERA_LOCAL_RANK", "TESSERA_LOCAL_SIZE",
      "TESSERA_NODE_RANK"},
     {WorldSource::OpenMPI, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK"},
+     // OMPI_COMM_WORLD_NODE_RANK is a process's rank on its node, not the
+     // node's index: derive the node from rank / local size instead.
+     "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
     {WorldSource::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"},
     {WorldSource::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID"},
 };
