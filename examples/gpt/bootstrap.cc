@@ -1,13 +1,19 @@
 #include "examples/gpt/bootstrap.h"
 
 #include "launcher/worker.h"
+#include "runtime/shm_memory.h"
 
 namespace tessera::gpt {
 
 int run_job(const std::string& device_preset, const std::function<int(const Job&)>& body) {
   // The rank only names the device in messages; the launcher re-reads the world.
   const World w = discover_world();
-  Device device(DeviceSpec::preset(device_preset), w.rank);
+  // With peers on this host, the core's memory is a shared arena they map, so
+  // gradient and activation collectives read peers' tensors in place (the
+  // shm transport's direct path). The arena reserves address space only; pages
+  // are backed when first touched, and the allocator reuses them.
+  const DeviceSpec spec = DeviceSpec::preset(device_preset);
+  Device device(spec, w.rank, w.local_size > 1 ? make_shm_memory(spec.hbm_bytes) : nullptr);
   launcher::WorkerOptions options;
   options.comm.device = &device;
   return launcher::run_worker(options, [&](launcher::WorkerContext& ctx) {
