@@ -1,9 +1,11 @@
 // `tessera ckpt`: inspect, shard, consolidate and reshard GPT-2 checkpoints
 // (the work is in ckpt_tool.h; this file is flags and printing).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/hf_gpt2.h"
@@ -44,10 +46,13 @@ int run_inspect(const CkptArgs& a) {
     ckpt::Gpt2Config c = ckpt::read_manifest_config(a.path);
     std::printf("%s: tessera shard directory, GPT-2 %s\n", a.path.c_str(), ckpt::gpt2_config_str(c).c_str());
     uint64_t total = 0;
-    for (const auto& entry : fs::directory_iterator(a.path)) {
-      if (entry.path().extension() != ".safetensors") continue;
-      ckpt::SafetensorsReader r(entry.path().string());
-      std::printf("%s (tp_rank %s, pp_rank %s):\n", entry.path().filename().c_str(),
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(a.path))
+      if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& file : files) {
+      ckpt::SafetensorsReader r(file.string());
+      std::printf("%s (tp_rank %s, pp_rank %s):\n", file.filename().c_str(),
                   r.metadata().count("tp_rank") ? r.metadata().at("tp_rank").c_str() : "?",
                   r.metadata().count("pp_rank") ? r.metadata().at("pp_rank").c_str() : "?");
       total += print_tensors(r);

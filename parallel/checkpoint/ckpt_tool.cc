@@ -69,12 +69,6 @@ void check_out_dir(const std::string& out) {
 
 json shape_json(const Shape& s) { return json(std::vector<int64_t>(s.begin(), s.end())); }
 
-Shape json_shape(const json& j) {
-  Shape s;
-  for (const auto& v : j) s.push_back(v.get<int64_t>());
-  return s;
-}
-
 json config_json(const Gpt2Config& c) {
   return {{"vocab_size", c.vocab}, {"n_positions", c.n_positions}, {"n_embd", c.hidden}, {"n_layer", c.layers},
           {"n_head", c.heads}};
