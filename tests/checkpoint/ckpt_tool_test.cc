@@ -163,6 +163,36 @@ TEST(CkptTool, ShardsEqualLoadShardOfTpRank) {
   }
 }
 
+// Hand-computed slices (Tensor::slice/concat, not the layout code): Q, K and V
+// column blocks each split over tp, and the padded vocab-parallel wte.
+TEST(CkptTool, ShardsMatchHandComputedSlices) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 7);
+  shard_gpt2(src, d.file("s"), {4, 1, 1, 0});
+  SafetensorsReader full(src);
+  const int64_t C = kCfg.hidden, q = C / 4;
+  Tensor w = full.get("transformer.h.1.attn.c_attn.weight");
+  for (int r = 0; r < 4; ++r) {
+    SafetensorsReader f(shard_file(d.file("s"), r, 0));
+    Tensor want = concat({w.slice(1, r * q, (r + 1) * q), w.slice(1, C + r * q, C + (r + 1) * q),
+                          w.slice(1, 2 * C + r * q, 2 * C + (r + 1) * q)},
+                         1);
+    EXPECT_EQ(f.get("transformer.h.1.attn.c_attn.weight").to_float_vector(), want.to_float_vector()) << r;
+    // Row-parallel c_proj: rows split, bias replicated.
+    Tensor p = full.get("transformer.h.1.mlp.c_proj.weight");
+    EXPECT_EQ(f.get("transformer.h.1.mlp.c_proj.weight").to_float_vector(),
+              p.slice(0, r * C, (r + 1) * C).to_float_vector());
+    EXPECT_EQ(f.get("transformer.h.1.mlp.c_proj.bias").to_float_vector(),
+              full.get("transformer.h.1.mlp.c_proj.bias").to_float_vector());
+  }
+  // vocab 67 over 4: 17 rows each; rank 3 holds rows 51..66 and one zero row.
+  Tensor wte = SafetensorsReader(shard_file(d.file("s"), 3, 0)).get("transformer.wte.weight");
+  ASSERT_EQ(wte.shape(), (Shape{17, C}));
+  EXPECT_EQ(wte.slice(0, 0, 16).to_float_vector(), full.get("transformer.wte.weight").slice(0, 51, 67).to_float_vector());
+  EXPECT_EQ(wte.slice(0, 16, 17).to_float_vector(), std::vector<float>(static_cast<size_t>(C), 0.f));
+}
+
 TEST(CkptTool, ReshardEqualsDirectShard) {
   TempDir d;
   const std::string src = d.file("model.safetensors");
