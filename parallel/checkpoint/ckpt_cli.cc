@@ -99,8 +99,9 @@ int guarded(const char* sub, Fn fn) {
 
 void add_layout_flags(CLI::App* cmd, CkptArgs* a) {
   cmd->add_option("--tp", a->tp, "Tensor-parallel degree")->required()->check(CLI::PositiveNumber);
-  cmd->add_option("--pp", a->pp, "Pipeline stages (whole layers per stage)")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  cmd->add_option("--pp", a->pp, "Pipeline stages (whole layers per stage)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 }
 
 }  // namespace
@@ -114,7 +115,8 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
   inspect->add_option("path", args->path, "safetensors file, HF index/dir, or shard dir")->required();
   inspect->add_option("--heads", args->heads, "Attention heads (default: metadata n_head, else hidden/64)")
       ->check(CLI::PositiveNumber);
-  inspect->callback([&action, args] { action = [args] { return guarded("inspect", [&] { return run_inspect(*args); }); }; });
+  inspect->callback(
+      [&action, args] { action = [args] { return guarded("inspect", [&] { return run_inspect(*args); }); }; });
 
   auto* shard = ckpt->add_subcommand("shard", "Split an HF GPT-2 checkpoint into one file per (tp, pp) rank");
   add_layout_flags(shard, args.get());
@@ -151,8 +153,9 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
 
   auto* reshard = ckpt->add_subcommand("reshard", "Consolidate a shard directory and shard it for a new tp/pp");
   add_layout_flags(reshard, args.get());
-  reshard->add_option("--dp", args->dp, "Data-parallel degree (recorded)")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  reshard->add_option("--dp", args->dp, "Data-parallel degree (recorded)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   reshard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
   reshard->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`)")->required();
   reshard->callback([&action, args] {

@@ -70,7 +70,10 @@ void check_out_dir(const std::string& out) {
 json shape_json(const Shape& s) { return json(std::vector<int64_t>(s.begin(), s.end())); }
 
 json config_json(const Gpt2Config& c) {
-  return {{"vocab_size", c.vocab}, {"n_positions", c.n_positions}, {"n_embd", c.hidden}, {"n_layer", c.layers},
+  return {{"vocab_size", c.vocab},
+          {"n_positions", c.n_positions},
+          {"n_embd", c.hidden},
+          {"n_layer", c.layers},
           {"n_head", c.heads}};
 }
 
@@ -98,8 +101,8 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
                       const ShardOptions& opt) {
   TESSERA_ARG_CHECK(opt.tp >= 1 && opt.pp >= 1 && opt.dp >= 1, "--tp, --pp and --dp must be >= 1 (got tp ", opt.tp,
                     ", pp ", opt.pp, ", dp ", opt.dp, ")");
-  TESSERA_ARG_CHECK(c.heads % opt.tp == 0, "--tp ", opt.tp, " does not divide the ", c.heads,
-                    " attention heads of ", src.path(), " (attention is split by heads)");
+  TESSERA_ARG_CHECK(c.heads % opt.tp == 0, "--tp ", opt.tp, " does not divide the ", c.heads, " attention heads of ",
+                    src.path(), " (attention is split by heads)");
   TESSERA_ARG_CHECK(c.layers >= opt.pp, "--pp ", opt.pp, " exceeds the ", c.layers, " layers of ", src.path(),
                     " (each stage needs a whole layer)");
   check_out_dir(out_dir);
@@ -116,7 +119,8 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
   for (size_t i = 0; i < n; ++i) {
     const std::string& name = ranks[0][i].name;
     const DType dtype = src.entry(gpt2_stored_name(src, name)).dtype;
-    if (!full.defined() || full.shape() != ranks[0][i].full_shape) full = Tensor::empty(ranks[0][i].full_shape, DType::F32);
+    if (!full.defined() || full.shape() != ranks[0][i].full_shape)
+      full = Tensor::empty(ranks[0][i].full_shape, DType::F32);
     read_gpt2_tensor(src, name, full);
     const int stage = gpt2_pp_stage(c, pp, name);
     for (int r = 0; r < tp; ++r) {
@@ -182,12 +186,14 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
 json read_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / kManifestName).string();
   std::ifstream f(path);
-  if (!f) throw FormatError(detail::concat(path, ": cannot open (", std::strerror(errno), "); is ", dir,
-                                           " a directory written by `tessera ckpt shard`?"));
+  if (!f)
+    throw FormatError(detail::concat(path, ": cannot open (", std::strerror(errno), "); is ", dir,
+                                     " a directory written by `tessera ckpt shard`?"));
   json j;
   try {
     j = json::parse(f);
-    if (j.at("format").get<std::string>() != kFormat) throw FormatError(detail::concat(path, ": not a ", kFormat, " manifest"));
+    if (j.at("format").get<std::string>() != kFormat)
+      throw FormatError(detail::concat(path, ": not a ", kFormat, " manifest"));
     if (j.at("version").get<int>() != kVersion)
       throw FormatError(detail::concat(path, ": unsupported version ", j.at("version").dump()));
     (void)j.at("config"), (void)j.at("tp"), (void)j.at("pp"), (void)j.at("files");
@@ -279,8 +285,8 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
                                          shape_str(p.shape), " for tp rank ", r, " of ", tp));
       if (r == 0) dtype = e.dtype;
       if (e.dtype != dtype)
-        throw FormatError(detail::concat(rd.path(), ": ", name, " is ", dtype_name(e.dtype), ", tp rank 0 has ",
-                                         dtype_name(dtype)));
+        throw FormatError(
+            detail::concat(rd.path(), ": ", name, " is ", dtype_name(e.dtype), ", tp rank 0 has ", dtype_name(dtype)));
       Tensor shard = rd.get(name);
       if (p.split_dim < 0) {  // replicated: every rank must hold the same bytes
         if (r == 0) {

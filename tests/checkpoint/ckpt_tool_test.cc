@@ -1,6 +1,8 @@
 // `tessera ckpt` (parallel/checkpoint/ckpt_tool.h, gpt2_layout.h): shards are
 // what a TP rank of GptModel holds, shard -> consolidate is bit-exact, reshard
 // equals a direct shard, bad input is refused with nothing written.
+#include "parallel/checkpoint/ckpt_tool.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -11,7 +13,6 @@
 #include <random>
 
 #include "examples/gpt/gpt_model.h"
-#include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/gpt2_layout.h"
 #include "parallel/layers/parallel_state.h"
 #include "runtime/error.h"
@@ -189,7 +190,8 @@ TEST(CkptTool, ShardsMatchHandComputedSlices) {
   // vocab 67 over 4: 17 rows each; rank 3 holds rows 51..66 and one zero row.
   Tensor wte = SafetensorsReader(shard_file(d.file("s"), 3, 0)).get("transformer.wte.weight");
   ASSERT_EQ(wte.shape(), (Shape{17, C}));
-  EXPECT_EQ(wte.slice(0, 0, 16).to_float_vector(), full.get("transformer.wte.weight").slice(0, 51, 67).to_float_vector());
+  EXPECT_EQ(wte.slice(0, 0, 16).to_float_vector(),
+            full.get("transformer.wte.weight").slice(0, 51, 67).to_float_vector());
   EXPECT_EQ(wte.slice(0, 16, 17).to_float_vector(), std::vector<float>(static_cast<size_t>(C), 0.f));
 }
 
@@ -201,7 +203,8 @@ TEST(CkptTool, ReshardEqualsDirectShard) {
   reshard_gpt2(d.file("tp2"), d.file("tp4_re"), {4, 2, 1, 0});
   shard_gpt2(src, d.file("tp4"), {4, 2, 1, 0});
   for (int s = 0; s < 2; ++s)
-    for (int r = 0; r < 4; ++r) expect_same_tensors(shard_file(d.file("tp4"), r, s), shard_file(d.file("tp4_re"), r, s));
+    for (int r = 0; r < 4; ++r)
+      expect_same_tensors(shard_file(d.file("tp4"), r, s), shard_file(d.file("tp4_re"), r, s));
   // No temp directories left beside the output.
   for (const auto& e : fs::directory_iterator(d.path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
@@ -268,12 +271,12 @@ TEST(CkptCli, ExitCodes) {
   expect_same_tensors(src, d.file("b.safetensors"));
   EXPECT_EQ(run(bin + " ckpt reshard --tp 4 --out " + d.file("r") + " " + d.file("s")), 0);
   EXPECT_EQ(run(bin + " ckpt"), 2);
-  EXPECT_EQ(run(bin + " ckpt shard --tp 3 --out " + d.file("x") + " " + src), 2);  // heads
+  EXPECT_EQ(run(bin + " ckpt shard --tp 3 --out " + d.file("x") + " " + src), 2);         // heads
   EXPECT_EQ(run(bin + " ckpt shard --tp 1 --pp 4 --out " + d.file("x") + " " + src), 2);  // layers
   EXPECT_EQ(run(bin + " ckpt shard --tp 0 --out " + d.file("x") + " " + src), 2);
   EXPECT_EQ(run(bin + " ckpt shard --out " + d.file("x") + " " + src), 2);  // --tp missing
   EXPECT_EQ(run(bin + " ckpt shard --tp 2 --out " + d.file("x") + " " + d.file("missing.safetensors")), 2);
-  EXPECT_EQ(run(bin + " ckpt shard --tp 2 --out " + d.file("s") + " " + src), 2);  // exists
+  EXPECT_EQ(run(bin + " ckpt shard --tp 2 --out " + d.file("s") + " " + src), 2);                  // exists
   EXPECT_EQ(run(bin + " ckpt consolidate --out " + d.file("y.safetensors") + " " + d.path()), 2);  // no manifest
   EXPECT_EQ(run(bin + " ckpt inspect " + d.file("missing.safetensors")), 2);
   EXPECT_FALSE(fs::exists(d.file("x")));
