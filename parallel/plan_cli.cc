@@ -15,17 +15,6 @@ namespace tessera::parallel {
 
 namespace {
 
-void add_stub(CLI::App& root, const char* name, const char* help, tessera::cli::Action& action) {
-  auto* cmd = root.add_subcommand(name, help);
-  cmd->allow_extras();
-  cmd->callback([&action, name] {
-    action = [name] {
-      std::cerr << "tessera " << name << ": not built yet\n";
-      return tessera::cli::kUsageExit;
-    };
-  });
-}
-
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 struct PlanArgs {
@@ -269,10 +258,6 @@ void add_plan_command(CLI::App& root, tessera::cli::Action& action) {
       }
     };
   });
-}
-
-void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
-  add_stub(root, "ckpt", "Shard, reshard and inspect checkpoints", action);
 }
 
 }  // namespace tessera::parallel

@@ -1,6 +1,8 @@
 #include "parallel/layers/parameter.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "runtime/error.h"
 
@@ -59,29 +61,34 @@ Parameter make_parameter(std::string name, Shape full_shape, int split_dim, int 
   return p;
 }
 
-void for_each_shard_element(const Parameter& p, const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t n = p.numel();
+void for_each_shard_run(const Parameter& p, const std::function<void(int64_t, int64_t, int64_t)>& fn) {
   if (p.split_dim < 0) {
-    for (int64_t i = 0; i < n; ++i) fn(i, i);
+    fn(0, 0, p.numel());
     return;
   }
-  // Element (outer, c, inner) with c along split_dim.
+  // Element (outer, c, inner) with c along split_dim; the local rows of block k
+  // are [k lb, (k+1) lb), holding full rows k fb + tp_rank lb + [0, lb) while
+  // they stay below fb, padding after.
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < p.split_dim; ++d) outer *= p.shape[d];
   for (size_t d = p.split_dim + 1; d < p.shape.size(); ++d) inner *= p.shape[d];
   const int64_t local_dim = p.shape[p.split_dim], full_dim = p.full_shape[p.split_dim];
   const int64_t lb = p.local_block(), fb = p.full_block();
+  const int64_t first = p.tp_rank * lb;
+  const int64_t valid = std::clamp<int64_t>(fb - first, 0, lb);
   for (int64_t o = 0; o < outer; ++o) {
-    for (int64_t c = 0; c < local_dim; ++c) {
-      int64_t block = c / lb, within = p.tp_rank * lb + c % lb;
-      bool pad = within >= fb;
-      int64_t gc = block * fb + within;
-      for (int64_t i = 0; i < inner; ++i) {
-        int64_t li = (o * local_dim + c) * inner + i;
-        fn(li, pad ? -1 : (o * full_dim + gc) * inner + i);
-      }
+    for (int k = 0; k < p.chunks; ++k) {
+      const int64_t local = (o * local_dim + k * lb) * inner;
+      if (valid > 0) fn(local, (o * full_dim + k * fb + first) * inner, valid * inner);
+      if (valid < lb) fn(local + valid * inner, -1, (lb - valid) * inner);
     }
   }
+}
+
+void for_each_shard_element(const Parameter& p, const std::function<void(int64_t, int64_t)>& fn) {
+  for_each_shard_run(p, [&](int64_t local, int64_t full, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) fn(local + i, full < 0 ? -1 : full + i);
+  });
 }
 
 void init_parameter(Parameter& p, uint64_t seed) {
@@ -107,12 +114,18 @@ void init_parameter(Parameter& p, uint64_t seed) {
 }
 
 void load_shard(Parameter& p, const float* full) {
-  for_each_shard_element(p, [&](int64_t li, int64_t gi) { p.value[li] = gi >= 0 ? full[gi] : 0.f; });
+  for_each_shard_run(p, [&](int64_t local, int64_t gi, int64_t count) {
+    if (gi >= 0) {
+      std::memcpy(p.value + local, full + gi, static_cast<size_t>(count) * sizeof(float));
+    } else {
+      std::fill_n(p.value + local, count, 0.f);
+    }
+  });
 }
 
 void store_shard(const Parameter& p, float* full) {
-  for_each_shard_element(p, [&](int64_t li, int64_t gi) {
-    if (gi >= 0) full[gi] = p.value[li];
+  for_each_shard_run(p, [&](int64_t local, int64_t gi, int64_t count) {
+    if (gi >= 0) std::memcpy(full + gi, p.value + local, static_cast<size_t>(count) * sizeof(float));
   });
 }
 

@@ -53,6 +53,13 @@ struct Parameter {
 Parameter make_parameter(std::string name, Shape full_shape, int split_dim, int chunks, int tp_size, int tp_rank,
                          Init init, float init_std, bool decay);
 
+// Calls fn(local_begin, full_begin, count) for runs of the shard that are
+// contiguous in both the shard and the full tensor (one per outer index and
+// block; the whole tensor when replicated), in local order; full_begin is -1
+// for a run of padding. The one statement of the layout: the functions below
+// are built on it.
+void for_each_shard_run(const Parameter& p, const std::function<void(int64_t, int64_t, int64_t)>& fn);
+
 // Calls fn(local_flat_index, full_flat_index) for every element of the
 // shard; full_flat_index is -1 for padding.
 void for_each_shard_element(const Parameter& p, const std::function<void(int64_t, int64_t)>& fn);

@@ -1,0 +1,173 @@
+// `tessera ckpt`: inspect, shard, consolidate and reshard GPT-2 checkpoints
+// (the work is in ckpt_tool.h; this file is flags and printing).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include "parallel/checkpoint/ckpt_tool.h"
+#include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/plan_cli.h"
+#include "runtime/error.h"
+
+namespace tessera::parallel {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CkptArgs {
+  std::string path, out;
+  int tp = 1, pp = 1, dp = 1;
+  int64_t heads = 0;
+};
+
+std::string mib(uint64_t b) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+uint64_t print_tensors(const ckpt::TensorSource& src) {
+  uint64_t total = 0;
+  for (const std::string& name : src.names()) {
+    const ckpt::SafetensorsEntry& e = src.entry(name);
+    total += e.end - e.begin;
+    std::printf("  %-44s %-5s %-16s %llu\n", name.c_str(), dtype_name(e.dtype), shape_str(e.shape).c_str(),
+                static_cast<unsigned long long>(e.end - e.begin));
+  }
+  return total;
+}
+
+int run_inspect(const CkptArgs& a) {
+  if (fs::is_directory(a.path) && fs::exists(fs::path(a.path) / ckpt::kManifestName)) {
+    ckpt::Gpt2Config c = ckpt::read_manifest_config(a.path);
+    std::printf("%s: tessera shard directory, GPT-2 %s\n", a.path.c_str(), ckpt::gpt2_config_str(c).c_str());
+    uint64_t total = 0;
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(a.path))
+      if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& file : files) {
+      ckpt::SafetensorsReader r(file.string());
+      std::printf("%s (tp_rank %s, pp_rank %s):\n", file.filename().c_str(),
+                  r.metadata().count("tp_rank") ? r.metadata().at("tp_rank").c_str() : "?",
+                  r.metadata().count("pp_rank") ? r.metadata().at("pp_rank").c_str() : "?");
+      total += print_tensors(r);
+    }
+    std::printf("total tensor data: %s; layout in %s\n", mib(total).c_str(),
+                (fs::path(a.path) / ckpt::kManifestName).c_str());
+    return 0;
+  }
+  std::unique_ptr<ckpt::TensorSource> src = ckpt::open_safetensors(a.path);
+  std::printf("%s: %zu tensors\n", src->path().c_str(), src->names().size());
+  const uint64_t total = print_tensors(*src);
+  std::printf("metadata:\n");
+  for (const auto& [k, v] : src->metadata()) std::printf("  %s = %s\n", k.c_str(), v.c_str());
+  std::printf("total tensor data: %s (%llu bytes)\n", mib(total).c_str(), static_cast<unsigned long long>(total));
+  try {
+    ckpt::Gpt2Config c = ckpt::infer_gpt2_config(*src, a.heads);
+    std::vector<std::string> problems = ckpt::gpt2_problems(*src, c);
+    std::printf("GPT-2 config: %s\n", ckpt::gpt2_config_str(c).c_str());
+    if (problems.empty()) {
+      std::printf("valid GPT-2 checkpoint\n");
+    } else {
+      std::printf("not a valid GPT-2 checkpoint:\n");
+      for (const auto& p : problems) std::printf("  %s\n", p.c_str());
+    }
+  } catch (const FormatError& e) {
+    std::printf("not a GPT-2 checkpoint: %s\n", e.what());
+  }
+  return 0;
+}
+
+// Runs `fn`, mapping bad input (flags or files) to exit 2 with the message.
+template <typename Fn>
+int guarded(const char* sub, Fn fn) {
+  try {
+    return fn();
+  } catch (const FormatError& e) {
+    std::cerr << "tessera ckpt " << sub << ": " << e.what() << "\n";
+    return tessera::cli::kUsageExit;
+  } catch (const InvalidArgument& e) {
+    std::cerr << "tessera ckpt " << sub << ": " << e.what() << "\n";
+    return tessera::cli::kUsageExit;
+  }
+}
+
+void add_layout_flags(CLI::App* cmd, CkptArgs* a) {
+  cmd->add_option("--tp", a->tp, "Tensor-parallel degree")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--pp", a->pp, "Pipeline stages (whole layers per stage)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+}
+
+}  // namespace
+
+void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
+  auto* ckpt = root.add_subcommand("ckpt", "Inspect, shard, consolidate and reshard GPT-2 checkpoints");
+  ckpt->require_subcommand(1);
+  auto args = std::make_shared<CkptArgs>();
+
+  auto* inspect = ckpt->add_subcommand("inspect", "List tensors, metadata and the inferred GPT-2 config");
+  inspect->add_option("path", args->path, "safetensors file, HF index/dir, or shard dir")->required();
+  inspect->add_option("--heads", args->heads, "Attention heads (default: metadata n_head, else hidden/64)")
+      ->check(CLI::PositiveNumber);
+  inspect->callback(
+      [&action, args] { action = [args] { return guarded("inspect", [&] { return run_inspect(*args); }); }; });
+
+  auto* shard = ckpt->add_subcommand("shard", "Split an HF GPT-2 checkpoint into one file per (tp, pp) rank");
+  add_layout_flags(shard, args.get());
+  shard->add_option("--dp", args->dp, "Data-parallel degree (recorded; replicas are identical)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  shard->add_option("--heads", args->heads, "Attention heads (default: metadata n_head, else hidden/64)")
+      ->check(CLI::PositiveNumber);
+  shard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
+  shard->add_option("file", args->path, "HF GPT-2 safetensors file, index or directory")->required();
+  shard->callback([&action, args] {
+    action = [args] {
+      return guarded("shard", [&] {
+        uint64_t b = ckpt::shard_gpt2(args->path, args->out, {args->tp, args->pp, args->dp, args->heads});
+        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), ckpt::kManifestName,
+                    args->out.c_str());
+        return 0;
+      });
+    };
+  });
+
+  auto* cons = ckpt->add_subcommand("consolidate", "Join a shard directory back into one HF GPT-2 file");
+  cons->add_option("--out", args->out, "Output .safetensors file")->required();
+  cons->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`)")->required();
+  cons->callback([&action, args] {
+    action = [args] {
+      return guarded("consolidate", [&] {
+        ckpt::consolidate_gpt2(args->path, args->out);
+        std::printf("wrote %s\n", args->out.c_str());
+        return 0;
+      });
+    };
+  });
+
+  auto* reshard = ckpt->add_subcommand("reshard", "Consolidate a shard directory and shard it for a new tp/pp");
+  add_layout_flags(reshard, args.get());
+  reshard->add_option("--dp", args->dp, "Data-parallel degree (recorded)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  reshard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
+  reshard->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`)")->required();
+  reshard->callback([&action, args] {
+    action = [args] {
+      return guarded("reshard", [&] {
+        uint64_t b = ckpt::reshard_gpt2(args->path, args->out, {args->tp, args->pp, args->dp, 0});
+        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), ckpt::kManifestName,
+                    args->out.c_str());
+        return 0;
+      });
+    };
+  });
+}
+
+}  // namespace tessera::parallel

@@ -1,0 +1,318 @@
+#include "parallel/checkpoint/ckpt_tool.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "parallel/checkpoint/gpt2_layout.h"
+#include "runtime/error.h"
+
+namespace tessera::ckpt {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "tessera-gpt2-tp-pp-shards";
+constexpr int kVersion = 1;
+
+// A sibling temp directory of `target`, removed on destruction unless committed.
+class TempSibling {
+ public:
+  explicit TempSibling(const std::string& target) : target_(fs::absolute(target).lexically_normal()) {
+    if (target_.filename().empty()) target_ = target_.parent_path();
+    TESSERA_ARG_CHECK(!target_.filename().empty(), "bad output path '", target, "'");
+    path_ = target_.parent_path() / ("." + target_.filename().string() + ".tmp-" + std::to_string(::getpid()));
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    if (!fs::create_directories(path_, ec) && ec)
+      throw Error(detail::concat(path_.string(), ": cannot create directory: ", ec.message()));
+  }
+  ~TempSibling() {
+    if (!committed_) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+  }
+  TempSibling(const TempSibling&) = delete;
+  TempSibling& operator=(const TempSibling&) = delete;
+  const fs::path& path() const { return path_; }
+  // Renames the temp dir onto the target (which may exist only as an empty dir).
+  void commit() {
+    std::error_code ec;
+    if (fs::exists(target_)) fs::remove(target_, ec);  // empty dir (checked by the caller)
+    fs::rename(path_, target_, ec);
+    if (ec) throw Error(detail::concat(target_.string(), ": cannot rename ", path_.string(), ": ", ec.message()));
+    committed_ = true;
+  }
+
+ private:
+  fs::path target_, path_;
+  bool committed_ = false;
+};
+
+void check_out_dir(const std::string& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  TESSERA_ARG_CHECK(fs::is_directory(out, ec) && fs::is_empty(out, ec), "--out ", out,
+                    " exists and is not an empty directory (refusing to overwrite)");
+}
+
+json shape_json(const Shape& s) { return json(std::vector<int64_t>(s.begin(), s.end())); }
+
+json config_json(const Gpt2Config& c) {
+  return {{"vocab_size", c.vocab},
+          {"n_positions", c.n_positions},
+          {"n_embd", c.hidden},
+          {"n_layer", c.layers},
+          {"n_head", c.heads}};
+}
+
+// Full-index ranges [begin, end) along split_dim held by this rank, one per
+// chunk (padding excluded).
+json ranges_json(const par::Parameter& p) {
+  json r = json::array();
+  if (p.split_dim < 0) return r;
+  const int64_t lb = p.local_block(), fb = p.full_block();
+  for (int k = 0; k < p.chunks; ++k) {
+    int64_t b = std::min(fb, p.tp_rank * lb), e = std::min(fb, (p.tp_rank + 1) * lb);
+    r.push_back({k * fb + b, k * fb + e});
+  }
+  return r;
+}
+
+void write_text_atomic(const fs::path& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f) throw Error(detail::concat(path.string(), ": cannot write"));
+}
+
+uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::string& out_dir,
+                      const ShardOptions& opt) {
+  TESSERA_ARG_CHECK(opt.tp >= 1 && opt.pp >= 1 && opt.dp >= 1, "--tp, --pp and --dp must be >= 1 (got tp ", opt.tp,
+                    ", pp ", opt.pp, ", dp ", opt.dp, ")");
+  TESSERA_ARG_CHECK(c.heads % opt.tp == 0, "--tp ", opt.tp, " does not divide the ", c.heads, " attention heads of ",
+                    src.path(), " (attention is split by heads)");
+  TESSERA_ARG_CHECK(c.layers >= opt.pp, "--pp ", opt.pp, " exceeds the ", c.layers, " layers of ", src.path(),
+                    " (each stage needs a whole layer)");
+  check_out_dir(out_dir);
+  const int tp = opt.tp, pp = opt.pp;
+  std::vector<std::vector<par::Parameter>> ranks;
+  for (int r = 0; r < tp; ++r) ranks.push_back(gpt2_tp_parameters(c, tp, r));
+  const size_t n = ranks[0].size();
+
+  // files[pp_rank * tp + tp_rank]: the tensors of that rank, in HF order.
+  std::vector<std::vector<std::pair<std::string, Tensor>>> files(static_cast<size_t>(tp) * pp);
+  std::vector<json> file_tensors(files.size(), json::array());
+  Tensor full;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& name = ranks[0][i].name;
+    const DType dtype = src.entry(gpt2_stored_name(src, name)).dtype;
+    if (!full.defined() || full.shape() != ranks[0][i].full_shape)
+      full = Tensor::empty(ranks[0][i].full_shape, DType::F32);
+    read_gpt2_tensor(src, name, full);
+    const int stage = gpt2_pp_stage(c, pp, name);
+    for (int r = 0; r < tp; ++r) {
+      par::Parameter p = ranks[r][i];
+      Tensor shard = Tensor::empty(p.shape, DType::F32);
+      p.value = shard.data<float>();
+      par::load_shard(p, full.data<float>());
+      if (dtype != DType::F32) shard = shard.to(dtype);
+      bytes += shard.nbytes();
+      const size_t f = static_cast<size_t>(stage) * tp + r;
+      files[f].emplace_back(name, shard);
+      file_tensors[f].push_back({{"name", name},
+                                 {"dtype", dtype_name(dtype)},
+                                 {"full_shape", shape_json(p.full_shape)},
+                                 {"shape", shape_json(p.shape)},
+                                 {"split_dim", p.split_dim},
+                                 {"chunks", p.chunks},
+                                 {"ranges", ranges_json(p)}});
+    }
+  }
+
+  TempSibling tmp(out_dir);
+  json manifest = {{"format", kFormat},
+                   {"version", kVersion},
+                   {"source", src.path()},
+                   {"config", config_json(c)},
+                   {"tp", tp},
+                   {"pp", pp},
+                   {"dp", opt.dp},
+                   {"tied_lm_head",
+                    "lm_head.weight is tied to transformer.wte.weight (vocab-parallel over tp, padded to a multiple "
+                    "of tp rows; padding rows are zero); it lives on pp stage 0 only, so with pp > 1 the last stage "
+                    "needs wte's shard too (NxD keeps a copy there and all-reduces its gradient)"},
+                   {"dp_note", "DP replicas are identical: only dp_rank 00 files are written"}};
+  json stages = json::array();
+  for (int s = 0; s < pp; ++s)
+    stages.push_back({{"pp_rank", s},
+                      {"layers", {gpt2_stage_first_layer(c, pp, s), gpt2_stage_first_layer(c, pp, s + 1)}},
+                      {"embeddings", s == 0},
+                      {"ln_f", s == pp - 1}});
+  manifest["stages"] = stages;
+  json jfiles = json::array();
+  for (int s = 0; s < pp; ++s) {
+    for (int r = 0; r < tp; ++r) {
+      const size_t f = static_cast<size_t>(s) * tp + r;
+      const std::string file = rank_stem(0, r, s) + ".safetensors";
+      write_safetensors((tmp.path() / file).string(), files[f],
+                        {{"format", "pt"},
+                         {"tp_rank", std::to_string(r)},
+                         {"tp_size", std::to_string(tp)},
+                         {"pp_rank", std::to_string(s)},
+                         {"pp_size", std::to_string(pp)}});
+      files[f].clear();  // release the memory as we go
+      jfiles.push_back({{"file", file}, {"tp_rank", r}, {"pp_rank", s}, {"tensors", file_tensors[f]}});
+    }
+  }
+  manifest["files"] = jfiles;
+  write_text_atomic(tmp.path() / kManifestName, manifest.dump(1) + "\n");
+  tmp.commit();
+  return bytes;
+}
+
+json read_manifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kManifestName).string();
+  std::ifstream f(path);
+  if (!f)
+    throw FormatError(detail::concat(path, ": cannot open (", std::strerror(errno), "); is ", dir,
+                                     " a directory written by `tessera ckpt shard`?"));
+  json j;
+  try {
+    j = json::parse(f);
+    if (j.at("format").get<std::string>() != kFormat)
+      throw FormatError(detail::concat(path, ": not a ", kFormat, " manifest"));
+    if (j.at("version").get<int>() != kVersion)
+      throw FormatError(detail::concat(path, ": unsupported version ", j.at("version").dump()));
+    (void)j.at("config"), (void)j.at("tp"), (void)j.at("pp"), (void)j.at("files");
+  } catch (const json::exception& e) {
+    throw FormatError(detail::concat(path, ": ", e.what()));
+  }
+  return j;
+}
+
+Gpt2Config manifest_config(const json& j, const std::string& path) {
+  try {
+    const json& c = j.at("config");
+    Gpt2Config cfg{c.at("vocab_size").get<int64_t>(), c.at("n_positions").get<int64_t>(), c.at("n_embd").get<int64_t>(),
+                   c.at("n_layer").get<int64_t>(), c.at("n_head").get<int64_t>()};
+    if (cfg.vocab <= 0 || cfg.n_positions <= 0 || cfg.hidden <= 0 || cfg.layers <= 0 || cfg.heads <= 0 ||
+        cfg.hidden % cfg.heads != 0)
+      throw FormatError(detail::concat(path, ": bad config ", gpt2_config_str(cfg)));
+    return cfg;
+  } catch (const json::exception& e) {
+    throw FormatError(detail::concat(path, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+std::string rank_stem(int dp_rank, int tp_rank, int pp_rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "dp_rank_%02d_tp_rank_%02d_pp_rank_%02d", dp_rank, tp_rank, pp_rank);
+  return buf;
+}
+
+uint64_t shard_gpt2(const std::string& src_path, const std::string& out_dir, const ShardOptions& opt) {
+  std::unique_ptr<TensorSource> src = open_safetensors(src_path);
+  Gpt2Config c = infer_gpt2_config(*src, opt.heads);
+  check_gpt2(*src, c);
+  return shard_source(*src, c, out_dir, opt);
+}
+
+Gpt2Config read_manifest_config(const std::string& dir) {
+  return manifest_config(read_manifest(dir), (fs::path(dir) / kManifestName).string());
+}
+
+void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
+  const std::string mpath = (fs::path(dir) / kManifestName).string();
+  const json m = read_manifest(dir);
+  const Gpt2Config c = manifest_config(m, mpath);
+  int tp = 0, pp = 0;
+  try {
+    tp = m.at("tp").get<int>();
+    pp = m.at("pp").get<int>();
+  } catch (const json::exception& e) {
+    throw FormatError(detail::concat(mpath, ": ", e.what()));
+  }
+  if (tp < 1 || pp < 1 || c.heads % tp != 0 || c.layers < pp)
+    throw FormatError(detail::concat(mpath, ": tp ", tp, " / pp ", pp, " do not fit ", gpt2_config_str(c)));
+
+  // Open every rank's file; each must hold exactly the tensors its rank holds.
+  std::vector<std::vector<par::Parameter>> ranks;
+  for (int r = 0; r < tp; ++r) ranks.push_back(gpt2_tp_parameters(c, tp, r));
+  std::vector<std::unique_ptr<SafetensorsReader>> readers(static_cast<size_t>(tp) * pp);
+  std::vector<size_t> expected(readers.size(), 0);
+  for (int s = 0; s < pp; ++s)
+    for (int r = 0; r < tp; ++r)
+      readers[static_cast<size_t>(s) * tp + r] =
+          std::make_unique<SafetensorsReader>((fs::path(dir) / (rank_stem(0, r, s) + ".safetensors")).string());
+  for (const par::Parameter& p : ranks[0]) {
+    const int s = gpt2_pp_stage(c, pp, p.name);
+    for (int r = 0; r < tp; ++r) ++expected[static_cast<size_t>(s) * tp + r];
+  }
+  for (size_t f = 0; f < readers.size(); ++f)
+    if (readers[f]->entries().size() != expected[f])
+      throw FormatError(detail::concat(readers[f]->path(), ": holds ", readers[f]->entries().size(), " tensors, ",
+                                       expected[f], " expected for its rank under ", mpath));
+
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < ranks[0].size(); ++i) {
+    const std::string& name = ranks[0][i].name;
+    const int s = gpt2_pp_stage(c, pp, name);
+    Tensor full = Tensor::empty(ranks[0][i].full_shape, DType::F32);
+    DType dtype = DType::F32;
+    Tensor first;
+    for (int r = 0; r < tp; ++r) {
+      const SafetensorsReader& rd = *readers[static_cast<size_t>(s) * tp + r];
+      par::Parameter p = ranks[r][i];
+      if (!rd.contains(name)) throw FormatError(detail::concat(rd.path(), ": ", name, " missing"));
+      const SafetensorsEntry& e = rd.entry(name);
+      if (e.shape != p.shape)
+        throw FormatError(detail::concat(rd.path(), ": ", name, " has shape ", shape_str(e.shape), ", expected ",
+                                         shape_str(p.shape), " for tp rank ", r, " of ", tp));
+      if (r == 0) dtype = e.dtype;
+      if (e.dtype != dtype)
+        throw FormatError(
+            detail::concat(rd.path(), ": ", name, " is ", dtype_name(e.dtype), ", tp rank 0 has ", dtype_name(dtype)));
+      Tensor shard = rd.get(name);
+      if (p.split_dim < 0) {  // replicated: every rank must hold the same bytes
+        if (r == 0) {
+          first = shard;
+        } else if (std::memcmp(first.raw_data(), shard.raw_data(), shard.nbytes()) != 0) {
+          throw FormatError(detail::concat(rd.path(), ": replicated tensor ", name, " differs from tp rank 0's"));
+        }
+        if (r > 0) continue;
+      }
+      Tensor f32 = shard.to(DType::F32);
+      p.value = f32.data<float>();
+      par::store_shard(p, full.data<float>());
+    }
+    out.emplace_back(name, dtype == DType::F32 ? full : full.to(dtype));
+  }
+  write_gpt2_safetensors(out_file, c, out, {{"tessera_consolidated_from", fs::path(dir).filename().string()}});
+}
+
+uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const ShardOptions& opt) {
+  check_out_dir(out_dir);
+  TempSibling tmp(out_dir + ".consolidated");
+  const std::string file = (tmp.path() / "model.safetensors").string();
+  consolidate_gpt2(dir, file);
+  ShardOptions o = opt;
+  o.heads = read_manifest_config(dir).heads;
+  return shard_gpt2(file, out_dir, o);
+}
+
+}  // namespace tessera::ckpt

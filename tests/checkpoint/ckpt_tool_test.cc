@@ -1,0 +1,298 @@
+// `tessera ckpt` (parallel/checkpoint/ckpt_tool.h, gpt2_layout.h): shards are
+// what a TP rank of GptModel holds, shard -> consolidate is bit-exact, reshard
+// equals a direct shard, bad input is refused with nothing written.
+#include "parallel/checkpoint/ckpt_tool.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "examples/gpt/gpt_model.h"
+#include "parallel/checkpoint/gpt2_layout.h"
+#include "parallel/layers/parallel_state.h"
+#include "runtime/error.h"
+#include "tests/checkpoint/test_util.h"
+
+namespace tessera::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+// vocab 67 does not divide over 2 or 4 (padding); 3 layers split unevenly over pp 2.
+const Gpt2Config kCfg{67, 16, 32, 3, 4};
+
+void make_gpt2_file(const std::string& path, const Gpt2Config& c, DType dtype, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<std::pair<std::string, Tensor>> t;
+  for (const std::string& name : gpt2_tensor_names(c)) {
+    Shape s = gpt2_tensor_shape(c, name);
+    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+    for (float& x : v) x = nd(gen);
+    t.emplace_back(name, Tensor::from_vector(v, s, DType::F32).to(dtype));
+  }
+  write_gpt2_safetensors(path, c, t);
+}
+
+// The tensor's raw bytes as stored.
+std::string raw(const SafetensorsReader& r, const std::string& name) {
+  const SafetensorsEntry& e = r.entry(name);
+  return std::string(reinterpret_cast<const char*>(r.bytes(e)), e.end - e.begin);
+}
+
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  SafetensorsReader ra(a), rb(b);
+  ASSERT_EQ(ra.names().size(), rb.names().size()) << a << " vs " << b;
+  for (const std::string& n : ra.names()) {
+    ASSERT_TRUE(rb.contains(n)) << n;
+    EXPECT_EQ(ra.entry(n).dtype, rb.entry(n).dtype) << n;
+    EXPECT_EQ(ra.entry(n).shape, rb.entry(n).shape) << n;
+    EXPECT_TRUE(raw(ra, n) == raw(rb, n)) << n << " differs between " << a << " and " << b;
+  }
+}
+
+std::string shard_file(const std::string& dir, int tp, int pp) {
+  return dir + "/" + rank_stem(0, tp, pp) + ".safetensors";
+}
+
+TEST(Gpt2Layout, EqualsGptModelParameters) {
+  for (int tp : {1, 2, 4}) {
+    for (int r = 0; r < tp; ++r) {
+      par::ParallelState ps;
+      ps.tp_size = tp;
+      ps.tp_rank = r;
+      gpt::GptConfig g;
+      g.vocab = kCfg.vocab;
+      g.seq = kCfg.n_positions;
+      g.hidden = kCfg.hidden;
+      g.layers = kCfg.layers;
+      g.heads = kCfg.heads;
+      gpt::GptModel model(g, ps);
+      std::vector<par::Parameter*> want = model.parameters();
+      std::vector<par::Parameter> got = gpt2_tp_parameters(kCfg, tp, r);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].name, want[i]->name);
+        EXPECT_EQ(got[i].full_shape, want[i]->full_shape) << got[i].name;
+        EXPECT_EQ(got[i].shape, want[i]->shape) << got[i].name << " tp " << tp;
+        EXPECT_EQ(got[i].split_dim, want[i]->split_dim) << got[i].name;
+        EXPECT_EQ(got[i].chunks, want[i]->chunks) << got[i].name;
+      }
+    }
+  }
+}
+
+TEST(Gpt2Layout, PipelineStages) {
+  // 3 layers over 2 stages: [0, 1) and [1, 3).
+  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.wte.weight"), 0);
+  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.wpe.weight"), 0);
+  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.h.0.ln_1.weight"), 0);
+  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.h.1.mlp.c_fc.weight"), 1);
+  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.h.2.attn.c_attn.bias"), 1);
+  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.ln_f.bias"), 1);
+  EXPECT_EQ(gpt2_pp_stage(kCfg, 1, "transformer.ln_f.bias"), 0);
+}
+
+TEST(CkptTool, ShardConsolidateRoundTripIsBitExact) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 1);
+  for (int tp : {1, 2, 4}) {
+    for (int pp : {1, 2}) {
+      const std::string dir = d.file("s" + std::to_string(tp) + "_" + std::to_string(pp));
+      shard_gpt2(src, dir, {tp, pp, 1, 0});
+      for (int s = 0; s < pp; ++s)
+        for (int r = 0; r < tp; ++r) EXPECT_TRUE(fs::exists(shard_file(dir, r, s))) << r << " " << s;
+      const std::string back = d.file("back.safetensors");
+      consolidate_gpt2(dir, back);
+      SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+      expect_same_tensors(src, back);
+    }
+  }
+}
+
+TEST(CkptTool, Bf16RoundTripKeepsDtype) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::BF16, 2);
+  shard_gpt2(src, d.file("s"), {2, 2, 1, 0});
+  EXPECT_EQ(SafetensorsReader(shard_file(d.file("s"), 1, 1)).entry("transformer.ln_f.weight").dtype, DType::BF16);
+  consolidate_gpt2(d.file("s"), d.file("back.safetensors"));
+  expect_same_tensors(src, d.file("back.safetensors"));
+}
+
+// Each file holds what load_shard gives the GptModel parameter of its TP rank.
+TEST(CkptTool, ShardsEqualLoadShardOfTpRank) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 3);
+  const int tp = 4, pp = 2;
+  shard_gpt2(src, d.file("s"), {tp, pp, 1, 0});
+  SafetensorsReader full(src);
+  gpt::GptConfig g;
+  g.vocab = kCfg.vocab;
+  g.seq = kCfg.n_positions;
+  g.hidden = kCfg.hidden;
+  g.layers = kCfg.layers;
+  g.heads = kCfg.heads;
+  for (int r = 0; r < tp; ++r) {
+    par::ParallelState ps;
+    ps.tp_size = tp;
+    ps.tp_rank = r;
+    gpt::GptModel model(g, ps);
+    size_t seen = 0;
+    for (par::Parameter* mp : model.parameters()) {
+      const int s = gpt2_pp_stage(kCfg, pp, mp->name);
+      SafetensorsReader f(shard_file(d.file("s"), r, s));
+      par::Parameter p = *mp;
+      std::vector<float> want(static_cast<size_t>(p.numel()), -1.f);
+      p.value = want.data();
+      Tensor whole = full.get(mp->name);
+      par::load_shard(p, whole.data<float>());
+      Tensor got = f.get(mp->name);
+      ASSERT_EQ(got.shape(), p.shape) << mp->name;
+      EXPECT_EQ(0, std::memcmp(got.raw_data(), want.data(), want.size() * sizeof(float))) << mp->name << " rank " << r;
+      ++seen;
+    }
+    EXPECT_EQ(seen, 2 + 12 * kCfg.layers + 2);
+  }
+}
+
+// Hand-computed slices (Tensor::slice/concat, not the layout code): Q, K and V
+// column blocks each split over tp, and the padded vocab-parallel wte.
+TEST(CkptTool, ShardsMatchHandComputedSlices) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 7);
+  shard_gpt2(src, d.file("s"), {4, 1, 1, 0});
+  SafetensorsReader full(src);
+  const int64_t C = kCfg.hidden, q = C / 4;
+  Tensor w = full.get("transformer.h.1.attn.c_attn.weight");
+  for (int r = 0; r < 4; ++r) {
+    SafetensorsReader f(shard_file(d.file("s"), r, 0));
+    Tensor want = concat({w.slice(1, r * q, (r + 1) * q), w.slice(1, C + r * q, C + (r + 1) * q),
+                          w.slice(1, 2 * C + r * q, 2 * C + (r + 1) * q)},
+                         1);
+    EXPECT_EQ(f.get("transformer.h.1.attn.c_attn.weight").to_float_vector(), want.to_float_vector()) << r;
+    // Row-parallel c_proj: rows split, bias replicated.
+    Tensor p = full.get("transformer.h.1.mlp.c_proj.weight");
+    EXPECT_EQ(f.get("transformer.h.1.mlp.c_proj.weight").to_float_vector(),
+              p.slice(0, r * C, (r + 1) * C).to_float_vector());
+    EXPECT_EQ(f.get("transformer.h.1.mlp.c_proj.bias").to_float_vector(),
+              full.get("transformer.h.1.mlp.c_proj.bias").to_float_vector());
+  }
+  // vocab 67 over 4: 17 rows each; rank 3 holds rows 51..66 and one zero row.
+  Tensor wte = SafetensorsReader(shard_file(d.file("s"), 3, 0)).get("transformer.wte.weight");
+  ASSERT_EQ(wte.shape(), (Shape{17, C}));
+  EXPECT_EQ(wte.slice(0, 0, 16).to_float_vector(),
+            full.get("transformer.wte.weight").slice(0, 51, 67).to_float_vector());
+  EXPECT_EQ(wte.slice(0, 16, 17).to_float_vector(), std::vector<float>(static_cast<size_t>(C), 0.f));
+}
+
+TEST(CkptTool, ReshardEqualsDirectShard) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 4);
+  shard_gpt2(src, d.file("tp2"), {2, 1, 1, 0});
+  reshard_gpt2(d.file("tp2"), d.file("tp4_re"), {4, 2, 1, 0});
+  shard_gpt2(src, d.file("tp4"), {4, 2, 1, 0});
+  for (int s = 0; s < 2; ++s)
+    for (int r = 0; r < 4; ++r)
+      expect_same_tensors(shard_file(d.file("tp4"), r, s), shard_file(d.file("tp4_re"), r, s));
+  // No temp directories left beside the output.
+  for (const auto& e : fs::directory_iterator(d.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+TEST(CkptTool, BadInputIsRefusedAndWritesNothing) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 5);
+  EXPECT_THROW(shard_gpt2(src, d.file("o"), {3, 1, 1, 0}), InvalidArgument);  // 4 heads over tp 3
+  EXPECT_THROW(shard_gpt2(src, d.file("o"), {1, 4, 1, 0}), InvalidArgument);  // 3 layers over pp 4
+  EXPECT_THROW(shard_gpt2(src, d.file("o"), {0, 1, 1, 0}), InvalidArgument);
+  EXPECT_FALSE(fs::exists(d.file("o")));
+  fs::create_directories(d.file("full"));
+  testing::write_bytes(d.file("full/keep.txt"), "mine");
+  EXPECT_THROW(shard_gpt2(src, d.file("full"), {2, 1, 1, 0}), InvalidArgument);
+  EXPECT_TRUE(fs::exists(d.file("full/keep.txt")));
+  // A truncated source names the file.
+  testing::write_bytes(d.file("bad.safetensors"), "\x10\0\0\0\0\0\0\0{\"a\":");
+  try {
+    shard_gpt2(d.file("bad.safetensors"), d.file("o"), {2, 1, 1, 0});
+    ADD_FAILURE() << "no throw";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.safetensors"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(d.file("o")));
+  // Consolidate: a missing shard and a shard of the wrong layout name the file.
+  shard_gpt2(src, d.file("s"), {2, 1, 1, 0});
+  // A shard of another layout (tp 4) in rank 1's place: wrong shapes.
+  shard_gpt2(src, d.file("s4"), {4, 1, 1, 0});
+  fs::copy_file(shard_file(d.file("s4"), 1, 0), shard_file(d.file("s"), 1, 0), fs::copy_options::overwrite_existing);
+  try {
+    consolidate_gpt2(d.file("s"), d.file("back.safetensors"));
+    ADD_FAILURE() << "no throw";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(rank_stem(0, 1, 0)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+  }
+  fs::remove(shard_file(d.file("s"), 1, 0));
+  try {
+    consolidate_gpt2(d.file("s"), d.file("back.safetensors"));
+    ADD_FAILURE() << "no throw";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(rank_stem(0, 1, 0)), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(consolidate_gpt2(d.file("nope"), d.file("back.safetensors")), FormatError);
+  EXPECT_FALSE(fs::exists(d.file("back.safetensors")));
+}
+
+int run(const std::string& cmd) {
+  int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(CkptCli, ExitCodes) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 6);
+  const std::string bin = TESSERA_BIN;
+  EXPECT_EQ(run(bin + " ckpt inspect " + src), 0);
+  EXPECT_EQ(run(bin + " ckpt shard --tp 2 --pp 2 --out " + d.file("s") + " " + src), 0);
+  EXPECT_EQ(run(bin + " ckpt inspect " + d.file("s")), 0);
+  EXPECT_EQ(run(bin + " ckpt consolidate --out " + d.file("b.safetensors") + " " + d.file("s")), 0);
+  expect_same_tensors(src, d.file("b.safetensors"));
+  EXPECT_EQ(run(bin + " ckpt reshard --tp 4 --out " + d.file("r") + " " + d.file("s")), 0);
+  EXPECT_EQ(run(bin + " ckpt"), 2);
+  EXPECT_EQ(run(bin + " ckpt shard --tp 3 --out " + d.file("x") + " " + src), 2);         // heads
+  EXPECT_EQ(run(bin + " ckpt shard --tp 1 --pp 4 --out " + d.file("x") + " " + src), 2);  // layers
+  EXPECT_EQ(run(bin + " ckpt shard --tp 0 --out " + d.file("x") + " " + src), 2);
+  EXPECT_EQ(run(bin + " ckpt shard --out " + d.file("x") + " " + src), 2);  // --tp missing
+  EXPECT_EQ(run(bin + " ckpt shard --tp 2 --out " + d.file("x") + " " + d.file("missing.safetensors")), 2);
+  EXPECT_EQ(run(bin + " ckpt shard --tp 2 --out " + d.file("s") + " " + src), 2);                  // exists
+  EXPECT_EQ(run(bin + " ckpt consolidate --out " + d.file("y.safetensors") + " " + d.path()), 2);  // no manifest
+  EXPECT_EQ(run(bin + " ckpt inspect " + d.file("missing.safetensors")), 2);
+  EXPECT_FALSE(fs::exists(d.file("x")));
+}
+
+// A file written by train_gpt --export shards and consolidates back exactly.
+TEST(CkptCli, TrainGptExportShards) {
+  TempDir d;
+  const std::string out = d.file("trained.safetensors");
+  ASSERT_EQ(run(std::string("OPENBLAS_NUM_THREADS=1 ") + TRAIN_GPT_BIN +
+                " --steps 1 --layers 2 --hidden 64 --heads 4 --seq 32 --vocab 256 --micro-batch 2 --export " + out),
+            0);
+  shard_gpt2(out, d.file("s"), {2, 2, 1, 0});
+  consolidate_gpt2(d.file("s"), d.file("back.safetensors"));
+  expect_same_tensors(out, d.file("back.safetensors"));
+}
+
+}  // namespace
+}  // namespace tessera::ckpt
