@@ -752,10 +752,13 @@ void TcpTransport::fail_op(Connection& c, Op& op, const char* what) {
   std::unique_lock<std::mutex> lk(mu_);
   Kind k;
   std::string msg;
-  if (op.failed) {
-    k = op.kind, msg = op.error;
-  } else if (failed_) {
+  // The transport's first failure is the root cause: after an abort (or a
+  // failure elsewhere) shuts the sockets down, this op's own io thread also
+  // fails it with PeerDead ("connection closed"), which must not mask it.
+  if (failed_) {
     k = fail_kind_, msg = fail_what_;
+  } else if (op.failed) {
+    k = op.kind, msg = op.error;
   } else {
     k = Kind::Timeout, msg = "timed out after " + std::to_string(options_.timeout.count()) + " ms";
   }
