@@ -16,7 +16,9 @@ tessera_build() {
   "$ROOT/scripts/install-deps.sh"
   local extra=()
   [ "${CI:-}" = "true" ] && extra+=(-DTESSERA_WERROR=ON)
-  [ -n "${TESSERA_SANITIZE:-}" ] && extra+=("-DTESSERA_SANITIZE=$TESSERA_SANITIZE")
+  # Always passed, so a build dir reused without TESSERA_SANITIZE drops a
+  # sanitizer left in its cache by an earlier run.
+  extra+=("-DTESSERA_SANITIZE=${TESSERA_SANITIZE:-}")
   cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${TESSERA_BUILD_TYPE:-RelWithDebInfo}" "${extra[@]}" >/dev/null
   cmake --build "$BUILD_DIR" -j "$JOBS"
 }
