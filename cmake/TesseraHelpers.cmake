@@ -21,8 +21,11 @@ function(tessera_add_test name)
   endif()
   # Under ASan, OpenMPI's own allocations would be reported as leaks: the
   # suppressions list third-party libraries only (harmless without ASan).
-  gtest_discover_tests(${name}
-    DISCOVERY_TIMEOUT 60
-    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}"
+  set(props TIMEOUT ${T_TIMEOUT}
     ENVIRONMENT "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/lsan.supp")
+  if(T_LABELS)
+    # An empty LABELS value would vanish from the list and shift the pairs.
+    list(APPEND props LABELS "${T_LABELS}")
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES ${props})
 endfunction()
