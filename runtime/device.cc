@@ -51,6 +51,14 @@ DeviceOutOfMemory::DeviceOutOfMemory(const std::string& device, uint64_t request
       in_use_(in_use),
       capacity_(capacity) {}
 
+size_t round_block_size(size_t b) {
+  if (b == 0) return 64;
+  if (b < (1u << 20)) return (b + 63) & ~size_t{63};
+  size_t p = size_t{1} << (63 - __builtin_clzll(b));
+  size_t step = p / 8;
+  return (b + step - 1) / step * step;
+}
+
 namespace {
 
 // Keeps freed blocks by rounded size and hands them out again, so a
@@ -93,14 +101,7 @@ class CachingHeapMemory : public DeviceMemory {
 
  private:
   static constexpr size_t kMaxCached = size_t{8} << 30;
-  // 64-byte granularity below 1 MiB, then 1/8 steps of the power of two.
-  static size_t round(size_t b) {
-    if (b == 0) return 64;
-    if (b < (1u << 20)) return (b + 63) & ~size_t{63};
-    size_t p = size_t{1} << (63 - __builtin_clzll(b));
-    size_t step = p / 8;
-    return (b + step - 1) / step * step;
-  }
+  static size_t round(size_t b) { return round_block_size(b); }
   void release_all() {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [size, blocks] : cache_)

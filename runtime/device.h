@@ -60,6 +60,11 @@ class DeviceMemory {
   virtual void free(void* p, size_t bytes) = 0;
 };
 
+// The size class a caching backend files a block under: 64-byte granularity
+// below 1 MiB, then 1/8 steps of the power of two, so blocks of similar sizes
+// are recycled. Shared by every caching backend (heap, shared-memory arena).
+size_t round_block_size(size_t bytes);
+
 // Heap backend that caches freed blocks by rounded size (a caching allocator).
 std::unique_ptr<DeviceMemory> make_caching_heap_memory();
 

@@ -135,15 +135,7 @@ class ShmArenaMemory : public DeviceMemory {
   }
 
  private:
-  // 64-byte granularity below 1 MiB, then 1/8 steps of the power of two
-  // (as the heap backend), so blocks of similar sizes are recycled.
-  static size_t round(size_t b) {
-    if (b == 0) return 64;
-    if (b < (1u << 20)) return (b + 63) & ~size_t{63};
-    size_t p = size_t{1} << (63 - __builtin_clzll(b));
-    size_t step = p / 8;
-    return (b + step - 1) / step * step;
-  }
+  static size_t round(size_t b) { return round_block_size(b); }
 
   std::unique_ptr<ShmSegment> seg_;
   ShmLocation loc_;
