@@ -1,4 +1,5 @@
 #include "parallel/data/byte_dataset.h"
+#include "runtime/random.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -15,13 +16,6 @@ namespace tessera::data {
 namespace fs = std::filesystem;
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Appends the whole of `path` to `out`; FormatError naming the file otherwise.
 void read_file(const std::string& path, std::vector<uint8_t>* out) {
