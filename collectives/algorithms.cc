@@ -94,7 +94,10 @@ TorusShape torus_shape(const NetModel& net, const std::vector<int>& nodes) {
 void* Workspace::get(size_t bytes) {
   if (bytes <= bytes_) return p_;
   std::free(p_);
-  const size_t b = (std::max<size_t>(bytes, 4096) + 4095) / 4096 * 4096;
+  // Grow by at least half again, so slowly growing sizes (variable buckets)
+  // do not free, reallocate and re-fault the pages on every call.
+  const size_t want = std::max({bytes, size_t{4096}, bytes_ + bytes_ / 2});
+  const size_t b = (want + 4095) / 4096 * 4096;
   p_ = std::aligned_alloc(64, b);
   if (!p_) {
     bytes_ = 0;
@@ -157,6 +160,7 @@ double ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, Blo
   size_t maxb = 0;
   for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
   double t = 0;
+  const double step_cost = m > 1 ? ring_step_cost(c, members, m, 1, static_cast<double>(maxb * es)) : 0;
   const int next = members[mod(q + 1, m)], prev = members[mod(q - 1, m)];
   for (int s = 0; s < m - 1; ++s) {
     const Range S = block(mod(q - s - 1, m)), R = block(mod(q - s - 2, m));
@@ -164,7 +168,7 @@ double ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, Blo
     char* rp = (s == m - 2 && final_dst) ? final_dst : dst + R.off * es;
     ReduceSink sink(rp, src + R.off * es, dt, op);
     c.transport->sendrecv_sink(next, sp, S.len * es, prev, R.len * es, sink, c.tag);
-    t += ring_step_cost(c, members, m, 1, static_cast<double>(maxb * es));
+    t += step_cost;
   }
   return t;
 }
@@ -176,11 +180,12 @@ double ring_all_gather(AlgoContext& c, const int* members, int m, int q, BlockFn
   size_t maxb = 0;
   for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
   double t = 0;
+  const double step_cost = m > 1 ? ring_step_cost(c, members, m, 1, static_cast<double>(maxb * es)) : 0;
   const int next = members[mod(q + 1, m)], prev = members[mod(q - 1, m)];
   for (int s = 0; s < m - 1; ++s) {
     const Range S = block(mod(q - s, m)), R = block(mod(q - s - 1, m));
     c.transport->sendrecv(next, buf + S.off * es, S.len * es, prev, buf + R.off * es, R.len * es, c.tag);
-    t += ring_step_cost(c, members, m, 1, static_cast<double>(maxb * es));
+    t += step_cost;
   }
   return t;
 }
@@ -350,8 +355,10 @@ class TorusAlgorithm final : public Algorithm {
     switch (k.kind) {
       case CollKind::AllReduce: {
         char* buf = static_cast<char*>(k.recv);
-        copy_if_needed(buf, k.send, k.count * es);
-        if (p == 1) return true;
+        if (p == 1) return copy_if_needed(buf, k.send, k.count * es), true;
+        // The first reduce-scatter reads this rank's contribution from send
+        // and writes partial sums into recv, so no upfront copy is needed.
+        const char* in = static_cast<const char*>(k.send);
         const size_t h0 = (k.count + 1) / 2;
         double t0 = 0, t1 = 0;
         for (int half = 0; half < 2; ++half) {
@@ -362,7 +369,7 @@ class TorusAlgorithm final : public Algorithm {
             return b;
           };
           double& t = half == 0 ? t0 : t1;
-          t += reduce_scatter(c, blk, buf, buf, k.dtype, k.op, half == 1, nullptr);
+          t += reduce_scatter(c, blk, in, buf, k.dtype, k.op, half == 1, nullptr);
           t += all_gather(c, blk, buf, es, half == 1);
         }
         c.model += std::max(t0, t1);  // the two directions use separate links
@@ -428,7 +435,7 @@ class TorusAlgorithm final : public Algorithm {
       };
       const bool last = (i == 0);
       t += ring_reduce_scatter(c, members, k, q, block, cur_src, dst, dt, op, last ? final_dst : nullptr);
-      cur_src = dst;
+      if (k > 1) cur_src = dst;  // a dim of extent 1 wrote nothing: keep reading src
       const int g = ts.coord[c.rank][i];
       glo = glo + g * sz;
       ghi = glo + sz;
@@ -462,7 +469,7 @@ class TorusAlgorithm final : public Algorithm {
 // ---------------------------------------------------------------- shm direct
 // Shared memory only: every rank reduces its block of the vector reading
 // all peers' buffers in place, then copies the other blocks from their
-// owners. Three publish rounds (exchange pointers, reduced, done reading).
+// owners. Two publish rounds (exchange pointers; reduced and done reading).
 // Declines (after the first round, which every rank sees alike) when some
 // rank's buffers are outside every shared arena.
 class DirectAlgorithm final : public Algorithm {
