@@ -101,6 +101,7 @@ class Communicator {
   // ---- collectives (count = elements) ----
   virtual void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
   // recv holds size() * count elements, rank i's contribution at i * count.
+  // In place (as NCCL): send == recv + rank() * count.
   virtual void all_gather(const void* send, void* recv, size_t count, DType dtype) = 0;
   // send holds size() * count elements; recv gets this rank's reduced block of count.
   virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;

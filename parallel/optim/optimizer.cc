@@ -73,7 +73,6 @@ DistributedOptimizer::DistributedOptimizer(const par::ParallelState& ps, std::ve
   v_ = Tensor::empty({state}, DType::F32, ps_.device);
   if (shard) {
     shard_grads_ = Tensor::empty({state}, DType::F32, ps_.device);
-    shard_values_ = Tensor::empty({state}, DType::F32, ps_.device);
   }
 }
 
@@ -171,9 +170,9 @@ StepStats DistributedOptimizer::step(int64_t step) {
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Bucket& bk = buckets_[b];
       const int64_t ss = shard_size(bk);
-      float* sv = shard_values_.data<float>() + shard_offset_[b];
-      std::memcpy(sv, values() + bk.offset + ps_.dp_rank * ss, sizeof(float) * ss);
-      works.push_back(ps_.dp->all_gather_async(sv, values() + bk.offset, static_cast<size_t>(ss), DType::F32));
+      // In place: this rank's slice already sits at its slot of the bucket.
+      const float* mine = values() + bk.offset + ps_.dp_rank * ss;
+      works.push_back(ps_.dp->all_gather_async(mine, values() + bk.offset, static_cast<size_t>(ss), DType::F32));
     }
     for (auto& w : works) w->wait();
     works.clear();

@@ -98,8 +98,8 @@ class DistributedOptimizer {
   std::vector<Bucket> buckets_;
   int64_t total_ = 0;
   Tensor values_, grads_;
-  // ZeRO-1: this rank's reduced gradient shard and value shard per bucket (at shard_offset_[b]).
-  Tensor shard_grads_, shard_values_;
+  // ZeRO-1: this rank's reduced gradient shard per bucket (at shard_offset_[b]).
+  Tensor shard_grads_;
   std::vector<int64_t> shard_offset_;
   Tensor m_, v_;
   std::vector<Segment> segments_;                          // what this rank updates, offsets into its m_/v_ space
