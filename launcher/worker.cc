@@ -12,6 +12,7 @@
 
 #include "launcher/client.h"
 #include "launcher/coordinator.h"
+#include "runtime/cpu_rotation.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 
@@ -49,6 +50,7 @@ struct Runtime {
   std::unique_ptr<Heartbeater> heartbeat;
   std::unique_ptr<EventWatcher> watcher;
   std::weak_ptr<coll::Communicator> comm;
+  std::unique_ptr<CpuRotation> rotation;  // moves the main thread; stopped by shutdown()
   bool mpi_initialized_here = false;
 };
 
@@ -190,6 +192,9 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   init_logging(!prefixed_by_launcher && (ctx.world.size > 1 || ctx.world.source != WorldSource::Single) ? ctx.world.rank
                                                                                                         : -1);
 
+  // Local ranks take turns on the host's CPUs (runtime/cpu_rotation.h).
+  r.rotation = maybe_start_cpu_rotation(ctx.world);
+
   std::string address, token;
   std::chrono::milliseconds interval{2000};
   const std::string coord = env_or("TESSERA_COORDINATOR", "");
@@ -277,6 +282,7 @@ void shutdown(WorkerContext& ctx) {
     r.comm.reset();
   }
   ctx.world_comm.reset();
+  r.rotation.reset();
   if (r.heartbeat) r.heartbeat->stop(/*leaving=*/true);
   if (r.mode == BootstrapMode::Mpi) {
     // Two barriers: the first while the watch still guards against a peer

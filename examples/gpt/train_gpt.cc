@@ -135,6 +135,7 @@ int train(Flags& f, const gpt::Job& job) {
                          {"lr", r.lr},
                          {"tokens_per_s", r.tokens_per_s},
                          {"wall_s", r.wall_s},
+                         {"grad_wait_s", r.grad_wait_s},
                          {"modeled_step_s", r.modeled_step_s},
                          {"modeled_compute_s", r.modeled_compute_s},
                          {"modeled_comm_s", r.modeled_comm_s},

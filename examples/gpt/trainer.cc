@@ -122,14 +122,17 @@ StepRecord Trainer::step() {
     }
   }
   optim::StepStats st = opt_->step(step_);
-  float mean = static_cast<float>(loss * scale);
-  if (ps_.dp_size > 1) ps_.dp->all_reduce(&mean, &mean, 1, DType::F32, coll::ReduceOp::Sum);
+  // The loss and the gradient wait, summed over DP in one call.
+  float sums[2] = {static_cast<float>(loss * scale), static_cast<float>(st.wait_s)};
+  if (ps_.dp_size > 1) ps_.dp->all_reduce(sums, sums, 2, DType::F32, coll::ReduceOp::Sum);
+  const float mean = sums[0];
 
   StepRecord rec;
   rec.step = step_;
   rec.loss = mean;
   rec.grad_norm = st.grad_norm;
   rec.lr = st.lr;
+  rec.grad_wait_s = sums[1] / ps_.dp_size;
   rec.wall_s = sw.seconds();
   rec.tokens_per_s = static_cast<double>(g * s) / rec.wall_s;
   const ClockTotals c1 = dev->clock().totals();

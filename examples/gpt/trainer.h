@@ -47,6 +47,9 @@ struct StepRecord {
   int64_t step = 0;
   double loss = 0, grad_norm = 0, lr = 0;
   double wall_s = 0, tokens_per_s = 0;
+  // Mean over the DP ranks of the wall seconds blocked on the gradient
+  // reductions after backward (exposed communication and waiting for peers).
+  double grad_wait_s = 0;
   double modeled_step_s = 0, modeled_compute_s = 0, modeled_comm_s = 0, mfu = 0;
   uint64_t peak_mem_bytes = 0;
 };

@@ -5,6 +5,7 @@
 
 #include "runtime/device.h"
 #include "runtime/kernels.h"
+#include "runtime/sim_clock.h"
 
 namespace tessera::optim {
 
@@ -129,10 +130,12 @@ StepStats DistributedOptimizer::step(int64_t step) {
   // Parameters the model never reported (unused in this step) are reduced now, in order.
   for (size_t i = 0; i < params_.size(); ++i)
     if (!ready_[i]) grad_ready(params_[i]);
+  Stopwatch wait_sw;
   for (auto& b : buckets_) {
     if (b.work) b.work->wait();
     b.work.reset();
   }
+  const double wait_s = wait_sw.seconds();
   const bool shard = cfg_.zero1 && ps_.dp_size > 1;
   float* m = m_.data<float>();
   float* v = v_.data<float>();
@@ -148,6 +151,7 @@ StepStats DistributedOptimizer::step(int64_t step) {
   if (shard) ps_.dp->all_reduce(&sq, &sq, 1, DType::F32, coll::ReduceOp::Sum);
   ps_.tp_all_reduce(&sq, 1);
   StepStats st;
+  st.wait_s = wait_s;
   st.grad_norm = std::sqrt(static_cast<double>(sq));
   st.clip_coef = 1.0;
   if (cfg_.clip_norm > 0 && st.grad_norm > cfg_.clip_norm) st.clip_coef = cfg_.clip_norm / (st.grad_norm + 1e-6);

@@ -51,6 +51,9 @@ struct StepStats {
   double grad_norm = 0;  // before clipping
   double lr = 0;
   double clip_coef = 1;
+  // Wall seconds this rank blocked on the gradient reductions after backward:
+  // communication backward did not hide, plus waiting for slower DP peers.
+  double wait_s = 0;
 };
 
 class DistributedOptimizer {
