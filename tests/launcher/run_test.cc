@@ -3,6 +3,7 @@
 // handling, and that no process is left behind. Also plain mpirun.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include "tests/launcher/subprocess.h"
@@ -318,4 +319,28 @@ TEST(Mpirun, FailureEndsTheJobThroughMpiAbort) {
   EXPECT_NE(rc, -1) << "mpirun did not end";
   EXPECT_LT(p.seconds(), 15.0);
   EXPECT_NE(p.err().find("job aborted: rank 2"), std::string::npos) << p.err();
+}
+
+// init_worker applies TESSERA_CPU_ROTATION (runtime/cpu_rotation.h): a bad
+// value fails the job naming it; by default two local ranks rotate when the
+// launcher's affinity mask has two CPUs for them.
+TEST(RunCpuRotation, InitWorkerAppliesTheSetting) {
+  TempDir d;
+  setenv("TESSERA_CPU_ROTATION", "sometimes", 1);
+  Subprocess bad(run_cmd({"--nproc-per-node", "2"}, {"--comm"}), d.path, "bad");
+  EXPECT_NE(bad.wait(60s), 0);
+  unsetenv("TESSERA_CPU_ROTATION");
+  EXPECT_NE((bad.out() + bad.err()).find("TESSERA_CPU_ROTATION='sometimes'"), std::string::npos)
+      << bad.out() << bad.err();
+
+  setenv("TESSERA_LOG_LEVEL", "debug", 1);
+  Subprocess ok(run_cmd({"--nproc-per-node", "2"}, {"--comm"}), d.path, "ok");
+  const int code = ok.wait(60s);
+  unsetenv("TESSERA_LOG_LEVEL");
+  ASSERT_EQ(code, 0) << ok.err();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const std::string expect = CPU_COUNT(&set) >= 2 ? "CPU rotation on: 2 local ranks" : "CPU rotation off";
+  EXPECT_EQ(count(ok.out() + ok.err(), expect), 2) << ok.out() << ok.err();
 }
