@@ -40,6 +40,23 @@ DistributedOptimizer::DistributedOptimizer(const par::ParallelState& ps, std::ve
   close();
   ready_.assign(params_.size(), false);
 
+  if (ps_.sp()) {
+    int64_t stage = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const par::Parameter* p = params_[i];
+      if (!p->sp_partial) continue;
+      Bucket& b = buckets_[bucket_of_[i]];
+      if (!b.sp_runs.empty() && b.sp_runs.back().first + b.sp_runs.back().second == offsets[i])
+        b.sp_runs.back().second += p->numel();  // adjacent: one run
+      else
+        b.sp_runs.emplace_back(offsets[i], p->numel());
+      b.sp_elems += p->numel();
+    }
+    for (const Bucket& b : buckets_)
+      if (b.sp_runs.size() > 1) stage = std::max(stage, b.sp_elems);
+    if (stage > 0) sp_stage_ = Tensor::empty({stage}, DType::F32, ps_.device);
+  }
+
   values_ = Tensor::empty({total_}, DType::F32, ps_.device);
   grads_ = Tensor::empty({total_}, DType::F32, ps_.device);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -102,8 +119,30 @@ void DistributedOptimizer::zero_grad() {
   ready_.assign(params_.size(), false);
 }
 
+void DistributedOptimizer::reduce_sp_partials(Bucket& b) {
+  if (b.sp_runs.empty()) return;
+  float* g = grads();
+  if (b.sp_runs.size() == 1) {
+    ps_.tp_all_reduce(g + b.sp_runs[0].first, b.sp_runs[0].second);
+    return;
+  }
+  float* stage = sp_stage_.data<float>();
+  int64_t at = 0;
+  for (const auto& [off, n] : b.sp_runs) {
+    std::memcpy(stage + at, g + off, sizeof(float) * n);
+    at += n;
+  }
+  ps_.tp_all_reduce(stage, at);
+  at = 0;
+  for (const auto& [off, n] : b.sp_runs) {
+    std::memcpy(g + off, stage + at, sizeof(float) * n);
+    at += n;
+  }
+}
+
 void DistributedOptimizer::launch(Bucket& b) {
   b.launched = true;
+  reduce_sp_partials(b);
   if (ps_.dp_size == 1) return;
   float* g = grads() + b.offset;
   if (cfg_.zero1) {
@@ -118,7 +157,6 @@ void DistributedOptimizer::launch(Bucket& b) {
 void DistributedOptimizer::grad_ready(par::Parameter* p) {
   TESSERA_CHECK(p->index >= 0 && p->index < static_cast<int>(params_.size()) && params_[p->index] == p,
                 "grad_ready for a parameter this optimizer does not own: ", p->name);
-  if (ps_.sp() && p->sp_partial) ps_.tp_all_reduce(p->grad, p->numel());
   TESSERA_CHECK(!ready_[p->index], "grad_ready called twice in a step for ", p->name);
   ready_[p->index] = true;
   Bucket& b = buckets_[bucket_of_[p->index]];

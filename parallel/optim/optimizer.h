@@ -89,8 +89,14 @@ class DistributedOptimizer {
     int num_params = 0, pending = 0;
     bool launched = false;
     std::shared_ptr<coll::Work> work;
+    // Sequence parallelism: runs (offset, size) of this bucket's parameters
+    // whose TP ranks hold partial gradients, summed over TP in one call
+    // before the bucket's DP reduction.
+    std::vector<std::pair<int64_t, int64_t>> sp_runs;
+    int64_t sp_elems = 0;
   };
   void launch(Bucket& b);
+  void reduce_sp_partials(Bucket& b);
   int64_t shard_size(const Bucket& b) const { return b.size / ps_.dp_size; }
 
   const par::ParallelState& ps_;
@@ -108,6 +114,7 @@ class DistributedOptimizer {
   std::vector<Segment> segments_;                          // what this rank updates, offsets into its m_/v_ space
   std::vector<int64_t> segment_src_;                       // offsets of those segments in the flat buffers
   std::vector<std::shared_ptr<coll::Work>> gather_works_;  // reused across steps
+  Tensor sp_stage_;  // packs a bucket's sp_runs when there are several
 };
 
 }  // namespace tessera::optim
