@@ -253,6 +253,38 @@ TEST(ParallelTraining, SteadyStateStepsAllocateNothingOnDevice) {
   EXPECT_EQ(after.peak, before.peak);
 }
 
+// The same over TP x DP with ZeRO-1 and sequence parallelism: collectives
+// workspaces, buckets and the SP staging buffer are sized by the first step.
+TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
+  kern::default_blas_threads();
+  auto res = coll::test::run_ranks(4, [&](int rank, int size, std::shared_ptr<coll::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    coll::CommOptions co;
+    co.device = &dev;
+    auto world = coll::Communicator::create(store, rank, size, co);
+    par::ParallelState ps = par::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
+    gpt::TrainOptions o = tiny_options();
+    o.tp = 2;
+    o.dp = 2;
+    o.sequence_parallel = true;
+    o.adamw.zero1 = true;
+    gpt::Trainer t(o, ps, dataset());
+    t.init_random();
+    t.step();
+    const auto before = dev.memory_stats();
+    t.step();
+    t.step();
+    const auto after = dev.memory_stats();
+    TESSERA_CHECK(after.num_allocs == before.num_allocs, "rank ", rank, ": ", after.num_allocs - before.num_allocs,
+                  " device allocations in steady steps");
+    TESSERA_CHECK(after.in_use == before.in_use && after.peak == before.peak, "rank ", rank, ": in use ",
+                  before.in_use, " -> ", after.in_use, ", peak ", before.peak, " -> ", after.peak);
+    world->barrier();
+  });
+  std::string f = coll::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+}
+
 // A vocabulary that does not divide over TP (257 over 4: shards of 65, the
 // last padded) trains exactly like the serial model.
 TEST(ParallelTraining, UnevenVocabMatchesSerial) {
