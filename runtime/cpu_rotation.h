@@ -1,13 +1,14 @@
 // Host-CPU rotation: emulated cores that share a host take turns on its CPUs.
 //
 // Why: emulated cores are identical, a host's CPUs need not be. On a shared
-// VM one vCPU can run 20-40% slower than another for seconds at a time
-// (another tenant on its hyperthread sibling). Synchronous parallelism runs
+// VM one vCPU can run up to 40% slower than another for seconds at a time
+// (other tenants of the host). Synchronous parallelism runs
 // at the pace of its slowest rank, so with one rank per vCPU every step waits
 // for whichever vCPU is slow at the moment; independent processes would not.
 // Rotating the ranks over the CPUs gives each one the CPUs' average speed.
 // (Measured with examples/gpt/bench_train.sh: DP=2 on two vCPUs waited a
-// median 3.4% of each step, up to 16%, without rotation; 0.2% with it.)
+// median 3.4% and 8.9% of each step in two runs, up to 16%, without
+// rotation; 0.2% with it.)
 //
 // How: time is cut into periods of `period` on the host's monotonic clock,
 // which every process of the host shares. In period k the local rank r runs

@@ -17,9 +17,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROO
 MODEL=(--vocab 256 --seq 256 --hidden 384 --layers 6 --heads 6 --micro-batch 8)
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}  nproc=$(nproc)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# Median of numbers, one per line.
+med() { sort -n | awk '{v[NR]=$1} END{print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 # Median tokens/s over steps 2..N of a run's progress lines.
-median_tps() { awk '/^(\[0\] )?step /{for(i=1;i<=NF;i++) if($i=="tokens/s") print $(i+1)}' | tail -n +2 | sort -n |
-  awk '{v[NR]=$1} END{print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+median_tps() { awk '/^(\[0\] )?step /{for(i=1;i<=NF;i++) if($i=="tokens/s") print $(i+1)}' | tail -n +2 | med; }
 
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -29,7 +30,7 @@ echo "== 1. serial model vs sgemm (sgemm re-measured after every step)"
 
 echo "== 2. DP=2 (two processes) vs one process, same per-rank micro-batch; $ROUNDS interleaved rounds"
 # This machine's speed drifts by up to 1.5x over minutes, and its two vCPUs
-# differ from each other by 20-40% for seconds at a time (other tenants of the
+# differ from each other by up to 40% for seconds at a time (other tenants of the
 # host), so runs measured one after the other compare the drift, not DP. Each
 # round runs, back to back and in alternating order:
 #  - one process;
@@ -39,7 +40,6 @@ echo "== 2. DP=2 (two processes) vs one process, same per-rank micro-batch; $ROU
 #    vCPU and every step waits for the slower one;
 #  - as the hardware's ceiling for two busy cores, two independent processes.
 # A round's ratios compare runs seconds apart; the medians over rounds are reported.
-med() { sort -n | awk '{v[NR]=$1} END{print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 one() { "$BIN" "${MODEL[@]}" --steps "$STEPS" > "$OUT/one.txt"; median_tps < "$OUT/one.txt"; }
 # grad_wait_s / wall_s of each JSON line (nlohmann's compact dump).
 wait_fraction() { awk '{ match($0, /"grad_wait_s":[^,}]*/); w = substr($0, RSTART + 14, RLENGTH - 14)
