@@ -50,9 +50,9 @@ std::string mesh_order_name(const MeshOrder& o) {
   return std::string(mesh_axis_name(o[0])) + "-" + mesh_axis_name(o[1]) + "-" + mesh_axis_name(o[2]);
 }
 
-Mesh::Mesh(int tp, int pp, int dp, MeshOrder order) : size_{tp, dp, pp}, order_(order) {
-  TESSERA_ARG_CHECK(tp >= 1 && pp >= 1 && dp >= 1, "mesh sizes must be positive (tp=", tp, ", pp=", pp, ", dp=", dp,
-                    ")");
+Mesh::Mesh(MeshShape shape, MeshOrder order) : size_{shape.tp, shape.dp, shape.pp}, order_(order) {
+  TESSERA_ARG_CHECK(shape.tp >= 1 && shape.dp >= 1 && shape.pp >= 1, "mesh sizes must be positive (tp=", shape.tp,
+                    ", dp=", shape.dp, ", pp=", shape.pp, ")");
   int seen = 0;
   for (MeshAxis a : order_) seen |= 1 << static_cast<int>(a);
   TESSERA_ARG_CHECK(seen == 7, "mesh order must name tp, dp and pp once each");

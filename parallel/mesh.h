@@ -44,9 +44,15 @@ constexpr MeshOrder kDefaultMeshOrder = {MeshAxis::TP, MeshAxis::DP, MeshAxis::P
 MeshOrder parse_mesh_order(const std::string& s);
 std::string mesh_order_name(const MeshOrder& o);
 
+// The degree of each axis, in MeshAxis order (tp, dp, pp) like MeshCoord and
+// the accessors. Call sites name the fields: Mesh({.tp = 2, .dp = 4}).
+struct MeshShape {
+  int tp = 1, dp = 1, pp = 1;
+};
+
 class Mesh {
  public:
-  Mesh(int tp, int pp, int dp, MeshOrder order = kDefaultMeshOrder);
+  explicit Mesh(MeshShape shape, MeshOrder order = kDefaultMeshOrder);
 
   int tp() const { return size_[0]; }
   int dp() const { return size_[1]; }

@@ -111,7 +111,7 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
     os << "\n";
   }
 
-  Mesh mesh(c.tp, c.pp, c.dp, opts.order);
+  Mesh mesh({.tp = c.tp, .dp = c.dp, .pp = c.pp}, opts.order);
   Placement pl(topo, mesh);
   PlacementSummary s = summarize_placement(pl);
   os << "  placement:\n";

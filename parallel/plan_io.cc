@@ -62,7 +62,7 @@ tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& to
   out.set_mfu(k.mfu);
 
   for (const auto& d : topo.dims()) out.add_topology_dims(d.name);
-  Mesh mesh(c.tp, c.pp, c.dp, opts.order);
+  Mesh mesh({.tp = c.tp, .dp = c.dp, .pp = c.pp}, opts.order);
   Placement pl(topo, mesh);
   PlacementSummary s = summarize_placement(pl);
   set_hops(out.mutable_tp_hops(), s.tp);
@@ -152,7 +152,7 @@ tessera::plan::Plan plan_from_json(const std::string& text, const std::string& s
 }
 
 Mesh plan_mesh(const tessera::plan::Plan& plan) {
-  return Mesh(plan.tp(), plan.pp(), plan.dp(),
+  return Mesh({.tp = plan.tp(), .dp = plan.dp(), .pp = plan.pp()},
               plan.rank_order().empty() ? kDefaultMeshOrder : parse_mesh_order(plan.rank_order()));
 }
 

@@ -130,7 +130,7 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
       const int dp = n / (tp * pp);
       if (pinned_out(pin.dp, dp) || B % dp) continue;
       ++meshes;
-      Placement pl(topo, Mesh(tp, pp, dp, opts.order));
+      Placement pl(topo, Mesh({.tp = tp, .dp = dp, .pp = pp}, opts.order));
       GroupNets nets{pl.group_model(MeshAxis::TP), pl.group_model(MeshAxis::PP), pl.group_model(MeshAxis::DP)};
 
       std::vector<std::pair<std::vector<int>, bool>> parts = {{partition_layers(model.layers, pp, false, head), false}};

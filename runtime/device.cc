@@ -11,36 +11,49 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 }
 
-DeviceSpec DeviceSpec::preset(const std::string& name) {
-  DeviceSpec s;
-  s.name = name;
-  if (name == "trn1-core") {
+namespace {
+// The one list of device presets: every tool (train_gpt, plan, bench) reads it.
+struct DevicePreset {
+  const char* name;
+  uint64_t hbm_bytes;
+  double peak_flops_bf16, peak_flops_fp32, hbm_bandwidth;
+};
+const DevicePreset kDevicePresets[] = {
     // NeuronCore-v2: a Trainium chip has 2 cores, 190 TFLOP/s bf16 and 47.5
     // TFLOP/s fp32 dense, 32 GiB HBM at 820 GiB/s; one core gets half.
-    s.hbm_bytes = static_cast<uint64_t>(16 * kGiB);
-    s.peak_flops_bf16 = 95e12;
-    s.peak_flops_fp32 = 23.75e12;
-    s.hbm_bandwidth = 410 * kGiB;
-  } else if (name == "trn2-core") {
+    {"trn1-core", static_cast<uint64_t>(16 * kGiB), 95e12, 23.75e12, 410 * kGiB},
     // NeuronCore-v3: a Trainium2 chip has 8 cores, 667 TFLOP/s bf16 and 181
     // TFLOP/s fp32 dense, 96 GiB HBM at 2.9 TB/s; one core gets an eighth.
-    s.hbm_bytes = static_cast<uint64_t>(12 * kGiB);
-    s.peak_flops_bf16 = 667e12 / 8;
-    s.peak_flops_fp32 = 181e12 / 8;
-    s.hbm_bandwidth = 2.9e12 / 8;
-  } else if (name == "test-core") {
+    {"trn2-core", static_cast<uint64_t>(12 * kGiB), 667e12 / 8, 181e12 / 8, 2.9e12 / 8},
+    // NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e at 2039 GB/s, 312 TFLOP/s
+    // dense bf16, 19.5 TFLOP/s fp32 (no TF32). Used by the dgx-a100 topology.
+    {"a100-80gb", static_cast<uint64_t>(80 * kGiB), 312e12, 19.5e12, 2039e9},
     // Small core for tests: 256 MiB, 1 TFLOP/s, 100 GB/s.
-    s.hbm_bytes = 256ull << 20;
-    s.peak_flops_bf16 = 1e12;
-    s.peak_flops_fp32 = 0.5e12;
-    s.hbm_bandwidth = 100e9;
-  } else {
-    throw InvalidArgument("unknown device preset '" + name + "' (expected trn1-core, trn2-core or test-core)");
+    {"test-core", 256ull << 20, 1e12, 0.5e12, 100e9},
+};
+}  // namespace
+
+DeviceSpec DeviceSpec::preset(const std::string& name) {
+  for (const DevicePreset& p : kDevicePresets) {
+    if (name != p.name) continue;
+    DeviceSpec s;
+    s.name = name;
+    s.hbm_bytes = p.hbm_bytes;
+    s.peak_flops_bf16 = p.peak_flops_bf16;
+    s.peak_flops_fp32 = p.peak_flops_fp32;
+    s.hbm_bandwidth = p.hbm_bandwidth;
+    return s;
   }
-  return s;
+  std::string names;
+  for (const DevicePreset& p : kDevicePresets) names += std::string(names.empty() ? "" : ", ") + p.name;
+  throw InvalidArgument("unknown device preset '" + name + "' (expected one of " + names + ")");
 }
 
-std::vector<std::string> DeviceSpec::preset_names() { return {"trn1-core", "trn2-core", "test-core"}; }
+std::vector<std::string> DeviceSpec::preset_names() {
+  std::vector<std::string> names;
+  for (const DevicePreset& p : kDevicePresets) names.emplace_back(p.name);
+  return names;
+}
 
 DeviceOutOfMemory::DeviceOutOfMemory(const std::string& device, uint64_t requested, uint64_t in_use,
                                      uint64_t capacity)

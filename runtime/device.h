@@ -32,7 +32,8 @@ struct DeviceSpec {
 
   double peak_flops(DType t) const { return (t == DType::F32) ? peak_flops_fp32 : peak_flops_bf16; }
 
-  // "trn1-core", "trn2-core", "test-core"; throws InvalidArgument naming the presets.
+  // One of preset_names() ("trn1-core", "trn2-core", "a100-80gb", "test-core");
+  // throws InvalidArgument naming the presets for anything else.
   static DeviceSpec preset(const std::string& name);
   static std::vector<std::string> preset_names();
 };

@@ -155,21 +155,6 @@ Topology::Topology(std::string name, std::vector<TopologyDim> dims, DeviceSpec d
   }
 }
 
-DeviceSpec Topology::device_preset(const std::string& name) {
-  if (name == "a100-80gb") {
-    // NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e at 2039 GB/s, 312 TFLOP/s
-    // dense bf16, 19.5 TFLOP/s fp32 (no TF32).
-    DeviceSpec s;
-    s.name = name;
-    s.hbm_bytes = static_cast<uint64_t>(80 * kGiB);
-    s.peak_flops_bf16 = 312e12;
-    s.peak_flops_fp32 = 19.5e12;
-    s.hbm_bandwidth = 2039e9;
-    return s;
-  }
-  return DeviceSpec::preset(name);
-}
-
 std::vector<std::string> Topology::preset_names() {
   return {"trn1.32xlarge",    "trn1-cluster:N",  "trn2.48xlarge", "trn2-cluster:N",
           "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N"};
@@ -209,7 +194,7 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
     int n = parse_count(spec, arg);
     std::vector<TopologyDim> dims = {make_dim("gpu", TopoLevel::Chip, 8, LinkKind::Switch, kA100NvlinkBw, kNvlinkLat)};
     if (n > 1) dims.push_back(make_dim("node", TopoLevel::Instance, n, LinkKind::Switch, kDgxIbBw / 8, kIbLat));
-    t = Topology(spec, std::move(dims), device_preset("a100-80gb"));
+    t = Topology(spec, std::move(dims), DeviceSpec::preset("a100-80gb"));
   } else if (head == "torus4d") {
     need_arg();
     std::vector<int> sizes;
@@ -223,13 +208,13 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
     std::vector<TopologyDim> dims;
     const char* names[] = {"a", "b", "c", "d"};
     for (int i = 0; i < 4; ++i) dims.push_back(make_dim(names[i], TopoLevel::Chip, sizes[i], LinkKind::Ring, bw, lat));
-    t = Topology(spec, std::move(dims), device_preset(opts.device.empty() ? "trn1-core" : opts.device));
+    t = Topology(spec, std::move(dims), DeviceSpec::preset(opts.device.empty() ? "trn1-core" : opts.device));
     return t;
   } else {
     throw InvalidArgument("unknown topology preset '" + spec + "' (presets: " + presets_text() +
                           "; or a JSON file path)");
   }
-  if (!opts.device.empty()) t.device_ = device_preset(opts.device);
+  if (!opts.device.empty()) t.device_ = DeviceSpec::preset(opts.device);
   return t;
 }
 
@@ -268,7 +253,7 @@ Topology Topology::from_json_text(const std::string& text, const std::string& so
   const json& jd = j.at("device");
   if (jd.is_string()) {
     try {
-      dev = device_preset(jd.get<std::string>());
+      dev = DeviceSpec::preset(jd.get<std::string>());
     } catch (const InvalidArgument& e) {
       bad_file(source, e.what());
     }

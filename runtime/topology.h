@@ -43,7 +43,7 @@ struct TopologyDim {
 struct TopologyOptions {
   double link_bandwidth = 0;  // bytes/s per direction per link
   double link_latency = 0;    // seconds per hop
-  std::string device;         // DeviceSpec preset name (or "a100-80gb")
+  std::string device;         // DeviceSpec preset name (DeviceSpec::preset_names())
 };
 
 class Topology {
@@ -63,9 +63,6 @@ class Topology {
   static Topology from_json_text(const std::string& text, const std::string& source);
   // A preset name if it looks like one, else a JSON file path.
   static Topology load(const std::string& preset_or_file, const TopologyOptions& opts = {});
-
-  // The device spec of one core ("a100-80gb" is available here too, for dgx).
-  static DeviceSpec device_preset(const std::string& name);
 
   const std::string& name() const { return name_; }
   const std::vector<TopologyDim>& dims() const { return dims_; }

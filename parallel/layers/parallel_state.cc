@@ -11,7 +11,7 @@ int ParallelState::global_rank() const {
   parallel::MeshCoord c;
   c.tp = tp_rank;
   c.dp = dp_rank;
-  return parallel::Mesh(tp_size, 1, dp_size).rank(c);
+  return parallel::Mesh({.tp = tp_size, .dp = dp_size}).rank(c);
 }
 
 void ParallelState::tp_all_reduce(float* buf, int64_t n) const {
@@ -57,7 +57,7 @@ ParallelState make_parallel_state(std::shared_ptr<coll::Communicator> world, int
   s.world = world;
   s.tp_size = tp;
   s.dp_size = dp;
-  const parallel::Mesh mesh(tp, 1, dp);
+  const parallel::Mesh mesh({.tp = tp, .dp = dp});
   const parallel::MeshCoord c = mesh.coord(world->rank());
   s.tp_rank = c.tp;
   s.dp_rank = c.dp;

@@ -46,7 +46,7 @@ struct ParallelState {
 // A single-process state (tp = dp = 1).
 ParallelState serial_state(Device* device);
 
-// Builds the TP and DP groups of parallel::Mesh(tp, pp = 1, dp) from the
+// Builds the TP and DP groups of parallel::Mesh({.tp, .dp}) (pp = 1) from the
 // world communicator (collective over world; world->size() must equal
 // tp * dp). Throws InvalidArgument otherwise.
 ParallelState make_parallel_state(std::shared_ptr<coll::Communicator> world, int tp, int dp, Device* device,

@@ -141,7 +141,7 @@ TEST(CostModel, CommUsesNetModel) {
   Topology t = Topology::preset("trn1.32xlarge");
   CostModel cm(m, t.device(), tc);
   // dp=32 on the whole torus: one all-reduce of every gradient (bf16).
-  Placement all(t, Mesh(1, 1, 32));
+  Placement all(t, Mesh({.tp = 1, .dp = 32, .pp = 1}));
   GroupNets nets{all.group_model(MeshAxis::TP), all.group_model(MeshAxis::PP), all.group_model(MeshAxis::DP)};
   PlanChoice c;
   c.dp = 32;
@@ -156,7 +156,7 @@ TEST(CostModel, CommUsesNetModel) {
   EXPECT_LT(z.memory.optimizer, k.memory.optimizer / 31);
 
   // tp=8, pp=4: per micro-batch 4 all-reduces of b s h bf16 per layer on the TP ring.
-  Placement p(t, Mesh(8, 4, 1));
+  Placement p(t, Mesh({.tp = 8, .dp = 1, .pp = 4}));
   GroupNets n2{p.group_model(MeshAxis::TP), p.group_model(MeshAxis::PP), p.group_model(MeshAxis::DP)};
   PlanChoice c2;
   c2.tp = 8;

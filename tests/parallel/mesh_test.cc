@@ -18,7 +18,7 @@ std::vector<int> iota_vec(int begin, int end, int step = 1) {
 
 // Megatron-LM parallel_state.py / NxD: 32 ranks, TP=8, PP=4 (DP=1).
 TEST(Mesh, MegatronExampleGroups) {
-  Mesh m(8, 4, 1);
+  Mesh m({.tp = 8, .dp = 1, .pp = 4});
   auto tp = m.groups(MeshAxis::TP);
   ASSERT_EQ(tp.size(), 4u);
   for (int g = 0; g < 4; ++g) EXPECT_EQ(tp[static_cast<size_t>(g)], iota_vec(8 * g, 8 * g + 8));
@@ -35,7 +35,7 @@ TEST(Mesh, MegatronExampleGroups) {
 // Megatron's docstring example: 16 ranks, TP=2, PP=4, DP=2:
 // TP [0,1],[2,3],...; DP [0,2],[1,3],[4,6],...; PP [0,4,8,12],[1,5,9,13],...
 TEST(Mesh, MegatronTp2Pp4Dp2) {
-  Mesh m(2, 4, 2);
+  Mesh m({.tp = 2, .dp = 2, .pp = 4});
   EXPECT_EQ(m.tp_group(6), (std::vector<int>{6, 7}));
   EXPECT_EQ(m.dp_group(0), (std::vector<int>{0, 2}));
   EXPECT_EQ(m.dp_group(5), (std::vector<int>{5, 7}));
@@ -48,7 +48,7 @@ TEST(Mesh, MegatronTp2Pp4Dp2) {
 }
 
 TEST(Mesh, OtherOrder) {
-  Mesh m(2, 4, 2, parse_mesh_order("tp-pp-dp"));
+  Mesh m({.tp = 2, .dp = 2, .pp = 4}, parse_mesh_order("tp-pp-dp"));
   EXPECT_EQ(m.pp_group(0), (std::vector<int>{0, 2, 4, 6}));
   EXPECT_EQ(m.dp_group(0), (std::vector<int>{0, 8}));
   EXPECT_EQ(mesh_order_name(m.order()), "tp-pp-dp");
@@ -77,7 +77,7 @@ TEST(Placement, Trn1TpGroupsAreOneHopRings) {
   for (int tp : {2, 4, 8, 16, 32}) {
     for (int pp = 1; tp * pp <= 32; pp *= 2) {
       int dp = 32 / (tp * pp);
-      Mesh m(tp, pp, dp);
+      Mesh m({.tp = tp, .dp = dp, .pp = pp});
       Placement p(t, m);
       expect_bijection(t, m);
       for (const auto& g : m.groups(MeshAxis::TP)) {
@@ -97,7 +97,7 @@ TEST(Placement, Trn1TpGroupsAreOneHopRings) {
 TEST(Placement, PipelineNeighboursOneHopOnTrn1) {
   Topology t = Topology::preset("trn1.32xlarge");
   for (auto [tp, pp] : std::vector<std::pair<int, int>>{{2, 4}, {4, 4}, {8, 4}, {2, 16}, {4, 2}}) {
-    Placement p(t, Mesh(tp, pp, 32 / (tp * pp)));
+    Placement p(t, Mesh({.tp = tp, .dp = 32 / (tp * pp), .pp = pp}));
     HopStats h = p.hop_stats(MeshAxis::PP);
     EXPECT_EQ(h.max_hops, 1) << "tp=" << tp << " pp=" << pp;
     EXPECT_FALSE(h.ring);
@@ -106,9 +106,9 @@ TEST(Placement, PipelineNeighboursOneHopOnTrn1) {
 
 TEST(Placement, LargeTorusIsBijective) {
   Topology t = Topology::preset("torus4d:16x16x16x16");
-  expect_bijection(t, Mesh(16, 8, 512));
-  expect_bijection(t, Mesh(32, 4, 512, parse_mesh_order("tp-pp-dp")));
-  Placement p(t, Mesh(16, 8, 512));
+  expect_bijection(t, Mesh({.tp = 16, .dp = 512, .pp = 8}));
+  expect_bijection(t, Mesh({.tp = 32, .dp = 512, .pp = 4}, parse_mesh_order("tp-pp-dp")));
+  Placement p(t, Mesh({.tp = 16, .dp = 512, .pp = 8}));
   EXPECT_EQ(p.hop_stats(MeshAxis::TP).max_hops, 1);  // a whole ring of 16
   EXPECT_EQ(p.hop_stats(MeshAxis::PP).max_hops, 1);
 }
@@ -117,7 +117,7 @@ TEST(Placement, GroupModels) {
   Topology t = Topology::preset("trn1.32xlarge");
   // tp=8 takes both cores of a chip and a whole x ring: the group sees the
   // topology's first two dimensions unchanged.
-  Placement p(t, Mesh(8, 1, 4));
+  Placement p(t, Mesh({.tp = 8, .dp = 4, .pp = 1}));
   NetModel tp = p.group_model(MeshAxis::TP);
   ASSERT_EQ(tp.dims().size(), 2u);
   EXPECT_EQ(tp.dims()[0].size, 2);
@@ -128,11 +128,11 @@ TEST(Placement, GroupModels) {
   double n = 1 << 20;
   EXPECT_DOUBLE_EQ(tp.torus_allreduce_time(n), NetModel({t.dims()[0].net, t.dims()[1].net}).torus_allreduce_time(n));
   // dp=4 on y. The whole topology for tp=1 pp=1 dp=32.
-  Placement all(t, Mesh(1, 1, 32));
+  Placement all(t, Mesh({.tp = 1, .dp = 32, .pp = 1}));
   EXPECT_DOUBLE_EQ(all.group_model(MeshAxis::DP).torus_allreduce_time(n), t.net_model().torus_allreduce_time(n));
   // tp=4 (2 cores x 2 chips on x), dp=2 takes the rest of x at stride 2:
   // bandwidth halved (two groups share each link), latency doubled.
-  Placement q(t, Mesh(4, 4, 2));
+  Placement q(t, Mesh({.tp = 4, .dp = 2, .pp = 4}));
   NetModel dp = q.group_model(MeshAxis::DP);
   ASSERT_EQ(dp.dims().size(), 1u);
   EXPECT_EQ(dp.dims()[0].size, 2);
@@ -142,7 +142,7 @@ TEST(Placement, GroupModels) {
 
 TEST(Placement, WorldMustMatchCores) {
   Topology t = Topology::preset("trn1.32xlarge");
-  EXPECT_THROW(Placement(t, Mesh(8, 2, 1)), InvalidArgument);
+  EXPECT_THROW(Placement(t, Mesh({.tp = 8, .dp = 1, .pp = 2})), InvalidArgument);
 }
 
 }  // namespace

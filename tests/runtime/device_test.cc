@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "runtime/device.h"
@@ -15,6 +16,25 @@ TEST(DeviceSpec, PresetsFromPublicFigures) {
   auto trn2 = DeviceSpec::preset("trn2-core");
   EXPECT_EQ(trn2.hbm_bytes, 12ull << 30);
   EXPECT_THROW(DeviceSpec::preset("h100"), InvalidArgument);
+  // The error names every preset, from the one list.
+  try {
+    DeviceSpec::preset("h100");
+  } catch (const InvalidArgument& e) {
+    for (const auto& n : DeviceSpec::preset_names()) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n;
+  }
+}
+
+TEST(DeviceSpec, OneListServesEveryTool) {
+  // train_gpt validates --device against preset_names(); topologies (plan)
+  // build their devices through preset(): both must see the same list,
+  // including the dgx-a100 topology's device.
+  const auto names = DeviceSpec::preset_names();
+  ASSERT_EQ(names.size(), 4u);
+  for (const auto& n : names) EXPECT_EQ(DeviceSpec::preset(n).name, n);
+  EXPECT_NE(std::find(names.begin(), names.end(), "a100-80gb"), names.end());
+  auto a100 = DeviceSpec::preset("a100-80gb");
+  EXPECT_EQ(a100.hbm_bytes, 80ull << 30);
+  EXPECT_DOUBLE_EQ(a100.peak_flops_fp32, 19.5e12);
 }
 
 TEST(Device, OutOfMemoryStatesRequestInUseAndCapacity) {
