@@ -15,6 +15,7 @@ PACKAGES=(
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   gnuplot-nox
   procps iproute2
+  clang-format clang-tidy
 )
 
 missing=()
