@@ -15,7 +15,7 @@ enum class DType : uint8_t { F32 = 0, BF16 = 1, F16 = 2, I32 = 3, I64 = 4 };
 constexpr size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: return 4;
-    case DType::BF16: return 2;
+    case DType::BF16:
     case DType::F16: return 2;
     case DType::I32: return 4;
     case DType::I64: return 8;
@@ -33,10 +33,7 @@ DType parse_dtype(std::string_view s);
 const char* dtype_safetensors_name(DType t);
 DType parse_safetensors_dtype(std::string_view s);
 
-// Raw 16-bit patterns.
-struct bf16_t { uint16_t bits; };
-struct f16_t { uint16_t bits; };
-
+// 16-bit values travel as raw uint16_t bit patterns.
 uint16_t float_to_bf16_bits(float f);
 float bf16_bits_to_float(uint16_t b);
 uint16_t float_to_f16_bits(float f);

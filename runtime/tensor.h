@@ -120,13 +120,13 @@ std::vector<int64_t> contiguous_strides(const Shape& shape);
 
 template <typename T>
 T* Tensor::data() const {
-  constexpr bool ok_f32 = std::is_same_v<T, float>;
-  constexpr bool ok_16 = std::is_same_v<T, uint16_t>;
-  constexpr bool ok_i32 = std::is_same_v<T, int32_t>;
-  constexpr bool ok_i64 = std::is_same_v<T, int64_t>;
-  static_assert(ok_f32 || ok_16 || ok_i32 || ok_i64, "data<T>: T must be float, uint16_t, int32_t or int64_t");
-  bool match = (ok_f32 && dtype_ == DType::F32) || (ok_16 && (dtype_ == DType::BF16 || dtype_ == DType::F16)) ||
-               (ok_i32 && dtype_ == DType::I32) || (ok_i64 && dtype_ == DType::I64);
+  constexpr bool kIsF32 = std::is_same_v<T, float>;
+  constexpr bool kIs16 = std::is_same_v<T, uint16_t>;
+  constexpr bool kIsI32 = std::is_same_v<T, int32_t>;
+  constexpr bool kIsI64 = std::is_same_v<T, int64_t>;
+  static_assert(kIsF32 || kIs16 || kIsI32 || kIsI64, "data<T>: T must be float, uint16_t, int32_t or int64_t");
+  bool match = (kIsF32 && dtype_ == DType::F32) || (kIs16 && (dtype_ == DType::BF16 || dtype_ == DType::F16)) ||
+               (kIsI32 && dtype_ == DType::I32) || (kIsI64 && dtype_ == DType::I64);
   TESSERA_CHECK(match, "data<T>() does not match dtype ", dtype_name(dtype_));
   return static_cast<T*>(raw_data());
 }

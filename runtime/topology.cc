@@ -108,8 +108,8 @@ void check_fields(const json& j, const std::string& where, const std::set<std::s
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!allowed.count(it.key())) {
       std::string list;
-      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-      bad_file(source, "unknown field '" + it.key() + "' in " + where + " (allowed: " + list + ")");
+      for (const auto& a : allowed) list.append(list.empty() ? "" : ", ").append(a);
+      bad_file(source, detail::concat("unknown field '", it.key(), "' in ", where, " (allowed: ", list, ")"));
     }
   }
 }
@@ -206,6 +206,7 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
     double bw = opts.link_bandwidth > 0 ? opts.link_bandwidth : kTrn1LinkBw;
     double lat = opts.link_latency > 0 ? opts.link_latency : kNeuronLinkLat;
     std::vector<TopologyDim> dims;
+    dims.reserve(4);
     const char* names[] = {"a", "b", "c", "d"};
     for (int i = 0; i < 4; ++i) dims.push_back(make_dim(names[i], TopoLevel::Chip, sizes[i], LinkKind::Ring, bw, lat));
     t = Topology(spec, std::move(dims), DeviceSpec::preset(opts.device.empty() ? "trn1-core" : opts.device));
@@ -295,7 +296,7 @@ Topology Topology::from_json_text(const std::string& text, const std::string& so
     else if (level == "instance")
       d.level = TopoLevel::Instance;
     else
-      bad_file(source, where + ": unknown level '" + level + "' (expected core, chip or instance)");
+      bad_file(source, detail::concat(where, ": unknown level '", level, "' (expected core, chip or instance)"));
     d.net.bandwidth = get_positive(e, "bandwidth_gb_s", where, source) * 1e9;
     d.net.latency = get_positive(e, "latency_us", where, source) * kUs;
     dims.push_back(d);

@@ -150,7 +150,7 @@ Shape gpt2_tensor_shape(const Gpt2Config& c, const std::string& name) {
 
 std::string gpt2_stored_name(const TensorSource& src, const std::string& name) {
   if (src.contains(name)) return name;
-  const std::string s = strip(name);
+  std::string s = strip(name);
   if (!s.empty() && src.contains(s)) return s;
   throw InvalidArgument(detail::concat("tensor '", name, "' is not in ", src.path()));
 }

@@ -11,7 +11,7 @@ namespace tessera::optim {
 
 DistributedOptimizer::DistributedOptimizer(const par::ParallelState& ps, std::vector<par::Parameter*> params,
                                            AdamWConfig config)
-    : ps_(ps), cfg_(std::move(config)), params_(std::move(params)) {
+    : ps_(ps), cfg_(config), params_(std::move(params)) {
   TESSERA_ARG_CHECK(!params_.empty(), "optimizer: no parameters");
   TESSERA_ARG_CHECK(cfg_.bucket_elems > 0, "optimizer: bucket size must be > 0");
   const int dp = ps_.dp_size;
