@@ -1,5 +1,5 @@
 // Internal: the Communicator built over a Transport (shm, tcp), where the
-// algorithms in collectives/algorithms/ run. Not part of the public API.
+// algorithms of collectives/algorithms.{h,cc} run. Not part of the public API.
 #pragma once
 
 #include <memory>

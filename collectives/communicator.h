@@ -3,7 +3,9 @@
 // One Communicator per group (world, or a TP/PP/DP group from split()). Every
 // member must call the same collectives in the same order (NCCL/MPI
 // semantics); calls are blocking unless the *_async variant is used, whose
-// Work completes in issue order on the communicator's progress thread.
+// Work completes in issue order on the communicator's progress thread. The
+// buffers of an *_async call belong to the collective until its Work::wait()
+// returns (or done() is true): the caller keeps them alive and unchanged.
 // Buffers are raw pointers plus a count of elements of `dtype`; recv may
 // equal send (in-place). bf16 and f16 reductions accumulate in f32.
 //
@@ -72,7 +74,8 @@ struct CommOptions {
   // World ranks of this group's members, in group-rank order (set by split());
   // node ids in `net` are world ranks.
   std::vector<int> world_ranks;
-  // Device whose clock is charged with modeled comm time (optional).
+  // Device whose clock is charged with modeled comm time (optional; not
+  // owned: it must outlive the communicator and every communicator split from it).
   Device* device = nullptr;
 };
 

@@ -1,6 +1,6 @@
 // Transport: moves bytes between the ranks of one communicator.
 //
-// The collective algorithms (collectives/algorithms/) are written against
+// The collective algorithms (collectives/algorithms.{h,cc}) are written against
 // this interface only; each backend lives in its own folder behind a factory
 // (shm/: shared memory on one host, the simulated NeuronLink; tcp/: sockets).
 // The MPI backend does not implement a Transport: it hands whole collectives

@@ -48,7 +48,7 @@ struct WorkerOptions {
   // Timeout of store waits during bootstrap and of barrier().
   std::chrono::milliseconds store_timeout{120000};
   // Heartbeat timeout of the in-process coordinator under mpirun
-  // (TESSERA_HEARTBEAT_TIMEOUT_S overrides); tessera run sets its own.
+  // (TESSERA_HEARTBEAT_TIMEOUT_MS overrides); tessera run sets its own.
   std::chrono::milliseconds mpi_heartbeat_timeout{10000};
 };
 
