@@ -1,10 +1,10 @@
 // `tessera`: one binary that dispatches to each feature's subcommand.
 #include <iostream>
 
-#include "collectives/bench/bench_cli.h"
+#include "launcher/bench_cli.h"
 #include "launcher/cli.h"
 #include "launcher/run_cli.h"
-#include "parallel/plan_cli.h"
+#include "launcher/plan_cli.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "tessera_version.h"

@@ -9,7 +9,7 @@
 
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/hf_gpt2.h"
-#include "parallel/plan_cli.h"
+#include "launcher/plan_cli.h"
 #include "runtime/error.h"
 
 namespace tessera::parallel {

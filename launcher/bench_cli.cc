@@ -9,7 +9,7 @@
 //   store is the directory in TESSERA_STORE_DIR.
 // - under `mpirun -np N tessera bench OP`: MPI made the ranks; for shm and
 //   tcp, rank 0 makes a store directory and broadcasts its path over MPI.
-#include "collectives/bench/bench_cli.h"
+#include "launcher/bench_cli.h"
 
 #include <signal.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "parallel/plan_cli.h"
+#include "launcher/plan_cli.h"
 
 #include <algorithm>
 #include <cstdio>
