@@ -1,5 +1,7 @@
 // `tessera ckpt`: inspect, shard, consolidate and reshard GPT-2 checkpoints
-// (the work is in ckpt_tool.h; this file is flags and printing).
+// (the work is in parallel/checkpoint/ckpt_tool.h; this file is flags and printing).
+#include "launcher/ckpt_cli.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -9,10 +11,9 @@
 
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/hf_gpt2.h"
-#include "launcher/plan_cli.h"
 #include "runtime/error.h"
 
-namespace tessera::parallel {
+namespace tessera::launcher {
 
 namespace {
 
@@ -170,4 +171,4 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
   });
 }
 
-}  // namespace tessera::parallel
+}  // namespace tessera::launcher

@@ -11,9 +11,11 @@
 #include "runtime/error.h"
 #include "runtime/topology.h"
 
-namespace tessera::parallel {
+namespace tessera::launcher {
 
 namespace {
+
+using namespace tessera::parallel;  // the planner and plan files
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -164,7 +166,7 @@ int run_plan(const PlanArgs& a) {
   if (given("--sequence-parallel")) o.pins.sequence_parallel = a.sp == "on";
   if (given("--recompute")) o.pins.recompute = parse_recompute(a.recompute);
 
-  PlannerResult res = plan(model, topo, o);
+  PlannerResult res = parallel::plan(model, topo, o);
   std::ostream& os = std::cout;
   os << "tessera plan: " << model.name << " (" << f(static_cast<double>(model.total_params()) / 1e9, 2)
      << " B parameters, " << model.layers << " layers, hidden " << model.hidden << ", " << model.heads << " heads";
@@ -260,4 +262,4 @@ void add_plan_command(CLI::App& root, tessera::cli::Action& action) {
   });
 }
 
-}  // namespace tessera::parallel
+}  // namespace tessera::launcher

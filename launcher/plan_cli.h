@@ -1,10 +1,8 @@
 #pragma once
 #include "launcher/cli.h"
 
-namespace tessera::parallel {
-// `tessera plan ...`: the sharding planner.
+namespace tessera::launcher {
+// `tessera plan ...`: the sharding planner (the planner library is
+// parallel/planner.h; plan files are parallel/plan_io.h).
 void add_plan_command(CLI::App& root, tessera::cli::Action& action);
-// `tessera ckpt ...`: checkpoint tools (inspect, shard, consolidate, reshard);
-// defined in launcher/ckpt_cli.cc.
-void add_ckpt_command(CLI::App& root, tessera::cli::Action& action);
-}  // namespace tessera::parallel
+}  // namespace tessera::launcher
