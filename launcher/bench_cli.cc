@@ -216,7 +216,17 @@ int bench_main(const BenchArgs& a) {
   const bench::BenchConfig cfg = make_config(a);  // validate before spawning anything
   if (!a.compare.empty() && a.compare != "mpi") throw InvalidArgument("--compare takes 'mpi', got '" + a.compare + "'");
   const TransportKind kind = parse_transport(a.transport);
-  if (!a.topology.empty()) (void)bench::topology_model(a.topology, std::max(a.nworkers, 1));  // fail early on bad names
+  if (!a.topology.empty()) {  // fail early on bad names and files
+    try {
+      (void)bench::topology_model(a.topology, std::max(a.nworkers, 1));
+    } catch (const FormatError& e) {
+      throw InvalidArgument(e.what());  // a bad input file exits 2 like a bad flag (docs/errors.md)
+    }
+  }
+  if (discover_world().rank == 0) {  // rank 0 writes them: fail before any rank starts
+    if (!a.json.empty()) cli::check_output_file("--json", a.json);
+    if (!a.plot.empty()) cli::check_output_file("--plot", a.plot);
+  }
   const bool launched =
       !env_or("TESSERA_RANK").empty() || !env_or("TESSERA_COORDINATOR").empty() || mpi::under_mpirun();
   if (!launched && a.nworkers > 1) {
@@ -235,21 +245,21 @@ void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
                   "all_reduce|allr, all_gather|allg, reduce_scatter|redsct, all_to_all|alltoall, broadcast, reduce, "
                   "sendrecv")
       ->required();
-  cmd->add_option("-r,--nworkers", a->nworkers, "Ranks to spawn on this host")->check(CLI::Range(1, 1024));
+  cmd->add_option("-r,--nworkers", a->nworkers, "Ranks to spawn on this host")->check(cli::int_range(1, 1024));
   cmd->add_option("-b,--minbytes", a->minbytes, "Smallest size, e.g. 8, 64K, 1M (default 32M)");
   cmd->add_option("-e,--maxbytes", a->maxbytes, "Largest size (default 32M)");
   auto* f = cmd->add_option("-f,--stepfactor", a->stepfactor, "Multiply the size by this factor (default 2)");
   auto* i = cmd->add_option("-i,--stepbytes", a->stepbytes, "Add this many bytes per step instead");
   f->excludes(i);
-  cmd->add_option("-n,--iters", a->iters, "Timed iterations per size (default 20)")->check(CLI::Range(1, 1000000));
-  cmd->add_option("-w,--warmup_iters", a->warmup, "Warm-up iterations (default 5)")->check(CLI::Range(0, 1000000));
+  cmd->add_option("-n,--iters", a->iters, "Timed iterations per size (default 20)")->check(cli::int_range(1, 1000000));
+  cmd->add_option("-w,--warmup_iters", a->warmup, "Warm-up iterations (default 5)")->check(cli::int_range(0, 1000000));
   cmd->add_option("-d,--datatype", a->datatype, "f32, bf16, f16, i32, i64 (also float, half, ...)");
   cmd->add_option("-o,--op", a->redop, "Reduction: sum, prod, min, max, avg");
   cmd->add_option("-c,--check", a->check, "Check every result element (0 or 1; -c alone is 1; default 1)")
       ->expected(0, 1)
       ->default_str("1")
-      ->check(CLI::Range(0, 1));
-  cmd->add_option("--root", a->root, "Root rank of broadcast and reduce (default 0)");
+      ->check(cli::int_range(0, 1));
+  cmd->add_option("--root", a->root, "Root rank of broadcast and reduce (default 0)")->check(cli::any_int(a->root));
   cmd->add_option("--transport", a->transport, "shm, tcp or mpi (default shm)")
       ->check(CLI::IsMember({"shm", "tcp", "mpi"}));
   cmd->add_option("--algo", a->algo, "Force an algorithm (ring, rhd, torus, ...)");
@@ -259,7 +269,8 @@ void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
   cmd->add_flag("--baseline", a->baseline, "Also measure single-core memcpy and raw TCP loopback bandwidth");
   cmd->add_option("--compare", a->compare, "Run the same sizes through MPI's own collectives: mpi")
       ->check(CLI::IsMember({"mpi"}));
-  cmd->add_option("--timeout", a->timeout_s, "Seconds any wait may take (default 120)")->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout", a->timeout_s, "Seconds any wait may take (default 120)")
+      ->check(cli::number_range(1e-3, 1e6));
   cmd->callback([&action, a] { action = [a] { return bench_main(*a); }; });
 }
 

@@ -46,7 +46,8 @@ CLI::Validator int_range(T lo = std::numeric_limits<T>::min(), T hi = std::numer
   const bool hi_is_max = hi == std::numeric_limits<T>::max();
   const std::string lo_s = std::to_string(lo), hi_s = std::to_string(hi);
   const std::string kind = detail::integer_kind(lo_s, hi_s, lo_is_min, hi_is_max);
-  auto check = [lo, hi, kind, hi_is_max, hi_s](std::string& text) -> std::string {
+  const bool say_max = hi_is_max && !lo_is_min;  // the kind does not name hi yet
+  auto check = [lo, hi, kind, say_max, hi_s](std::string& text) -> std::string {
     const char* first = text.data();
     const char* last = first + text.size();
     if (first != last && *first == '+') ++first;
@@ -56,7 +57,7 @@ CLI::Validator int_range(T lo = std::numeric_limits<T>::min(), T hi = std::numer
     if (whole && ec == std::errc() && v >= lo && v <= hi) return {};
     const bool above = whole && (ec == std::errc::result_out_of_range ? text[0] != '-' : v > hi);
     std::string what = "must be " + kind;
-    if (above && hi_is_max) what += " no larger than " + hi_s;
+    if (above && say_max) what += " no larger than " + hi_s;
     return what + ", got " + (whole ? text : "'" + text + "'");
   };
   return CLI::Validator(check, detail::integer_tag(lo_s, hi_s, lo_is_min, hi_is_max));
