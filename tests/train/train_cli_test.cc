@@ -59,6 +59,7 @@ TEST(TrainGptCli, BadInputExitsTwoBeforeTraining) {
            Case{"--steps 9223372036854775808",
                 "--steps: must be a non-negative integer no larger than 9223372036854775807"},
            Case{"--lr 0", "--lr: must be a positive number, got 0"},
+           Case{"--dp 2147483647", "--tp 1 x --dp 2147483647 is more than 2^24 ranks"},
            Case{"--seed -1", "--seed: must be a non-negative integer, got '-1'"},
            Case{"--data " + d.file("empty.txt"), "data file '" + d.file("empty.txt") + "' is empty"},
            // Three bytes are read, then found too short for one window once training sets up.
