@@ -18,22 +18,22 @@ void add_run_command(CLI::App& root, tessera::cli::Action& action) {
                           "                   [--max-restarts R] [--log-dir DIR] -- PROGRAM ARGS...");
   cmd->add_option("--nproc-per-node,--nproc_per_node", opts->nproc_per_node, "Workers on this node")
       ->required()
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--nnodes", opts->nnodes, "Nodes in the job")->check(CLI::Range(1, 4096));
+      ->check(cli::int_range(1, 4096));
+  cmd->add_option("--nnodes", opts->nnodes, "Nodes in the job")->check(cli::int_range(1, 4096));
   cmd->add_option("--node-rank,--node_rank", opts->node_rank, "This node's rank (node 0 hosts the coordinator)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative(opts->node_rank));
   cmd->add_option("--coordinator", opts->coordinator,
                   "HOST:PORT of the coordinator (node 0 listens there); default 127.0.0.1 and a free port");
   cmd->add_option("--max-restarts,--max_restarts", opts->max_restarts, "Restart the whole group up to R times")
-      ->check(CLI::Range(0, 1000));
+      ->check(cli::int_range(0, 1000));
   cmd->add_option("--log-dir,--log_dir", opts->log_dir, "Also write each rank's output to DIR/rank_<r>.log");
   cmd->add_option("--heartbeat-timeout", (*secs)[0],
                   "Seconds without a heartbeat before a worker or node is declared lost (default 10)")
-      ->check(CLI::Range(0.05, 86400.0));
+      ->check(cli::number_range(0.05, 86400.0));
   cmd->add_option("--rdzv-timeout", (*secs)[1], "Seconds to wait for all nodes to join (default 300)")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(cli::number_range(0.1, 86400.0));
   cmd->add_option("--kill-grace", (*secs)[2], "Seconds between SIGTERM and SIGKILL when stopping workers (default 2)")
-      ->check(CLI::Range(0.0, 60.0));
+      ->check(cli::number_range(0.0, 60.0));
   // Everything from the program on belongs to the program, flags included
   // (`tessera run -n 2 prog --lr 1` as with torchrun, or after `--`).
   cmd->add_option("command", opts->command, "PROGRAM ARGS...");

@@ -1,10 +1,11 @@
 // `tessera`: one binary that dispatches to each feature's subcommand.
 #include <iostream>
 
-#include "collectives/bench/bench_cli.h"
+#include "launcher/bench_cli.h"
+#include "launcher/ckpt_cli.h"
 #include "launcher/cli.h"
+#include "launcher/plan_cli.h"
 #include "launcher/run_cli.h"
-#include "parallel/plan_cli.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "tessera_version.h"
@@ -15,9 +16,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   tessera::cli::Action action;
   tessera::launcher::add_run_command(app, action);
-  tessera::coll::add_bench_command(app, action);
-  tessera::parallel::add_plan_command(app, action);
-  tessera::parallel::add_ckpt_command(app, action);
+  tessera::launcher::add_bench_command(app, action);
+  tessera::launcher::add_plan_command(app, action);
+  tessera::launcher::add_ckpt_command(app, action);
 
   try {
     app.parse(argc, argv);

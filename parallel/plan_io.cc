@@ -1,8 +1,10 @@
 #include "parallel/plan_io.h"
 
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 
@@ -17,6 +19,33 @@ void set_hops(tessera::plan::HopStats* out, const HopStats& h) {
   out->set_one_hop_fraction(h.one_hop_fraction);
 }
 uint64_t u64(double bytes) { return static_cast<uint64_t>(bytes + 0.5); }
+
+// protobuf's JSON mapping writes 64-bit integers as strings ("1024"), which
+// jq and Python read as text. Turns them back into numbers, walking the
+// message's descriptor so only 64-bit integer fields change (a string field
+// that holds digits stays a string).
+void int64_strings_to_numbers(nlohmann::ordered_json& j, const google::protobuf::Descriptor& d) {
+  using google::protobuf::FieldDescriptor;
+  for (int i = 0; i < d.field_count(); ++i) {
+    const FieldDescriptor& f = *d.field(i);
+    auto it = j.find(f.name());
+    if (it == j.end()) continue;
+    auto fix = [&](nlohmann::ordered_json& v) {
+      if (f.cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && v.is_object()) {
+        int64_strings_to_numbers(v, *f.message_type());
+      } else if (v.is_string() && f.cpp_type() == FieldDescriptor::CPPTYPE_INT64) {
+        v = std::stoll(v.get<std::string>());
+      } else if (v.is_string() && f.cpp_type() == FieldDescriptor::CPPTYPE_UINT64) {
+        v = std::stoull(v.get<std::string>());
+      }
+    };
+    if (f.is_repeated() && it->is_array()) {
+      for (auto& e : *it) fix(e);
+    } else {
+      fix(*it);
+    }
+  }
+}
 }  // namespace
 
 tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& topo, const PlannerOptions& opts,
@@ -96,9 +125,14 @@ std::string plan_to_json(const tessera::plan::Plan& plan) {
   tessera::plan::Plan head;
   head.CopyFrom(plan);
   head.clear_placement();
-  std::string s;
-  auto st = google::protobuf::util::MessageToJsonString(head, &s, o);
+  std::string proto_json;
+  auto st = google::protobuf::util::MessageToJsonString(head, &proto_json, o);
   if (!st.ok()) throw InternalError("cannot print plan as JSON: " + st.ToString());
+  // Field order kept (ordered_json); numbers as numbers.
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(proto_json);
+  int64_strings_to_numbers(j, *head.GetDescriptor());
+  j.erase("placement");  // printed as [] (always_print_primitive_fields); appended below
+  std::string s = j.dump(1) + "\n";
   if (plan.placement_size() == 0) return s;
   size_t close = s.rfind('}');
   TESSERA_CHECK(close != std::string::npos);

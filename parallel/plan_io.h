@@ -1,6 +1,8 @@
 // The plan as a document: the protobuf message of parallel/proto/plan.proto,
 // built from a planner result, written and read as JSON through protobuf's
-// JSON mapping (proto field names; unknown fields are rejected on reading).
+// JSON mapping (proto field names; unknown fields are rejected on reading),
+// except that 64-bit integers are written as numbers, not the mapping's
+// strings, so jq and Python read them as numbers; reading takes both.
 // The training and checkpoint commands read plans through read_plan_json.
 // Pure functions; no shared state.
 #pragma once

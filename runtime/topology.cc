@@ -351,6 +351,12 @@ Topology Topology::first_cores(int n) const {
       left = 1;
     }
   }
+  if (dims.empty()) {  // one core: the first dimension, cut to size 1 (no links to use)
+    TopologyDim one = dims_.front();
+    one.net.size = 1;
+    if (one.net.kind == LinkKind::Ring) one.net.kind = LinkKind::Line;
+    dims.push_back(one);
+  }
   return Topology(name_ + " (first " + std::to_string(n) + " cores)", std::move(dims), device_);
 }
 

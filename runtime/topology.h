@@ -78,8 +78,9 @@ class Topology {
   NetModel net_model() const;
 
   // The first n cores as a topology of their own: whole fastest dimensions,
-  // then a part of the next one (a partial ring becomes a line). Throws
-  // InvalidArgument when n cores are not such a prefix.
+  // then a part of the next one (a partial ring becomes a line); one core is
+  // the first dimension cut to size 1. Throws InvalidArgument when n cores
+  // are not such a prefix.
   Topology first_cores(int n) const;
 
   // One line per dimension, for `tessera plan` and `tessera bench`.

@@ -4,8 +4,9 @@
 // This header is the testable core: op names, bus-bandwidth factors, size
 // parsing and sweeps, the exactly-known input/expected values behind
 // --check, the table and JSON formats, and run_bench(), which drives one
-// Communicator through a size sweep. Process management (spawning ranks,
-// mpirun, the store) lives in bench_cli.cc.
+// Communicator through a size sweep. One rank's run (store, communicators,
+// output) is bench_rank.h; flags and spawning ranks are the front-end's
+// (launcher/bench_cli.cc).
 //
 // Threads: everything here runs on the calling thread; run_bench() must be
 // called by every rank of the communicator (it issues collectives).

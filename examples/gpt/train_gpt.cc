@@ -22,6 +22,7 @@
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 #include "runtime/log.h"
+#include "runtime/world.h"
 
 namespace {
 
@@ -77,7 +78,7 @@ void apply_init_config(Flags& f, const CLI::App& app) {
   if (!app.count("--seq")) f.t.seq = std::min<int64_t>(f.t.seq, c.n_positions);
 }
 
-int train(Flags& f, const gpt::Job& job) {
+int train(Flags& f, const gpt::Job& job, const std::shared_ptr<data::ByteDataset>& dataset) {
   const bool lead = job.world.rank == 0;
   TESSERA_ARG_CHECK(job.world.size == f.t.tp * f.t.dp, "this job has ", job.world.size, " process(es) but --tp ",
                     f.t.tp, " x --dp ", f.t.dp, " = ", f.t.tp * f.t.dp, " are needed");
@@ -85,8 +86,6 @@ int train(Flags& f, const gpt::Job& job) {
   par::ParallelState ps = job.comm ? par::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
                                    : par::serial_state(&dev);
   ps.sequence_parallel = f.t.sequence_parallel;
-  auto files = f.t.data.empty() ? data::ByteDataset::default_files() : f.t.data;
-  auto dataset = std::make_shared<data::ByteDataset>(files, f.t.val_fraction, f.t.seed);
   gpt::Trainer trainer(f.t, ps, dataset);
   const gpt::TrainOptions& o = trainer.options();
   if (f.init.empty()) {
@@ -196,38 +195,40 @@ int main(int argc, char** argv) {
   kern::default_blas_threads();
   Flags f;
   CLI::App app{"Train a GPT-2 over emulated cores with tensor and data parallelism", "train_gpt"};
-  app.add_option("--tp", f.t.tp, "tensor-parallel degree")->check(CLI::PositiveNumber);
-  app.add_option("--dp", f.t.dp, "data-parallel degree")->check(CLI::PositiveNumber);
+  app.add_option("--tp", f.t.tp, "tensor-parallel degree")->check(cli::positive(f.t.tp));
+  app.add_option("--dp", f.t.dp, "data-parallel degree")->check(cli::positive(f.t.dp));
   app.add_flag("--sequence-parallel", f.t.sequence_parallel, "shard LayerNorm/residual activations over TP");
-  app.add_option("--layers", f.t.model.layers, "transformer blocks")->check(CLI::PositiveNumber);
-  app.add_option("--hidden", f.t.model.hidden, "model width")->check(CLI::PositiveNumber);
-  app.add_option("--heads", f.t.model.heads, "attention heads")->check(CLI::PositiveNumber);
-  app.add_option("--seq", f.t.seq, "sequence length (also the context, without --init)")->check(CLI::PositiveNumber);
-  app.add_option("--vocab", f.t.model.vocab, "vocabulary (>= 256: byte tokens)")->check(CLI::PositiveNumber);
-  app.add_option("--micro-batch", f.t.micro_batch, "sequences per micro-batch per DP rank")->check(CLI::PositiveNumber);
+  app.add_option("--layers", f.t.model.layers, "transformer blocks")->check(cli::positive(f.t.model.layers));
+  app.add_option("--hidden", f.t.model.hidden, "model width")->check(cli::positive(f.t.model.hidden));
+  app.add_option("--heads", f.t.model.heads, "attention heads")->check(cli::positive(f.t.model.heads));
+  app.add_option("--seq", f.t.seq, "sequence length (also the context, without --init)")->check(cli::positive(f.t.seq));
+  app.add_option("--vocab", f.t.model.vocab, "vocabulary (>= 256: byte tokens)")->check(cli::positive(f.t.model.vocab));
+  app.add_option("--micro-batch", f.t.micro_batch, "sequences per micro-batch per DP rank")
+      ->check(cli::positive(f.t.micro_batch));
   app.add_option("--global-batch", f.t.global_batch, "sequences per step (default micro-batch x dp)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--steps", f.t.steps, "optimizer steps")->check(CLI::NonNegativeNumber);
-  app.add_option("--lr", f.t.lr, "peak learning rate")->check(CLI::PositiveNumber);
+      ->check(cli::positive(f.t.global_batch));
+  app.add_option("--steps", f.t.steps, "optimizer steps")->check(cli::non_negative(f.t.steps));
+  app.add_option("--lr", f.t.lr, "peak learning rate")->check(cli::positive(f.t.lr));
   app.add_option("--min-lr", f.t.min_lr, "final learning rate of the cosine decay (default lr/10)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup", f.t.warmup, "warm-up steps (default min(steps/10, 100))")->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative(f.t.min_lr));
+  app.add_option("--warmup", f.t.warmup, "warm-up steps (default min(steps/10, 100))")
+      ->check(cli::non_negative(f.t.warmup));
   app.add_option("--weight-decay", f.t.adamw.weight_decay, "AdamW decoupled weight decay")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative(f.t.adamw.weight_decay));
   app.add_option("--clip-grad", f.t.adamw.clip_norm, "clip the global gradient norm to this (0: off)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", f.t.seed, "initialisation and data seed");
+      ->check(cli::non_negative(f.t.adamw.clip_norm));
+  app.add_option("--seed", f.t.seed, "initialisation and data seed")->check(cli::any_int(f.t.seed));
   app.add_flag("--zero1", f.t.adamw.zero1, "shard AdamW states over DP (ZeRO-1)");
-  app.add_option("--bucket-mb", f.bucket_mb, "DP gradient bucket size in MiB")->check(CLI::PositiveNumber);
+  app.add_option("--bucket-mb", f.bucket_mb, "DP gradient bucket size in MiB")->check(cli::number_range(1e-6, 1 << 20));
   app.add_option("--device", f.device, "emulated core")->check(CLI::IsMember(DeviceSpec::preset_names()));
   app.add_option("--log-json", f.log_json, "write one JSON object per step to FILE");
   app.add_option("--eval-text", f.eval_text, "print eval_loss over windows of FILE after training")
       ->check(CLI::ExistingFile);
-  app.add_option("--eval-windows", f.eval_windows, "at most N eval windows")->check(CLI::PositiveNumber);
+  app.add_option("--eval-windows", f.eval_windows, "at most N eval windows")->check(cli::positive(f.eval_windows));
   app.add_option("--val-every", f.val_every, "print held-out val_loss every N steps (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative(f.val_every));
   app.add_option("--val-batches", f.val_batches, "global batches of the held-out split per val_loss")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive(f.val_batches));
   app.add_option("--init", f.init, "start from a Hugging Face GPT-2 safetensors file")->check(CLI::ExistingPath);
   app.add_option("--export", f.export_path, "write the final weights as Hugging Face GPT-2 safetensors");
   app.add_option("--data", f.t.data, "training text files (default: /usr/share/common-licenses/*)")
@@ -243,11 +244,23 @@ int main(int argc, char** argv) {
   }
   f.t.model.seq = f.t.seq;
   f.t.adamw.bucket_elems = static_cast<int64_t>(f.bucket_mb * (1 << 20) / 4);
+  // Bad flags and bad input files exit 2 before any process joins the job
+  // (docs/errors.md): every rank checks what it reads, rank 0 what it writes.
+  std::shared_ptr<data::ByteDataset> dataset;
   try {
     if (!f.init.empty()) apply_init_config(f, app);
-    f.t.normalize();  // bad combinations exit 2 before any process joins the job
+    f.t.normalize();
+    if (discover_world().rank == 0) {
+      if (!f.export_path.empty()) cli::check_output_file("--export", f.export_path);
+      if (!f.log_json.empty()) cli::check_output_file("--log-json", f.log_json);
+    }
+    dataset = std::make_shared<data::ByteDataset>(f.t.data.empty() ? data::ByteDataset::default_files() : f.t.data,
+                                                  f.t.val_fraction, f.t.seed);
   } catch (const InvalidArgument& e) {
     std::fprintf(stderr, "train_gpt: %s\nRun with --help for more information.\n", e.what());
+    return cli::kUsageExit;
+  } catch (const FormatError& e) {
+    std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return cli::kUsageExit;
   } catch (const Error& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
@@ -255,7 +268,7 @@ int main(int argc, char** argv) {
   }
   return gpt::run_job(f.device, [&](const gpt::Job& job) {
     try {
-      return train(f, job);
+      return train(f, job, dataset);
     } catch (const InvalidArgument& e) {
       std::fprintf(stderr, "train_gpt: %s\n", e.what());
       return cli::kUsageExit;

@@ -14,6 +14,9 @@ namespace tessera::gpt {
 void TrainOptions::normalize() {
   model.validate(tp);
   TESSERA_ARG_CHECK(tp >= 1 && dp >= 1, "--tp and --dp must be >= 1");
+  // Bounds that keep the products below (ranks, rows per step) from overflowing.
+  TESSERA_ARG_CHECK(int64_t{tp} * dp <= (int64_t{1} << 24), "--tp ", tp, " x --dp ", dp, " is more than 2^24 ranks");
+  TESSERA_ARG_CHECK(micro_batch <= (int64_t{1} << 24), "--micro-batch ", micro_batch, " is more than 2^24 sequences");
   TESSERA_ARG_CHECK(seq >= 1 && seq <= model.seq, "--seq ", seq, " must be in [1, ", model.seq,
                     "] (the model's context)");
   TESSERA_ARG_CHECK(model.vocab >= data::ByteDataset::kVocab, "--vocab ", model.vocab,

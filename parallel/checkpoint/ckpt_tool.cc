@@ -183,6 +183,29 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
   return bytes;
 }
 
+// The manifest's problem in words a person reads (nlohmann's own messages
+// name its internals: "[json.exception.type_error.304] cannot use at()..."),
+// or "" when the fields every reader uses are there with the right types.
+std::string manifest_problem(const json& j) {
+  if (!j.is_object()) return std::string("expected a JSON object, found ") + j.type_name();
+  auto has = [&](const json& o, const char* key, bool (json::*is)() const noexcept) {
+    return o.contains(key) && (o.at(key).*is)();
+  };
+  if (!has(j, "format", &json::is_string) || j.at("format").get<std::string>() != kFormat)
+    return detail::concat("not a ", kFormat, " manifest (field 'format' must be \"", kFormat, "\")");
+  if (!has(j, "version", &json::is_number_integer)) return "field 'version' must be an integer";
+  if (j.at("version").get<int64_t>() != kVersion) return "unsupported version " + j.at("version").dump();
+  if (!has(j, "config", &json::is_object)) return "field 'config' must be an object";
+  for (const char* k : {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head"})
+    if (!has(j.at("config"), k, &json::is_number_integer))
+      return detail::concat("field 'config.", k, "' must be an integer");
+  for (const char* k : {"tp", "pp"})
+    if (!has(j, k, &json::is_number_integer) || j.at(k).get<int64_t>() < 1 || j.at(k).get<int64_t>() > 1 << 20)
+      return detail::concat("field '", k, "' must be a positive integer");
+  if (!has(j, "files", &json::is_array)) return "field 'files' must be an array";
+  return "";
+}
+
 json read_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / kManifestName).string();
   std::ifstream f(path);
@@ -192,29 +215,22 @@ json read_manifest(const std::string& dir) {
   json j;
   try {
     j = json::parse(f);
-    if (j.at("format").get<std::string>() != kFormat)
-      throw FormatError(detail::concat(path, ": not a ", kFormat, " manifest"));
-    if (j.at("version").get<int>() != kVersion)
-      throw FormatError(detail::concat(path, ": unsupported version ", j.at("version").dump()));
-    (void)j.at("config"), (void)j.at("tp"), (void)j.at("pp"), (void)j.at("files");
-  } catch (const json::exception& e) {
-    throw FormatError(detail::concat(path, ": ", e.what()));
+  } catch (const json::parse_error& e) {
+    throw FormatError(detail::concat(path, ": not valid JSON (at byte ", e.byte, ")"));
   }
+  if (std::string problem = manifest_problem(j); !problem.empty())
+    throw FormatError(detail::concat(path, ": ", problem));
   return j;
 }
 
 Gpt2Config manifest_config(const json& j, const std::string& path) {
-  try {
-    const json& c = j.at("config");
-    Gpt2Config cfg{c.at("vocab_size").get<int64_t>(), c.at("n_positions").get<int64_t>(), c.at("n_embd").get<int64_t>(),
-                   c.at("n_layer").get<int64_t>(), c.at("n_head").get<int64_t>()};
-    if (cfg.vocab <= 0 || cfg.n_positions <= 0 || cfg.hidden <= 0 || cfg.layers <= 0 || cfg.heads <= 0 ||
-        cfg.hidden % cfg.heads != 0)
-      throw FormatError(detail::concat(path, ": bad config ", gpt2_config_str(cfg)));
-    return cfg;
-  } catch (const json::exception& e) {
-    throw FormatError(detail::concat(path, ": ", e.what()));
-  }
+  const json& c = j.at("config");  // types checked by read_manifest
+  Gpt2Config cfg{c.at("vocab_size").get<int64_t>(), c.at("n_positions").get<int64_t>(), c.at("n_embd").get<int64_t>(),
+                 c.at("n_layer").get<int64_t>(), c.at("n_head").get<int64_t>()};
+  if (cfg.vocab <= 0 || cfg.n_positions <= 0 || cfg.hidden <= 0 || cfg.layers <= 0 || cfg.heads <= 0 ||
+      cfg.hidden % cfg.heads != 0)
+    throw FormatError(detail::concat(path, ": bad config ", gpt2_config_str(cfg)));
+  return cfg;
 }
 
 }  // namespace
@@ -240,13 +256,7 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
   const std::string mpath = (fs::path(dir) / kManifestName).string();
   const json m = read_manifest(dir);
   const Gpt2Config c = manifest_config(m, mpath);
-  int tp = 0, pp = 0;
-  try {
-    tp = m.at("tp").get<int>();
-    pp = m.at("pp").get<int>();
-  } catch (const json::exception& e) {
-    throw FormatError(detail::concat(mpath, ": ", e.what()));
-  }
+  const int tp = m.at("tp").get<int>(), pp = m.at("pp").get<int>();  // checked by read_manifest
   if (tp < 1 || pp < 1 || c.heads % tp != 0 || c.layers < pp)
     throw FormatError(detail::concat(mpath, ": tp ", tp, " / pp ", pp, " do not fit ", gpt2_config_str(c)));
 

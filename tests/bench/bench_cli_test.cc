@@ -121,6 +121,35 @@ TEST_F(BenchCli, BadFlagsExitTwo) {
   }
 }
 
+// Bad values and bad files exit 2 with a message written for people, before
+// any rank starts (docs/errors.md).
+TEST_F(BenchCli, BadInputExitsTwoWithAMessage) {
+  { std::ofstream(dir_ + "/bad.json") << "{\"name\": \"x\", \"dims\": ["; }
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : {
+           Case{"bench allr --topology " + dir_ + "/bad.json", dir_ + "/bad.json"},
+           Case{"bench allr --topology " + dir_ + "/missing.json", dir_ + "/missing.json"},
+           Case{"bench allr -r 0", "--nworkers: must be an integer from 1 to 1024, got 0"},
+           Case{"bench allr -n 0", "--iters: must be an integer from 1 to 1000000, got 0"},
+           Case{"bench allr --root 2147483648",
+                "--root: must be an integer from -2147483648 to 2147483647, got 2147483648"},
+           Case{"bench allr --timeout 0", "--timeout: must be a number from 0.001 to 1000000, got 0"},
+           Case{"bench allr -b 8 -e 8 --json " + dir_ + "/no/such/dir/r.json",
+                "--json: cannot write '" + dir_ + "/no/such/dir/r.json': directory '" + dir_ +
+                    "/no/such/dir' does not exist"},
+           Case{"bench allr -b 8 -e 8 --plot " + dir_, "--plot: cannot write '" + dir_ + "': it is a directory"},
+       }) {
+    SCOPED_TRACE(c.args);
+    RunResult r = run(c.args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("0.000000"), std::string::npos) << r.out;             // no doubles for integer bounds
+    EXPECT_EQ(r.out.find("# Avg bus bandwidth"), std::string::npos) << r.out;  // nothing ran
+  }
+}
+
 TEST_F(BenchCli, RunsUnderMpirun) {
   std::string js = dir_ + "/m.json";
   RunResult r = run(std::string("bench allr --transport mpi -b 1K -e 64K -f 8 -n 2 -w 1 --json ") + js,

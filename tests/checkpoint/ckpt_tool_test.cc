@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "examples/gpt/gpt_model.h"
 #include "parallel/checkpoint/gpt2_layout.h"
@@ -280,6 +283,59 @@ TEST(CkptCli, ExitCodes) {
   EXPECT_EQ(run(bin + " ckpt consolidate --out " + d.file("y.safetensors") + " " + d.path()), 2);  // no manifest
   EXPECT_EQ(run(bin + " ckpt inspect " + d.file("missing.safetensors")), 2);
   EXPECT_FALSE(fs::exists(d.file("x")));
+}
+
+// Exit code and everything the command printed.
+std::pair<int, std::string> run_out(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// Bad manifests and values exit 2 and say, in words, what is wrong and where.
+TEST(CkptCli, BadInputSaysWhatIsWrong) {
+  TempDir d;
+  const std::string bin = TESSERA_BIN;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 7);
+  fs::create_directories(d.file("m"));
+  const std::string manifest = d.file("m") + "/" + kManifestName;
+  struct Case {
+    std::string manifest_text, cmd, says;
+  };
+  for (const Case& c : {
+           Case{"[1, 2]", "consolidate --out " + d.file("o.safetensors") + " " + d.file("m"),
+                manifest + ": expected a JSON object, found array"},
+           Case{R"({"format": "tessera-gpt2-tp-pp-shards", "version": 1, "config": []})", "inspect " + d.file("m"),
+                manifest + ": field 'config' must be an object"},
+           Case{R"({"format": "tessera-gpt2-tp-pp-shards", "version": 1, "config": {"vocab_size": "67"}})",
+                "reshard --tp 1 --out " + d.file("r") + " " + d.file("m"),
+                manifest + ": field 'config.vocab_size' must be an integer"},
+           Case{R"({"format": "other"})", "inspect " + d.file("m"), manifest + ": not a tessera-gpt2-tp-pp-shards"},
+           Case{"{\"format\": ", "inspect " + d.file("m"), manifest + ": not valid JSON"},
+           Case{"", "shard --tp 0 --out " + d.file("x") + " " + src, "--tp: must be a positive integer, got 0"},
+           Case{"", "shard --tp 2147483648 --out " + d.file("x") + " " + src,
+                "--tp: must be a positive integer no larger than 2147483647, got 2147483648"},
+           Case{"", "consolidate --out " + d.file("no/such/dir/o.safetensors") + " " + d.file("m"),
+                "--out: cannot write '" + d.file("no/such/dir/o.safetensors") + "': directory '" +
+                    d.file("no/such/dir") + "' does not exist"},
+       }) {
+    SCOPED_TRACE(c.cmd);
+    if (!c.manifest_text.empty()) std::ofstream(manifest, std::ios::trunc) << c.manifest_text;
+    auto [code, out] = run_out(bin + " ckpt " + c.cmd);
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_NE(out.find(c.says), std::string::npos) << out;
+    EXPECT_EQ(out.find("json.exception"), std::string::npos) << out;
+    EXPECT_EQ(out.find("0.000000"), std::string::npos) << out;
+  }
+  EXPECT_FALSE(fs::exists(d.file("x")));
+  EXPECT_FALSE(fs::exists(d.file("r")));
+  EXPECT_FALSE(fs::exists(d.file("o.safetensors")));
 }
 
 // A file written by train_gpt --export shards and consolidates back exactly.

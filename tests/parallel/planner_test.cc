@@ -1,6 +1,9 @@
 #include "parallel/planner.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include "parallel/plan_io.h"
 #include "runtime/error.h"
@@ -182,6 +185,45 @@ TEST(PlanIo, RoundTripAndRejects) {
 
 namespace tessera::parallel {
 namespace {
+
+// jq and Python read the plan's 64-bit integers as numbers; files in
+// protobuf's own JSON form (int64 as strings) still read.
+TEST(PlanIo, Int64FieldsAreJsonNumbersAndStringFormStillReads) {
+  ModelConfig m = ModelConfig::preset("gpt2-124m");
+  Topology t = Topology::preset("trn1.32xlarge");
+  PlannerOptions o;
+  o.train.global_batch = 32;
+  o.train.seq = 1024;
+  o.top_k = 1;
+  tessera::plan::Plan p = make_plan_proto(m, t, o, plan(m, t, o).top[0]);
+  ASSERT_GT(p.memory_bytes_per_rank().total(), 0u);
+  const std::string text = plan_to_json(p);
+  const nlohmann::json j = nlohmann::json::parse(text);
+  ASSERT_TRUE(j.at("global_batch").is_number_integer()) << j.at("global_batch");
+  EXPECT_EQ(j.at("global_batch").get<int64_t>(), 32);
+  for (const char* k : {"params", "grads", "optimizer", "activations", "total"})
+    EXPECT_TRUE(j.at("memory_bytes_per_rank").at(k).is_number_unsigned()) << k;
+  EXPECT_EQ(j.at("memory_bytes_per_rank").at("total").get<uint64_t>(), p.memory_bytes_per_rank().total());
+  ASSERT_TRUE(j.at("memory_capacity_bytes").is_number_unsigned());
+  EXPECT_EQ(j.at("memory_capacity_bytes").get<uint64_t>(), p.memory_capacity_bytes());
+  EXPECT_TRUE(j.at("model").is_string());
+  EXPECT_TRUE(j.at("flops_per_step").is_number());
+  // Every key once: the placement is not also printed empty.
+  size_t at = 0, placements = 0;
+  while ((at = text.find("\"placement\"", at)) != std::string::npos) ++placements, ++at;
+  EXPECT_EQ(placements, 1u);
+  EXPECT_EQ(j.at("placement").size(), 32u);
+  EXPECT_EQ(plan_from_json(text, "p.json").SerializeAsString(), p.SerializeAsString());
+
+  // protobuf's mapping as the earlier writer printed it: int64 as strings.
+  std::string string_form;
+  google::protobuf::util::JsonPrintOptions po;
+  po.preserve_proto_field_names = true;
+  po.always_print_primitive_fields = true;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(p, &string_form, po).ok());
+  ASSERT_NE(string_form.find("\"global_batch\":\"32\""), std::string::npos) << string_form.substr(0, 200);
+  EXPECT_EQ(plan_from_json(string_form, "old.json").SerializeAsString(), p.SerializeAsString());
+}
 
 TEST(PlanIo, FileRoundTrip) {
   ModelConfig m = ModelConfig::preset("gpt2-124m");

@@ -80,6 +80,13 @@ TEST(Topology, FirstCores) {
   EXPECT_THROW(Topology::preset("trn1.32xlarge").first_cores(64), InvalidArgument);
   EXPECT_THROW(Topology::preset("trn1-cluster:4").first_cores(48), InvalidArgument);
   EXPECT_EQ(Topology::preset("trn1-cluster:4").first_cores(96).num_instances(), 3);
+  // One core is a valid topology: the first dimension cut to size 1.
+  Topology one = Topology::preset("trn1.32xlarge").first_cores(1);
+  EXPECT_EQ(one.num_cores(), 1);
+  ASSERT_EQ(one.dims().size(), 1u);
+  EXPECT_EQ(one.dims()[0].net.size, 1);
+  EXPECT_EQ(one.dims()[0].name, Topology::preset("trn1.32xlarge").dims()[0].name);
+  EXPECT_EQ(Topology::preset("torus4d:4x4x4x4").first_cores(1).num_cores(), 1);
 }
 
 TEST(Topology, UnknownPresetNamesPresets) {

@@ -1,21 +1,25 @@
 // `tessera bench OP ...`: the command line, and how the ranks come to be.
+// What one rank does is the bench library's (collectives/bench/bench_rank.h).
 //
 // Three ways to run (docs/bench.md):
 // - `tessera bench OP -r N`: this process spawns N ranks of itself (fork +
-//   exec, TESSERA_* variables, a FileStore in a fresh temporary directory)
-//   and waits for them; with --transport mpi or --compare mpi it runs
-//   `mpirun -np N` on itself instead, since MPI must start the processes.
-// - under `tessera run` (TESSERA_RANK set): the launcher made the ranks; the
-//   store is the directory in TESSERA_STORE_DIR.
+//   exec, TESSERA_* variables, a FileStore in a fresh temporary directory
+//   named by TESSERA_STORE_DIR) and waits for them; with --transport mpi or
+//   --compare mpi it runs `mpirun -np N` on itself instead, since MPI must
+//   start the processes.
+// - under `tessera run` (TESSERA_COORDINATOR set): the launcher made the
+//   ranks; each joins the job through the worker bootstrap
+//   (launcher/worker.h), and the bench rendezvous in the job's store.
 // - under `mpirun -np N tessera bench OP`: MPI made the ranks; for shm and
 //   tcp, rank 0 makes a store directory and broadcasts its path over MPI.
-#include "collectives/bench/bench_cli.h"
+#include "launcher/bench_cli.h"
 
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -26,24 +30,20 @@
 #include <thread>
 
 #include "collectives/bench/bench.h"
-#include "collectives/communicator.h"
-#include "collectives/mpi/mpi_backend.h"
+#include "collectives/bench/bench_rank.h"
 #include "collectives/mpi/mpi_env.h"
-#include "collectives/store.h"
 #include "launcher/worker.h"
-#include "runtime/device.h"
 #include "runtime/error.h"
-#include "runtime/log.h"
-#include "runtime/shm_memory.h"
-#include "runtime/topology.h"
 #include "runtime/world.h"
 
-namespace tessera::coll {
+namespace tessera::launcher {
 namespace {
 
-struct BenchArgs {
+using namespace tessera::coll;  // the bench library and the communicator
+
+// The rank's options (-r, --transport, --json, ...) and the sweep's flags.
+struct BenchArgs : bench::RankOptions {
   std::string op;
-  int nworkers = 0;
   std::string minbytes = "32M", maxbytes = "32M";
   double stepfactor = 0;
   std::string stepbytes;
@@ -51,9 +51,6 @@ struct BenchArgs {
   std::string datatype = "f32", redop = "sum";
   int check = 1;
   int root = 0;
-  std::string transport = "shm", algo, topology, json, plot, compare;
-  bool baseline = false;
-  double timeout_s = 120;
 };
 
 std::string env_or(const char* name, const std::string& dflt = "") {
@@ -108,12 +105,6 @@ std::string own_exe() {
   return p.string();
 }
 
-std::string make_temp_dir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "tessera-bench-XXXXXX").string();
-  if (!mkdtemp(tmpl.data())) throw Error("bench: cannot create a temporary store directory in " + tmpl);
-  return tmpl;
-}
-
 std::vector<char*> c_argv(std::vector<std::string>& v) {
   std::vector<char*> out;
   for (auto& s : v) out.push_back(s.data());
@@ -154,7 +145,7 @@ int spawn_with_mpirun(int n) {
 
 // fork + exec of ourselves N times with tessera's launcher variables.
 int spawn_local(int n) {
-  const std::string dir = make_temp_dir();
+  const std::string dir = bench::make_temp_dir();
   const std::string exe = own_exe();
   auto args = own_argv();
   args[0] = exe;
@@ -211,150 +202,38 @@ int spawn_local(int n) {
   return code;
 }
 
-// ---- one rank ------------------------------------------------------------------
-
-NetModel topology_model(const std::string& spec, int nranks) {
-  if (spec.empty()) return NetModel{};  // the communicator's default ring
-  Topology t = Topology::load(spec);
-  if (t.num_cores() > nranks) t = t.first_cores(nranks);
-  return t.net_model();
-}
-
-int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
-  // Under `tessera run`, join the job through the launcher (GrpcStore on its
-  // coordinator, heartbeats, abort on a failed peer).
-  std::optional<launcher::WorkerContext> job;
-  if (!env_or("TESSERA_COORDINATOR").empty()) {
-    launcher::WorkerOptions wo;
-    wo.create_communicator = false;
-    job = launcher::init_worker(wo);
-  }
-  const World w = job ? job->world : discover_world();
-  if (a.nworkers > 0 && w.size > 1 && a.nworkers != w.size)
-    throw InvalidArgument("-r " + std::to_string(a.nworkers) + " does not match the launcher's world size " +
-                          std::to_string(w.size));
-  init_logging(w.size > 1 ? w.rank : -1);
-  const TransportKind kind = parse_transport(a.transport);
-  const bool want_mpi = kind == TransportKind::Mpi || a.compare == "mpi";
-  const bool in_mpirun = mpi::under_mpirun();
-  if (want_mpi || in_mpirun) {
-    mpi::install();
-    mpi::init();
-  }
-  if (want_mpi && !in_mpirun && w.size > 1)
-    throw InvalidArgument(
-        "--transport mpi and --compare mpi need the ranks started by mpirun "
-        "(use -r N, or mpirun -np N tessera bench ...)");
-  if (cfg.root < 0 || cfg.root >= w.size)
-    throw InvalidArgument("--root " + std::to_string(cfg.root) + " is not a rank of " + std::to_string(w.size));
-
-  // The store the shm and tcp transports rendezvous through.
-  std::shared_ptr<Store> store;
-  std::string own_dir;  // created here, removed at the end
-  if (kind != TransportKind::Mpi && job) {
-    store = std::make_shared<PrefixStore>(job->store, "bench/");
-  } else if (kind != TransportKind::Mpi) {
-    std::string dir = env_or("TESSERA_STORE_DIR");
-    if (dir.empty() && in_mpirun) {
-      if (mpi::world_rank() == 0) own_dir = make_temp_dir();
-      dir = mpi::broadcast_string(own_dir);
-    } else if (dir.empty() && w.size == 1) {
-      own_dir = dir = make_temp_dir();
-    }
-    if (dir.empty())
-      throw InvalidArgument("no store to rendezvous through: set TESSERA_STORE_DIR to a directory all ranks share");
-    store = std::make_shared<PrefixStore>(make_file_store(dir), "bench/");
-  }
-
-  CommOptions opts;
-  opts.transport = kind;
-  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
-  opts.name = "bench";
-  opts.algo = a.algo;
-  opts.net = topology_model(a.topology, w.size);
-  auto comm = Communicator::create(store, w.rank, w.size, opts);
-  std::shared_ptr<Communicator> compare;
-  if (a.compare == "mpi") {
-    CommOptions o = opts;
-    o.transport = TransportKind::Mpi;
-    o.name = "bench-mpi";
-    compare = Communicator::create(nullptr, w.rank, w.size, o);
-  }
-
-  // Buffers: from a shared-memory arena for shm, so peers read them in place.
-  const size_t need = bench::bytes_needed(cfg, w.size);
-  std::unique_ptr<DeviceMemory> arena;
-  void* sbuf = nullptr;
-  void* rbuf = nullptr;
-  if (kind == TransportKind::Shm && need > 0) {
-    const size_t rounded = (need + 4095) / 4096 * 4096;
-    arena = make_shm_memory(2 * rounded + (1 << 20));
-    sbuf = arena->allocate(rounded);
-    rbuf = arena->allocate(rounded);
-    if (!sbuf || !rbuf) throw Error("bench: shared-memory arena could not hold the buffers");
-    std::memset(sbuf, 0, rounded);  // pre-fault
-    std::memset(rbuf, 0, rounded);
-  }
-
-  bench::Report rep;
-  rep.op = bench::bench_op_name(cfg.op);
-  rep.ranks = w.size;
-  rep.transport = transport_name(kind);
-  rep.algo = a.algo;
-  rep.dtype = dtype_name(cfg.dtype);
-  rep.redop = bench::op_reduces(cfg.op) ? reduce_op_name(cfg.redop) : "none";
-  rep.compare = a.compare;
-  rep.rows = bench::run_bench(*comm, cfg, compare.get(), sbuf, rbuf);
-
-  if (a.baseline) {
-    size_t bytes = std::max<size_t>(need, 1 << 20);
-    if (w.rank == 0) {
-      int reps = static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000));
-      rep.memcpy_gbps = bench::measure_memcpy_gbps(bytes, reps);
-    }
-    auto tcp = bench::measure_tcp_loopback(*comm, bytes,
-                                           static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
-    rep.tcp_loopback_gbps = tcp.bidir_gbps;
-    rep.tcp_loopback_unidir_gbps = tcp.unidir_gbps;
-  }
-
-  if (w.rank == 0) {
-    std::cout << bench::format_table(rep) << std::flush;
-    if (!a.json.empty()) {
-      std::ofstream f(a.json);
-      f << bench::to_json(rep).dump(2) << "\n";
-      if (!f) throw Error("bench: cannot write --json file '" + a.json + "'");
-    }
-    if (!a.plot.empty()) bench::plot_png(rep, a.plot);
-  }
-  comm->barrier();
-  if (arena) {
-    arena->free(sbuf, 0);
-    arena->free(rbuf, 0);
-  }
-  compare.reset();
-  comm.reset();
-  if (!own_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(own_dir, ec);
-  }
-  if (job) launcher::shutdown(*job);
-  if (mpi::initialized()) mpi::finalize();
-  return rep.total_wrong() > 0 ? 1 : 0;
+// Under `tessera run` a rank joins the job through the worker bootstrap: a
+// GrpcStore on the launcher's coordinator, heartbeats, abort on a failed peer.
+std::optional<bench::JoinedJob> join_tessera_run() {
+  if (env_or("TESSERA_COORDINATOR").empty()) return std::nullopt;
+  launcher::WorkerOptions wo;
+  wo.create_communicator = false;
+  auto ctx = std::make_shared<launcher::WorkerContext>(launcher::init_worker(wo));
+  return bench::JoinedJob{ctx->world, ctx->store, [ctx] { launcher::shutdown(*ctx); }};
 }
 
 int bench_main(const BenchArgs& a) {
   const bench::BenchConfig cfg = make_config(a);  // validate before spawning anything
   if (!a.compare.empty() && a.compare != "mpi") throw InvalidArgument("--compare takes 'mpi', got '" + a.compare + "'");
   const TransportKind kind = parse_transport(a.transport);
-  if (!a.topology.empty()) (void)topology_model(a.topology, std::max(a.nworkers, 1));  // fail early on bad names
+  if (!a.topology.empty()) {  // fail early on bad names and files
+    try {
+      (void)bench::topology_model(a.topology, std::max(a.nworkers, 1));
+    } catch (const FormatError& e) {
+      throw InvalidArgument(e.what());  // a bad input file exits 2 like a bad flag (docs/errors.md)
+    }
+  }
+  if (discover_world().rank == 0) {  // rank 0 writes them: fail before any rank starts
+    if (!a.json.empty()) cli::check_output_file("--json", a.json);
+    if (!a.plot.empty()) cli::check_output_file("--plot", a.plot);
+  }
   const bool launched =
       !env_or("TESSERA_RANK").empty() || !env_or("TESSERA_COORDINATOR").empty() || mpi::under_mpirun();
   if (!launched && a.nworkers > 1) {
     if (kind == TransportKind::Mpi || a.compare == "mpi") return spawn_with_mpirun(a.nworkers);
     return spawn_local(a.nworkers);
   }
-  return run_rank(a, cfg);
+  return bench::run_rank(a, cfg, join_tessera_run);
 }
 
 }  // namespace
@@ -366,21 +245,21 @@ void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
                   "all_reduce|allr, all_gather|allg, reduce_scatter|redsct, all_to_all|alltoall, broadcast, reduce, "
                   "sendrecv")
       ->required();
-  cmd->add_option("-r,--nworkers", a->nworkers, "Ranks to spawn on this host")->check(CLI::Range(1, 1024));
+  cmd->add_option("-r,--nworkers", a->nworkers, "Ranks to spawn on this host")->check(cli::int_range(1, 1024));
   cmd->add_option("-b,--minbytes", a->minbytes, "Smallest size, e.g. 8, 64K, 1M (default 32M)");
   cmd->add_option("-e,--maxbytes", a->maxbytes, "Largest size (default 32M)");
   auto* f = cmd->add_option("-f,--stepfactor", a->stepfactor, "Multiply the size by this factor (default 2)");
   auto* i = cmd->add_option("-i,--stepbytes", a->stepbytes, "Add this many bytes per step instead");
   f->excludes(i);
-  cmd->add_option("-n,--iters", a->iters, "Timed iterations per size (default 20)")->check(CLI::Range(1, 1000000));
-  cmd->add_option("-w,--warmup_iters", a->warmup, "Warm-up iterations (default 5)")->check(CLI::Range(0, 1000000));
+  cmd->add_option("-n,--iters", a->iters, "Timed iterations per size (default 20)")->check(cli::int_range(1, 1000000));
+  cmd->add_option("-w,--warmup_iters", a->warmup, "Warm-up iterations (default 5)")->check(cli::int_range(0, 1000000));
   cmd->add_option("-d,--datatype", a->datatype, "f32, bf16, f16, i32, i64 (also float, half, ...)");
   cmd->add_option("-o,--op", a->redop, "Reduction: sum, prod, min, max, avg");
   cmd->add_option("-c,--check", a->check, "Check every result element (0 or 1; -c alone is 1; default 1)")
       ->expected(0, 1)
       ->default_str("1")
-      ->check(CLI::Range(0, 1));
-  cmd->add_option("--root", a->root, "Root rank of broadcast and reduce (default 0)");
+      ->check(cli::int_range(0, 1));
+  cmd->add_option("--root", a->root, "Root rank of broadcast and reduce (default 0)")->check(cli::any_int(a->root));
   cmd->add_option("--transport", a->transport, "shm, tcp or mpi (default shm)")
       ->check(CLI::IsMember({"shm", "tcp", "mpi"}));
   cmd->add_option("--algo", a->algo, "Force an algorithm (ring, rhd, torus, ...)");
@@ -390,8 +269,9 @@ void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
   cmd->add_flag("--baseline", a->baseline, "Also measure single-core memcpy and raw TCP loopback bandwidth");
   cmd->add_option("--compare", a->compare, "Run the same sizes through MPI's own collectives: mpi")
       ->check(CLI::IsMember({"mpi"}));
-  cmd->add_option("--timeout", a->timeout_s, "Seconds any wait may take (default 120)")->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout", a->timeout_s, "Seconds any wait may take (default 120)")
+      ->check(cli::number_range(1e-3, 1e6));
   cmd->callback([&action, a] { action = [a] { return bench_main(*a); }; });
 }
 
-}  // namespace tessera::coll
+}  // namespace tessera::launcher

@@ -1,5 +1,7 @@
 // `tessera ckpt`: inspect, shard, consolidate and reshard GPT-2 checkpoints
-// (the work is in ckpt_tool.h; this file is flags and printing).
+// (the work is in parallel/checkpoint/ckpt_tool.h; this file is flags and printing).
+#include "launcher/ckpt_cli.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -9,10 +11,9 @@
 
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/hf_gpt2.h"
-#include "parallel/plan_cli.h"
 #include "runtime/error.h"
 
-namespace tessera::parallel {
+namespace tessera::launcher {
 
 namespace {
 
@@ -98,10 +99,10 @@ int guarded(const char* sub, Fn fn) {
 }
 
 void add_layout_flags(CLI::App* cmd, CkptArgs* a) {
-  cmd->add_option("--tp", a->tp, "Tensor-parallel degree")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--tp", a->tp, "Tensor-parallel degree")->required()->check(cli::positive(a->tp));
   cmd->add_option("--pp", a->pp, "Pipeline stages (whole layers per stage)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive(a->pp));
 }
 
 }  // namespace
@@ -114,7 +115,7 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
   auto* inspect = ckpt->add_subcommand("inspect", "List tensors, metadata and the inferred GPT-2 config");
   inspect->add_option("path", args->path, "safetensors file, HF index/dir, or shard dir")->required();
   inspect->add_option("--heads", args->heads, "Attention heads (default: metadata n_head, else hidden/64)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive(args->heads));
   inspect->callback(
       [&action, args] { action = [args] { return guarded("inspect", [&] { return run_inspect(*args); }); }; });
 
@@ -122,9 +123,9 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
   add_layout_flags(shard, args.get());
   shard->add_option("--dp", args->dp, "Data-parallel degree (recorded; replicas are identical)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive(args->dp));
   shard->add_option("--heads", args->heads, "Attention heads (default: metadata n_head, else hidden/64)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive(args->heads));
   shard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
   shard->add_option("file", args->path, "HF GPT-2 safetensors file, index or directory")->required();
   shard->callback([&action, args] {
@@ -144,6 +145,7 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
   cons->callback([&action, args] {
     action = [args] {
       return guarded("consolidate", [&] {
+        cli::check_output_file("--out", args->out);
         ckpt::consolidate_gpt2(args->path, args->out);
         std::printf("wrote %s\n", args->out.c_str());
         return 0;
@@ -155,7 +157,7 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
   add_layout_flags(reshard, args.get());
   reshard->add_option("--dp", args->dp, "Data-parallel degree (recorded)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive(args->dp));
   reshard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
   reshard->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`)")->required();
   reshard->callback([&action, args] {
@@ -170,4 +172,4 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
   });
 }
 
-}  // namespace tessera::parallel
+}  // namespace tessera::launcher

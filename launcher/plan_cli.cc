@@ -1,4 +1,4 @@
-#include "parallel/plan_cli.h"
+#include "launcher/plan_cli.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,9 +11,11 @@
 #include "runtime/error.h"
 #include "runtime/topology.h"
 
-namespace tessera::parallel {
+namespace tessera::launcher {
 
 namespace {
+
+using namespace tessera::parallel;  // the planner and plan files
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -138,6 +140,7 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
 }
 
 int run_plan(const PlanArgs& a) {
+  if (!a.json.empty()) cli::check_output_file("--json", a.json);  // before a long search
   TopologyOptions topts;
   topts.link_bandwidth = a.link_bw_gb_s * 1e9;
   topts.link_latency = a.link_latency_us * 1e-6;
@@ -164,7 +167,7 @@ int run_plan(const PlanArgs& a) {
   if (given("--sequence-parallel")) o.pins.sequence_parallel = a.sp == "on";
   if (given("--recompute")) o.pins.recompute = parse_recompute(a.recompute);
 
-  PlannerResult res = plan(model, topo, o);
+  PlannerResult res = parallel::plan(model, topo, o);
   std::ostream& os = std::cout;
   os << "tessera plan: " << model.name << " (" << f(static_cast<double>(model.total_params()) / 1e9, 2)
      << " B parameters, " << model.layers << " layers, hidden " << model.hidden << ", " << model.heads << " heads";
@@ -214,36 +217,39 @@ void add_plan_command(CLI::App& root, tessera::cli::Action& action) {
                   "Topology preset (trn1.32xlarge, trn1-cluster:N, trn2.48xlarge, trn2-cluster:N, trn2-ultraserver, "
                   "torus4d:AxBxCxD, dgx-a100:N) or JSON file")
       ->required();
-  cmd->add_option("--cores", args->cores, "Use the first N cores of the topology")->check(CLI::PositiveNumber);
-  cmd->add_option("--global-batch", args->global_batch, "Sequences per step")->required()->check(CLI::PositiveNumber);
-  cmd->add_option("--seq", args->seq, "Tokens per sequence")->required()->check(CLI::PositiveNumber);
-  cmd->add_option("--tp", args->tp, "Pin tensor-parallel size")->check(CLI::PositiveNumber);
-  cmd->add_option("--pp", args->pp, "Pin pipeline-parallel size")->check(CLI::PositiveNumber);
-  cmd->add_option("--dp", args->dp, "Pin data-parallel size")->check(CLI::PositiveNumber);
-  cmd->add_option("--mbs", args->mbs, "Pin micro-batch size")->check(CLI::PositiveNumber);
+  cmd->add_option("--cores", args->cores, "Use the first N cores of the topology")->check(cli::positive(args->cores));
+  cmd->add_option("--global-batch", args->global_batch, "Sequences per step")
+      ->required()
+      ->check(cli::positive(args->global_batch));
+  cmd->add_option("--seq", args->seq, "Tokens per sequence")->required()->check(cli::positive(args->seq));
+  cmd->add_option("--tp", args->tp, "Pin tensor-parallel size")->check(cli::positive(args->tp));
+  cmd->add_option("--pp", args->pp, "Pin pipeline-parallel size")->check(cli::positive(args->pp));
+  cmd->add_option("--dp", args->dp, "Pin data-parallel size")->check(cli::positive(args->dp));
+  cmd->add_option("--mbs", args->mbs, "Pin micro-batch size")->check(cli::positive(args->mbs));
   cmd->add_option("--virtual-stages", args->vstages, "Pin virtual stages per pipeline stage (interleaved 1F1B)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive(args->vstages));
   cmd->add_option("--zero1", args->zero1, "Pin ZeRO-1: on|off")->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--sequence-parallel", args->sp, "Pin sequence parallelism: on|off")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--recompute", args->recompute, "Pin recompute: none|selective|full")
       ->check(CLI::IsMember({"none", "selective", "full"}));
-  cmd->add_option("--top", args->top, "Plans to list")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--top", args->top, "Plans to list")->capture_default_str()->check(cli::positive(args->top));
   cmd->add_option("--json", args->json, "Write the best plan as JSON (parallel/proto/plan.proto) to FILE");
   cmd->add_option("--precision", args->precision, "bf16 (mixed precision) or fp32")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp32"}));
   cmd->add_option("--efficiency", args->efficiency, "Fraction of peak FLOP/s sustained")
       ->capture_default_str()
-      ->check(CLI::Range(1e-6, 1.0));
+      ->check(cli::number_range(1e-6, 1.0));
   cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")
       ->capture_default_str()
-      ->check(CLI::Range(1e-6, 1.0));
+      ->check(cli::number_range(1e-6, 1.0));
   cmd->add_option("--order", args->order, "Rank order, fastest axis first (tp-dp-pp as NxD/Megatron)")
       ->capture_default_str();
   cmd->add_option("--link-bandwidth", args->link_bw_gb_s, "torus4d: GB/s per link per direction")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--link-latency", args->link_latency_us, "torus4d: microseconds per hop")->check(CLI::PositiveNumber);
+      ->check(cli::positive(args->link_bw_gb_s));
+  cmd->add_option("--link-latency", args->link_latency_us, "torus4d: microseconds per hop")
+      ->check(cli::positive(args->link_latency_us));
   cmd->add_option("--device", args->device, "Device of each core (trn1-core, trn2-core, a100-80gb, test-core)");
   cmd->callback([&action, args] {
     action = [args]() -> int {
@@ -260,4 +266,4 @@ void add_plan_command(CLI::App& root, tessera::cli::Action& action) {
   });
 }
 
-}  // namespace tessera::parallel
+}  // namespace tessera::launcher

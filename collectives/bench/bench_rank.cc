@@ -1,0 +1,163 @@
+// One rank of `tessera bench` (bench_rank.h).
+#include "collectives/bench/bench_rank.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "collectives/communicator.h"
+#include "collectives/mpi/mpi_backend.h"
+#include "collectives/mpi/mpi_env.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+#include "runtime/shm_memory.h"
+#include "runtime/topology.h"
+
+namespace tessera::coll::bench {
+namespace {
+
+std::string env_or(const char* name, const std::string& dflt = "") {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : dflt;
+}
+
+}  // namespace
+
+std::string make_temp_dir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "tessera-bench-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw Error("bench: cannot create a temporary store directory in " + tmpl);
+  return tmpl;
+}
+
+NetModel topology_model(const std::string& spec, int nranks) {
+  if (spec.empty()) return NetModel{};  // the communicator's default ring
+  Topology t = Topology::load(spec);
+  if (t.num_cores() > nranks) t = t.first_cores(nranks);
+  return t.net_model();
+}
+
+int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) {
+  // Under a launcher (`tessera run`), join its job: its store, heartbeats,
+  // abort on a failed peer.
+  std::optional<JoinedJob> job;
+  if (join) job = join();
+  const World w = job ? job->world : discover_world();
+  if (a.nworkers > 0 && w.size > 1 && a.nworkers != w.size)
+    throw InvalidArgument("-r " + std::to_string(a.nworkers) + " does not match the launcher's world size " +
+                          std::to_string(w.size));
+  init_logging(w.size > 1 ? w.rank : -1);
+  const TransportKind kind = parse_transport(a.transport);
+  const bool want_mpi = kind == TransportKind::Mpi || a.compare == "mpi";
+  const bool in_mpirun = mpi::under_mpirun();
+  if (want_mpi || in_mpirun) {
+    mpi::install();
+    mpi::init();
+  }
+  if (want_mpi && !in_mpirun && w.size > 1)
+    throw InvalidArgument(
+        "--transport mpi and --compare mpi need the ranks started by mpirun "
+        "(use -r N, or mpirun -np N tessera bench ...)");
+  if (cfg.root < 0 || cfg.root >= w.size)
+    throw InvalidArgument("--root " + std::to_string(cfg.root) + " is not a rank of " + std::to_string(w.size));
+
+  // The store the shm and tcp transports rendezvous through.
+  std::shared_ptr<Store> store;
+  std::string own_dir;  // created here, removed at the end
+  if (kind != TransportKind::Mpi && job) {
+    store = std::make_shared<PrefixStore>(job->store, "bench/");
+  } else if (kind != TransportKind::Mpi) {
+    std::string dir = env_or("TESSERA_STORE_DIR");
+    if (dir.empty() && in_mpirun) {
+      if (mpi::world_rank() == 0) own_dir = make_temp_dir();
+      dir = mpi::broadcast_string(own_dir);
+    } else if (dir.empty() && w.size == 1) {
+      own_dir = dir = make_temp_dir();
+    }
+    if (dir.empty())
+      throw InvalidArgument("no store to rendezvous through: set TESSERA_STORE_DIR to a directory all ranks share");
+    store = std::make_shared<PrefixStore>(make_file_store(dir), "bench/");
+  }
+
+  CommOptions opts;
+  opts.transport = kind;
+  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  opts.name = "bench";
+  opts.algo = a.algo;
+  opts.net = topology_model(a.topology, w.size);
+  auto comm = Communicator::create(store, w.rank, w.size, opts);
+  std::shared_ptr<Communicator> compare;
+  if (a.compare == "mpi") {
+    CommOptions o = opts;
+    o.transport = TransportKind::Mpi;
+    o.name = "bench-mpi";
+    compare = Communicator::create(nullptr, w.rank, w.size, o);
+  }
+
+  // Buffers: from a shared-memory arena for shm, so peers read them in place.
+  const size_t need = bytes_needed(cfg, w.size);
+  std::unique_ptr<DeviceMemory> arena;
+  void* sbuf = nullptr;
+  void* rbuf = nullptr;
+  if (kind == TransportKind::Shm && need > 0) {
+    const size_t rounded = (need + 4095) / 4096 * 4096;
+    arena = make_shm_memory(2 * rounded + (1 << 20));
+    sbuf = arena->allocate(rounded);
+    rbuf = arena->allocate(rounded);
+    if (!sbuf || !rbuf) throw Error("bench: shared-memory arena could not hold the buffers");
+    std::memset(sbuf, 0, rounded);  // pre-fault
+    std::memset(rbuf, 0, rounded);
+  }
+
+  Report rep;
+  rep.op = bench_op_name(cfg.op);
+  rep.ranks = w.size;
+  rep.transport = transport_name(kind);
+  rep.algo = a.algo;
+  rep.dtype = dtype_name(cfg.dtype);
+  rep.redop = op_reduces(cfg.op) ? reduce_op_name(cfg.redop) : "none";
+  rep.compare = a.compare;
+  rep.rows = run_bench(*comm, cfg, compare.get(), sbuf, rbuf);
+
+  if (a.baseline) {
+    size_t bytes = std::max<size_t>(need, 1 << 20);
+    if (w.rank == 0) {
+      int reps = static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000));
+      rep.memcpy_gbps = measure_memcpy_gbps(bytes, reps);
+    }
+    auto tcp =
+        measure_tcp_loopback(*comm, bytes, static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
+    rep.tcp_loopback_gbps = tcp.bidir_gbps;
+    rep.tcp_loopback_unidir_gbps = tcp.unidir_gbps;
+  }
+
+  if (w.rank == 0) {
+    std::cout << format_table(rep) << std::flush;
+    if (!a.json.empty()) {
+      std::ofstream f(a.json);
+      f << to_json(rep).dump(2) << "\n";
+      if (!f) throw Error("bench: cannot write --json file '" + a.json + "'");
+    }
+    if (!a.plot.empty()) plot_png(rep, a.plot);
+  }
+  comm->barrier();
+  if (arena) {
+    arena->free(sbuf, 0);
+    arena->free(rbuf, 0);
+  }
+  compare.reset();
+  comm.reset();
+  if (!own_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(own_dir, ec);
+  }
+  if (job && job->leave) job->leave();
+  if (mpi::initialized()) mpi::finalize();
+  return rep.total_wrong() > 0 ? 1 : 0;
+}
+
+}  // namespace tessera::coll::bench

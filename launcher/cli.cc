@@ -1,0 +1,87 @@
+#include "launcher/cli.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace tessera::cli {
+
+namespace detail {
+
+std::string integer_kind(const std::string& lo, const std::string& hi, bool lo_is_min, bool hi_is_max) {
+  if (hi_is_max && lo == "1") return "a positive integer";
+  if (hi_is_max && lo == "0") return "a non-negative integer";
+  if (lo_is_min && hi_is_max) return "an integer from " + lo + " to " + hi;
+  if (hi_is_max) return "an integer of at least " + lo;
+  return "an integer from " + lo + " to " + hi;
+}
+
+std::string integer_tag(const std::string& lo, const std::string& hi, bool lo_is_min, bool hi_is_max) {
+  if (hi_is_max && lo == "1") return "POSITIVE";
+  if (hi_is_max && lo == "0") return "NONNEGATIVE";
+  if (lo_is_min && hi_is_max) return "";
+  return "INT in [" + lo + " - " + hi + "]";
+}
+
+}  // namespace detail
+
+namespace {
+
+// "0.05", "86400", "1e-06": the shortest text that reads back as `v`.
+std::string num(double v) {
+  std::ostringstream os;
+  os.precision(15);
+  os << v;
+  return os.str();
+}
+
+// Returns "" when `text` is a finite number for which `ok` holds, else the message.
+CLI::Validator number_check(std::string kind, std::string tag, std::function<bool(double)> ok) {
+  auto check = [kind, ok](std::string& text) -> std::string {
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    const bool number = !text.empty() && end == text.c_str() + text.size() && std::isfinite(v);
+    if (number && ok(v)) return {};
+    return "must be " + kind + ", got " + (number ? text : "'" + text + "'");
+  };
+  return CLI::Validator(check, tag);
+}
+
+}  // namespace
+
+CLI::Validator number_range(double lo, double hi) {
+  return number_check("a number from " + num(lo) + " to " + num(hi), "FLOAT in [" + num(lo) + " - " + num(hi) + "]",
+                      [lo, hi](double v) { return v >= lo && v <= hi; });
+}
+
+CLI::Validator positive_number() {
+  return number_check("a positive number", "POSITIVE", [](double v) { return v > 0; });
+}
+
+CLI::Validator non_negative_number() {
+  return number_check("a non-negative number", "NONNEGATIVE", [](double v) { return v >= 0; });
+}
+
+void check_output_file(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  auto fail = [&](const std::string& why) { throw InvalidArgument(flag + ": cannot write '" + path + "': " + why); };
+  if (path.empty()) fail("empty path");
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) fail("it is a directory");
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  if (!fs::exists(dir, ec)) fail("directory '" + dir.string() + "' does not exist");
+  if (!fs::is_directory(dir, ec)) fail("'" + dir.string() + "' is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("directory '" + dir.string() + "': " + std::strerror(errno));
+  if (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0) fail(std::strerror(errno));
+}
+
+}  // namespace tessera::cli
