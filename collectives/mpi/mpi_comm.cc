@@ -37,7 +37,9 @@ void check_mpi(int rc, const char* what) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, msg, &len);
-    throw CollectiveError(std::string("MPI ") + what + " failed: " + std::string(msg, len), what, "mpi", -1);
+    throw CollectiveError(CollectiveError::Kind::Backend,
+                          std::string("mpi ") + what + " failed (MPI error): " + std::string(msg, len), what, "mpi",
+                          -1);
   }
 }
 
@@ -359,9 +361,13 @@ class MpiCommunicator final : public Communicator {
     return std::make_shared<MpiCommunicator>(sub, std::move(o));
   }
 
+  // Only flags the communicator: a call blocked inside MPI cannot be woken
+  // (the watchdog or the caller's mpi::abort() ends the job instead).
   void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason;
     aborted_.store(true);
-    abort_reason_ = reason;  // read only after aborted_ is seen
   }
   bool aborted() const override { return aborted_.load(); }
   double last_modeled_seconds() const override { return last_modeled_; }
@@ -371,9 +377,11 @@ class MpiCommunicator final : public Communicator {
  private:
   struct Guard {
     Guard(MpiCommunicator& c, const char* what) : c_(c) {
-      if (c.aborted_.load())
-        throw CollectiveError("mpi " + std::string(what) + " on group '" + c.options_.name + "': aborted", what,
-                              c.options_.name, -1);
+      if (c.aborted_.load()) {
+        std::lock_guard<std::mutex> lk(c.abort_mu_);
+        throw AbortedError("mpi " + std::string(what) + " on group '" + c.options_.name +
+                           "' aborted: " + c.abort_reason_);
+      }
       c.watchdog_->begin(what);
     }
     ~Guard() { c_.watchdog_->end(); }
@@ -399,7 +407,8 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   std::unique_ptr<Watchdog> watchdog_;
   std::atomic<bool> aborted_{false};
-  std::string abort_reason_;
+  std::mutex abort_mu_;
+  std::string abort_reason_;  // under abort_mu_
   double last_modeled_ = 0, total_modeled_ = 0;
 };
 
