@@ -63,7 +63,9 @@ struct WorkerContext {
 
   // A barrier over the whole world through the coordinator (not the
   // communicator): usable before and without collectives. Names let several
-  // barriers be in flight; each name is reusable.
+  // barriers be in flight; each name is reusable. A world of one returns at
+  // once, coordinator or not (also a default-constructed context). Throws
+  // TimeoutError after 120 s, AbortedError when the job was aborted.
   void barrier(const std::string& name = "tessera/barrier") const;
 };
 
