@@ -21,8 +21,9 @@
 // collective. The owner calls finalize() on the clean path (every rank);
 // a rank that exits without it makes mpirun end the job.
 //
-// Every function but install(), under_mpirun() and initialized() needs
-// init() first. node_index(), broadcast_string(), barrier() and finalize()
+// thread_level(), world_rank(), world_size(), node_index(),
+// broadcast_string() and barrier() need init() first (InternalError
+// otherwise). node_index(), broadcast_string(), barrier() and finalize()
 // are collective over MPI_COMM_WORLD: every rank calls them in the same
 // order, from the thread that issues the rank's MPI calls.
 #pragma once
