@@ -173,7 +173,10 @@ class TransportCommunicator final : public Communicator {
     try {
       t = make_transport(options_.transport, store, new_rank, new_size, sub);
     } catch (const TransportError& e) {
-      throw CollectiveError("split of group '" + options_.name + "' into '" + sub.name + "' failed: " + e.what(),
+      const auto kind = collective_error_kind(e.kind());
+      throw CollectiveError(kind,
+                            "split of group '" + options_.name + "' into '" + sub.name + "' failed (" +
+                                collective_error_kind_name(kind) + "): " + e.what(),
                             "split", sub.name, e.peer());
     }
     return make_transport_communicator(store, std::move(t), std::move(sub));
@@ -219,16 +222,21 @@ class TransportCommunicator final : public Communicator {
   void guarded(const char* coll, Fn fn) {
     if (aborted_.load()) throw_aborted(coll);
     if (failed_)
-      throw CollectiveError(where(coll) + " failed: communicator already failed: " + fail_what_, coll, options_.name,
-                            fail_peer_);
+      throw CollectiveError(fail_kind_,
+                            where(coll) + " failed (" + collective_error_kind_name(fail_kind_) +
+                                "): communicator already failed: " + fail_what_,
+                            coll, options_.name, fail_peer_);
     try {
       fn();
     } catch (const TransportError& e) {
       if (e.kind() == TransportError::Kind::Aborted && aborted_.load()) throw_aborted(coll);
       failed_ = true;
+      fail_kind_ = collective_error_kind(e.kind());
       fail_what_ = e.what();
       fail_peer_ = e.peer();
-      throw CollectiveError(where(coll) + " failed: " + e.what(), coll, options_.name, e.peer());
+      throw CollectiveError(fail_kind_,
+                            where(coll) + " failed (" + collective_error_kind_name(fail_kind_) + "): " + e.what(), coll,
+                            options_.name, e.peer());
     }
   }
 
@@ -380,6 +388,7 @@ class TransportCommunicator final : public Communicator {
   Workspace ws_, wide_in_, wide_out_;
   bool failed_ = false;
   std::string fail_what_;
+  CollectiveError::Kind fail_kind_ = CollectiveError::Kind::Protocol;
   int fail_peer_ = -1;
 
   std::atomic<bool> aborted_{false};

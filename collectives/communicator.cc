@@ -35,6 +35,24 @@ ReduceOp parse_reduce_op(const std::string& s) {
   throw InvalidArgument("unknown reduce op '" + s + "' (expected sum, prod, min, max or avg)");
 }
 
+const char* collective_error_kind_name(CollectiveError::Kind kind) {
+  switch (kind) {
+    case CollectiveError::Kind::Timeout:
+      return "timed out";
+    case CollectiveError::Kind::PeerDead:
+      return "peer died";
+    case CollectiveError::Kind::PeerFailed:
+      return "peer failed";
+    case CollectiveError::Kind::Aborted:
+      return "aborted";
+    case CollectiveError::Kind::Protocol:
+      return "protocol mismatch";
+    case CollectiveError::Kind::Backend:
+      return "MPI error";
+  }
+  return "?";
+}
+
 const char* transport_name(TransportKind t) {
   switch (t) {
     case TransportKind::Shm:
@@ -102,8 +120,10 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   try {
     transport = make_transport(options.transport, prefixed, rank, size, options);
   } catch (const TransportError& e) {
-    throw CollectiveError("creating communicator '" + options.name + "' (rank " + std::to_string(rank) + " of " +
-                              std::to_string(size) + ") failed: " + e.what(),
+    const auto kind = collective_error_kind(e.kind());
+    throw CollectiveError(kind,
+                          "creating communicator '" + options.name + "' (rank " + std::to_string(rank) + " of " +
+                              std::to_string(size) + ") failed (" + collective_error_kind_name(kind) + "): " + e.what(),
                           "create", options.name, e.peer());
   }
   return make_transport_communicator(prefixed, std::move(transport), std::move(options));

@@ -10,10 +10,12 @@
 // equal send (in-place). bf16 and f16 reductions accumulate in f32.
 //
 // Failure: every wait has the communicator's timeout (default 120 s,
-// TESSERA_TIMEOUT_S). A dead or stuck peer, a timeout, or abort() makes the
-// pending and all later calls throw CollectiveError naming the collective,
-// the group and the peer; a peer process that exited is noticed within
-// about a second.
+// TESSERA_TIMEOUT_S). A dead or stuck peer, a timeout, or a peer's abort
+// makes the pending and all later calls throw CollectiveError naming the
+// collective, the group, the peer and the kind (Timeout, PeerDead, ...;
+// later calls keep the first failure's kind); a peer process that exited is
+// noticed within about a second. abort() on this rank makes its own pending
+// and later calls throw AbortedError.
 //
 // Thread-safety: one thread issues calls (as with NCCL); abort() may be
 // called from any thread (e.g. the launcher's watch thread).
@@ -44,19 +46,34 @@ enum class ReduceOp { Sum, Prod, Min, Max, Avg };
 const char* reduce_op_name(ReduceOp op);
 ReduceOp parse_reduce_op(const std::string& s);
 
-// A collective failed: names the collective, the group and (when known) the peer.
+// A collective failed: names the collective, the group, (when known) the
+// peer, and what kind of failure it was, so a caller can tell a stuck peer
+// (Timeout) from a dead one (PeerDead). The message says the kind too:
+// "all_reduce on group 'dp' (rank 0 of 4) failed (peer died): ...".
 class CollectiveError : public Error {
  public:
-  CollectiveError(const std::string& what, std::string collective, std::string group, int peer)
-      : Error(what), collective_(std::move(collective)), group_(std::move(group)), peer_(peer) {}
+  enum class Kind {
+    Timeout,     // a wait on `peer` (or on the group) ran past the communicator's timeout: a stuck peer
+    PeerDead,    // `peer`'s process exited or its connection closed
+    PeerFailed,  // `peer` failed or was aborted and said so (its own error is in the message)
+    Aborted,     // this rank's transport was aborted
+    Protocol,    // the ranks did not issue the same operations (tag or size mismatch)
+    Backend,     // the MPI library reported an error
+  };
+  CollectiveError(Kind kind, const std::string& what, std::string collective, std::string group, int peer)
+      : Error(what), kind_(kind), collective_(std::move(collective)), group_(std::move(group)), peer_(peer) {}
+  Kind kind() const { return kind_; }
   const std::string& collective() const { return collective_; }
   const std::string& group() const { return group_; }
   int peer() const { return peer_; }  // -1 when not one peer
 
  private:
+  Kind kind_;
   std::string collective_, group_;
   int peer_;
 };
+// "timed out", "peer died", "peer failed", "aborted", "protocol mismatch", "MPI error".
+const char* collective_error_kind_name(CollectiveError::Kind kind);
 
 enum class TransportKind { Shm, Tcp, Mpi };
 const char* transport_name(TransportKind t);
@@ -65,7 +82,7 @@ TransportKind parse_transport(const std::string& s);
 struct CommOptions {
   TransportKind transport = TransportKind::Shm;
   std::chrono::milliseconds timeout{120000};  // every wait
-  std::string name = "world";                  // group name used in errors
+  std::string name = "world";                 // group name used in errors
   // Forced algorithm ("ring", "rhd", "torus", ...); empty: selection by size
   // and shape. TESSERA_ALGO overrides when set.
   std::string algo;

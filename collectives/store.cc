@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <condition_variable>
@@ -16,6 +15,7 @@
 #include <thread>
 
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace tessera::coll {
 
@@ -121,29 +121,11 @@ class FileStore : public Store {
     return p;
   }
 
-  void write_atomic(const std::string& p, const std::string& value) {
-    static std::atomic<uint64_t> counter{0};
-    const std::string tmp = dir_ + "/.tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-    int fd = ::open(tmp.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) throw Error("file store: cannot create " + tmp + ": " + std::strerror(errno));
-    size_t off = 0;
-    while (off < value.size()) {
-      ssize_t n = ::write(fd, value.data() + off, value.size() - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        const int e = errno;
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        throw Error("file store: write " + tmp + ": " + std::strerror(e));
-      }
-      off += static_cast<size_t>(n);
-    }
-    ::close(fd);
-    if (::rename(tmp.c_str(), p.c_str()) != 0) {
-      const int e = errno;
-      ::unlink(tmp.c_str());
-      throw Error("file store: rename to " + p + ": " + std::strerror(e));
-    }
+  // Key files are private to the job's user, like the directory.
+  static void write_atomic(const std::string& p, const std::string& value) {
+    AtomicWriteOptions o;
+    o.mode = 0600;
+    write_file_atomic(p, value, o);
   }
 
   static bool read(const std::string& p, std::string* out) {

@@ -50,8 +50,9 @@ class PrefixStore : public Store {
   std::string prefix_;
 };
 
-// Processes on one host sharing a directory: one file per key, written
-// atomically (write + rename); waits poll with a sleeping backoff.
+// Processes on one host sharing a directory: one file per key, written with
+// write_file_atomic (runtime/files.h), so a reader sees a whole value or
+// none; waits poll with a sleeping backoff.
 std::shared_ptr<Store> make_file_store(const std::string& directory);
 // Threads of one process.
 std::shared_ptr<Store> make_memory_store();

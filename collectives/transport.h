@@ -64,6 +64,23 @@ class TransportError : public Error {
   int peer_;
 };
 
+// The CollectiveError kind a transport failure becomes.
+inline CollectiveError::Kind collective_error_kind(TransportError::Kind k) {
+  switch (k) {
+    case TransportError::Kind::Timeout:
+      return CollectiveError::Kind::Timeout;
+    case TransportError::Kind::PeerDead:
+      return CollectiveError::Kind::PeerDead;
+    case TransportError::Kind::PeerFailed:
+      return CollectiveError::Kind::PeerFailed;
+    case TransportError::Kind::Aborted:
+      return CollectiveError::Kind::Aborted;
+    case TransportError::Kind::Protocol:
+      return CollectiveError::Kind::Protocol;
+  }
+  return CollectiveError::Kind::Protocol;
+}
+
 class SharedMemoryPeers;
 
 // Consumer of a message received in fragments (see Transport::sendrecv_sink):

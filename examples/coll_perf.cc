@@ -1,5 +1,8 @@
 // coll_perf: tessera's shared-memory all-reduce against MPI_Allreduce, in the
 // same processes and the same run, plus single-core memcpy bandwidth.
+// MPI is reached through tessera's MPI backend (collectives/mpi/): its
+// communicator makes one MPI_Allreduce per call (on a duplicate of
+// MPI_COMM_WORLD), and mpi_env.h starts and ends MPI.
 //
 //   mpirun -np 2 build/bin/coll_perf [--iters-large N] [--iters-small N] [--mib M] [--rounds R]
 //
@@ -10,7 +13,6 @@
 // tessera runs twice for large messages: with buffers in the device's shared
 // arena (peers read them in place: the "direct" algorithm) and with plain heap
 // buffers (staged through the transport's channels: "ring").
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/mpi/mpi_env.h"
 #include "runtime/device.h"
 #include "runtime/shm_memory.h"
 
@@ -33,23 +36,26 @@ namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// The MPI communicator: the reference all-reduce, and the timing's max.
+std::shared_ptr<Communicator> g_mpi;
+
 // Slowest rank's mean seconds per call of fn over iters calls.
 template <typename Fn>
 double time_op(int iters, int warmup, Fn fn) {
   for (int i = 0; i < warmup; ++i) fn();
-  MPI_Barrier(MPI_COMM_WORLD);
+  mpi::barrier();
   const double t0 = now();
   for (int i = 0; i < iters; ++i) fn();
-  double dt = (now() - t0) / iters, worst = 0;
-  MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
+  int64_t ns = static_cast<int64_t>((now() - t0) / iters * 1e9), worst = 0;
+  g_mpi->all_reduce(&ns, &worst, 1, DType::I64, ReduceOp::Max);
+  return static_cast<double>(worst) * 1e-9;
 }
 
 // Mean bandwidth of `iters` copies between two pre-faulted buffers, on one core.
 // Per-call seconds of fn on this rank, appended to `out` (reserved by the caller).
 template <typename Fn>
 void time_each(int iters, Fn fn, std::vector<double>& out) {
-  MPI_Barrier(MPI_COMM_WORLD);
+  mpi::barrier();
   for (int i = 0; i < iters; ++i) {
     const double t0 = now();
     fn();
@@ -85,10 +91,9 @@ bool check(const float* v, size_t n, float expect) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  mpi::install();
+  mpi::init();
+  const int rank = mpi::world_rank(), size = mpi::world_size();
   int iters_large = 4, iters_small = 5000, rounds = 9;
   size_t mib = 64;
   for (int i = 1; i < argc; ++i) {
@@ -96,7 +101,7 @@ int main(int argc, char** argv) {
     auto next = [&]() -> const char* {
       if (i + 1 >= argc) {
         if (rank == 0) std::fprintf(stderr, "coll_perf: %s needs a value\n", a.c_str());
-        MPI_Finalize();
+        mpi::finalize();
         std::exit(2);
       }
       return argv[++i];
@@ -111,8 +116,9 @@ int main(int argc, char** argv) {
       rounds = std::max(1, std::atoi(next()));
     else {
       if (rank == 0)
-        std::fprintf(stderr, "usage: mpirun -np N coll_perf [--iters-large N] [--iters-small N] [--mib M] [--rounds R]\n");
-      MPI_Finalize();
+        std::fprintf(stderr,
+                     "usage: mpirun -np N coll_perf [--iters-large N] [--iters-small N] [--mib M] [--rounds R]\n");
+      mpi::finalize();
       return 2;
     }
   }
@@ -120,19 +126,22 @@ int main(int argc, char** argv) {
   const double bus = size > 1 ? 2.0 * (size - 1) / size : 1.0;
 
   // Rendezvous directory for tessera's store, chosen by rank 0.
-  char dir[4096] = {0};
+  std::string dir;
   if (rank == 0) {
-    std::string t = (std::filesystem::temp_directory_path() / "coll_perf-XXXXXX").string();
-    if (!::mkdtemp(t.data())) {
+    dir = (std::filesystem::temp_directory_path() / "coll_perf-XXXXXX").string();
+    if (!::mkdtemp(dir.data())) {
       std::perror("mkdtemp");
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      mpi::abort(1);
     }
-    std::snprintf(dir, sizeof dir, "%s", t.c_str());
   }
-  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  dir = mpi::broadcast_string(dir);
 
   int rc = 0;
   {
+    CommOptions mo;
+    mo.transport = TransportKind::Mpi;
+    mo.name = "mpi";
+    g_mpi = Communicator::create(nullptr, rank, size, mo);
     auto comm = Communicator::create(make_file_store(dir), rank, size);
     Device dev(DeviceSpec::preset("trn1-core"), rank, make_shm_memory(size_t{4} << 30));
     auto* arena = static_cast<float*>(dev.allocate(bytes));
@@ -156,15 +165,15 @@ int main(int argc, char** argv) {
     double modeled = 0;
     for (int round = 0; round < rounds; ++round) {
       double bw = 0;
-      if (rank == 0) bw = memcpy_bandwidth(copy_a, copy_b, iters_large);  // one core copying, the others idle in the barrier
-      MPI_Barrier(MPI_COMM_WORLD);
+      if (rank == 0)
+        bw = memcpy_bandwidth(copy_a, copy_b, iters_large);  // one core copying, the others idle in the barrier
+      mpi::barrier();
       v_memcpy.push_back(bw);
       // Alternate which library goes first, so neither always runs right
       // after the other (order effects on a shared machine cancel out).
       auto mpi8 = [&] {
-        v_mpi_small.push_back(time_op(iters_small, 500, [&] {
-          MPI_Allreduce(small, small_out, 2, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        }));
+        v_mpi_small.push_back(
+            time_op(iters_small, 500, [&] { g_mpi->all_reduce(small, small_out, 2, DType::F32, ReduceOp::Sum); }));
       };
       auto tes8 = [&] {
         v_tes_small.push_back(
@@ -179,20 +188,19 @@ int main(int argc, char** argv) {
       }
       small_algo = comm->last_algorithm();
       rc |= small_out[0] != static_cast<float>(size);
-      time_each(iters_small, [&] { MPI_Allreduce(small, small_out, 2, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
-                each_mpi);
-      time_each(iters_small, [&] { comm->all_reduce(small, small_out, 2, DType::F32, ReduceOp::Sum); }, each_tes);
-      v_mpi_large.push_back(time_op(iters_large, 1, [&] {
-        MPI_Allreduce(mpi_send.data(), mpi_recv.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      }));
+      time_each(
+          iters_small, [&] { g_mpi->all_reduce(small, small_out, 2, DType::F32, ReduceOp::Sum); }, each_mpi);
+      time_each(
+          iters_small, [&] { comm->all_reduce(small, small_out, 2, DType::F32, ReduceOp::Sum); }, each_tes);
+      v_mpi_large.push_back(time_op(
+          iters_large, 1, [&] { g_mpi->all_reduce(mpi_send.data(), mpi_recv.data(), n, DType::F32, ReduceOp::Sum); }));
       rc |= !check(mpi_recv.data(), n, static_cast<float>(size));
       v_tes_arena.push_back(
           time_op(iters_large, 1, [&] { comm->all_reduce(arena, arena_out, n, DType::F32, ReduceOp::Sum); }));
       arena_algo = comm->last_algorithm();
       rc |= !check(arena_out, n, static_cast<float>(size));
-      v_tes_heap.push_back(time_op(iters_large, 1, [&] {
-        comm->all_reduce(heap.data(), heap_out.data(), n, DType::F32, ReduceOp::Sum);
-      }));
+      v_tes_heap.push_back(time_op(
+          iters_large, 1, [&] { comm->all_reduce(heap.data(), heap_out.data(), n, DType::F32, ReduceOp::Sum); }));
       heap_algo = comm->last_algorithm();
       modeled = comm->last_modeled_seconds();
       rc |= !check(heap_out.data(), n, static_cast<float>(size));
@@ -201,8 +209,9 @@ int main(int argc, char** argv) {
                  mpi_large = median(v_mpi_large), tes_arena = median(v_tes_arena), tes_heap = median(v_tes_heap);
 
     if (rank == 0) {
-      std::printf("coll_perf: %d ranks, f32 sum, %zu MiB, medians of %d interleaved rounds; single-core memcpy %.2f GB/s\n",
-                  size, mib, rounds, memcpy_bw / 1e9);
+      std::printf(
+          "coll_perf: %d ranks, f32 sum, %zu MiB, medians of %d interleaved rounds; single-core memcpy %.2f GB/s\n",
+          size, mib, rounds, memcpy_bw / 1e9);
       std::printf("%-34s %12s %12s %14s\n", "case", "time", "busbw GB/s", "vs OpenMPI");
       std::printf("%-34s %10.2f us %12s %14s\n", "MPI_Allreduce 8 B", mpi_small * 1e6, "-", "1.00x");
       std::printf("%-34s %10.2f us %12s %13.2fx\n", ("tessera 8 B (" + small_algo + ")").c_str(), tes_small * 1e6, "-",
@@ -225,9 +234,10 @@ int main(int argc, char** argv) {
     dev.free(arena_out, bytes);
     comm->barrier();
   }
-  int any = 0;
-  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int32_t any = 0;
+  g_mpi->all_reduce(&rc, &any, 1, DType::I32, ReduceOp::Max);
+  g_mpi.reset();
   if (rank == 0) std::filesystem::remove_all(dir);
-  MPI_Finalize();
+  mpi::finalize();
   return any ? 1 : 0;
 }

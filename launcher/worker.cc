@@ -1,6 +1,5 @@
 #include "launcher/worker.h"
 
-#include <mpi.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -10,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "collectives/mpi/mpi_env.h"
 #include "launcher/client.h"
 #include "launcher/coordinator.h"
 #include "runtime/cpu_rotation.h"
@@ -50,8 +50,8 @@ struct Runtime {
   std::unique_ptr<Heartbeater> heartbeat;
   std::unique_ptr<EventWatcher> watcher;
   std::weak_ptr<coll::Communicator> comm;
-  std::unique_ptr<CpuRotation> rotation;  // moves the main thread; stopped by shutdown()
-  bool mpi_initialized_here = false;
+  std::unique_ptr<CpuRotation> rotation;              // moves the main thread; stopped by shutdown()
+  std::chrono::milliseconds barrier_timeout{120000};  // WorkerOptions::store_timeout
 };
 
 Runtime& rt() {
@@ -99,46 +99,22 @@ void on_job_abort(const std::string& why) {
   spdlog::default_logger()->flush();
   std::fflush(stdout);
   std::fflush(stderr);
-  if (r.mode == BootstrapMode::Mpi) MPI_Abort(MPI_COMM_WORLD, kAbortedExitCode);
+  if (r.mode == BootstrapMode::Mpi) coll::mpi::abort(kAbortedExitCode);  // from this thread: MPI_THREAD_MULTIPLE
   _exit(kAbortedExitCode);
 }
 
-// Under mpirun: rank 0 hosts the coordinator; its address and token reach the others by MPI_Bcast.
+// Under mpirun: rank 0 hosts the coordinator; its address and token reach
+// the others by broadcast. MPI itself is collectives/mpi/mpi_env.h's.
 void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, std::string& token) {
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) {
-    int provided = 0;
-    // MPI_Abort may come from the watch thread.
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    r.mpi_initialized_here = true;
-  }
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  namespace mpi = coll::mpi;
+  mpi::init();
+  const int rank = mpi::world_rank(), size = mpi::world_size();
   if (rank != r.world.rank || size != r.world.size)
     throw Error(detail::concat("MPI says rank ", rank, " of ", size, " but the environment says ", r.world.rank, " of ",
                                r.world.size));
-  // OMPI_COMM_WORLD_NODE_RANK is a process's rank *on* its node, not the
-  // node's index, so number the nodes here: node leaders in rank order.
-  {
-    MPI_Comm node_comm, leaders;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
-    int local = 0;
-    MPI_Comm_rank(node_comm, &local);
-    MPI_Comm_split(MPI_COMM_WORLD, local == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
-    int node = 0;
-    if (leaders != MPI_COMM_NULL) {
-      MPI_Comm_rank(leaders, &node);
-      MPI_Comm_free(&leaders);
-    }
-    MPI_Bcast(&node, 1, MPI_INT, 0, node_comm);
-    MPI_Comm_free(&node_comm);
-    r.world.node_rank = node;
-  }
-  char buf[512] = {0};
+  r.world.node_rank = mpi::node_index();
+  std::string msg;
   if (rank == 0) {
-    std::string err;
     try {
       // One host: stay on loopback. Several: listen everywhere, advertise our name.
       bool one_host = r.world.local_size == r.world.size;
@@ -151,16 +127,13 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
       co.heartbeat_timeout =
           std::chrono::milliseconds(env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count()));
       r.coordinator = std::make_unique<Coordinator>(co);
-      std::string msg = adv + ":" + std::to_string(r.coordinator->port()) + "\n" + co.token;
-      if (msg.size() >= sizeof buf) throw Error("coordinator address too long");
-      std::memcpy(buf, msg.data(), msg.size());
+      msg = adv + ":" + std::to_string(r.coordinator->port()) + "\n" + co.token;
     } catch (const std::exception& e) {
-      err = e.what();
-      spdlog::error("cannot start the coordinator: {}", err);
+      msg.clear();  // the others learn of the failure from an empty message
+      spdlog::error("cannot start the coordinator: {}", e.what());
     }
   }
-  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
-  std::string msg(buf);
+  msg = mpi::broadcast_string(msg);
   auto nl = msg.find('\n');
   if (nl == std::string::npos) throw Error("mpirun bootstrap: rank 0 could not start the coordinator");
   address = msg.substr(0, nl);
@@ -170,9 +143,9 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
 }  // namespace
 
 void WorkerContext::barrier(const std::string& name) const {
-  TESSERA_CHECK(client != nullptr, "barrier before init_worker");
-  // Generous: a barrier waits for the slowest rank's start-up.
-  client->barrier(name, world.rank, world.size, 120s);
+  if (world.size == 1) return;  // alone: nobody to wait for, with or without a coordinator
+  TESSERA_CHECK(client != nullptr, "barrier of a world of ", world.size, " before init_worker");
+  client->barrier(name, world.rank, world.size, rt().barrier_timeout);
 }
 
 WorkerContext init_worker(const WorkerOptions& opt) {
@@ -183,6 +156,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     r.initialized = true;
   }
   WorkerContext ctx;
+  r.barrier_timeout = opt.store_timeout;
   ctx.world = discover_world();
   ctx.host = env_or("TESSERA_HOST", host_name());
   r.world = ctx.world;
@@ -288,12 +262,12 @@ void shutdown(WorkerContext& ctx) {
     // Two barriers: the first while the watch still guards against a peer
     // failing; the second so rank 0 stops the coordinator only after every
     // watch is closed (otherwise a closing stream would look like a failure).
-    MPI_Barrier(MPI_COMM_WORLD);
+    coll::mpi::barrier();
     r.leaving = true;
     if (r.watcher) r.watcher->stop();
-    MPI_Barrier(MPI_COMM_WORLD);
+    coll::mpi::barrier();
     if (r.coordinator) r.coordinator->shutdown();
-    if (r.mpi_initialized_here) MPI_Finalize();
+    coll::mpi::finalize();  // only if mpi::init() initialised it
   } else {
     r.leaving = true;
     if (r.watcher) r.watcher->stop();
@@ -307,7 +281,7 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
     ctx = init_worker(options);
   } catch (const std::exception& e) {
     spdlog::error("cannot join the job: {}", e.what());
-    if (rt().mode == BootstrapMode::Mpi) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (rt().mode == BootstrapMode::Mpi) coll::mpi::abort(1);
     return 1;
   }
   int code = 0;
@@ -321,8 +295,7 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
   if (code != 0 && ctx.mode == BootstrapMode::Mpi) {
     // Peers may be blocked waiting for this rank: end the whole job.
     report_fatal(ctx, detail::concat("exited with code ", code));
-    spdlog::default_logger()->flush();
-    MPI_Abort(MPI_COMM_WORLD, code);
+    coll::mpi::abort(code);
   }
   if (code != 0) {
     rt().leaving = true;  // the launcher reports the exit; don't die of our own echo meanwhile

@@ -5,16 +5,18 @@
 //  - under `tessera run` (TESSERA_COORDINATOR set): a GrpcStore on the
 //    launcher's coordinator;
 //  - under plain `mpirun -np N` (OpenMPI variables, no TESSERA_COORDINATOR):
-//    MPI is initialised, rank 0 hosts a coordinator in-process and broadcasts
-//    its address and a fresh token with MPI_Bcast; everyone connects to it;
-//  - alone (no launcher): an in-memory store, world of one.
+//    MPI is initialised through collectives/mpi/mpi_env.h (the tree's one MPI
+//    bootstrap, MPI_THREAD_MULTIPLE), rank 0 hosts a coordinator in-process
+//    and broadcasts its address and a fresh token; everyone connects to it;
+//  - alone (no launcher): a coordinator in-process on loopback (its
+//    GrpcStore), world of one, no heartbeat or watch thread.
 // With a coordinator it also starts a heartbeat thread and a watch thread.
 // When the job is aborted (another rank failed, a heartbeat was lost, the
 // launcher was interrupted) the watch thread logs the root cause, aborts the
 // world communicator and ends the process at once: _exit(kAbortedExitCode),
-// or MPI_Abort under mpirun. A worker's own fatal error goes to the
-// coordinator through report_fatal() (run_worker() does it for exceptions),
-// so the launcher names it as the root cause.
+// or mpi::abort() (MPI_Abort from the watch thread) under mpirun. A worker's
+// own fatal error goes to the coordinator through report_fatal() (run_worker()
+// does it for exceptions), so the launcher names it as the root cause.
 //
 // Lifetime and threads: one WorkerContext per process (a second init_worker
 // throws); call it from the main thread, and shutdown() before returning from
@@ -45,7 +47,8 @@ struct WorkerOptions {
   // Build world_comm (needs the collectives' Communicator implementation).
   bool create_communicator = true;
   coll::CommOptions comm;
-  // Timeout of store waits during bootstrap and of barrier().
+  // Timeout of barrier(); generous, since a first barrier waits for the
+  // slowest rank's start-up.
   std::chrono::milliseconds store_timeout{120000};
   // Heartbeat timeout of the in-process coordinator under mpirun
   // (TESSERA_HEARTBEAT_TIMEOUT_MS overrides); tessera run sets its own.
@@ -63,7 +66,10 @@ struct WorkerContext {
 
   // A barrier over the whole world through the coordinator (not the
   // communicator): usable before and without collectives. Names let several
-  // barriers be in flight; each name is reusable.
+  // barriers be in flight; each name is reusable. A world of one returns at
+  // once, coordinator or not (also a default-constructed context). Throws
+  // TimeoutError after WorkerOptions::store_timeout (120 s by default),
+  // AbortedError when the job was aborted.
   void barrier(const std::string& name = "tessera/barrier") const;
 };
 
@@ -76,7 +82,8 @@ void report_fatal(const WorkerContext& ctx, const std::string& reason);
 
 // Leaves the job cleanly: stops heartbeats and the watch, destroys the
 // communicator; under mpirun waits for every rank, stops rank 0's
-// coordinator and finalizes MPI. Idempotent.
+// coordinator and finalizes MPI (unless the program initialised MPI itself
+// before init_worker). Idempotent.
 void shutdown(WorkerContext& ctx);
 
 // init_worker + body + shutdown. An exception from body is logged, reported

@@ -3,12 +3,14 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace tessera::parallel {
 
@@ -191,16 +193,15 @@ Mesh plan_mesh(const tessera::plan::Plan& plan) {
 }
 
 void write_plan_json(const std::string& path, const tessera::plan::Plan& plan) {
-  std::string s = plan_to_json(plan);
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw InvalidArgument("cannot write plan file '" + path + "'");
-    out << s;
-    if (!out.flush()) throw Error("cannot write plan file '" + path + "'");
+  try {
+    write_file_atomic(path, plan_to_json(plan));
+  } catch (const IoError& e) {
+    // An output that cannot even be created (no such directory, no
+    // permission) is the caller's bad path: exit 2, as before.
+    if (e.step() == FileStep::CreateTemp)
+      throw InvalidArgument(detail::concat("cannot write plan file '", path, "': ", std::strerror(e.os_error())));
+    throw;
   }
-  // Rename so a reader never sees a half-written plan.
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("cannot rename '" + tmp + "' to '" + path + "'");
 }
 
 tessera::plan::Plan read_plan_json(const std::string& path) {

@@ -27,6 +27,9 @@ tessera::plan::Plan plan_from_json(const std::string& text, const std::string& s
 // to build its groups with Mesh::tp_group(rank) and friends.
 Mesh plan_mesh(const tessera::plan::Plan& plan);
 
+// Written with write_file_atomic (runtime/files.h): a reader sees the old plan
+// or the new one. InvalidArgument when the file cannot be created (bad path),
+// IoError naming the failed step otherwise.
 void write_plan_json(const std::string& path, const tessera::plan::Plan& plan);
 tessera::plan::Plan read_plan_json(const std::string& path);
 

@@ -1,8 +1,8 @@
 // The MPI backend's implementation: every collective is one call into the
 // MPI library (MPI_Allreduce, MPI_Allgather, ...), on a communicator
 // duplicated from MPI_COMM_WORLD so tessera's traffic never mixes with a
-// caller's. This file and mpi_env.cc's functions are the only code that
-// includes mpi.h (library tessera_coll_mpi).
+// caller's. This file and mpi_env.cc are the only code that includes mpi.h
+// (library tessera_coll_mpi).
 //
 // Differences from the transport communicators, all forced by MPI:
 // - bf16 and f16 travel as 16-bit words with user-defined MPI ops that
@@ -37,7 +37,9 @@ void check_mpi(int rc, const char* what) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, msg, &len);
-    throw CollectiveError(std::string("MPI ") + what + " failed: " + std::string(msg, len), what, "mpi", -1);
+    throw CollectiveError(CollectiveError::Kind::Backend,
+                          std::string("mpi ") + what + " failed (MPI error): " + std::string(msg, len), what, "mpi",
+                          -1);
   }
 }
 
@@ -169,7 +171,11 @@ int as_int(size_t count, const char* what) {
   return static_cast<int>(count);
 }
 
-// Aborts the job when an MPI call runs past the timeout (MPI cannot time out itself).
+// Aborts the job when an MPI call runs past the timeout (MPI cannot time out
+// itself). begin()/end() cost a clock read and two atomic stores: no lock and
+// no wake-up per call. The thread sleeps at most a quarter of the timeout (and
+// at most 1 s) while no call runs, so it sees each call well before its
+// deadline and then sleeps until that deadline exactly.
 class Watchdog {
  public:
   explicit Watchdog(std::chrono::milliseconds timeout, std::string group)
@@ -185,31 +191,32 @@ class Watchdog {
     thread_.join();
   }
   void begin(const char* what) {
-    std::lock_guard<std::mutex> lk(mu_);
-    what_ = what;
-    deadline_ = std::chrono::steady_clock::now() + timeout_;
-    active_ = true;
-    cv_.notify_all();
+    what_.store(what, std::memory_order_relaxed);
+    started_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
   }
-  void end() {
-    std::lock_guard<std::mutex> lk(mu_);
-    active_ = false;
-  }
+  void end() { started_.store(0, std::memory_order_release); }
 
  private:
+  using Clock = std::chrono::steady_clock;
   void run() {
+    const auto idle = std::clamp<Clock::duration>(timeout_ / 4, std::chrono::milliseconds(1), std::chrono::seconds(1));
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
-      if (!active_) {
-        cv_.wait(lk);
+      const int64_t s = started_.load(std::memory_order_acquire);
+      const auto now = Clock::now();
+      if (s == 0) {
+        cv_.wait_for(lk, idle);
         continue;
       }
-      if (cv_.wait_until(lk, deadline_) == std::cv_status::timeout && active_ && !stop_ &&
-          std::chrono::steady_clock::now() >= deadline_) {
-        spdlog::error("mpi {} on group '{}' did not finish within {} ms; aborting the job", what_, group_,
-                      timeout_.count());
-        MPI_Abort(MPI_COMM_WORLD, 1);
+      const auto deadline = Clock::time_point(Clock::duration(s)) + timeout_;
+      if (now < deadline) {
+        cv_.wait_until(lk, deadline);
+        continue;
       }
+      if (started_.load(std::memory_order_acquire) != s) continue;  // that call ended; another began
+      spdlog::error("mpi {} on group '{}' did not finish within {} ms; aborting the job",
+                    what_.load(std::memory_order_relaxed), group_, timeout_.count());
+      mpi::abort(1);  // mpi_env.h: MPI_Abort, safe from this thread at MPI_THREAD_MULTIPLE
     }
   }
   std::chrono::milliseconds timeout_;
@@ -217,9 +224,9 @@ class Watchdog {
   std::mutex mu_;
   std::condition_variable cv_;
   std::thread thread_;
-  bool stop_ = false, active_ = false;
-  const char* what_ = "";
-  std::chrono::steady_clock::time_point deadline_;
+  bool stop_ = false;
+  std::atomic<int64_t> started_{0};  // Clock ticks when the running call began; 0: none
+  std::atomic<const char*> what_{""};
 };
 
 class Completed : public Work {
@@ -359,9 +366,13 @@ class MpiCommunicator final : public Communicator {
     return std::make_shared<MpiCommunicator>(sub, std::move(o));
   }
 
+  // Only flags the communicator: a call blocked inside MPI cannot be woken
+  // (the watchdog or the caller's mpi::abort() ends the job instead).
   void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason;
     aborted_.store(true);
-    abort_reason_ = reason;  // read only after aborted_ is seen
   }
   bool aborted() const override { return aborted_.load(); }
   double last_modeled_seconds() const override { return last_modeled_; }
@@ -371,9 +382,11 @@ class MpiCommunicator final : public Communicator {
  private:
   struct Guard {
     Guard(MpiCommunicator& c, const char* what) : c_(c) {
-      if (c.aborted_.load())
-        throw CollectiveError("mpi " + std::string(what) + " on group '" + c.options_.name + "': aborted", what,
-                              c.options_.name, -1);
+      if (c.aborted_.load()) {
+        std::lock_guard<std::mutex> lk(c.abort_mu_);
+        throw AbortedError("mpi " + std::string(what) + " on group '" + c.options_.name +
+                           "' aborted: " + c.abort_reason_);
+      }
       c.watchdog_->begin(what);
     }
     ~Guard() { c_.watchdog_->end(); }
@@ -399,7 +412,8 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   std::unique_ptr<Watchdog> watchdog_;
   std::atomic<bool> aborted_{false};
-  std::string abort_reason_;
+  std::mutex abort_mu_;
+  std::string abort_reason_;  // under abort_mu_
   double last_modeled_ = 0, total_modeled_ = 0;
 };
 
@@ -419,59 +433,8 @@ std::shared_ptr<Communicator> create(int rank, int size, const CommOptions& opti
   return std::make_shared<MpiCommunicator>(dup, std::move(o));
 }
 
-std::once_flag g_init_once;
-std::atomic<bool> g_initialized{false};
-
 }  // namespace
 
 void install() { set_factory(&create); }
-
-void init() {
-  std::call_once(g_init_once, [] {
-    int already = 0;
-    MPI_Initialized(&already);
-    if (!already) {
-      int provided = 0;
-      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "init");
-    }
-    g_initialized.store(true);
-  });
-}
-
-bool initialized() { return g_initialized.load(); }
-
-bool under_mpirun() {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
-    if (const char* s = std::getenv(v); s && *s) return true;
-  return false;
-}
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-std::string broadcast_string(const std::string& value) {
-  int len = static_cast<int>(value.size());
-  check_mpi(MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD), "bcast");
-  std::string out = value;
-  out.resize(static_cast<size_t>(len));
-  check_mpi(MPI_Bcast(out.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD), "bcast");
-  return out;
-}
-
-void finalize() {
-  if (!g_initialized.load()) return;
-  int done = 0;
-  MPI_Finalized(&done);
-  if (!done) MPI_Finalize();
-}
 
 }  // namespace tessera::coll::mpi

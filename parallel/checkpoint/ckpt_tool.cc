@@ -14,6 +14,7 @@
 
 #include "parallel/checkpoint/gpt2_layout.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace tessera::ckpt {
 
@@ -88,13 +89,6 @@ json ranges_json(const par::Parameter& p) {
     r.push_back({k * fb + b, k * fb + e});
   }
   return r;
-}
-
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) throw Error(detail::concat(path.string(), ": cannot write"));
 }
 
 uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::string& out_dir,
@@ -178,7 +172,7 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
     }
   }
   manifest["files"] = jfiles;
-  write_text_atomic(tmp.path() / kManifestName, manifest.dump(1) + "\n");
+  write_file_atomic((tmp.path() / kManifestName).string(), manifest.dump(1) + "\n");
   tmp.commit();
   return bytes;
 }

@@ -13,10 +13,10 @@
 #include <filesystem>
 #include <new>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 
 #include "runtime/device.h"
+#include "runtime/files.h"
 
 namespace tessera::ckpt {
 
@@ -145,78 +145,10 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
-  int release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
 
  private:
   int fd_;
 };
-
-// Appends to a file, starting writeback of every completed 32 MiB chunk
-// (sync_file_range) so the disk works while later tensors are still being
-// copied, and the final fsync has little left to wait for.
-class FileWriter {
- public:
-  FileWriter(int fd, const std::string& path) : fd_(fd), path_(path) {}
-  void write(const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      // Linux caps one write at ~2 GiB; larger tensors go in pieces.
-      ssize_t w = ::write(fd_, c, std::min<size_t>(n, size_t{1} << 30));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        throw Error(os_error("cannot write", path_, errno));
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-      written_ += static_cast<uint64_t>(w);
-      if (written_ - kicked_ >= kChunk) {
-        // Advisory: a filesystem without it just writes back at fsync.
-        ::sync_file_range(fd_, static_cast<off_t>(kicked_), static_cast<off_t>(written_ - kicked_),
-                          SYNC_FILE_RANGE_WRITE);
-        kicked_ = written_;
-      }
-    }
-  }
-
- private:
-  static constexpr uint64_t kChunk = uint64_t{32} << 20;
-  int fd_;
-  const std::string& path_;
-  uint64_t written_ = 0, kicked_ = 0;
-};
-
-void fsync_dir(const fs::path& dir) {
-  Fd d(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (d.get() < 0) throw Error(os_error("cannot open directory", dir.string(), errno));
-  if (::fsync(d.get()) != 0) throw Error(os_error("cannot fsync directory", dir.string(), errno));
-}
-
-// Writes `fill(fd)` to a temp file next to `path`, fsyncs it, renames it over
-// `path`, fsyncs the directory. On any failure the temp file is removed and
-// `path` is untouched.
-template <typename Fill>
-void write_atomically(const std::string& path, Fill fill) {
-  fs::path target(path);
-  fs::path dir = target.parent_path();
-  std::random_device rd;
-  std::string tmp = detail::concat(path, ".tmp.", ::getpid(), ".", std::hex, rd());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (fd.get() < 0) throw Error(os_error("cannot create", tmp, errno));
-  try {
-    fill(fd.get(), tmp);
-    if (::fsync(fd.get()) != 0) throw Error(os_error("cannot fsync", tmp, errno));
-    if (::close(fd.release()) != 0) throw Error(os_error("cannot close", tmp, errno));
-    if (::rename(tmp.c_str(), path.c_str()) != 0) throw Error(os_error("cannot rename temp file to", path, errno));
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  fsync_dir(dir);
-}
 
 std::string header_json(const std::vector<std::pair<std::string, Tensor>>& tensors,
                         const std::map<std::string, std::string>& metadata) {
@@ -437,8 +369,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
                       "write_safetensors: metadata '", k, "' is not valid UTF-8");
   }
   const std::string header = header_json(tensors, metadata);
-  write_atomically(path, [&](int fd, const std::string& tmp) {
-    FileWriter out(fd, tmp);
+  write_file_atomic(path, [&](FileSink& out) {
     uint64_t n = header.size();
     out.write(&n, 8);
     out.write(header.data(), header.size());
@@ -488,7 +419,7 @@ std::vector<std::string> write_sharded_safetensors(const std::string& dir,
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   const std::string text = index.dump(2) + "\n";
   std::string ipath = (fs::path(dir) / (prefix + ".safetensors.index.json")).string();
-  write_atomically(ipath, [&](int fd, const std::string& tmp) { FileWriter(fd, tmp).write(text.data(), text.size()); });
+  write_file_atomic(ipath, text);
   return paths;
 }
 

@@ -10,9 +10,11 @@
 // and safe to use from several threads at once. The mapping lives as long as
 // the reader; tensors returned by get() own their bytes and outlive it.
 //
-// write_safetensors writes a temp file in the target's directory, fsyncs it,
-// renames it over the target and fsyncs the directory: a crash leaves either
-// the old file or the new one, never a torn file.
+// write_safetensors streams the file through write_file_atomic
+// (runtime/files.h): temp file in the target's directory, fsync, rename over
+// the target, fsync of the directory. A crash or an error leaves either the
+// old file or the new one, never a torn file; I/O errors are IoError naming
+// the path and the step that failed.
 #pragma once
 
 #include <cstdint>

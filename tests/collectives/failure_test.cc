@@ -48,7 +48,12 @@ TEST(Failure, KilledPeerIsNoticedQuickly) {
       auto c = Communicator::create(store, rank, size, o);
       std::vector<float> buf(1 << 18, 1.0f);
       c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+      CollectiveError::Kind first_kind = CollectiveError::Kind::Backend;
+      // Rank 2 dies only once every rank has left the first all-reduce (a
+      // peer still waiting in it would rightly fail there already).
+      store->set("first-done/" + std::to_string(rank), "1");
       if (rank == 2) {
+        store->wait({"first-done/0", "first-done/1", "first-done/3"}, std::chrono::seconds(30));
         if (killed_in_collective) {
           // Die in the middle of the all-reduces the others are running.
           std::thread([] {
@@ -69,14 +74,20 @@ TEST(Failure, KilledPeerIsNoticedQuickly) {
         COLL_REQUIRE(e.collective() == "all_reduce" && e.group() == "victims", e.what());
         COLL_REQUIRE(e.peer() == 2, "peer ", e.peer(), ": ", e.what());
         COLL_REQUIRE(std::string(e.what()).find("rank 2") != std::string::npos, e.what());
+        // A dead peer, not a stuck one, and the message says so.
+        COLL_REQUIRE(e.kind() == CollectiveError::Kind::PeerDead, "kind ", collective_error_kind_name(e.kind()), ": ",
+                     e.what());
+        COLL_REQUIRE(std::string(e.what()).find(collective_error_kind_name(e.kind())) != std::string::npos, e.what());
+        first_kind = e.kind();
       }
-      // Later calls fail at once.
+      // Later calls fail at once, with the first failure's kind.
       const auto t1 = Clock::now();
       try {
         c->barrier();
         COLL_REQUIRE(false, "barrier after failure succeeded");
       } catch (const CollectiveError& e) {
         COLL_REQUIRE(since(t1) < 0.5 && e.collective() == "barrier", e.what());
+        COLL_REQUIRE(e.kind() == first_kind, "kind ", collective_error_kind_name(e.kind()), ": ", e.what());
       }
     });
     EXPECT_EQ(res[2].exit_code, -SIGKILL);
@@ -107,7 +118,10 @@ TEST(Failure, StuckPeerTimesOut) {
       const double dt = since(t0);
       COLL_REQUIRE(dt > 1.3 && dt < 3.5, "failed after ", dt, " s: ", e.what());
       COLL_REQUIRE(std::string(e.what()).find("rank 1") != std::string::npos, e.what());
-      COLL_REQUIRE(std::string(e.what()).find("timed out") != std::string::npos, e.what());
+      COLL_REQUIRE(std::string(e.what()).find("failed (timed out)") != std::string::npos, e.what());
+      // A stuck peer: Timeout, not PeerDead (rank 1 is alive the whole time).
+      COLL_REQUIRE(e.kind() == CollectiveError::Kind::Timeout && e.peer() == 1, "kind ",
+                   collective_error_kind_name(e.kind()), " peer ", e.peer(), ": ", e.what());
     }
   });
   EXPECT_EQ(failures(res), "");
@@ -130,6 +144,7 @@ TEST(Failure, TimeoutFromEnvironment) {
       COLL_REQUIRE(false, "broadcast succeeded");
     } catch (const CollectiveError& e) {
       COLL_REQUIRE(since(t0) < 1.5 && e.peer() == 1 && e.collective() == "broadcast", e.what());
+      COLL_REQUIRE(e.kind() == CollectiveError::Kind::Timeout, e.what());
     }
   });
   ::unsetenv("TESSERA_TIMEOUT_S");
@@ -172,6 +187,10 @@ TEST(Failure, AbortWakesWaiters) {
       } catch (const CollectiveError& e) {
         COLL_REQUIRE(since(t0) < 2.0 && e.peer() == 0, e.what());
         COLL_REQUIRE(std::string(e.what()).find("test abort") != std::string::npos, e.what());
+        // The peer is alive and said it was aborted: PeerFailed, neither dead nor stuck.
+        COLL_REQUIRE(e.kind() == CollectiveError::Kind::PeerFailed, "kind ", collective_error_kind_name(e.kind()), ": ",
+                     e.what());
+        COLL_REQUIRE(std::string(e.what()).find("failed (peer failed)") != std::string::npos, e.what());
       }
     }
   });
@@ -192,10 +211,61 @@ TEST(Failure, AsyncWorkReportsFailure) {
       COLL_REQUIRE(false, "async all_reduce succeeded");
     } catch (const CollectiveError& e) {
       COLL_REQUIRE(e.peer() == 0 && w->done(), e.what());
+      COLL_REQUIRE(e.kind() == CollectiveError::Kind::PeerDead, e.what());
     }
   });
   EXPECT_EQ(res[0].exit_code, -SIGKILL);
   res[0].exit_code = 0;
+  EXPECT_EQ(failures(res), "");
+}
+
+// The TCP transport reports the same kinds: a killed peer is PeerDead (its
+// connection closed) or, heard second-hand from a peer that failed first,
+// PeerFailed (a peer that fails mid-message closes its connections, which its
+// own peers also see as PeerDead); never a Timeout. A silent peer is Timeout.
+TEST(Failure, TcpTellsADeadPeerFromAStuckOne) {
+  auto res = run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
+    CommOptions o;
+    o.transport = TransportKind::Tcp;
+    o.name = "tcp-victims";
+    o.timeout = std::chrono::seconds(60);
+    auto c = Communicator::create(store, rank, size, o);
+    std::vector<float> buf(1 << 16, 1.0f);
+    c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+    if (rank == 2) ::raise(SIGKILL);
+    const auto t0 = Clock::now();
+    try {
+      c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+      COLL_REQUIRE(false, "all_reduce succeeded without rank 2");
+    } catch (const CollectiveError& e) {
+      COLL_REQUIRE(e.kind() == CollectiveError::Kind::PeerDead || e.kind() == CollectiveError::Kind::PeerFailed,
+                   "kind ", collective_error_kind_name(e.kind()), ": ", e.what());
+      COLL_REQUIRE(since(t0) < 3.0, "noticed after ", since(t0), " s: ", e.what());
+    }
+  });
+  EXPECT_EQ(res[2].exit_code, -SIGKILL);
+  res[2].exit_code = 0;
+  EXPECT_EQ(failures(res), "");
+
+  res = run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    CommOptions o;
+    o.transport = TransportKind::Tcp;
+    o.timeout = std::chrono::milliseconds(700);
+    auto c = Communicator::create(store, rank, size, o);
+    int64_t v = 1;
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+      return;
+    }
+    try {
+      c->broadcast(&v, 1, DType::I64, 1);
+      COLL_REQUIRE(false, "broadcast succeeded");
+    } catch (const CollectiveError& e) {
+      COLL_REQUIRE(e.kind() == CollectiveError::Kind::Timeout && e.peer() == 1, "kind ",
+                   collective_error_kind_name(e.kind()), ": ", e.what());
+      COLL_REQUIRE(std::string(e.what()).find("failed (timed out)") != std::string::npos, e.what());
+    }
+  });
   EXPECT_EQ(failures(res), "");
 }
 

@@ -1,0 +1,111 @@
+// One atomic file write for the whole tree (checkpoints, plans, manifests,
+// the FileStore's keys).
+//
+// Contract of write_file_atomic(path, ...):
+//  1. create a temp file with a unique name in path's directory
+//     (".<name>.tmp.XXXXXX", O_CREAT|O_EXCL, as mkstemp does; mode 0666
+//     less the umask unless AtomicWriteOptions::mode says otherwise);
+//  2. write the bytes (short writes are continued, EINTR retried);
+//  3. fsync the temp file, then close it;
+//  4. rename it over `path` (atomic on POSIX: a reader sees the old file or
+//     the new one, never a mix);
+//  5. fsync path's directory, so the rename itself survives a crash.
+// A failure at steps 1-4 removes the temp file and leaves `path` as it was
+// (the old file, or no file). A failure at step 5 comes after the rename:
+// `path` is the new file but may not survive a power loss; the call still
+// throws. Either way no temp file is left behind. Concurrent writers of one
+// path (threads or processes) each use their own temp file, so the last
+// rename wins and the file is always one writer's whole content.
+//
+// Errors: IoError (a tessera::Error) naming the path, the step that failed
+// and the OS error text, e.g. "/ckpt/a.safetensors: cannot fsync the temp
+// file /ckpt/.a.safetensors.tmp.Qx81Zp: No space left on device". An
+// exception thrown by a streaming writer's callback propagates unchanged
+// (after the temp file is removed).
+//
+// Threads: every function is safe to call from any thread; a FileSink
+// belongs to the call that made it. The system calls go through FileOps
+// (LevelDB's Env, reduced to what this needs), so tests can fail any step.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "runtime/error.h"
+
+namespace tessera {
+
+// The system calls the atomic write makes. Each returns what the POSIX call
+// of the same name returns and sets errno on failure. The default
+// implementation (posix_file_ops()) calls the kernel; tests override some.
+class FileOps {
+ public:
+  virtual ~FileOps() = default;
+  virtual int open(const char* path, int flags, mode_t mode);
+  virtual ssize_t write(int fd, const void* data, size_t bytes);
+  virtual int fsync(int fd);
+  virtual int close(int fd);
+  virtual int rename(const char* from, const char* to);
+  virtual int unlink(const char* path);
+  // Advisory: start writing back [offset, offset + bytes) (sync_file_range),
+  // so the final fsync has less to wait for. Failures are ignored.
+  virtual void start_writeback(int fd, uint64_t offset, uint64_t bytes);
+};
+FileOps& posix_file_ops();
+
+// The steps of the contract above, for errors and tests.
+enum class FileStep { CreateTemp, Write, SyncFile, CloseFile, Rename, OpenDir, SyncDir };
+const char* file_step_name(FileStep step);  // "create the temp file", "write", ...
+
+class IoError : public Error {
+ public:
+  IoError(const std::string& what, std::string path, FileStep step, int os_error)
+      : Error(what), path_(std::move(path)), step_(step), os_error_(os_error) {}
+  const std::string& path() const { return path_; }  // the destination
+  FileStep step() const { return step_; }
+  int os_error() const { return os_error_; }  // errno of the failed call
+
+ private:
+  std::string path_;
+  FileStep step_;
+  int os_error_;
+};
+
+struct AtomicWriteOptions {
+  mode_t mode = 0666;      // of the new file, before the umask
+  FileOps* ops = nullptr;  // nullptr: posix_file_ops()
+};
+
+// Handed to a streaming writer: appends to the temp file. write() throws
+// IoError (step Write) when the disk refuses; the call then fails as a whole.
+class FileSink {
+ public:
+  void write(const void* data, size_t bytes);
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  uint64_t bytes_written() const { return written_; }
+  const std::string& path() const { return path_; }  // the destination
+
+ private:
+  friend void write_file_atomic(const std::string&, const std::function<void(FileSink&)>&, const AtomicWriteOptions&);
+  FileSink(FileOps& ops, int fd, const std::string& path, const std::string& tmp)
+      : ops_(ops), fd_(fd), path_(path), tmp_(tmp) {}
+  FileOps& ops_;
+  int fd_;
+  const std::string& path_;
+  const std::string& tmp_;
+  uint64_t written_ = 0, kicked_ = 0;
+};
+
+// Writes `bytes` to `path` under the contract above.
+void write_file_atomic(const std::string& path, std::string_view bytes, const AtomicWriteOptions& options = {});
+// Streaming: `fill` writes the content through the sink (e.g. tensor by
+// tensor, without building the file in memory).
+void write_file_atomic(const std::string& path, const std::function<void(FileSink&)>& fill,
+                       const AtomicWriteOptions& options = {});
+
+}  // namespace tessera

@@ -1,0 +1,389 @@
+// write_file_atomic (runtime/files.h): the order of the system calls, a
+// failure injected at every step (as LevelDB's fault-injection Env does),
+// and concurrent writers of one path.
+#include "runtime/files.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tessera {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tessera_files_XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(path_)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  std::string path_;
+};
+
+std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::nullopt;
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+void put(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+  ASSERT_TRUE(f.good()) << path;
+}
+
+// 200 KB that no prefix of another content equals.
+std::string content(char tag, size_t n = 200'000) {
+  std::string s(n, tag);
+  for (size_t i = 0; i < n; i += 997) s[i] = static_cast<char>('a' + (i / 997) % 26);
+  return s;
+}
+
+// The faults a test can ask for. ShortWrite: the first write stores half of
+// what it was given (a real partial write) and the next one fails with ENOSPC.
+enum class Fault { None, CreateTemp, Write, ShortWrite, SyncFile, CloseFile, Rename, OpenDir, SyncDir };
+
+// Real system calls, recorded as a trace, with one call failing on request.
+class FaultyOps : public FileOps {
+ public:
+  explicit FaultyOps(Fault fault, int err = EIO) : fault_(fault), err_(err) {}
+
+  int open(const char* path, int flags, mode_t mode) override {
+    const bool dir = (flags & O_DIRECTORY) != 0;
+    trace.push_back(dir ? "open dir" : "open temp");
+    if (fire(dir ? Fault::OpenDir : Fault::CreateTemp)) return -1;
+    const int fd = FileOps::open(path, flags, mode);
+    if (fd >= 0) (dir ? dir_fds_ : temp_fds_).insert(fd);
+    if (!dir) temp_path = path;
+    return fd;
+  }
+  ssize_t write(int fd, const void* data, size_t bytes) override {
+    trace.push_back("write");
+    if (fire(Fault::Write)) return -1;
+    if (fault_ == Fault::ShortWrite && !fired_) {
+      fired_ = true;
+      short_pending_ = true;
+      return FileOps::write(fd, data, bytes / 2);
+    }
+    if (short_pending_) {
+      errno = ENOSPC;
+      return -1;
+    }
+    return FileOps::write(fd, data, bytes);
+  }
+  int fsync(int fd) override {
+    const bool dir = dir_fds_.count(fd) != 0;
+    trace.push_back(dir ? "fsync dir" : "fsync temp");
+    if (fire(dir ? Fault::SyncDir : Fault::SyncFile)) return -1;
+    return FileOps::fsync(fd);
+  }
+  int close(int fd) override {
+    const bool dir = dir_fds_.count(fd) != 0;
+    trace.push_back(dir ? "close dir" : "close temp");
+    if (dir)
+      dir_fds_.erase(fd);
+    else
+      temp_fds_.erase(fd);
+    if (!dir && fault_ == Fault::CloseFile && !fired_) {
+      FileOps::close(fd);  // Linux frees the descriptor even when close fails
+      fired_ = true;
+      errno = err_;
+      return -1;
+    }
+    return FileOps::close(fd);
+  }
+  int rename(const char* from, const char* to) override {
+    trace.push_back("rename");
+    if (fire(Fault::Rename)) return -1;
+    return FileOps::rename(from, to);
+  }
+  int unlink(const char* path) override {
+    trace.push_back("unlink");
+    return FileOps::unlink(path);
+  }
+  void start_writeback(int, uint64_t, uint64_t) override { trace.push_back("writeback"); }
+
+  size_t open_fds() const { return temp_fds_.size() + dir_fds_.size(); }
+  std::vector<std::string> trace;
+  std::string temp_path;
+
+ private:
+  bool fire(Fault f) {
+    if (fault_ != f || fired_) return false;
+    fired_ = true;
+    errno = err_;
+    return true;
+  }
+  Fault fault_;
+  int err_;
+  bool fired_ = false, short_pending_ = false;
+  std::set<int> temp_fds_, dir_fds_;
+};
+
+TEST(WriteFileAtomic, MakesTheCallsOfTheContractInOrder) {
+  TempDir d;
+  const std::string path = d.file("plan.json");
+  FaultyOps ops(Fault::None);
+  AtomicWriteOptions o;
+  o.ops = &ops;
+  write_file_atomic(path, content('n'), o);
+  EXPECT_EQ(read_file(path), content('n'));
+  // The temp file was in the same directory, hidden, and named after the target.
+  EXPECT_EQ(ops.temp_path.rfind(d.file(".plan.json.tmp."), 0), 0u) << ops.temp_path;
+  EXPECT_EQ(ops.temp_path.size(), d.file(".plan.json.tmp.").size() + 6) << ops.temp_path;
+  const std::vector<std::string> want = {"open temp", "write",    "fsync temp", "close temp",
+                                         "rename",    "open dir", "fsync dir",  "close dir"};
+  EXPECT_EQ(ops.trace, want);
+  EXPECT_EQ(ops.open_fds(), 0u);
+  EXPECT_EQ(d.entries(), std::vector<std::string>{"plan.json"});
+}
+
+struct StepCase {
+  Fault fault;
+  FileStep step;         // the step the error must name
+  bool renamed;          // the failure comes after the rename
+  const char* os_error;  // strerror text in the message
+};
+
+std::string step_case_name(const ::testing::TestParamInfo<StepCase>& info) {
+  static const char* kNames[] = {"None",      "CreateTemp", "Write",   "ShortWrite", "SyncFile",
+                                 "CloseFile", "Rename",     "OpenDir", "SyncDir"};
+  return kNames[static_cast<int>(info.param.fault)];
+}
+
+class WriteFileAtomicFault : public ::testing::TestWithParam<StepCase> {};
+
+// For every step: the error names the path, the step and the OS error; the
+// destination is the old file (or absent) before the rename and the new one
+// after it, never a partial file; no temp file and no descriptor is left.
+TEST_P(WriteFileAtomicFault, DestinationIsOldOrNewAndNoTempIsLeft) {
+  const StepCase c = GetParam();
+  for (bool had_old : {true, false}) {
+    TempDir d;
+    const std::string path = d.file("model.safetensors");
+    if (had_old) put(path, content('o'));
+    FaultyOps ops(c.fault, c.fault == Fault::CreateTemp ? EACCES : c.fault == Fault::Write ? ENOSPC : EIO);
+    AtomicWriteOptions o;
+    o.ops = &ops;
+    try {
+      write_file_atomic(path, content('n'), o);
+      ADD_FAILURE() << "no error with a fault at " << file_step_name(c.step);
+    } catch (const IoError& e) {
+      const std::string w = e.what();
+      EXPECT_EQ(e.step(), c.step) << w;
+      EXPECT_EQ(e.path(), path);
+      EXPECT_NE(w.find(path), std::string::npos) << w;
+      EXPECT_NE(w.find(file_step_name(c.step)), std::string::npos) << w;
+      EXPECT_NE(w.find(c.os_error), std::string::npos) << w;
+    }
+    const auto now = read_file(path);
+    if (c.renamed) {
+      EXPECT_EQ(now, content('n')) << file_step_name(c.step);
+    } else if (had_old) {
+      EXPECT_EQ(now, content('o')) << file_step_name(c.step);
+    } else {
+      EXPECT_FALSE(now.has_value()) << file_step_name(c.step);
+    }
+    const std::vector<std::string> want =
+        c.renamed || had_old ? std::vector<std::string>{"model.safetensors"} : std::vector<std::string>{};
+    EXPECT_EQ(d.entries(), want) << "left behind at " << file_step_name(c.step)
+                                 << (had_old ? " (old file)" : " (no old file)");
+    EXPECT_EQ(ops.open_fds(), 0u) << file_step_name(c.step);
+    // The temp file is only ever removed, and only when the rename did not happen.
+    const bool unlinked = std::find(ops.trace.begin(), ops.trace.end(), "unlink") != ops.trace.end();
+    EXPECT_EQ(unlinked, !c.renamed && c.fault != Fault::CreateTemp) << file_step_name(c.step);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryStep, WriteFileAtomicFault,
+                         ::testing::Values(StepCase{Fault::CreateTemp, FileStep::CreateTemp, false,
+                                                    "Permission denied"},
+                                           StepCase{Fault::Write, FileStep::Write, false, "No space left"},
+                                           StepCase{Fault::ShortWrite, FileStep::Write, false, "No space left"},
+                                           StepCase{Fault::SyncFile, FileStep::SyncFile, false, "Input/output error"},
+                                           StepCase{Fault::CloseFile, FileStep::CloseFile, false, "Input/output error"},
+                                           StepCase{Fault::Rename, FileStep::Rename, false, "Input/output error"},
+                                           StepCase{Fault::OpenDir, FileStep::OpenDir, true, "Input/output error"},
+                                           StepCase{Fault::SyncDir, FileStep::SyncDir, true, "Input/output error"}),
+                         step_case_name);
+
+// Writes that store a few bytes at a time, or are interrupted, are continued.
+class DribbleOps : public FileOps {
+ public:
+  ssize_t write(int fd, const void* data, size_t bytes) override {
+    if (++calls % 5 == 0) {
+      errno = EINTR;
+      return -1;
+    }
+    return FileOps::write(fd, data, std::min<size_t>(bytes, 7));
+  }
+  int calls = 0;
+};
+
+TEST(WriteFileAtomic, ShortAndInterruptedWritesAreContinued) {
+  TempDir d;
+  DribbleOps ops;
+  AtomicWriteOptions o;
+  o.ops = &ops;
+  const std::string want = content('s', 5000);
+  write_file_atomic(d.file("x"), want, o);
+  EXPECT_EQ(read_file(d.file("x")), want);
+  EXPECT_GT(ops.calls, 5000 / 7);
+}
+
+// An exception from a streaming writer propagates as it was; the old file stays.
+TEST(WriteFileAtomic, WriterExceptionPropagatesAndRemovesTheTemp) {
+  TempDir d;
+  const std::string path = d.file("manifest.json");
+  put(path, "old");
+  try {
+    write_file_atomic(path, [](FileSink& out) {
+      out.write("half of it");
+      EXPECT_EQ(out.bytes_written(), 10u);
+      throw InvalidArgument("tensor 'wte' has a bad shape");
+    });
+    FAIL() << "no exception";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "tensor 'wte' has a bad shape");
+  }
+  EXPECT_EQ(read_file(path), "old");
+  EXPECT_EQ(d.entries(), std::vector<std::string>{"manifest.json"});
+}
+
+TEST(WriteFileAtomic, StreamsLargeContentWithWriteback) {
+  TempDir d;
+  FaultyOps ops(Fault::None);
+  AtomicWriteOptions o;
+  o.ops = &ops;
+  const std::string chunk = content('c', 1 << 20);
+  write_file_atomic(
+      d.file("big"),
+      [&](FileSink& out) {
+        for (int i = 0; i < 70; ++i) out.write(chunk);
+      },
+      o);
+  EXPECT_EQ(std::filesystem::file_size(d.file("big")), 70u << 20);
+  // Writeback starts after each completed 32 MiB: twice in 70 MiB.
+  EXPECT_EQ(std::count(ops.trace.begin(), ops.trace.end(), "writeback"), 2);
+}
+
+TEST(WriteFileAtomic, BadPathsNameThePath) {
+  TempDir d;
+  try {
+    write_file_atomic(d.file("no/such/dir/plan.json"), "x");
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.step(), FileStep::CreateTemp);
+    EXPECT_EQ(e.os_error(), ENOENT);
+    EXPECT_NE(std::string(e.what()).find(d.file("no/such/dir/plan.json")), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(write_file_atomic(d.path() + "/", "x"), InvalidArgument);
+  // A name near NAME_MAX still gets a temp file (its name is shortened).
+  const std::string long_name(250, 'n');
+  write_file_atomic(d.file(long_name), "long");
+  EXPECT_EQ(read_file(d.file(long_name)), "long");
+  EXPECT_EQ(d.entries(), std::vector<std::string>{long_name});
+}
+
+TEST(WriteFileAtomic, ModeIsTheOptionLessTheUmask) {
+  TempDir d;
+  AtomicWriteOptions o;
+  o.mode = 0600;
+  write_file_atomic(d.file("secret"), "k", o);
+  struct stat st {};
+  ASSERT_EQ(::stat(d.file("secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const mode_t mask = ::umask(022);
+  write_file_atomic(d.file("shared"), "k");
+  ::umask(mask);
+  ASSERT_EQ(::stat(d.file("shared").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+}
+
+// Three processes of two threads each overwrite one path with their own
+// content while the parent reads it: every read is one writer's whole
+// content, and the writers never collide on a temp name.
+TEST(WriteFileAtomic, ConcurrentWritersNeverTearTheFile) {
+  TempDir d;
+  const std::string path = d.file("shared.bin");
+  const size_t n = 256 << 10;
+  write_file_atomic(path, std::string(n, 'A'));
+  std::vector<pid_t> kids;
+  for (int p = 0; p < 3; ++p) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int bad = 0;
+      auto writer = [&](char tag) {
+        for (int i = 0; i < 25; ++i) {
+          try {
+            write_file_atomic(path, std::string(n, tag));
+          } catch (const std::exception&) {
+            bad = 1;
+          }
+        }
+      };
+      std::thread t(writer, static_cast<char>('B' + 2 * p));
+      writer(static_cast<char>('C' + 2 * p));
+      t.join();
+      ::_exit(bad);
+    }
+    kids.push_back(pid);
+  }
+  int reads = 0, torn = 0;
+  std::set<char> seen;
+  auto all_done = [&] {
+    for (pid_t& k : kids) {
+      int st = 0;
+      if (k > 0 && ::waitpid(k, &st, WNOHANG) == k) {
+        EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "a writer failed";
+        k = 0;
+      }
+    }
+    return std::all_of(kids.begin(), kids.end(), [](pid_t k) { return k == 0; });
+  };
+  while (!all_done()) {
+    const auto s = read_file(path);
+    ASSERT_TRUE(s.has_value());
+    ++reads;
+    if (s->size() != n || s->find_first_not_of((*s)[0]) != std::string::npos)
+      ++torn;
+    else
+      seen.insert((*s)[0]);
+  }
+  EXPECT_EQ(torn, 0) << "of " << reads << " reads";
+  EXPECT_GT(reads, 0);
+  EXPECT_GE(seen.size(), 2u);  // the readers did see the writers take turns
+  EXPECT_EQ(d.entries(), std::vector<std::string>{"shared.bin"});
+}
+
+}  // namespace
+}  // namespace tessera
