@@ -194,6 +194,7 @@ class TransportCommunicator final : public Communicator {
   double last_modeled_seconds() const override { return last_model_.load(); }
   double total_modeled_seconds() const override { return total_model_.load(); }
   std::string last_algorithm() const override { return last_algo_.load(); }
+  std::string transport() const override { return transport_->name(); }
 
  private:
   void check_buf(const void* p, size_t count, const char* what) const {

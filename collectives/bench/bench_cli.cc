@@ -51,7 +51,7 @@ struct BenchArgs {
   std::string datatype = "f32", redop = "sum";
   int check = 1;
   int root = 0;
-  std::string transport = "shm", algo, topology, json, plot, compare;
+  std::string transport = "auto", algo, topology, json, plot, compare;
   bool baseline = false;
   double timeout_s = 120;
 };
@@ -286,7 +286,7 @@ int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
   std::unique_ptr<DeviceMemory> arena;
   void* sbuf = nullptr;
   void* rbuf = nullptr;
-  if (kind == TransportKind::Shm && need > 0) {
+  if ((kind == TransportKind::Shm || kind == TransportKind::Auto) && need > 0) {
     const size_t rounded = (need + 4095) / 4096 * 4096;
     arena = make_shm_memory(2 * rounded + (1 << 20));
     sbuf = arena->allocate(rounded);
@@ -299,7 +299,7 @@ int run_rank(const BenchArgs& a, const bench::BenchConfig& cfg) {
   bench::Report rep;
   rep.op = bench::bench_op_name(cfg.op);
   rep.ranks = w.size;
-  rep.transport = transport_name(kind);
+  rep.transport = comm->transport();
   rep.algo = a.algo;
   rep.dtype = dtype_name(cfg.dtype);
   rep.redop = bench::op_reduces(cfg.op) ? reduce_op_name(cfg.redop) : "none";
@@ -381,8 +381,9 @@ void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
       ->default_str("1")
       ->check(CLI::Range(0, 1));
   cmd->add_option("--root", a->root, "Root rank of broadcast and reduce (default 0)");
-  cmd->add_option("--transport", a->transport, "shm, tcp or mpi (default shm)")
-      ->check(CLI::IsMember({"shm", "tcp", "mpi"}));
+  cmd->add_option("--transport", a->transport,
+                  "auto (shm inside a host, tcp between hosts; the default), shm, tcp or mpi")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "mpi"}));
   cmd->add_option("--algo", a->algo, "Force an algorithm (ring, rhd, torus, ...)");
   cmd->add_option("--topology", a->topology, "Topology preset or JSON file for the modeled busbw");
   cmd->add_option("--json", a->json, "Also write the results as JSON to FILE");
