@@ -1,5 +1,7 @@
 #include "collectives/routed_transport.h"
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -324,8 +326,13 @@ std::unique_ptr<Transport> make_routed_transport(TransportKind kind, std::shared
     int index = 0;
     while (local[index] != rank) ++index;
     auto sub = std::make_shared<PrefixStore>(store, "local/" + std::to_string(local.front()) + "/");
+    // Waits on a peer of this host get a grace beyond the timeout, so when a
+    // remote host is lost the rank blocked on it (over TCP) fails first and
+    // names it, rather than a local peer that only waits for that rank.
+    CommOptions local_opts = options;
+    local_opts.timeout += std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options.timeout / 4);
     try {
-      shm = shm::create_transport(sub, index, static_cast<int>(local.size()), options, local);
+      shm = shm::create_transport(sub, index, static_cast<int>(local.size()), local_opts, local);
     } catch (const TransportError& e) {
       throw TransportError(e.kind(), e.peer() >= 0 ? local[e.peer()] : -1, e.what());
     }

@@ -21,7 +21,10 @@
 // driving thread at a time). Errors: TransportError with the peer as a rank
 // of this group and the message naming the peer's host; the first failure of
 // either half aborts the other, so the peers behind it fail fast too, and
-// every later call fails at once.
+// every later call fails at once. Timeouts: waits on a peer of this host take
+// max(1 s, timeout / 4) longer than the timeout, so that when another host is
+// lost the rank blocked on it over TCP fails first and names it (its local
+// peers then fail at once, told by the abort, instead of blaming each other).
 #pragma once
 
 #include <memory>
