@@ -73,9 +73,10 @@ class TransportCommunicator final : public Communicator {
     links_ = LinkCosts(net_, nodes_);
     torus_ = torus_shape(net_, nodes_);
     multi_dim_ = torus_.valid && torus_.extent.size() >= 2;
+    hosts_ = host_levels(transport_->host_of(), rank_);
     // Validate a forced algorithm name now rather than at the first call.
     Algorithm* tmp[kMaxCandidates];
-    algorithm_candidates(CollKind::AllReduce, 0, false, options_.algo, tmp);
+    algorithm_candidates(CollKind::AllReduce, 0, false, false, options_.algo, tmp);
   }
 
   ~TransportCommunicator() override {
@@ -251,6 +252,7 @@ class TransportCommunicator final : public Communicator {
       ctx.net = &net_;
       ctx.torus = &torus_;
       ctx.ws = &ws_;
+      ctx.hosts = &hosts_;
       const bool reducing = kind == CollKind::AllReduce || kind == CollKind::ReduceScatter || kind == CollKind::Reduce;
       const ReduceOp kop = op == ReduceOp::Avg ? ReduceOp::Sum : op;
       CollCall call{kind, send, recv, count, dtype, kop, root};
@@ -267,7 +269,7 @@ class TransportCommunicator final : public Communicator {
       }
       const size_t bytes = count * dtype_size(call.dtype);
       Algorithm* cands[kMaxCandidates];
-      const int n = algorithm_candidates(kind, bytes, multi_dim_, options_.algo, cands);
+      const int n = algorithm_candidates(kind, bytes, multi_dim_, hosts_.valid, options_.algo, cands);
       const char* served = nullptr;
       for (int i = 0; i < n && !served; ++i)
         if (cands[i]->run(ctx, call)) served = cands[i]->name();
@@ -374,6 +376,7 @@ class TransportCommunicator final : public Communicator {
   LinkCosts links_;
   TorusShape torus_;
   bool multi_dim_ = false;
+  HostLevels hosts_;
 
   std::mutex exec_mu_;  // one collective at a time on the transport
   uint32_t seq_ = 0;

@@ -117,6 +117,8 @@ class RoutedTransport final : public Transport {
     std::lock_guard<std::mutex> lk(mu_);
     return aborted_;
   }
+  const std::vector<int>* host_of() const override { return &hosts_.host_of; }
+
   bool peer_alive(int peer) const override {
     if (peer < 0 || peer >= size_ || peer == rank_) return true;
     return on_shm(peer) ? shm_->peer_alive(local_index_[peer]) : tcp_->peer_alive(peer);

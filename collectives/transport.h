@@ -126,6 +126,11 @@ class Transport {
   // algorithms may read their peers' buffers in place. Owned by the transport.
   virtual SharedMemoryPeers* shared_memory() { return nullptr; }
 
+  // Host index of every group rank (hosts numbered in order of their first
+  // rank), when the group spans hosts; nullptr when it is on one host.
+  // Hierarchical algorithms follow it. Owned by the transport; any thread.
+  virtual const std::vector<int>* host_of() const { return nullptr; }
+
  private:
   std::vector<char> scratch_;  // grows to the largest message, then reused
 };

@@ -475,7 +475,26 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
     // Large, from a shared arena (as training does): ring through both transports.
     const size_t n = (size_t{1} << 20) + 3;
     check_all_reduce(*c, arena, n, DType::F32, ReduceOp::Sum, false, 1);
+    // Hierarchical when every host holds the same number (>= 2) of ranks.
+    std::vector<int> per_host;
+    for (int h : l.host_of) {
+      if (h >= static_cast<int>(per_host.size())) per_host.resize(h + 1, 0);
+      ++per_host[h];
+    }
+    bool even = per_host.size() >= 2 && per_host[0] >= 2;
+    for (int k : per_host) even = even && k == per_host[0];
+    COLL_REQUIRE(c->last_algorithm() == (even ? "hier" : "ring"), "large all-reduce served by ", c->last_algorithm());
     check_all_reduce(*c, heap, n, DType::BF16, ReduceOp::Avg, true, 2);
+    // Forced hierarchical at every size (it declines where it cannot; the defaults follow).
+    CommOptions ho;
+    ho.name = "hier";
+    ho.algo = "hier";
+    auto hc = Communicator::create(store, rank, size, ho);
+    for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{7}, size_t{1000}, size_t{65541}}) {
+      check_all_reduce(*hc, heap, count, DType::F32, ReduceOp::Sum, false, 7);
+      check_all_reduce(*hc, heap, count, DType::I64, ReduceOp::Max, true, 8);
+      COLL_REQUIRE((hc->last_algorithm() == "hier") == even, "forced hier served by ", hc->last_algorithm());
+    }
     // Groups inside a host take shared memory; groups across hosts TCP.
     const int host = l.host_of[rank];
     auto same_host = c->split(host, rank, "host");
