@@ -4,7 +4,7 @@
 #
 #   multihost_test.sh CASE BIN_DIR
 #
-# CASE: rig | bench | forced | train | faults. Exits 77 (ctest: skipped) when
+# CASE: rig | bench | forced | train | faults | faults_mpi. Exits 77 (ctest: skipped) when
 # namespaces cannot be made here, saying why.
 set -uo pipefail
 CASE="${1:?usage: multihost_test.sh CASE BIN_DIR}"
@@ -355,6 +355,43 @@ PY
       fail "host killed: root cause does not name mh1"
     fi
     echo "--- mh0:"; grep -A4 "job failed" "$OUT/kill.0" | head -8
+    ;;
+
+  faults_mpi)
+    # Under mpirun: every process of mh1 killed mid-job. mpirun notices the
+    # lost daemon and exits non-zero; the ranks of mh0 fail naming mh1.
+    # (A cut link instead leaves OpenMPI 4.1's mpirun waiting for the
+    # unreachable daemon after the ranks aborted; see docs/launcher.md.)
+    rig_up 2 || exit 1
+    rm -f "$OUT/mpi.out"
+    TESSERA_TIMEOUT_S=4 mpirun_on_hosts 4 -x TESSERA_TIMEOUT_S "$BIN/tessera_hello" --comm --loop-seconds 120 \
+      >"$OUT/mpi.out" 2>&1 &
+    p=$!
+    for ((n = 0; n < 300; ++n)); do
+      [ "$(grep -c 'ok (round 0)' "$OUT/mpi.out" 2>/dev/null)" = 4 ] && break
+      sleep 0.1
+    done
+    t0=$(date +%s)
+    kill -KILL "${RIG_PIDS[1]}"
+    for ((n = 0; n < 400; ++n)); do
+      kill -0 "$p" 2>/dev/null || break
+      sleep 0.1
+    done
+    t1=$(date +%s)
+    if kill -0 "$p" 2>/dev/null; then
+      fail "mpirun still running 40 s after mh1 died"
+      kill -KILL "$p"
+    fi
+    wait "$p"
+    rc=$?
+    [ $rc != 0 ] && [ $((t1 - t0)) -le 15 ] && pass "mpirun exits non-zero ($rc) $((t1 - t0)) s after mh1 died" ||
+      fail "mpirun exit $rc after $((t1 - t0)) s"
+    if grep -q "rank [23] is on host 'mh1'" "$OUT/mpi.out"; then
+      pass "mh0's ranks name mh1 in their error"
+    else
+      fail "no error naming mh1"
+      tail -20 "$OUT/mpi.out"
+    fi
     ;;
   *)
     echo "unknown case '$CASE'" >&2
