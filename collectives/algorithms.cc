@@ -47,6 +47,17 @@ LinkCosts::LinkCosts(const NetModel& net, const std::vector<int>& nodes) : p_(st
   }
 }
 
+void LinkCosts::set_between_hosts(const std::vector<int>& host_of, double bandwidth, double latency) {
+  TESSERA_CHECK_EQ(static_cast<int>(host_of.size()), p_);
+  for (int a = 0; a < p_; ++a)
+    for (int b = 0; b < p_; ++b) {
+      if (host_of[a] == host_of[b]) continue;
+      const size_t i = static_cast<size_t>(a) * static_cast<size_t>(p_) + static_cast<size_t>(b);
+      lat_[i] = latency;
+      bw_[i] = bandwidth;
+    }
+}
+
 TorusShape torus_shape(const NetModel& net, const std::vector<int>& nodes) {
   TorusShape s;
   const int p = static_cast<int>(nodes.size());

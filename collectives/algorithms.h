@@ -41,6 +41,9 @@ class LinkCosts {
  public:
   LinkCosts() = default;
   LinkCosts(const NetModel& net, const std::vector<int>& nodes);
+  // Links between group ranks on different hosts (host_of[r]) cost
+  // `latency + bytes / bandwidth` instead (the instance network).
+  void set_between_hosts(const std::vector<int>& host_of, double bandwidth, double latency);
   double time(int from, int to, double bytes) const {
     const size_t i = static_cast<size_t>(from) * static_cast<size_t>(p_) + static_cast<size_t>(to);
     return from == to ? 0.0 : lat_[i] + (bw_[i] > 0 ? bytes / bw_[i] : 0.0);

@@ -25,6 +25,11 @@ namespace {
 // Trainium chip over 4 ports, i.e. 48 GiB/s per direction per link.
 constexpr double kDefaultLinkBandwidth = 48.0 * (1ull << 30);
 constexpr double kDefaultLinkLatency = 2e-6;
+// Between hosts (instances) of the default model: EFA, 800 Gbps per trn1
+// instance (shared/REFERENCES.md), shared by the host's ranks that cross at
+// once; its latency is an assumption (REFERENCES.md gives none).
+constexpr double kDefaultInstanceBandwidth = 800e9 / 8;
+constexpr double kDefaultInstanceLatency = 10e-6;
 constexpr uint32_t kP2PTagBit = 0x80000000u;
 
 class AsyncWork final : public Work {
@@ -71,6 +76,14 @@ class TransportCommunicator final : public Communicator {
                           " is not a node of the modeled interconnect (", net_.num_nodes(), " nodes)");
     }
     links_ = LinkCosts(net_, nodes_);
+    // The default model has two levels when the group spans hosts:
+    // NeuronLink inside a host, the instance network between hosts.
+    if (options_.net.dims().empty())
+      if (const std::vector<int>* host_of = transport_->host_of()) {
+        int local = 0;
+        for (int h : *host_of) local += h == (*host_of)[rank_] ? 1 : 0;
+        links_.set_between_hosts(*host_of, kDefaultInstanceBandwidth / std::max(1, local), kDefaultInstanceLatency);
+      }
     torus_ = torus_shape(net_, nodes_);
     multi_dim_ = torus_.valid && torus_.extent.size() >= 2;
     hosts_ = host_levels(transport_->host_of(), rank_);

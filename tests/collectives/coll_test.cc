@@ -593,6 +593,37 @@ TEST(HostsFaults, DeadRankOnAnotherHostFailsEveryoneNamingIt) {
 
 // ---------------------------------------------------------------- modeled time
 
+// Two hosts of two ranks, default model: NeuronLink (48 GiB/s, 2 us) inside a
+// host, the instance network (800 Gb/s shared by the host's 2 ranks, 10 us)
+// between hosts. hier: 2(L-1) local steps of n/L and 2(H-1) cross steps of
+// n/(LH); a flat ring over 4 ranks pays the cross-host link at every step.
+TEST(ModeledTime, HierarchicalUsesTwoLevels) {
+  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+    enter_host(rank / 2);
+    const double a = 2e-6, bw = 48.0 * (1ull << 30), ae = 10e-6, be = 800e9 / 8 / 2;
+    const size_t count = 4 * 2 * 1000;
+    const double n = static_cast<double>(count * 4);
+    std::vector<float> buf(count, 1.0f);
+    auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
+    CommOptions o;
+    o.algo = "hier";
+    auto c = Communicator::create(store, rank, size, o);
+    c->all_reduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::Sum);
+    COLL_REQUIRE(c->last_algorithm() == "hier", c->last_algorithm());
+    const double hier = 2 * (a + n / 2 / bw) + 2 * (ae + n / 4 / be);
+    COLL_REQUIRE(near(c->last_modeled_seconds(), hier), "hier ", c->last_modeled_seconds(), " vs ", hier);
+    CommOptions r;
+    r.name = "flat";
+    r.algo = "ring";
+    auto f = Communicator::create(store, rank, size, r);
+    f->all_reduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::Sum);
+    const double ring = 6 * (ae + n / 4 / be);
+    COLL_REQUIRE(near(f->last_modeled_seconds(), ring), "ring ", f->last_modeled_seconds(), " vs ", ring);
+    COLL_REQUIRE(hier < ring, "hier not cheaper");
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
 TEST(ModeledTime, SchedulesMatchClosedForms) {
   auto res = run_ranks(6, [](int rank, int size, std::shared_ptr<Store> store) {
     const double a = 1.5e-6, bw = 40e9;
