@@ -3,12 +3,13 @@
 // Each rank owns one segment per communicator (a memfd, so nothing can be
 // left in /dev/shm), created, pre-faulted and published once; the peers map
 // it through /proc/<pid>/fd. The endpoint published in the store is
-// "PID FD BYTES TOKEN HOSTKEY": a peer whose HOSTKEY (collectives/host.h)
+// "PID FD BYTES TOKEN HOSTKEY NAME": a peer whose HOSTKEY (collectives/host.h)
 // differs is refused without touching /proc, and a mapped segment whose
 // header does not hold TOKEN (128 random bits) is not the peer's. A segment
 // holds:
-//   - a control block: the segment's token, the doorbell (futex word the owner sleeps on), the
-//     owner's failed flag and reason, the publish rounds of SharedMemoryPeers;
+//   - a control block: the segment's token, the doorbell (futex word the
+//     owner sleeps on), the owner's failed flag and reason, the publish
+//     rounds of SharedMemoryPeers;
 //   - one inbound channel per peer: a single-producer single-consumer ring of
 //     kSlots fixed-size slots that the peer writes and the owner reads.
 // Whoever changes something another rank may wait for (a message posted, a
@@ -191,9 +192,6 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
          << host.key << ' ' << host.name;
       store->set("shm/" + std::to_string(rank_), os.str());
     }
-    segs_.resize(size_);
-    pids_.resize(size_, 0);
-    pidfds_.resize(size_, -1);
     // Every endpoint first, and every host checked, before anything is
     // opened: a group that spans hosts fails on every rank with the same
     // reason, and no /proc entry of another host's pid is ever touched.
