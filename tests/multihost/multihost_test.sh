@@ -198,12 +198,14 @@ s.bind(("0.0.0.0", 29599)); s.listen(1); c,a=s.accept(); print(a[0], c.recv(10).
     # Which transport each group took (debug lines of the routed transport).
     grep -q "group 'world' rank 0 of 4: 2 host(s)" "$OUT/run.0" && pass "world spans 2 hosts" ||
       fail "world group did not see 2 hosts"
-    if grep "group '" "$OUT/run.0" "$OUT/run.1" | grep -v "'world'" | grep -q "2 host(s)" &&
-      grep "group '" "$OUT/run.0" "$OUT/run.1" | grep -v "'world'" | grep -q "1 host(s)"; then
-      pass "sub-groups: some inside one host (TP), some across both (DP)"
+    lines="$(cat "$OUT/run.0" "$OUT/run.1")"
+    if grep -q "group 'tp0' rank [01] of 2: 1 host(s), this rank on host 'mh0'" <<<"$lines" &&
+      grep -q "group 'tp1' rank [01] of 2: 1 host(s), this rank on host 'mh1'" <<<"$lines" &&
+      [ "$(grep -c "group 'dp[01]' rank [01] of 2: 2 host(s)" <<<"$lines")" = 4 ]; then
+      pass "TP groups inside one host, DP groups across both"
     else
-      fail "sub-groups do not split as TP inside / DP across"
-      grep "group '" "$OUT/run.0" "$OUT/run.1" | head
+      fail "groups do not split as TP inside a host / DP across hosts"
+      grep "group '" <<<"$lines" | head
     fi
     for f in run mpi; do
       if python3 - "$OUT/one_host.json" "$OUT/$f.json" <<'PY'; then
