@@ -48,6 +48,9 @@ TEST(Failure, KilledPeerIsNoticedQuickly) {
       auto c = Communicator::create(store, rank, size, o);
       std::vector<float> buf(1 << 18, 1.0f);
       c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+      // Nobody still waits inside the first all-reduce when rank 2 dies (a
+      // rank then fails on any dead peer, even one it no longer needs).
+      c->barrier();
       if (rank == 2) {
         if (killed_in_collective) {
           // Die in the middle of the all-reduces the others are running.
