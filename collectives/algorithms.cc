@@ -47,6 +47,17 @@ LinkCosts::LinkCosts(const NetModel& net, const std::vector<int>& nodes) : p_(st
   }
 }
 
+void LinkCosts::set_between_hosts(const std::vector<int>& host_of, double bandwidth, double latency) {
+  TESSERA_CHECK_EQ(static_cast<int>(host_of.size()), p_);
+  for (int a = 0; a < p_; ++a)
+    for (int b = 0; b < p_; ++b) {
+      if (host_of[a] == host_of[b]) continue;
+      const size_t i = static_cast<size_t>(a) * static_cast<size_t>(p_) + static_cast<size_t>(b);
+      lat_[i] = latency;
+      bw_[i] = bandwidth;
+    }
+}
+
 TorusShape torus_shape(const NetModel& net, const std::vector<int>& nodes) {
   TorusShape s;
   const int p = static_cast<int>(nodes.size());
@@ -109,6 +120,25 @@ void* Workspace::get(size_t bytes) {
 }
 
 Workspace::~Workspace() { std::free(p_); }
+
+HostLevels host_levels(const std::vector<int>* host_of, int rank) {
+  HostLevels h;
+  if (!host_of || host_of->empty()) return h;
+  const std::vector<int>& of = *host_of;
+  const int p = static_cast<int>(of.size());
+  const int nh = 1 + *std::max_element(of.begin(), of.end());
+  std::vector<std::vector<int>> on(static_cast<size_t>(nh));
+  for (int r = 0; r < p; ++r) on[static_cast<size_t>(of[r])].push_back(r);
+  for (const auto& v : on)
+    if (v.size() != on[0].size()) return h;
+  if (nh < 2 || on[0].size() < 2) return h;
+  h.local = on[static_cast<size_t>(of[rank])];
+  h.local_pos = static_cast<int>(std::find(h.local.begin(), h.local.end(), rank) - h.local.begin());
+  for (int k = 0; k < nh; ++k) h.cross.push_back(on[static_cast<size_t>(k)][static_cast<size_t>(h.local_pos)]);
+  h.cross_pos = of[rank];
+  h.valid = true;
+  return h;
+}
 
 namespace {
 
@@ -242,6 +272,40 @@ class RingAlgorithm final : public Algorithm {
       default:
         return false;
     }
+  }
+};
+
+// ---------------------------------------------------------------- hier
+// Two levels for a group spanning hosts (ctx.hosts valid): reduce-scatter
+// inside each host (ring over the L host-mates), all-reduce of this rank's
+// 1/L block across hosts among the H ranks of the same local index (ring),
+// all-gather inside the host. Every cross-host link carries 1/L of the data
+// and the L cross-host rings run at once.
+class HierAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "hier"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    if (k.kind != CollKind::AllReduce || !c.hosts || !c.hosts->valid) return false;
+    const HostLevels& h = *c.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    const size_t es = dtype_size(k.dtype);
+    char* buf = static_cast<char*>(k.recv);
+    auto local_blk = [&](int i) { return part(k.count, L, i); };
+    // 1. Inside the host: this rank ends with the host's sum of its block.
+    c.model += ring_reduce_scatter(c, h.local.data(), L, h.local_pos, local_blk, static_cast<const char*>(k.send), buf,
+                                   k.dtype, k.op);
+    // 2. Across hosts: all-reduce of that block (in place).
+    const Range mine = local_blk(h.local_pos);
+    auto cross_blk = [&](int j) {
+      Range b = part(mine.len, H, j);
+      b.off += mine.off;
+      return b;
+    };
+    c.model += ring_reduce_scatter(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, buf, k.dtype, k.op);
+    c.model += ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
+    // 3. Inside the host: everyone gets every block.
+    c.model += ring_all_gather(c, h.local.data(), L, h.local_pos, local_blk, buf, es);
+    return true;
   }
 };
 
@@ -689,6 +753,7 @@ class DisseminationAlgorithm final : public Algorithm {
 };
 
 RingAlgorithm g_ring;
+HierAlgorithm g_hier;
 RhdAlgorithm g_rhd;
 TorusAlgorithm g_torus;
 DirectAlgorithm g_direct;
@@ -697,7 +762,8 @@ TreeAlgorithm g_tree;
 PairwiseAlgorithm g_pairwise;
 DisseminationAlgorithm g_dissemination;
 
-Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_rhd, &g_ring, &g_tree, &g_pairwise, &g_dissemination};
+Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus,    &g_hier,         &g_rhd,
+                           &g_ring,    &g_tree,   &g_pairwise, &g_dissemination};
 
 }  // namespace
 
@@ -707,7 +773,7 @@ std::vector<std::string> algorithm_names() {
   return v;
 }
 
-int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, const std::string& forced,
+int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
                          Algorithm** out) {
   int n = 0;
   auto add = [&](Algorithm* a) {
@@ -731,6 +797,7 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, cons
     case CollKind::AllReduce:
       if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
       add(&g_direct);
+      if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
       if (bytes < (size_t{256} << 10)) add(&g_rhd);
       add(&g_ring);

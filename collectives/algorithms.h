@@ -41,6 +41,9 @@ class LinkCosts {
  public:
   LinkCosts() = default;
   LinkCosts(const NetModel& net, const std::vector<int>& nodes);
+  // Links between group ranks on different hosts (host_of[r]) cost
+  // `latency + bytes / bandwidth` instead (the instance network).
+  void set_between_hosts(const std::vector<int>& host_of, double bandwidth, double latency);
   double time(int from, int to, double bytes) const {
     const size_t i = static_cast<size_t>(from) * static_cast<size_t>(p_) + static_cast<size_t>(to);
     return from == to ? 0.0 : lat_[i] + (bw_[i] > 0 ? bytes / bw_[i] : 0.0);
@@ -78,6 +81,19 @@ struct Workspace {
   size_t bytes_ = 0;
 };
 
+// The two levels of a group that spans hosts: this rank's host-mates and
+// its peers of the same local index on the other hosts. valid only when
+// every host holds the same number (>= 2) of the group's ranks and there
+// are >= 2 hosts.
+struct HostLevels {
+  bool valid = false;
+  std::vector<int> local;  // group ranks on this rank's host, ascending
+  int local_pos = 0;       // this rank's index in local
+  std::vector<int> cross;  // the rank of local index local_pos on each host, by host
+  int cross_pos = 0;       // this rank's index in cross (its host's)
+};
+HostLevels host_levels(const std::vector<int>* host_of, int rank);
+
 struct AlgoContext {
   Transport* transport = nullptr;
   int rank = 0, size = 1;
@@ -86,7 +102,8 @@ struct AlgoContext {
   const NetModel* net = nullptr;
   const TorusShape* torus = nullptr;
   Workspace* ws = nullptr;  // algorithm scratch
-  double model = 0;         // modeled seconds charged by the schedule
+  const HostLevels* hosts = nullptr;
+  double model = 0;  // modeled seconds charged by the schedule
 };
 
 class Algorithm {
@@ -102,7 +119,9 @@ class Algorithm {
 // name (TESSERA_ALGO / CommOptions::algo) goes first and the defaults follow
 // as fallbacks. Unknown names throw InvalidArgument. Allocates nothing.
 constexpr int kMaxCandidates = 8;
-int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, const std::string& forced, Algorithm** out);
+// multi_host: the group spans hosts with equal ranks per host (HostLevels::valid).
+int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
+                         Algorithm** out);
 std::vector<std::string> algorithm_names();
 
 }  // namespace tessera::coll

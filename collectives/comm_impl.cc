@@ -25,6 +25,11 @@ namespace {
 // Trainium chip over 4 ports, i.e. 48 GiB/s per direction per link.
 constexpr double kDefaultLinkBandwidth = 48.0 * (1ull << 30);
 constexpr double kDefaultLinkLatency = 2e-6;
+// Between hosts (instances) of the default model: EFA, 800 Gbps per trn1
+// instance (shared/REFERENCES.md), shared by the host's ranks that cross at
+// once; its latency is an assumption (REFERENCES.md gives none).
+constexpr double kDefaultInstanceBandwidth = 800e9 / 8;
+constexpr double kDefaultInstanceLatency = 10e-6;
 constexpr uint32_t kP2PTagBit = 0x80000000u;
 
 class AsyncWork final : public Work {
@@ -71,11 +76,20 @@ class TransportCommunicator final : public Communicator {
                           " is not a node of the modeled interconnect (", net_.num_nodes(), " nodes)");
     }
     links_ = LinkCosts(net_, nodes_);
+    // The default model has two levels when the group spans hosts:
+    // NeuronLink inside a host, the instance network between hosts.
+    if (options_.net.dims().empty())
+      if (const std::vector<int>* host_of = transport_->host_of()) {
+        int local = 0;
+        for (int h : *host_of) local += h == (*host_of)[rank_] ? 1 : 0;
+        links_.set_between_hosts(*host_of, kDefaultInstanceBandwidth / std::max(1, local), kDefaultInstanceLatency);
+      }
     torus_ = torus_shape(net_, nodes_);
     multi_dim_ = torus_.valid && torus_.extent.size() >= 2;
+    hosts_ = host_levels(transport_->host_of(), rank_);
     // Validate a forced algorithm name now rather than at the first call.
     Algorithm* tmp[kMaxCandidates];
-    algorithm_candidates(CollKind::AllReduce, 0, false, options_.algo, tmp);
+    algorithm_candidates(CollKind::AllReduce, 0, false, false, options_.algo, tmp);
   }
 
   ~TransportCommunicator() override {
@@ -197,6 +211,7 @@ class TransportCommunicator final : public Communicator {
   double last_modeled_seconds() const override { return last_model_.load(); }
   double total_modeled_seconds() const override { return total_model_.load(); }
   std::string last_algorithm() const override { return last_algo_.load(); }
+  std::string transport() const override { return transport_->name(); }
 
  private:
   void check_buf(const void* p, size_t count, const char* what) const {
@@ -258,6 +273,7 @@ class TransportCommunicator final : public Communicator {
       ctx.net = &net_;
       ctx.torus = &torus_;
       ctx.ws = &ws_;
+      ctx.hosts = &hosts_;
       const bool reducing = kind == CollKind::AllReduce || kind == CollKind::ReduceScatter || kind == CollKind::Reduce;
       const ReduceOp kop = op == ReduceOp::Avg ? ReduceOp::Sum : op;
       CollCall call{kind, send, recv, count, dtype, kop, root};
@@ -274,7 +290,7 @@ class TransportCommunicator final : public Communicator {
       }
       const size_t bytes = count * dtype_size(call.dtype);
       Algorithm* cands[kMaxCandidates];
-      const int n = algorithm_candidates(kind, bytes, multi_dim_, options_.algo, cands);
+      const int n = algorithm_candidates(kind, bytes, multi_dim_, hosts_.valid, options_.algo, cands);
       const char* served = nullptr;
       for (int i = 0; i < n && !served; ++i)
         if (cands[i]->run(ctx, call)) served = cands[i]->name();
@@ -381,6 +397,7 @@ class TransportCommunicator final : public Communicator {
   LinkCosts links_;
   TorusShape torus_;
   bool multi_dim_ = false;
+  HostLevels hosts_;
 
   std::mutex exec_mu_;  // one collective at a time on the transport
   uint32_t seq_ = 0;

@@ -14,7 +14,7 @@ namespace tessera::coll {
 std::shared_ptr<Communicator> make_transport_communicator(std::shared_ptr<Store> store,
                                                           std::unique_ptr<Transport> transport, CommOptions options);
 
-// Applies TESSERA_TIMEOUT_S and TESSERA_ALGO to `options`; throws InvalidArgument on bad values.
+// Applies TESSERA_TIMEOUT_S, TESSERA_ALGO and TESSERA_TRANSPORT to `options`; throws InvalidArgument on bad values.
 CommOptions apply_env_overrides(CommOptions options);
 
 }  // namespace tessera::coll

@@ -4,8 +4,7 @@
 
 #include "collectives/comm_impl.h"
 #include "collectives/mpi/mpi_backend.h"
-#include "collectives/shm/shm_transport.h"
-#include "collectives/tcp/tcp_transport.h"
+#include "collectives/routed_transport.h"
 #include "collectives/transport.h"
 
 namespace tessera::coll {
@@ -55,6 +54,8 @@ const char* collective_error_kind_name(CollectiveError::Kind kind) {
 
 const char* transport_name(TransportKind t) {
   switch (t) {
+    case TransportKind::Auto:
+      return "auto";
     case TransportKind::Shm:
       return "shm";
     case TransportKind::Tcp:
@@ -66,10 +67,11 @@ const char* transport_name(TransportKind t) {
 }
 
 TransportKind parse_transport(const std::string& s) {
+  if (s == "auto") return TransportKind::Auto;
   if (s == "shm") return TransportKind::Shm;
   if (s == "tcp") return TransportKind::Tcp;
   if (s == "mpi") return TransportKind::Mpi;
-  throw InvalidArgument("unknown transport '" + s + "' (expected shm, tcp or mpi)");
+  throw InvalidArgument("unknown transport '" + s + "' (expected auto, shm, tcp or mpi)");
 }
 
 CommOptions apply_env_overrides(CommOptions options) {
@@ -80,16 +82,23 @@ CommOptions apply_env_overrides(CommOptions options) {
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
   }
   if (const char* a = std::getenv("TESSERA_ALGO"); a && *a) options.algo = a;
+  if (const char* t = std::getenv("TESSERA_TRANSPORT"); t && *t) {
+    try {
+      options.transport = parse_transport(t);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string("TESSERA_TRANSPORT: ") + e.what());
+    }
+  }
   return options;
 }
 
 std::unique_ptr<Transport> make_transport(TransportKind kind, std::shared_ptr<Store> store, int rank, int size,
                                           const CommOptions& options) {
   switch (kind) {
+    case TransportKind::Auto:
     case TransportKind::Shm:
-      return shm::create_transport(std::move(store), rank, size, options);
     case TransportKind::Tcp:
-      return tcp::create_transport(std::move(store), rank, size, options);
+      return make_routed_transport(kind, std::move(store), rank, size, options);
     case TransportKind::Mpi:
       break;
   }

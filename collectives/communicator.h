@@ -75,14 +75,17 @@ class CollectiveError : public Error {
 // "timed out", "peer died", "peer failed", "aborted", "protocol mismatch", "MPI error".
 const char* collective_error_kind_name(CollectiveError::Kind kind);
 
-enum class TransportKind { Shm, Tcp, Mpi };
+// Auto: shared memory between ranks of one host, TCP between hosts
+// (collectives/routed_transport.h). Shm, Tcp: that transport for every link.
+// Mpi: whole collectives handed to MPI.
+enum class TransportKind { Auto, Shm, Tcp, Mpi };
 const char* transport_name(TransportKind t);
 TransportKind parse_transport(const std::string& s);
 
 struct CommOptions {
-  TransportKind transport = TransportKind::Shm;
-  std::chrono::milliseconds timeout{120000};  // every wait
-  std::string name = "world";                 // group name used in errors
+  TransportKind transport = TransportKind::Auto;  // TESSERA_TRANSPORT overrides when set
+  std::chrono::milliseconds timeout{120000};      // every wait
+  std::string name = "world";                     // group name used in errors
   // Forced algorithm ("ring", "rhd", "torus", ...); empty: selection by size
   // and shape. TESSERA_ALGO overrides when set.
   std::string algo;
@@ -154,6 +157,9 @@ class Communicator {
   virtual double total_modeled_seconds() const = 0;
   // The algorithm that served the most recent collective ("ring", "rhd", ...).
   virtual std::string last_algorithm() const = 0;
+  // What carries this communicator's data: "shm", "tcp", "shm+tcp" (shared
+  // memory inside a host, TCP between hosts) or "mpi".
+  virtual std::string transport() const = 0;
 
   // ---- Tensor conveniences (contiguous tensors) ----
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) {

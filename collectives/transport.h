@@ -2,7 +2,8 @@
 //
 // The collective algorithms (collectives/algorithms.{h,cc}) are written against
 // this interface only; each backend lives in its own folder behind a factory
-// (shm/: shared memory on one host, the simulated NeuronLink; tcp/: sockets).
+// (shm/: shared memory on one host, the simulated NeuronLink; tcp/: sockets;
+// routed_transport.h puts both behind one Transport, per link by host).
 // The MPI backend does not implement a Transport: it hands whole collectives
 // to MPI (collectives/mpi/mpi_backend.h).
 //
@@ -142,6 +143,11 @@ class Transport {
   // algorithms may read their peers' buffers in place. Owned by the transport.
   virtual SharedMemoryPeers* shared_memory() { return nullptr; }
 
+  // Host index of every group rank (hosts numbered in order of their first
+  // rank), when the group spans hosts; nullptr when it is on one host.
+  // Hierarchical algorithms follow it. Owned by the transport; any thread.
+  virtual const std::vector<int>* host_of() const { return nullptr; }
+
  private:
   std::vector<char> scratch_;  // grows to the largest message, then reused
 };
@@ -173,8 +179,9 @@ class SharedMemoryPeers {
   virtual const void* peer_inline(int peer) const = 0;
 };
 
-// Builds the transport of `kind` for `rank` of `size` (Shm or Tcp; Mpi has no
-// Transport and throws InvalidArgument). `store` should already be prefixed
+// Builds the transport of `kind` for `rank` of `size` (Auto: shm inside a
+// host and tcp between hosts, see routed_transport.h; Shm or Tcp: that one
+// for every link; Mpi has no Transport and throws InvalidArgument). `store` should already be prefixed
 // for this communicator. Collective: every member must call it.
 std::unique_ptr<Transport> make_transport(TransportKind kind, std::shared_ptr<Store> store, int rank, int size,
                                           const CommOptions& options);

@@ -107,6 +107,7 @@ struct Worker {
   int rank = 0;
   pid_t pid = -1;
   bool exited = false;
+  bool after_stop = false;  // exited after this agent began stopping the workers
   int status = 0;
   Stream out, err;
   std::deque<std::string> tail;
@@ -141,6 +142,7 @@ class Agent {
   const RunOptions opt_;
   std::string host_ = host_name();
   std::string token_;
+  std::atomic<bool> coordinator_lost_{false};  // its heartbeats gave up
   std::string program_;
   std::string coord_addr_;   // what workers and clients dial
   std::string master_addr_;  // host part of it
@@ -233,9 +235,13 @@ int Agent::run() {
       std::clamp(opt_.heartbeat_timeout / 5, std::chrono::milliseconds(50), std::chrono::milliseconds(2000));
   // Its own client: node beats span rounds, so they carry no round.
   auto beat_client = std::make_shared<CoordinatorClient>(coord_addr_, token_);
-  heartbeat_ =
-      std::make_unique<Heartbeater>(beat_client, beat, interval, std::max(opt_.heartbeat_timeout, 2000ms),
-                                    /*stop_on_abort=*/false, [this](const std::string& why) { on_abort(why); });
+  heartbeat_ = std::make_unique<Heartbeater>(beat_client, beat, interval, std::max(opt_.heartbeat_timeout, 2000ms),
+                                             /*stop_on_abort=*/false, [this](const std::string& why) {
+                                               // Unreachable (its host down, or this one cut off): no
+                                               // call to it can succeed any more, so none is tried.
+                                               coordinator_lost_ = true;
+                                               on_abort("lost the coordinator at " + coord_addr_ + ": " + why);
+                                             });
 
   int code = 1;
   for (int round = 0;; ++round) {
@@ -651,6 +657,7 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
       for (auto& w : workers_) {
         if (w.pid != pid || w.exited) continue;
         w.exited = true;
+        w.after_stop = stopping;
         w.status = status;
         pump(w, w.out);
         pump(w, w.err);
@@ -667,7 +674,7 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
           failed = true;
           begin_stop();
         }
-        if (!interrupted_) {
+        if (!interrupted_ && !coordinator_lost_) {
           try {
             client_->report_exit(rep);
           } catch (const Error& e) {
@@ -703,19 +710,22 @@ RoundEnd Agent::run_round(int round, const pb::JoinReply& layout) {
 pb::RootCause Agent::root_cause(int round) {
   pb::RootCause c;
   bool have = false;
-  try {
-    auto st = client_->job_state();
-    if (st.has_cause() && (st.round() == round || st.aborted())) {
-      c = st.cause();
-      have = true;
+  if (!coordinator_lost_) {
+    try {
+      auto st = client_->job_state();
+      if (st.has_cause() && (st.round() == round || st.aborted())) {
+        c = st.cause();
+        have = true;
+      }
+    } catch (const Error& e) {
+      spdlog::debug("job state: {}", e.what());
     }
-  } catch (const Error& e) {
-    spdlog::debug("job state: {}", e.what());
   }
   if (!have) {
-    // The coordinator is gone: fall back to what this node saw.
-    for (auto& w : workers_) {
-      if (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) continue;
+    // The coordinator is gone: fall back to what this node saw. A worker
+    // that failed on its own comes first, then why this agent stopped the
+    // rest (e.g. it lost the coordinator), then a worker it stopped.
+    auto from_worker = [&](const Worker& w) {
       c.set_rank(w.rank);
       c.set_node_rank(opt_.node_rank);
       c.set_host(host_);
@@ -724,12 +734,33 @@ pb::RootCause Agent::root_cause(int round) {
       c.set_signal(WIFSIGNALED(w.status) ? WTERMSIG(w.status) : 0);
       c.set_reason("exited abnormally");
       for (const auto& line : w.tail) c.add_log_tail(line);
+    };
+    auto failed = [](const Worker& w) { return !(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0); };
+    for (auto& w : workers_)
+      if (failed(w) && !w.after_stop) {
+        from_worker(w);
+        return c;
+      }
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> l(abort_mu_);
+      reason = abort_reason_;
+    }
+    if (!reason.empty()) {
+      c.set_rank(-1);
+      c.set_node_rank(opt_.node_rank);
+      c.set_host(host_);
+      c.set_reason(reason);
       return c;
     }
-    std::lock_guard<std::mutex> l(abort_mu_);
+    for (auto& w : workers_)
+      if (failed(w)) {
+        from_worker(w);
+        return c;
+      }
     c.set_rank(-1);
     c.set_node_rank(-1);
-    c.set_reason(abort_reason_.empty() ? "unknown" : abort_reason_);
+    c.set_reason("unknown");
   }
   return c;
 }

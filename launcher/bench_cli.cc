@@ -260,8 +260,9 @@ void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
       ->default_str("1")
       ->check(cli::int_range(0, 1));
   cmd->add_option("--root", a->root, "Root rank of broadcast and reduce (default 0)")->check(cli::any_int(a->root));
-  cmd->add_option("--transport", a->transport, "shm, tcp or mpi (default shm)")
-      ->check(CLI::IsMember({"shm", "tcp", "mpi"}));
+  cmd->add_option("--transport", a->transport,
+                  "auto (shm inside a host, tcp between hosts; the default), shm, tcp or mpi")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "mpi"}));
   cmd->add_option("--algo", a->algo, "Force an algorithm (ring, rhd, torus, ...)");
   cmd->add_option("--topology", a->topology, "Topology preset or JSON file for the modeled busbw");
   cmd->add_option("--json", a->json, "Also write the results as JSON to FILE");

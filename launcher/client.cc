@@ -193,13 +193,17 @@ Heartbeater::Heartbeater(std::shared_ptr<CoordinatorClient> client, pb::Heartbea
 }
 
 void Heartbeater::stop(bool leaving) {
+  bool first;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (stop_) return;
+    first = !stop_;
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  // Joined even when the loop ended on its own (it gave up and reported a
+  // loss): a joinable thread left to the destructor would terminate the process.
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  if (!first) return;
   if (leaving && ever_ok_.load()) {  // nobody to say goodbye to otherwise
     try {
       pb::HeartbeatRequest last = beat_;

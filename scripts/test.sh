@@ -10,4 +10,11 @@ tessera_build
 cd "$BUILD_DIR"
 # Tests labelled "long" (minutes of training) run with: scripts/test.sh -L long
 if [ $# -eq 0 ]; then set -- -LE long; fi
+# Tests labelled "multihost" run jobs across test hosts made of namespaces
+# (tests/multihost/rig.sh); they need root and skip elsewhere. Say which.
+if why="$(source "$ROOT/tests/multihost/rig.sh" && rig_can_run)"; then
+  echo "multihost tests: will run (root can create network namespaces here)"
+else
+  echo "multihost tests: SKIPPED on this machine: $why"
+fi
 ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" --timeout 600 "$@"

@@ -103,7 +103,7 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
   std::unique_ptr<DeviceMemory> arena;
   void* sbuf = nullptr;
   void* rbuf = nullptr;
-  if (kind == TransportKind::Shm && need > 0) {
+  if ((kind == TransportKind::Shm || kind == TransportKind::Auto) && need > 0) {
     const size_t rounded = (need + 4095) / 4096 * 4096;
     arena = make_shm_memory(2 * rounded + (1 << 20));
     sbuf = arena->allocate(rounded);
@@ -116,7 +116,7 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
   Report rep;
   rep.op = bench_op_name(cfg.op);
   rep.ranks = w.size;
-  rep.transport = transport_name(kind);
+  rep.transport = comm->transport();
   rep.algo = a.algo;
   rep.dtype = dtype_name(cfg.dtype);
   rep.redop = op_reduces(cfg.op) ? reduce_op_name(cfg.redop) : "none";

@@ -42,7 +42,7 @@ using JoinJob = std::function<std::optional<JoinedJob>()>;
 // The flags of a rank (the sweep itself is the BenchConfig).
 struct RankOptions {
   int nworkers = 0;  // -r as given (0: not given); must match the world size
-  std::string transport = "shm", algo, topology, json, plot, compare;
+  std::string transport = "auto", algo, topology, json, plot, compare;
   bool baseline = false;
   double timeout_s = 120;
 };

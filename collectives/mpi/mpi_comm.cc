@@ -378,6 +378,7 @@ class MpiCommunicator final : public Communicator {
   double last_modeled_seconds() const override { return last_modeled_; }
   double total_modeled_seconds() const override { return total_modeled_; }
   std::string last_algorithm() const override { return "mpi"; }
+  std::string transport() const override { return "mpi"; }
 
  private:
   struct Guard {

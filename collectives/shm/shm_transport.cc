@@ -2,9 +2,14 @@
 //
 // Each rank owns one segment per communicator (a memfd, so nothing can be
 // left in /dev/shm), created, pre-faulted and published once; the peers map
-// it through /proc/<pid>/fd. A segment holds:
-//   - a control block: the doorbell (futex word the owner sleeps on), the
-//     owner's failed flag and reason, the publish rounds of SharedMemoryPeers;
+// it through /proc/<pid>/fd. The endpoint published in the store is
+// "PID FD BYTES TOKEN HOSTKEY NAME": a peer whose HOSTKEY (collectives/host.h)
+// differs is refused without touching /proc, and a mapped segment whose
+// header does not hold TOKEN (128 random bits) is not the peer's. A segment
+// holds:
+//   - a control block: the segment's token, the doorbell (futex word the
+//     owner sleeps on), the owner's failed flag and reason, the publish
+//     rounds of SharedMemoryPeers;
 //   - one inbound channel per peer: a single-producer single-consumer ring of
 //     kSlots fixed-size slots that the peer writes and the owner reads.
 // Whoever changes something another rank may wait for (a message posted, a
@@ -31,9 +36,11 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <vector>
 
+#include "collectives/host.h"
 #include "runtime/shm_memory.h"
 
 namespace tessera::coll::shm {
@@ -55,7 +62,10 @@ struct SlotHeader {
 constexpr size_t kSlotHeader = 64;  // keep payloads cache-line aligned
 static_assert(sizeof(SlotHeader) <= kSlotHeader);
 
+constexpr size_t kTokenBytes = 16;
+
 struct alignas(64) Control {
+  unsigned char token[kTokenBytes];  // written once before the endpoint is published
   std::atomic<uint32_t> doorbell;
   std::atomic<uint32_t> sleeping;
   std::atomic<uint32_t> failed;
@@ -133,6 +143,16 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const struct times
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
 }
 
+std::string to_hex(const unsigned char* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s += d[p[i] >> 4];
+    s += d[p[i] & 15];
+  }
+  return s;
+}
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -143,14 +163,64 @@ inline void cpu_relax() {
 
 class ShmTransport final : public Transport, public SharedMemoryPeers {
  public:
-  ShmTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options)
-      : rank_(rank), size_(size), timeout_(options.timeout), group_(options.name), layout_(size) {
+  ShmTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options, std::vector<int> labels)
+      : rank_(rank),
+        size_(size),
+        timeout_(options.timeout),
+        group_(options.name),
+        layout_(size),
+        labels_(std::move(labels)) {
+    if (labels_.empty())
+      for (int i = 0; i < size_; ++i) labels_.push_back(i);
+    TESSERA_CHECK(static_cast<int>(labels_.size()) == size_, "shm transport: ", labels_.size(), " labels for ", size_,
+                  " ranks");
     own_ = ShmSegment::create(layout_.total, "comm-" + options.name, /*prefault=*/true);
     std::memset(own_->data(), 0, sizeof(Control) + sizeof(PubBlock) + sizeof(ChannelCtl) * size_);
+    unsigned char token[kTokenBytes];
+    {
+      std::random_device rd;
+      for (size_t i = 0; i < kTokenBytes; i += 4) {
+        const uint32_t x = rd();
+        std::memcpy(token + i, &x, 4);
+      }
+    }
+    std::memcpy(ctl(rank_, own_->data())->token, token, kTokenBytes);
+    const HostIdentity host = this_host();
     {
       std::ostringstream os;
-      os << ::getpid() << ' ' << own_->fd() << ' ' << own_->size();
+      os << ::getpid() << ' ' << own_->fd() << ' ' << own_->size() << ' ' << to_hex(token, kTokenBytes) << ' '
+         << host.key << ' ' << host.name;
       store->set("shm/" + std::to_string(rank_), os.str());
+    }
+    // Every endpoint first, and every host checked, before anything is
+    // opened: a group that spans hosts fails on every rank with the same
+    // reason, and no /proc entry of another host's pid is ever touched.
+    struct Endpoint {
+      int pid = 0, fd = -1;
+      size_t bytes = 0;
+      std::string token;
+    };
+    std::vector<Endpoint> eps(size_);
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      std::string v;
+      try {
+        v = store->get("shm/" + std::to_string(j), timeout_);
+      } catch (const TimeoutError& e) {
+        throw TransportError(TransportError::Kind::Timeout, j,
+                             "shm transport of group '" + group_ + "': rank " + label(j) +
+                                 " never published its segment (" + e.what() + ")");
+      }
+      std::istringstream is(v);
+      std::string peer_key, peer_name;
+      is >> eps[j].pid >> eps[j].fd >> eps[j].bytes >> eps[j].token >> peer_key;
+      std::getline(is >> std::ws, peer_name);
+      TESSERA_CHECK(is && eps[j].bytes >= layout_.total, "bad shm endpoint '", v, "' from rank ", label(j));
+      if (peer_key != host.key)
+        throw TransportError(TransportError::Kind::Protocol, j,
+                             "shm transport of group '" + group_ + "': rank " + label(j) + " is on host '" + peer_name +
+                                 "', not on this host '" + host.name +
+                                 "'; shared memory cannot reach another host (use the tcp transport)");
     }
     segs_.resize(size_);
     pids_.resize(size_, 0);
@@ -161,32 +231,25 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
         pids_[j] = ::getpid();
         continue;
       }
-      std::string v;
-      try {
-        v = store->get("shm/" + std::to_string(j), timeout_);
-      } catch (const TimeoutError& e) {
-        throw TransportError(TransportError::Kind::Timeout, j,
-                             "shm transport of group '" + group_ + "': rank " + std::to_string(j) +
-                                 " never published its segment (" + e.what() + ")");
-      }
-      std::istringstream is(v);
-      int pid = 0, fd = -1;
-      size_t bytes = 0;
-      is >> pid >> fd >> bytes;
-      TESSERA_CHECK(is && bytes >= layout_.total, "bad shm endpoint '", v, "' from rank ", j);
-      pids_[j] = pid;
-      if (pid != ::getpid()) {
-        int pfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+      const Endpoint& ep = eps[j];
+      pids_[j] = ep.pid;
+      if (ep.pid != ::getpid()) {
+        int pfd = static_cast<int>(::syscall(SYS_pidfd_open, ep.pid, 0));
         pidfds_[j] = pfd;  // -1: fall back to kill(pid, 0)
       }
       try {
-        peer_segs_.push_back(ShmSegment::open_peer(pid, fd, bytes));
+        peer_segs_.push_back(ShmSegment::open_peer(ep.pid, ep.fd, ep.bytes));
       } catch (const Error& e) {
-        throw TransportError(TransportError::Kind::PeerDead, j,
-                             "shm transport of group '" + group_ + "': cannot map rank " + std::to_string(j) +
-                                 "'s segment (" + e.what() + ")");
+        throw TransportError(
+            TransportError::Kind::PeerDead, j,
+            "shm transport of group '" + group_ + "': cannot map rank " + label(j) + "'s segment (" + e.what() + ")");
       }
       segs_[j] = peer_segs_.back()->data();
+      if (to_hex(ctl(j)->token, kTokenBytes) != ep.token)
+        throw TransportError(TransportError::Kind::Protocol, j,
+                             "shm transport of group '" + group_ + "': the segment at /proc/" + std::to_string(ep.pid) +
+                                 "/fd/" + std::to_string(ep.fd) + " is not rank " + label(j) +
+                                 "'s (its token differs from the one rank " + label(j) + " published)");
     }
     send_head_.assign(size_, 0);
     recv_tail_.assign(size_, 0);
@@ -356,6 +419,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   };
 
   Control* ctl(int j) const { return static_cast<Control*>(segs_[j]); }
+  static Control* ctl(int, void* seg) { return static_cast<Control*>(seg); }
+  std::string label(int j) const { return std::to_string(labels_[j]); }
   PubBlock* pub(int j) const { return reinterpret_cast<PubBlock*>(static_cast<char*>(segs_[j]) + layout_.pub); }
   // Channel in `owner`'s segment carrying messages from `sender`.
   ChannelCtl* chan(int owner, int sender) const {
@@ -416,7 +481,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       const auto* h = reinterpret_cast<const SlotHeader*>(sl);
       if (h->tag != r.tag || h->msg_bytes != r.bytes || (h->first != 0) != (r.off == 0)) {
         fail(TransportError::Kind::Protocol, r.peer,
-             detail::concat("protocol mismatch receiving from rank ", r.peer, ": expected tag ", r.tag, " and ",
+             detail::concat("protocol mismatch receiving from rank ", label(r.peer), ": expected tag ", r.tag, " and ",
                             r.bytes, " bytes, got tag ", h->tag, " and ", h->msg_bytes, " bytes"));
       }
       sink.consume(r.off, sl + kSlotHeader, h->frag_bytes);
@@ -496,14 +561,14 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       if (j < 0 || j == rank_ || !check_processes || ctl(j)->closed.load(std::memory_order_acquire) || process_alive(j))
         return std::nullopt;
       return Failure{TransportError::Kind::PeerDead, j,
-                     "peer rank " + std::to_string(j) + " (pid " + std::to_string(pids_[j]) + ") exited"};
+                     "peer rank " + label(j) + " (pid " + std::to_string(pids_[j]) + ") exited"};
     };
     auto failed = [&](int j) -> std::optional<Failure> {
       if (j < 0 || j == rank_ || !ctl(j)->failed.load(std::memory_order_acquire)) return std::nullopt;
       char reason[kReasonBytes];
       std::memcpy(reason, ctl(j)->reason, kReasonBytes);
       reason[kReasonBytes - 1] = 0;
-      return Failure{TransportError::Kind::PeerFailed, j, "peer rank " + std::to_string(j) + " " + reason};
+      return Failure{TransportError::Kind::PeerFailed, j, "peer rank " + label(j) + " " + reason};
     };
     if (auto f = crashed(prefer_peer)) return f;
     for (int j = 0; j < size_; ++j)
@@ -513,9 +578,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       if (auto f = failed(j)) return f;
     if (check_processes && prefer_peer >= 0 && prefer_peer != rank_ &&
         ctl(prefer_peer)->closed.load(std::memory_order_acquire))
-      return Failure{
-          TransportError::Kind::PeerDead, prefer_peer,
-          "peer rank " + std::to_string(prefer_peer) + " closed its communicator while this rank waits for it"};
+      return Failure{TransportError::Kind::PeerDead, prefer_peer,
+                     "peer rank " + label(prefer_peer) + " closed its communicator while this rank waits for it"};
     return std::nullopt;
   }
 
@@ -576,7 +640,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
         const int blame = peer_ref ? *peer_ref : peer;
         fail(TransportError::Kind::Timeout, blame,
              detail::concat("timed out after ", timeout_.count(), " ms waiting for ",
-                            blame >= 0 ? "rank " + std::to_string(blame) : std::string("the group")));
+                            blame >= 0 ? "rank " + label(blame) : std::string("the group")));
       }
       const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
@@ -607,6 +671,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 100 : 2000);
   const std::string group_;
   const Layout layout_;
+  std::vector<int> labels_;  // local rank -> rank named in messages
   std::unique_ptr<ShmSegment> own_;
   std::vector<std::unique_ptr<ShmSegment>> peer_segs_;
   std::vector<void*> segs_;
@@ -628,8 +693,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
 }  // namespace
 
 std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,
-                                            const CommOptions& options) {
-  return std::make_unique<ShmTransport>(std::move(store), rank, size, options);
+                                            const CommOptions& options, std::vector<int> labels) {
+  return std::make_unique<ShmTransport>(std::move(store), rank, size, options, std::move(labels));
 }
 
 }  // namespace tessera::coll::shm

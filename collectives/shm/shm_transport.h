@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/store.h"
@@ -14,7 +15,13 @@
 namespace tessera::coll::shm {
 
 // Collective over the group: every member calls it with stores sharing keys.
+// Every member must be on this host (collectives/host.h): a peer that
+// publishes another host's identity is refused before anything of it is
+// opened, and a mapped segment must carry the random token its owner
+// published, so a process id that means another process here is never
+// mistaken for the peer. `labels[i]` is how messages name local rank i (its
+// rank in the enclosing communicator); empty: i itself.
 std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,
-                                            const CommOptions& options);
+                                            const CommOptions& options, std::vector<int> labels = {});
 
 }  // namespace tessera::coll::shm

@@ -50,7 +50,6 @@
 
 #include "runtime/error.h"
 #include "runtime/log.h"
-#include "runtime/world.h"
 
 namespace tessera::coll::tcp {
 namespace {
@@ -64,6 +63,8 @@ constexpr uint32_t kData = 0x7e55d47a;
 constexpr uint32_t kAbort = 0x7e55ab07;
 constexpr uint32_t kHello = 0x7e55e110;
 constexpr size_t kChunk = size_t{1} << 20;
+// An abort message carries the sender's reason, up to this many bytes.
+constexpr size_t kMaxAbortReason = 2048;
 // Sink fragments: small enough to stay in cache between the read and the
 // reduction, large enough to amortise the hand-off.
 constexpr size_t kSinkChunk = size_t{256} << 10;
@@ -192,6 +193,7 @@ class Connection {
 
   // io thread only.
   Header out_hdr_{}, in_hdr_{};
+  std::string abort_out_, abort_in_;
   bool header_pending_ = false;  // a data header was read; its payload waits for a recv
   bool writing_ = false;
   HandlerMemory mem_post_send_, mem_post_recv_, mem_write_, mem_read_, mem_misc_;
@@ -210,7 +212,7 @@ class Connection {
 class TcpTransport final : public Transport {
  public:
   friend class Connection;
-  TcpTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options);
+  TcpTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options, const TcpOptions& tcp);
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
@@ -300,7 +302,7 @@ class TcpTransport final : public Transport {
 
  private:
   void check_peer(int peer) const {
-    if (peer < 0 || peer >= size_ || peer == rank_)
+    if (peer < 0 || peer >= size_ || peer == rank_ || !conns_[peer])
       throw InvalidArgument("tcp transport: bad peer " + std::to_string(peer) + " for rank " + std::to_string(rank_) +
                             " of " + std::to_string(size_));
   }
@@ -406,13 +408,19 @@ void Connection::post_recv() {
 
 void Connection::post_abort() {
   asio::post(io_, bind_slot(mem_misc_, [this] {
-               // Tell the peer (best effort) when no write is mid-message, so it
-               // fails with PeerFailed; then close, which it sees as EOF anyway.
+               // Tell the peer why (best effort) when no write is mid-message, so
+               // it fails with PeerFailed naming the root cause; then close, which
+               // it sees as EOF anyway.
                boost::system::error_code ec;
                if (!writing_) {
-                 Header h{kAbort, 0, 0};
+                 {
+                   std::lock_guard<std::mutex> lk(t_.mu_);
+                   abort_out_ = t_.fail_what_.substr(0, kMaxAbortReason);
+                 }
+                 Header h{kAbort, 0, abort_out_.size()};
+                 const std::array<asio::const_buffer, 2> bufs{asio::buffer(&h, sizeof h), asio::buffer(abort_out_)};
                  socket_.non_blocking(true, ec);
-                 socket_.write_some(asio::buffer(&h, sizeof h), ec);
+                 socket_.write_some(bufs, ec);
                }
                socket_.shutdown(tcp::socket::shutdown_both, ec);
              }));
@@ -463,7 +471,15 @@ void Connection::on_header(const boost::system::error_code& ec, size_t) {
     return fail(Kind::PeerDead, ec == asio::error::eof ? "connection closed by peer (process exited?)"
                                                        : "connection to peer failed: " + ec.message());
   }
-  if (in_hdr_.kind == kAbort) return fail(Kind::PeerFailed, "peer aborted");
+  if (in_hdr_.kind == kAbort) {
+    if (in_hdr_.bytes == 0 || in_hdr_.bytes > kMaxAbortReason) return fail(Kind::PeerFailed, "peer aborted");
+    abort_in_.assign(in_hdr_.bytes, '\0');
+    asio::async_read(socket_, asio::buffer(abort_in_),
+                     bind_slot(mem_read_, [this](const boost::system::error_code& e, size_t) {
+                       fail(Kind::PeerFailed, e ? std::string("peer aborted") : "peer aborted: " + abort_in_);
+                     }));
+    return;
+  }
   if (in_hdr_.kind != kData) return fail(Kind::Protocol, "bad message header from peer");
   header_pending_ = true;
   try_match();
@@ -587,18 +603,13 @@ void Connection::fail(Kind kind, const std::string& what) {
 
 // ---- TcpTransport ------------------------------------------------------------------
 
-// The address peers connect to: TESSERA_TCP_ADDR; else loopback when every
-// rank is on this host; else this host name's first non-loopback IPv4
-// address (never loopback silently for a multi-host job).
-std::string advertised_address() {
+// The address peers connect to: TESSERA_TCP_ADDR; else loopback when the
+// group does not span hosts (collectives/host.h decides, not the launcher's
+// LOCAL_WORLD_SIZE); else this host name's first non-loopback IPv4 address
+// (never loopback silently for a multi-host group).
+std::string advertised_address(bool spans_hosts) {
   if (const char* a = std::getenv("TESSERA_TCP_ADDR"); a && *a) return a;
-  World w;
-  try {
-    w = discover_world();
-  } catch (const Error&) {
-    return "127.0.0.1";
-  }
-  if (w.local_size >= w.size) return "127.0.0.1";
+  if (!spans_hosts) return "127.0.0.1";
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) == 0) {
     asio::io_context io;
@@ -636,9 +647,13 @@ bool poll_readable(int fd, Clock::time_point deadline) {
   }
 }
 
-TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options)
+TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options,
+                           const TcpOptions& tcp)
     : store_(std::move(store)), rank_(rank), size_(size), options_(options) {
   TESSERA_ARG_CHECK(size >= 1 && rank >= 0 && rank < size, "tcp transport: rank ", rank, " of ", size);
+  TESSERA_ARG_CHECK(tcp.links.empty() || static_cast<int>(tcp.links.size()) == size,
+                    "tcp transport: ", tcp.links.size(), " link flags for ", size, " ranks");
+  auto linked = [&](int j) { return j != rank && (tcp.links.empty() || tcp.links[j]); };
   conns_.resize(size);
   const auto deadline = Clock::now() + options_.timeout;
   const std::string where = "tcp transport (group '" + options_.name + "', rank " + std::to_string(rank) + ")";
@@ -646,7 +661,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
   // Listener first, then publish: a peer that reads our endpoint can connect at once.
   asio::io_context setup;
   tcp::acceptor acceptor(setup);
-  const std::string addr = advertised_address();
+  const std::string addr = advertised_address(tcp.spans_hosts);
   boost::system::error_code ec;
   auto ip = asio::ip::make_address(addr, ec);
   if (ec) throw InvalidArgument("TESSERA_TCP_ADDR='" + addr + "' is not an IP address");
@@ -663,6 +678,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
 
   // Connect to every lower rank (retrying until its listener answers).
   for (int j = 0; j < rank; ++j) {
+    if (!linked(j)) continue;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     std::string ep;
     try {
@@ -694,11 +710,13 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
   }
   // Accept every higher rank; each says who it is.
   acceptor.non_blocking(true);
-  for (int accepted = 0; accepted < size - 1 - rank;) {
+  int expected = 0;
+  for (int j = rank + 1; j < size; ++j) expected += linked(j) ? 1 : 0;
+  for (int accepted = 0; accepted < expected;) {
     if (!poll_readable(acceptor.native_handle(), deadline)) {
       std::string missing;
       for (int j = rank + 1; j < size; ++j)
-        if (!conns_[j]) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+        if (linked(j) && !conns_[j]) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
       throw TransportError(Kind::Timeout, -1, where + ": ranks " + missing + " did not connect within the timeout");
     }
     auto conn = std::make_unique<Connection>(*this, -1);
@@ -710,7 +728,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
       throw TransportError(Kind::Timeout, -1, where + ": a peer connected but sent no handshake");
     asio::read(conn->socket(), asio::buffer(hello, sizeof hello), ec);
     int j = static_cast<int>(hello[1]);
-    if (ec || hello[0] != kHello || j <= rank || j >= size || conns_[j])
+    if (ec || hello[0] != kHello || j <= rank || j >= size || !linked(j) || conns_[j])
       throw TransportError(Kind::Protocol, -1, where + ": bad handshake from a connecting peer");
     set_socket_options(conn->socket());
     conn->peer_ = j;
@@ -826,8 +844,8 @@ void TcpTransport::shutdown_all() {
 }  // namespace
 
 std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,
-                                            const CommOptions& options) {
-  return std::make_unique<TcpTransport>(std::move(store), rank, size, options);
+                                            const CommOptions& options, const TcpOptions& tcp) {
+  return std::make_unique<TcpTransport>(std::move(store), rank, size, options, tcp);
 }
 
 }  // namespace tessera::coll::tcp

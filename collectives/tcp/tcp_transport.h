@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/store.h"
@@ -11,8 +12,18 @@
 
 namespace tessera::coll::tcp {
 
+struct TcpOptions {
+  // links[j]: connect to rank j (the relation must be symmetric over the
+  // group). Empty: every peer. Calls to a peer without a link are a bug
+  // (InvalidArgument).
+  std::vector<bool> links;
+  // The group spans hosts: advertise an address other hosts can reach (see
+  // advertised address in tcp_transport.cc); otherwise loopback.
+  bool spans_hosts = false;
+};
+
 // Collective over the group: every member calls it with stores sharing keys.
 std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,
-                                            const CommOptions& options);
+                                            const CommOptions& options, const TcpOptions& tcp = {});
 
 }  // namespace tessera::coll::tcp

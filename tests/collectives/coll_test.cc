@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "collectives/communicator.h"
@@ -427,7 +428,201 @@ TEST(Collectives, AsyncCompletesInOrder) {
   EXPECT_EQ(failures(res), "");
 }
 
+// ---------------------------------------------------------------- several hosts
+
+// Ranks split into "hosts" (TESSERA_HOST_KEY_SUFFIX, TCP on loopback): the
+// default transport uses shared memory inside a host and TCP between hosts,
+// within one communicator, and every collective still gives exact values.
+struct Layout {
+  std::string name;
+  std::vector<int> host_of;  // rank -> host
+};
+
+void enter_host(int host) {
+  ::setenv("TESSERA_HOST_KEY_SUFFIX", ("test-host-" + std::to_string(host)).c_str(), 1);
+  ::setenv("TESSERA_HOST_NAME", ("h" + std::to_string(host)).c_str(), 1);
+  ::setenv("TESSERA_TCP_ADDR", "127.0.0.1", 1);
+}
+
+class Hosts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
+  const Layout l = GetParam();
+  auto res = run_ranks(static_cast<int>(l.host_of.size()), [&](int rank, int size, std::shared_ptr<Store> store) {
+    enter_host(l.host_of[rank]);
+    auto c = Communicator::create(store, rank, size);
+    // A rank with no peer on its host has only TCP links.
+    int on_my_host = 0;
+    for (int h : l.host_of) on_my_host += h == l.host_of[rank] ? 1 : 0;
+    const std::string expect_transport = on_my_host > 1 ? "shm+tcp" : "tcp";
+    COLL_REQUIRE(c->transport() == expect_transport, "world transport ", c->transport(), ", expected ",
+                 expect_transport);
+    Buffers heap(false), arena(true);
+    int seed = 0;
+    for (DType dt : {DType::F32, DType::BF16, DType::I64})
+      for (ReduceOp op : kOps)
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}})
+          check_all_reduce(*c, heap, count, dt, op, false, seed++);
+    for (size_t count : {size_t{1}, size_t{1000}}) {
+      check_reduce_scatter(*c, heap, count, DType::F32, ReduceOp::Sum, false);
+      check_all_gather(*c, heap, count, DType::I32, true);
+      check_all_to_all(*c, heap, count, DType::I64, false);
+      for (int root = 0; root < size; ++root) {
+        check_broadcast(*c, heap, count, DType::F32, root);
+        check_reduce(*c, heap, count, DType::I64, ReduceOp::Sum, root);
+      }
+    }
+    // Large, from a shared arena (as training does): ring through both transports.
+    const size_t n = (size_t{1} << 20) + 3;
+    check_all_reduce(*c, arena, n, DType::F32, ReduceOp::Sum, false, 1);
+    // Hierarchical when every host holds the same number (>= 2) of ranks.
+    std::vector<int> per_host;
+    for (int h : l.host_of) {
+      if (h >= static_cast<int>(per_host.size())) per_host.resize(h + 1, 0);
+      ++per_host[h];
+    }
+    bool even = per_host.size() >= 2 && per_host[0] >= 2;
+    for (int k : per_host) even = even && k == per_host[0];
+    COLL_REQUIRE(c->last_algorithm() == (even ? "hier" : "ring"), "large all-reduce served by ", c->last_algorithm());
+    check_all_reduce(*c, heap, n, DType::BF16, ReduceOp::Avg, true, 2);
+    // Forced hierarchical at every size (it declines where it cannot; the defaults follow).
+    CommOptions ho;
+    ho.name = "hier";
+    ho.algo = "hier";
+    auto hc = Communicator::create(store, rank, size, ho);
+    for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{7}, size_t{1000}, size_t{65541}}) {
+      check_all_reduce(*hc, heap, count, DType::F32, ReduceOp::Sum, false, 7);
+      check_all_reduce(*hc, heap, count, DType::I64, ReduceOp::Max, true, 8);
+      COLL_REQUIRE((hc->last_algorithm() == "hier") == even, "forced hier served by ", hc->last_algorithm());
+    }
+    // Groups inside a host take shared memory; groups across hosts TCP.
+    const int host = l.host_of[rank];
+    auto same_host = c->split(host, rank, "host");
+    COLL_REQUIRE(same_host->transport() == "shm" || on_my_host == 1, "host group transport ", same_host->transport());
+    int local = 0;
+    for (int r = 0; r < rank; ++r) local += l.host_of[r] == host ? 1 : 0;
+    auto across = c->split(local, rank, "across");
+    int64_t v = rank, sum = 0;
+    across->all_reduce(&v, &sum, 1, DType::I64, ReduceOp::Sum);
+    int64_t expect = 0;
+    for (int r = 0; r < size; ++r) {
+      int lr = 0;
+      for (int q = 0; q < r; ++q) lr += l.host_of[q] == l.host_of[r] ? 1 : 0;
+      if (lr == local) expect += r;
+    }
+    COLL_REQUIRE(sum == expect, "across-host group sum ", sum, " expected ", expect);
+    check_all_reduce(*same_host, heap, 1000, DType::F32, ReduceOp::Sum, false, 4);
+    // Point to point between every pair, whichever transport carries it.
+    for (int a = 0; a < size; ++a)
+      for (int b = 0; b < size; ++b) {
+        if (a == b) continue;
+        int64_t x = a * 100 + b;
+        if (rank == a) c->send(&x, 1, DType::I64, b, 3);
+        if (rank == b) {
+          int64_t y = -1;
+          c->recv(&y, 1, DType::I64, a, 3);
+          COLL_REQUIRE(y == a * 100 + b, "p2p ", a, "->", b, " got ", y);
+        }
+      }
+    c->barrier();
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Hosts,
+                         ::testing::Values(Layout{"two_by_two", {0, 0, 1, 1}}, Layout{"interleaved", {0, 1, 0, 1}},
+                                           Layout{"three_and_two", {0, 0, 0, 1, 1}},
+                                           Layout{"one_and_three", {0, 1, 1, 1}}, Layout{"one_per_host", {0, 1, 2}}),
+                         [](const auto& info) { return info.param.name; });
+
+// Shared memory forced across hosts is refused, naming the other host, before
+// anything of a peer on another host is opened.
+TEST(HostsForced, ShmAcrossHostsIsRefusedNamingTheHost) {
+  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+    enter_host(rank / 2);
+    CommOptions o;
+    o.transport = TransportKind::Shm;
+    o.timeout = std::chrono::seconds(20);
+    try {
+      auto c = Communicator::create(store, rank, size, o);
+    } catch (const CollectiveError& e) {
+      const std::string w = e.what();
+      const std::string other = rank < 2 ? "h1" : "h0";
+      COLL_REQUIRE(w.find("is on host '" + other + "', not on this host") != std::string::npos, "message: ", w);
+      COLL_REQUIRE(w.find("/proc/") == std::string::npos, "opened another host's /proc: ", w);
+      COLL_REQUIRE(e.peer() >= 0 && e.peer() / 2 != rank / 2, "peer ", e.peer());
+      return;
+    }
+    COLL_REQUIRE(false, "forced shm across hosts was accepted");
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+// A rank of another host that dies mid-collective: the survivors on both
+// hosts fail within about a second (not at the timeout), and those that
+// reach it over TCP name its host.
+TEST(HostsFaults, DeadRankOnAnotherHostFailsEveryoneNamingIt) {
+  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+    enter_host(rank / 2);
+    CommOptions o;
+    o.timeout = std::chrono::seconds(60);
+    auto c = Communicator::create(store, rank, size, o);
+    std::vector<float> buf(1 << 16, 1.0f);
+    c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+    if (rank == 3) ::_exit(0);  // dies without closing anything
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      for (int i = 0; i < 1000; ++i) c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+    } catch (const CollectiveError& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      COLL_REQUIRE(s < 10, "failure noticed after ", s, " s");
+      const std::string w = e.what();
+      COLL_REQUIRE(w.find("rank 3 is on host 'h1'") != std::string::npos ||
+                       w.find("rank 2 is on host 'h1'") != std::string::npos ||
+                       (rank == 2 && w.find("rank 3") != std::string::npos) ||
+                       (rank == 1 && w.find("rank 0") != std::string::npos),
+                   "rank ", rank, ": message does not name the lost rank's host: ", w);
+      return;
+    }
+    COLL_REQUIRE(false, "all-reduces went on without rank 3");
+  });
+  ASSERT_EQ(res.size(), 4u);
+  EXPECT_EQ(res[3].exit_code, 0);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(res[r].exit_code, 0) << res[r].message;
+}
+
 // ---------------------------------------------------------------- modeled time
+
+// Two hosts of two ranks, default model: NeuronLink (48 GiB/s, 2 us) inside a
+// host, the instance network (800 Gb/s shared by the host's 2 ranks, 10 us)
+// between hosts. hier: 2(L-1) local steps of n/L and 2(H-1) cross steps of
+// n/(LH); a flat ring over 4 ranks pays the cross-host link at every step.
+TEST(ModeledTime, HierarchicalUsesTwoLevels) {
+  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+    enter_host(rank / 2);
+    const double a = 2e-6, bw = 48.0 * (1ull << 30), ae = 10e-6, be = 800e9 / 8 / 2;
+    const size_t count = 4 * 2 * 1000;
+    const double n = static_cast<double>(count * 4);
+    std::vector<float> buf(count, 1.0f);
+    auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
+    CommOptions o;
+    o.algo = "hier";
+    auto c = Communicator::create(store, rank, size, o);
+    c->all_reduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::Sum);
+    COLL_REQUIRE(c->last_algorithm() == "hier", c->last_algorithm());
+    const double hier = 2 * (a + n / 2 / bw) + 2 * (ae + n / 4 / be);
+    COLL_REQUIRE(near(c->last_modeled_seconds(), hier), "hier ", c->last_modeled_seconds(), " vs ", hier);
+    CommOptions r;
+    r.name = "flat";
+    r.algo = "ring";
+    auto f = Communicator::create(store, rank, size, r);
+    f->all_reduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::Sum);
+    const double ring = 6 * (ae + n / 4 / be);
+    COLL_REQUIRE(near(f->last_modeled_seconds(), ring), "ring ", f->last_modeled_seconds(), " vs ", ring);
+    COLL_REQUIRE(hier < ring, "hier not cheaper");
+  });
+  EXPECT_EQ(failures(res), "");
+}
 
 TEST(ModeledTime, SchedulesMatchClosedForms) {
   auto res = run_ranks(6, [](int rank, int size, std::shared_ptr<Store> store) {

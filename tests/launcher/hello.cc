@@ -122,10 +122,13 @@ int main(int argc, char** argv) {
     }
     if (comm && ctx.world_comm && loop_s > 0) {
       auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(loop_s);
-      while (std::chrono::steady_clock::now() < end) {
-        int64_t v = rank, sum = 0;
-        ctx.world_comm->all_reduce(&v, &sum, 1, tessera::DType::I64, tessera::coll::ReduceOp::Sum);
-        if (sum != int64_t(size) * (size - 1) / 2) throw tessera::Error("all_reduce: wrong sum");
+      // Every rank stops after the same iteration (any rank's time being up
+      // ends the loop for all), so none leaves while a peer still waits for it.
+      for (;;) {
+        int64_t v[2] = {rank, std::chrono::steady_clock::now() >= end ? 1 : 0}, sum[2] = {0, 0};
+        ctx.world_comm->all_reduce(v, sum, 2, tessera::DType::I64, tessera::coll::ReduceOp::Sum);
+        if (sum[0] != int64_t(size) * (size - 1) / 2) throw tessera::Error("all_reduce: wrong sum");
+        if (sum[1] > 0) break;
       }
     }
     if (sleep_s > 0) sleep_seconds(sleep_s);
