@@ -221,6 +221,9 @@ std::string case_name(const FailCase& f) {
          modes[static_cast<int>(f.mode)];
 }
 
+// gtest prints parameters in test listings (and so in ctest's names).
+void PrintTo(const FailCase& f, std::ostream* os) { *os << case_name(f); }
+
 constexpr int kRanks = 4;  // a 2x2 torus for the torus algorithm
 constexpr auto kStuckTimeout = 1000ms;
 
@@ -303,7 +306,8 @@ TEST_P(FailureEveryAlgorithm, AllReduce) {
           break;
         case Mode::Stuck:  // not before the timeout, not long after it
           if (shm) COLL_REQUIRE(w.find("timed out") != std::string::npos, w);
-          COLL_REQUIRE(dt > 0.9 && dt < 1.0 + seconds(2.0), "failed after ", dt, " s: ", w);
+          // (a rank that arrived late may hear of an earlier rank's timeout: hence 0.5, not 1)
+          COLL_REQUIRE(dt > 0.5 && dt < 1.0 + seconds(2.0), "failed after ", dt, " s: ", w);
           break;
         case Mode::Abort:
           if (shm) COLL_REQUIRE(w.find("test abort") != std::string::npos, w);
@@ -423,7 +427,7 @@ TEST_P(FailureTransport, StuckRankAtSplit) {
     } catch (const CollectiveError& e) {
       const double dt = since(t0);
       COLL_REQUIRE(e.group() == "parent" && std::string(e.what()).find("timed out") != std::string::npos, e.what());
-      COLL_REQUIRE(dt > 0.9 && dt < 1.0 + seconds(2.0), "failed after ", dt, " s: ", e.what());
+      COLL_REQUIRE(dt > 0.5 && dt < 1.0 + seconds(2.0), "failed after ", dt, " s: ", e.what());
     }
   });
   EXPECT_EQ(failures(res), "");
