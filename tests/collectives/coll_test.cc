@@ -250,7 +250,8 @@ TEST_P(WorldSize, AllReduceEveryDtypeAndOp) {
 // (1<<20)+3 elements for a subset: f32 sum from a shared arena (read in
 // place), i32 max and bf16 avg from the heap.
 TEST_P(WorldSize, AllReduceLargeCount) {
-  if (GetParam() > kLargeMaxRanks) GTEST_SKIP() << "large counts run on up to " << kLargeMaxRanks << " ranks here";
+  if (GetParam() > kLargeMaxRanks)
+    GTEST_SKIP() << "sanitized build (about 10x slower): large counts run on up to " << kLargeMaxRanks << " ranks";
   auto res = run_ranks(GetParam(), [](int rank, int size, std::shared_ptr<Store> store) {
     auto c = Communicator::create(store, rank, size);
     Buffers arena(true), heap(false);
