@@ -17,4 +17,20 @@ if why="$(source "$ROOT/tests/multihost/rig.sh" && rig_can_run)"; then
 else
   echo "multihost tests: SKIPPED on this machine: $why"
 fi
-ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" --timeout 600 "$@"
+rc=0
+ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" --timeout 600 "$@" || rc=$?
+# ctest lists skipped tests without their reasons: print each with the reason
+# its GTEST_SKIP() gave (from the full log of the run), and how many there were.
+log="$BUILD_DIR/Testing/Temporary/LastTest.log"
+if [ -f "$log" ]; then
+  awk '
+    /^[0-9]+\/[0-9]+ Test: / { name = $3 }
+    /: Skipped$/ { want = 1; next }
+    want { reason[name] = $0; want = 0 }
+    /^\[  SKIPPED \] / && name != "" && !(name in seen) { seen[name] = 1; order[++n] = name }
+    END {
+      printf "%d test(s) skipped\n", n
+      for (i = 1; i <= n; ++i) printf "  skipped: %s: %s\n", order[i], (order[i] in reason ? reason[order[i]] : "(no reason given)")
+    }' "$log"
+fi
+exit "$rc"

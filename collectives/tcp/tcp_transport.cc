@@ -306,7 +306,11 @@ class TcpTransport final : public Transport {
       throw InvalidArgument("tcp transport: bad peer " + std::to_string(peer) + " for rank " + std::to_string(rank_) +
                             " of " + std::to_string(size_));
   }
-  void throw_failed_locked() { throw TransportError(fail_kind_, fail_peer_, fail_what_); }
+  // The stored failure, naming its peer (fail_what_ alone may not: "peer aborted").
+  void throw_failed_locked() {
+    throw TransportError(fail_kind_, fail_peer_,
+                         fail_peer_ >= 0 ? "tcp: rank " + std::to_string(fail_peer_) + ": " + fail_what_ : fail_what_);
+  }
   void set_failed_locked(Kind k, int peer, const std::string& what) {
     failed_ = true;
     fail_kind_ = k;

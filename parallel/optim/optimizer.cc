@@ -108,6 +108,14 @@ DistributedOptimizer::~DistributedOptimizer() {
 
 int64_t DistributedOptimizer::optimizer_state_bytes() const { return static_cast<int64_t>(m_.nbytes() + v_.nbytes()); }
 
+void DistributedOptimizer::for_each_moment_run(
+    const std::function<void(int64_t, int64_t, const float*, const float*)>& fn) const {
+  const float* m = m_.data<float>();
+  const float* v = v_.data<float>();
+  for (size_t s = 0; s < segments_.size(); ++s)
+    fn(segment_src_[s], segments_[s].size, m + segments_[s].offset, v + segments_[s].offset);
+}
+
 void DistributedOptimizer::zero_grad() {
   std::memset(grads(), 0, sizeof(float) * total_);
   kern::charge(ps_.device, 0, 4.0 * total_);

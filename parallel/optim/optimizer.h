@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -78,6 +79,11 @@ class DistributedOptimizer {
   // Flat buffers (for tests and checkpoints).
   float* values() const { return values_.data<float>(); }
   float* grads() const { return grads_.data<float>(); }
+  // The AdamW moments this rank holds (all of its parameters under plain DP,
+  // its slice of every bucket under ZeRO-1), as runs: fn(offset, n, m, v)
+  // where [offset, offset + n) indexes values() and m[i], v[i] belong to
+  // element offset + i. Padding is not included.
+  void for_each_moment_run(const std::function<void(int64_t, int64_t, const float*, const float*)>& fn) const;
 
  private:
   struct Segment {  // a run of elements of one parameter
@@ -114,7 +120,7 @@ class DistributedOptimizer {
   std::vector<Segment> segments_;                          // what this rank updates, offsets into its m_/v_ space
   std::vector<int64_t> segment_src_;                       // offsets of those segments in the flat buffers
   std::vector<std::shared_ptr<coll::Work>> gather_works_;  // reused across steps
-  Tensor sp_stage_;  // packs a bucket's sp_runs when there are several
+  Tensor sp_stage_;                                        // packs a bucket's sp_runs when there are several
 };
 
 }  // namespace tessera::optim

@@ -13,6 +13,7 @@
 
 #include "collectives/store.h"
 #include "tests/bench/rank_fork.h"
+#include "tests/test_timeouts.h"
 
 namespace tessera::coll {
 namespace {
@@ -154,7 +155,7 @@ TEST_F(TcpTransportTest, DeadPeerFailsFastNotAtTheTimeout) {
     } catch (const TransportError& e) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       bool named = std::string(e.what()).find("rank 2") != std::string::npos;
-      return e.peer() == 2 && named && s < 5.0 && !t->peer_alive(2);
+      return e.peer() == 2 && named && s < test_time::seconds(5.0) && !t->peer_alive(2);
     }
     return false;
   });
@@ -178,7 +179,7 @@ TEST_F(TcpTransportTest, StuckPeerTimesOutAndLaterCallsFailAtOnce) {
     try {
       t->send(1, 0, buf.data(), buf.size());
     } catch (const TransportError&) {
-      return std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200);
+      return std::chrono::steady_clock::now() - t0 < test_time::scaled(std::chrono::milliseconds(200));
     }
     return false;
   });

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <utility>
@@ -257,6 +259,111 @@ TEST(CkptTool, BadInputIsRefusedAndWritesNothing) {
   EXPECT_FALSE(fs::exists(d.file("back.safetensors")));
 }
 
+// Rewrites a shard file with `edit` applied to its tensors (in file order).
+void rewrite_shard(const std::string& path,
+                   const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
+  std::vector<std::pair<std::string, Tensor>> ts;
+  {
+    SafetensorsReader r(path);
+    for (const SafetensorsEntry& e : r.entries()) ts.emplace_back(e.name, r.get(e.name));
+  }
+  edit(ts);
+  write_safetensors(path, ts, {{"format", "pt"}});
+}
+
+// Consolidate refuses with a FormatError that names `file` and contains `rule`; writes nothing.
+void expect_consolidate_refused(const std::string& dir, const std::string& file, const std::string& rule) {
+  const std::string out = dir + ".back.safetensors";
+  try {
+    consolidate_gpt2(dir, out);
+    ADD_FAILURE() << "consolidate accepted a checkpoint that breaks: " << rule;
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(rule), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// consolidate's checks on what each rank's file holds (docs/checkpoint.md).
+TEST(CkptTool, ConsolidateChecksEveryRanksTensors) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 7);
+  const std::string base = d.file("base");
+  shard_gpt2(src, base, {2, 1, 1, 0});
+  const size_t per_rank = SafetensorsReader(shard_file(base, 1, 0)).entries().size();
+  auto fresh = [&](const std::string& name) {
+    const std::string dir = d.file(name);
+    fs::copy(base, dir, fs::copy_options::recursive);
+    return dir;
+  };
+  const std::string rank1 = rank_stem(0, 1, 0) + ".safetensors";
+  // A replicated tensor (ln_f) that differs on tp rank 1 by one ulp of one element.
+  {
+    const std::string dir = fresh("replicated");
+    rewrite_shard(shard_file(dir, 1, 0), [](std::vector<std::pair<std::string, Tensor>>& ts) {
+      for (auto& [n, t] : ts)
+        if (n == "transformer.ln_f.weight") t.data<float>()[3] = std::nextafter(t.data<float>()[3], 1e30f);
+    });
+    expect_consolidate_refused(dir, rank1, "replicated tensor transformer.ln_f.weight differs from tp rank 0's");
+  }
+  // A tensor missing from rank 1's file.
+  {
+    const std::string dir = fresh("missing");
+    rewrite_shard(shard_file(dir, 1, 0), [](std::vector<std::pair<std::string, Tensor>>& ts) { ts.pop_back(); });
+    expect_consolidate_refused(
+        dir, rank1, "holds " + std::to_string(per_rank - 1) + " tensors, " + std::to_string(per_rank) + " expected");
+  }
+  // An extra tensor in rank 1's file.
+  {
+    const std::string dir = fresh("extra");
+    rewrite_shard(shard_file(dir, 1, 0),
+                  [](auto& ts) { ts.emplace_back("extra.weight", Tensor::from_vector({1.f}, {1})); });
+    expect_consolidate_refused(
+        dir, rank1, "holds " + std::to_string(per_rank + 1) + " tensors, " + std::to_string(per_rank) + " expected");
+  }
+  // The right count, but one tensor under another name.
+  {
+    const std::string dir = fresh("renamed");
+    rewrite_shard(shard_file(dir, 1, 0), [](std::vector<std::pair<std::string, Tensor>>& ts) {
+      for (auto& [n, t] : ts)
+        if (n == "transformer.h.1.mlp.c_fc.bias") n = "transformer.h.1.mlp.c_fc.bias_renamed";
+    });
+    expect_consolidate_refused(dir, rank1, "transformer.h.1.mlp.c_fc.bias missing");
+  }
+  // A corrupt manifest: not JSON, another format, a bad config.
+  const std::string manifest = "manifest.json";
+  {
+    const std::string dir = fresh("garbage");
+    testing::write_bytes(dir + "/" + manifest, "{\"format\": ");
+    expect_consolidate_refused(dir, dir + "/" + manifest, "parse error");
+  }
+  {
+    const std::string dir = fresh("format");
+    auto j = nlohmann::json::parse(testing::read_bytes(dir + "/" + manifest));
+    j["format"] = "something-else";
+    testing::write_bytes(dir + "/" + manifest, j.dump());
+    expect_consolidate_refused(dir, dir + "/" + manifest, "manifest");
+  }
+  {
+    const std::string dir = fresh("config");
+    auto j = nlohmann::json::parse(testing::read_bytes(dir + "/" + manifest));
+    j["config"]["n_head"] = 5;  // does not divide n_embd 32
+    testing::write_bytes(dir + "/" + manifest, j.dump());
+    expect_consolidate_refused(dir, dir + "/" + manifest, "bad config");
+  }
+  {
+    const std::string dir = fresh("tp");
+    auto j = nlohmann::json::parse(testing::read_bytes(dir + "/" + manifest));
+    j["tp"] = 3;  // 4 heads over 3
+    testing::write_bytes(dir + "/" + manifest, j.dump());
+    expect_consolidate_refused(dir, dir + "/" + manifest, "tp 3 / pp 1 do not fit");
+  }
+  // The untouched copy still consolidates (the checks above are the edits').
+  consolidate_gpt2(base, d.file("ok.safetensors"));
+  expect_same_tensors(src, d.file("ok.safetensors"));
+}
+
 int run(const std::string& cmd) {
   int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -273,6 +380,16 @@ TEST(CkptCli, ExitCodes) {
   EXPECT_EQ(run(bin + " ckpt consolidate --out " + d.file("b.safetensors") + " " + d.file("s")), 0);
   expect_same_tensors(src, d.file("b.safetensors"));
   EXPECT_EQ(run(bin + " ckpt reshard --tp 4 --out " + d.file("r") + " " + d.file("s")), 0);
+  // The CLI's reshard output equals a direct shard of the source: every file's
+  // tensors bit for bit, and the manifest but for its source path.
+  shard_gpt2(src, d.file("direct"), {4, 1, 1, 0});
+  for (int r = 0; r < 4; ++r) expect_same_tensors(shard_file(d.file("direct"), r, 0), shard_file(d.file("r"), r, 0));
+  EXPECT_FALSE(fs::exists(shard_file(d.file("r"), 0, 1)));
+  auto mr = nlohmann::json::parse(testing::read_bytes(d.file("r") + "/manifest.json"));
+  auto md = nlohmann::json::parse(testing::read_bytes(d.file("direct") + "/manifest.json"));
+  mr.erase("source");
+  md.erase("source");
+  EXPECT_EQ(mr, md);
   EXPECT_EQ(run(bin + " ckpt"), 2);
   EXPECT_EQ(run(bin + " ckpt shard --tp 3 --out " + d.file("x") + " " + src), 2);         // heads
   EXPECT_EQ(run(bin + " ckpt shard --tp 1 --pp 4 --out " + d.file("x") + " " + src), 2);  // layers

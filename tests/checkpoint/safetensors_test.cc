@@ -177,6 +177,15 @@ TEST(Safetensors, WriterRejectsBadInputAndLeavesTargetUntouched) {
   EXPECT_THROW(write_safetensors(path, {{"__metadata__", t}}), InvalidArgument);
   EXPECT_THROW(write_safetensors(path, {{"", t}}), InvalidArgument);
   EXPECT_THROW(write_safetensors(path, {{"\xff\xfe", t}}), InvalidArgument);
+  // Metadata keys and values must be UTF-8 too (an overlong '/' and a lone continuation byte).
+  for (const auto& md : std::vector<std::map<std::string, std::string>>{{{"k", "\xc0\xaf"}}, {{"\x80", "v"}}}) {
+    try {
+      write_safetensors(path, {{"a", t}}, md);
+      ADD_FAILURE() << "accepted non-UTF-8 metadata";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("is not valid UTF-8"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_EQ(read_bytes(path), before);
   // No temp file left behind.
   int files = 0;
@@ -322,6 +331,21 @@ TEST_F(SafetensorsReject, MetadataNotStrings) {
   expect_rejected(safetensors_bytes("{\"__metadata__\":[1]}", ""), "__metadata__ must be an object");
 }
 
+TEST_F(SafetensorsReject, NumelTimesDtypeSizeOverflows) {
+  // 2^62 elements of 4 bytes: numel fits in 64 bits, its byte size does not.
+  expect_rejected(safetensors_bytes("{" + entry("a", "F32", "[4611686018427387904]", "[0,0]") + "}", ""), "overflows");
+  // numel itself overflows (2^40 x 2^40), whatever the dtype.
+  expect_rejected(safetensors_bytes("{" + entry("a", "I32", "[1099511627776,1099511627776]", "[0,0]") + "}", ""),
+                  "overflows");
+}
+
+TEST_F(SafetensorsReject, KeyTwiceInsideOneEntry) {
+  expect_rejected(
+      safetensors_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"dtype\":\"I32\",\"data_offsets\":[0,4]}}",
+                        std::string(4, '\0')),
+      "has the name 'dtype' twice");
+}
+
 TEST_F(SafetensorsReject, EntryNotAnObject) {
   expect_rejected(safetensors_bytes("{\"a\":5}", ""), "entry is not an object");
 }
@@ -434,6 +458,25 @@ TEST_F(ShardedReject, MissingShardFile) {
 
 TEST_F(ShardedReject, PathEscapingTheDirectory) {
   expect_rejected(R"({"weight_map": {"x": "../model-00001-of-00003.safetensors"}})", "must be a file name relative");
+}
+
+TEST_F(ShardedReject, AbsoluteOrNonStringFileName) {
+  expect_rejected(R"({"weight_map": {"layer.0.w": ")" + dir_.file("model-00001-of-00003.safetensors") + R"("}})",
+                  "must be a file name relative");
+  expect_rejected(R"({"weight_map": {"layer.0.w": 1}})", "weight_map['layer.0.w'] is not a file name");
+  expect_rejected(R"({"weight_map": {"layer.0.w": ""}})", "must be a file name relative");
+}
+
+TEST_F(ShardedReject, OneNameInTwoShards) {
+  // A fourth shard that also holds layer.0.w, listed in the map for another tensor.
+  write_safetensors(dir_.file("extra.safetensors"),
+                    {{"layer.0.w", Tensor::from_vector(std::vector<float>(25, 1.f), {5, 5})},
+                     {"extra.w", Tensor::from_vector({1.f}, {1})}});
+  std::string map;
+  for (int i = 0; i < 5; ++i)
+    map +=
+        "\"layer." + std::to_string(i) + ".w\": \"model-0000" + std::to_string(i / 2 + 1) + "-of-00003.safetensors\", ";
+  expect_rejected("{\"weight_map\": {" + map + "\"extra.w\": \"extra.safetensors\"}}", "tensor 'layer.0.w' is in both");
 }
 
 TEST_F(ShardedReject, NoWeightMapOrBadTotal) {

@@ -2,7 +2,9 @@
 // every collective, dtype and op against a serial reference computed in
 // double. Integers must match exactly; floats within one rounding of the
 // output dtype (inputs are small integers, so the f32 accumulation itself is
-// exact): f32 rel 1e-6, f16 rel 2^-10, bf16 rel 2^-7.
+// exact): f32 rel 1e-6, f16 rel 2^-10, bf16 rel 2^-7. SixteenBitAccumulation
+// uses inputs that only an f32 accumulation sums right. Send buffers are
+// checked bit for bit after every out-of-place call.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -121,6 +123,12 @@ std::vector<double> read(const void* buf, size_t n, DType dt) {
   return out;
 }
 
+// The send buffer's bytes before a collective, to check it is left alone.
+std::string snapshot(const void* buf, size_t bytes) { return std::string(static_cast<const char*>(buf), bytes); }
+bool unchanged(const std::string& before, const void* buf) {
+  return before.empty() || std::memcmp(before.data(), buf, before.size()) == 0;
+}
+
 std::string what(const Communicator& c, const char* coll, size_t count, DType dt, ReduceOp op, bool inplace) {
   return detail::concat(coll, " p=", c.size(), " rank=", c.rank(), " count=", count, " ", dtype_name(dt), " ",
                         reduce_op_name(op), inplace ? " in-place" : "", " algo=", c.last_algorithm());
@@ -131,6 +139,7 @@ void check_all_reduce(Communicator& c, Buffers& b, size_t count, DType dt, Reduc
   void* send = b.get(count * es);
   void* recv = inplace ? send : b.get(count * es);
   fill(send, count, dt, [&](size_t i) { return input(c.rank(), i, op, seed); });
+  const std::string before = inplace ? "" : snapshot(send, count * es);
   c.all_reduce(send, recv, count, dt, op);
   auto got = read(recv, count, dt);
   for (size_t i = 0; i < count; ++i) {
@@ -138,11 +147,7 @@ void check_all_reduce(Communicator& c, Buffers& b, size_t count, DType dt, Reduc
     COLL_REQUIRE(std::fabs(got[i] - e) <= tolerance(dt, e), what(c, "all_reduce", count, dt, op, inplace), ": element ",
                  i, " is ", got[i], ", expected ", e);
   }
-  if (!inplace) {  // the send buffer is left alone
-    auto s = read(send, count, dt);
-    for (size_t i = 0; i < count; ++i)
-      COLL_REQUIRE(std::fabs(s[i] - input(c.rank(), i, op, seed)) <= tolerance(dt, s[i]), "send buffer changed");
-  }
+  COLL_REQUIRE(unchanged(before, send), what(c, "all_reduce", count, dt, op, inplace), ": send buffer changed");
 }
 
 void check_reduce_scatter(Communicator& c, Buffers& b, size_t count, DType dt, ReduceOp op, bool inplace) {
@@ -151,7 +156,9 @@ void check_reduce_scatter(Communicator& c, Buffers& b, size_t count, DType dt, R
   // In-place reduce-scatter: recv is this rank's block of send (NCCL convention).
   void* recv = inplace ? static_cast<char*>(send) + c.rank() * count * es : b.get(count * es);
   fill(send, p * count, dt, [&](size_t i) { return input(c.rank(), i, op, 3); });
+  const std::string before = inplace ? "" : snapshot(send, p * count * es);
   c.reduce_scatter(send, recv, count, dt, op);
+  COLL_REQUIRE(unchanged(before, send), what(c, "reduce_scatter", count, dt, op, inplace), ": send buffer changed");
   auto got = read(recv, count, dt);
   for (size_t i = 0; i < count; ++i) {
     const double e = reference(c.size(), c.rank() * count + i, op, dt, 3);
@@ -165,7 +172,10 @@ void check_all_gather(Communicator& c, Buffers& b, size_t count, DType dt, bool 
   void* recv = b.get(p * count * es);
   void* send = inplace ? static_cast<char*>(recv) + c.rank() * count * es : b.get(count * es);
   fill(send, count, dt, [&](size_t i) { return input(c.rank(), i, ReduceOp::Sum, 5); });
+  const std::string before = inplace ? "" : snapshot(send, count * es);
   c.all_gather(send, recv, count, dt);
+  COLL_REQUIRE(unchanged(before, send), what(c, "all_gather", count, dt, ReduceOp::Sum, inplace),
+               ": send buffer changed");
   auto got = read(recv, p * count, dt);
   for (size_t r = 0; r < p; ++r)
     for (size_t i = 0; i < count; ++i)
@@ -188,7 +198,10 @@ void check_reduce(Communicator& c, Buffers& b, size_t count, DType dt, ReduceOp 
   void* send = b.get(count * es);
   void* recv = c.rank() == root ? b.get(count * es) : nullptr;
   fill(send, count, dt, [&](size_t i) { return input(c.rank(), i, op, 1); });
+  const std::string before = snapshot(send, count * es);
   c.reduce(send, recv, count, dt, op, root);
+  COLL_REQUIRE(unchanged(before, send), what(c, "reduce", count, dt, op, false), " root ", root,
+               ": send buffer changed");
   if (c.rank() != root) return;
   auto got = read(recv, count, dt);
   for (size_t i = 0; i < count; ++i) {
@@ -206,7 +219,10 @@ void check_all_to_all(Communicator& c, Buffers& b, size_t count, DType dt, bool 
   auto code = [&](size_t r, size_t j, size_t i) { return static_cast<double>((r * 31 + j * 7 + i) % 97); };
   fill(send, p * count, dt,
        [&](size_t k) { return code(c.rank(), k / std::max<size_t>(count, 1), k % std::max<size_t>(count, 1)); });
+  const std::string before = inplace ? "" : snapshot(send, p * count * es);
   c.all_to_all(send, recv, count, dt);
+  COLL_REQUIRE(unchanged(before, send), what(c, "all_to_all", count, dt, ReduceOp::Sum, inplace),
+               ": send buffer changed");
   auto got = read(recv, p * count, dt);
   for (size_t j = 0; j < p; ++j)
     for (size_t i = 0; i < count; ++i)
@@ -235,7 +251,8 @@ TEST_P(WorldSize, AllReduceEveryDtypeAndOp) {
 // (1<<20)+3 elements for a subset: f32 sum from a shared arena (read in
 // place), i32 max and bf16 avg from the heap.
 TEST_P(WorldSize, AllReduceLargeCount) {
-  if (GetParam() > kLargeMaxRanks) GTEST_SKIP() << "large counts run on up to " << kLargeMaxRanks << " ranks here";
+  if (GetParam() > kLargeMaxRanks)
+    GTEST_SKIP() << "sanitized build (about 10x slower): large counts run on up to " << kLargeMaxRanks << " ranks";
   auto res = run_ranks(GetParam(), [](int rank, int size, std::shared_ptr<Store> store) {
     auto c = Communicator::create(store, rank, size);
     Buffers arena(true), heap(false);
@@ -358,6 +375,87 @@ INSTANTIATE_TEST_SUITE_P(Algos, ForcedAlgo,
                                            Forced{"rhd", 8}, Forced{"torus", 4}, Forced{"torus", 6}, Forced{"torus", 8},
                                            Forced{"direct", 3}, Forced{"direct", 7}, Forced{"oneshot", 5}),
                          [](const auto& info) { return info.param.algo + "_p" + std::to_string(info.param.size); });
+
+// ---------------------------------------------------------------- 16-bit accumulation
+
+// bf16 and f16 reductions accumulate in f32 (communicator.h). Element i gets a
+// large value L on rank i % 8 and small ones (0.25, 0.5 or 0.75) elsewhere.
+// L sits where the 16-bit grid has spacing 2 (bf16 256, f16 2048), so one
+// small value added to L in 16 bits rounds away, while the 7 together (1.75
+// to 5.25) move the correctly rounded sum: accumulating in bf16/f16 in any
+// order that meets L first loses them. The oracle is the sum in double,
+// rounded once to the 16-bit grid (nearest, ties to even), exactly.
+double large_value(DType dt) { return dt == DType::BF16 ? 256.0 : 2048.0; }
+
+double acc_input(int rank, size_t i, DType dt) {
+  if (static_cast<size_t>(rank) == i % 8) return large_value(dt);
+  return 0.25 * static_cast<double>(1 + (static_cast<size_t>(rank) * 5 + i) % 3);
+}
+
+// x in [L, 2L): the 16-bit value nearest to x on the grid of spacing 2, ties to even (multiples of 4).
+double round_to_grid(double x) {
+  const double q = x / 2.0, f = std::floor(q), frac = q - f;
+  double r = frac > 0.5 ? f + 1 : frac < 0.5 ? f : (std::fmod(f, 2.0) == 0 ? f : f + 1);
+  return 2.0 * r;
+}
+
+double acc_oracle(int p, size_t i, DType dt) {
+  double sum = 0;
+  for (int r = 0; r < p; ++r) sum += acc_input(r, i, dt);
+  return round_to_grid(sum);
+}
+
+class SixteenBitAccumulation : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SixteenBitAccumulation, MatchesDoubleOracleRoundedOnce) {
+  const std::string algo = GetParam();
+  auto res = run_ranks(8, [algo](int rank, int size, std::shared_ptr<Store> store) {
+    CommOptions o;
+    o.algo = algo;
+    o.net = torus_for(size);
+    auto c = Communicator::create(store, rank, size, o);
+    Buffers heap(false);
+    const size_t n = 1000;  // oneshot serves up to 4 KiB of the f32 workspace
+    for (DType dt : {DType::BF16, DType::F16}) {
+      const size_t es = dtype_size(dt);
+      auto expect_oracle = [&](const void* buf, size_t count, size_t first, const char* coll) {
+        auto got = read(buf, count, dt);
+        size_t lost = 0;
+        for (size_t i = 0; i < count; ++i) {
+          const double e = acc_oracle(size, first + i, dt);
+          COLL_REQUIRE(got[i] == e, coll, " ", dtype_name(dt), " algo=", c->last_algorithm(), " element ", first + i,
+                       " is ", got[i], ", expected ", e, " (the small values were lost: accumulated in 16 bits?)");
+          lost += e != large_value(dt);
+        }
+        COLL_REQUIRE(lost == count, "the oracle does not tell the accumulations apart");
+      };
+      // all_reduce, out of place and in place.
+      void* send = heap.get(n * es);
+      void* recv = heap.get(n * es);
+      fill(send, n, dt, [&](size_t i) { return acc_input(rank, i, dt); });
+      c->all_reduce(send, recv, n, dt, ReduceOp::Sum);
+      if (!algo.empty()) COLL_REQUIRE(c->last_algorithm() == algo, "forced ", algo, " but ", c->last_algorithm());
+      expect_oracle(recv, n, 0, "all_reduce");
+      c->all_reduce(send, send, n, dt, ReduceOp::Sum);
+      expect_oracle(send, n, 0, "all_reduce in place");
+      // reduce_scatter: block b of the 8 x n/8 input is elements [b n/8, (b+1) n/8).
+      const size_t blk = n / static_cast<size_t>(size);
+      void* rs_send = heap.get(n * es);
+      void* rs_recv = heap.get(blk * es);
+      fill(rs_send, n, dt, [&](size_t i) { return acc_input(rank, i, dt); });
+      c->reduce_scatter(rs_send, rs_recv, blk, dt, ReduceOp::Sum);
+      expect_oracle(rs_recv, blk, static_cast<size_t>(rank) * blk, "reduce_scatter");
+      // reduce to the last rank.
+      void* r_recv = rank == size - 1 ? heap.get(n * es) : nullptr;
+      c->reduce(rs_send, r_recv, n, dt, ReduceOp::Sum, size - 1);
+      if (r_recv) expect_oracle(r_recv, n, 0, "reduce");
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Algos, SixteenBitAccumulation, ::testing::Values("", "ring", "rhd", "torus", "oneshot"),
+                         [](const auto& info) { return info.param.empty() ? std::string("default") : info.param; });
 
 // ---------------------------------------------------------------- groups
 

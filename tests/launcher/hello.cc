@@ -8,7 +8,8 @@
 //   --kill-rank R                   rank R sends itself SIGKILL after the barrier
 //   --sleep S                       sleep S seconds after the barrier (failing ranks don't)
 //   --pid-dir DIR                   write DIR/<rank>.pid (tests check nothing survives)
-//   --term-dir DIR                  on SIGTERM write DIR/<rank>.term and exit 143
+//   --term-dir DIR                  on SIGTERM, SIGINT, SIGHUP or SIGQUIT write the signal's number
+//                                   to DIR/<rank>.term and exit 128 + the number
 //   --print-env                     print the launcher's variables
 //   --comm                          build the world communicator and all-reduce the ranks
 //   --loop-seconds S                with --comm: all-reduce in a loop for S seconds (after injections)
@@ -31,16 +32,21 @@ namespace {
 
 char g_term_path[4096];
 
-void on_term(int) {
+void on_term(int sig) {
   if (g_term_path[0]) {
     int fd = open(g_term_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
-      ssize_t n = write(fd, "term\n", 5);
-      (void)n;
+      char text[3];
+      size_t n = 0;
+      if (sig >= 10) text[n++] = static_cast<char>('0' + sig / 10);
+      text[n++] = static_cast<char>('0' + sig % 10);
+      text[n++] = '\n';
+      ssize_t w = write(fd, text, n);  // write(2) only: async-signal-safe
+      (void)w;
       close(fd);
     }
   }
-  _exit(143);
+  _exit(128 + sig);
 }
 
 void sleep_seconds(double s) {
@@ -78,7 +84,7 @@ int main(int argc, char** argv) {
     if (!pid_dir.empty()) std::ofstream(pid_dir + "/" + std::to_string(rank) + ".pid") << getpid() << "\n";
     if (!term_dir.empty()) {
       std::snprintf(g_term_path, sizeof g_term_path, "%s/%d.term", term_dir.c_str(), rank);
-      signal(SIGTERM, on_term);
+      for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) signal(sig, on_term);
     }
     if (print_env) {
       for (const char* v :

@@ -7,9 +7,11 @@
 #include <sys/socket.h>
 
 #include "tests/launcher/subprocess.h"
+#include "tests/test_timeouts.h"
 
 using namespace tessera::testing;
 using namespace std::chrono_literals;
+namespace test_time = tessera::test_time;
 
 namespace {
 
@@ -35,6 +37,24 @@ void expect_all_gone(const std::string& dir, size_t expected) {
   auto pids = read_pids(dir);
   EXPECT_EQ(pids.size(), expected);
   for (pid_t p : pids) EXPECT_FALSE(alive(p)) << "worker " << p << " outlived the launcher";
+}
+
+// Workers that die by PR_SET_PDEATHSIG go a moment after their launcher:
+// waits (bounded) for that instead of sleeping a fixed time.
+void expect_all_gone_soon(const std::string& dir, size_t expected) {
+  test_time::wait_until(
+      [&] {
+        for (pid_t p : read_pids(dir))
+          if (alive(p)) return false;
+        return true;
+      },
+      test_time::scaled(2s));
+  expect_all_gone(dir, expected);
+}
+
+// Waits (bounded) until `file` holds `n` lines that contain `what`.
+bool wait_for_lines(const std::string& file, const std::string& what, int n) {
+  return test_time::wait_until([&] { return count(read_file(file), what) >= n; }, test_time::scaled(10s), 20ms);
 }
 
 int free_port() {
@@ -122,12 +142,16 @@ TEST(Run, SigtermDuringRendezvous) {
   Subprocess n1(run_cmd({"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1", "--coordinator", coord}, {}),
                 d.path, "n1");
   unsetenv("TESSERA_JOB_TOKEN");
-  std::this_thread::sleep_for(500ms);
+  // Once the launcher blocks SIGTERM, the signal is its to handle.
+  ASSERT_TRUE(test_time::wait_until([&] { return blocks_signal(n1.pid(), SIGTERM); }, test_time::scaled(10s)));
   auto t0 = std::chrono::steady_clock::now();
   kill(n1.pid(), SIGTERM);
   EXPECT_EQ(n1.wait(10s), 128 + SIGTERM) << n1.err();
+  // exit(143) from the launcher's own handling, not the default death by SIGTERM.
+  EXPECT_FALSE(n1.signaled()) << "killed by the signal instead of handling it\n" << n1.err();
+  EXPECT_NE(n1.err().find("tessera run: interrupted by Terminated during rendezvous"), std::string::npos) << n1.err();
   // A join slice (0.5 s + 0.5 s slack) and an in-flight heartbeat (<= 1 s).
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, test_time::scaled(4s));
 }
 
 TEST(Run, FailureOnOneNodeStopsBothNodes) {
@@ -143,7 +167,7 @@ TEST(Run, FailureOnOneNodeStopsBothNodes) {
   unsetenv("TESSERA_JOB_TOKEN");
   EXPECT_EQ(n1.wait(30s), 3) << n1.err();
   EXPECT_EQ(n0.wait(30s), 3) << n0.err();
-  EXPECT_LT(n0.seconds(), 5.0);
+  EXPECT_LT(n0.seconds(), test_time::seconds(5.0));
   // Node 0 names the remote root cause, with the log tail node 1 sent.
   EXPECT_NE(n0.err().find("root cause: rank 3 on node 1"), std::string::npos) << n0.err();
   EXPECT_NE(n0.err().find("rank 3 exiting with code 3 as asked"), std::string::npos) << n0.err();
@@ -163,17 +187,14 @@ TEST(Run, LostNodeAgentAbortsTheJob) {
                         {"--sleep", "60", "--pid-dir", d.path}),
                 d.path, "n1");
   unsetenv("TESSERA_JOB_TOKEN");
-  for (int i = 0; i < 500 && count(read_file(d.path + "/n1.out"), " ok (round 0)") < 1; ++i)
-    std::this_thread::sleep_for(20ms);
-  ASSERT_EQ(count(read_file(d.path + "/n1.out"), " ok (round 0)"), 1);
+  ASSERT_TRUE(wait_for_lines(d.path + "/n1.out", " ok (round 0)", 1)) << read_file(d.path + "/n1.out");
   kill(n1.pid(), SIGKILL);  // node 1's agent vanishes (its worker follows by PDEATHSIG)
   EXPECT_EQ(n0.wait(30s), 1) << n0.err();
-  EXPECT_LT(n0.seconds(), 8.0);
+  EXPECT_LT(n0.seconds(), test_time::seconds(8.0));
   // Either the node's or its worker's heartbeats are noticed first.
   EXPECT_NE(n0.err().find("root cause:"), std::string::npos) << n0.err();
   EXPECT_NE(n0.err().find("no heartbeat"), std::string::npos) << n0.err();
-  std::this_thread::sleep_for(200ms);
-  expect_all_gone(d.path, 2);
+  expect_all_gone_soon(d.path, 2);  // node 1's worker goes by PDEATHSIG
 }
 
 TEST(Run, FailedWorkerExitCodeWithin5sAndNothingLeft) {
@@ -182,7 +203,7 @@ TEST(Run, FailedWorkerExitCodeWithin5sAndNothingLeft) {
                        {"--exit-code", "3", "--fail-rank", "2", "--sleep", "60", "--pid-dir", d.path}),
                d.path);
   ASSERT_EQ(p.wait(30s), 3) << p.err();
-  EXPECT_LT(p.seconds(), 5.0);
+  EXPECT_LT(p.seconds(), test_time::seconds(5.0));
   const std::string err = p.err();
   EXPECT_NE(err.find("root cause: rank 2 on node 0"), std::string::npos) << err;
   EXPECT_NE(err.find("exit code: 3"), std::string::npos) << err;
@@ -194,7 +215,7 @@ TEST(Run, KilledWorkerReportsTheSignal) {
   TempDir d;
   Subprocess p(run_cmd({"--nproc-per-node", "3"}, {"--kill-rank", "0", "--sleep", "60", "--pid-dir", d.path}), d.path);
   ASSERT_EQ(p.wait(30s), 128 + SIGKILL) << p.err();
-  EXPECT_LT(p.seconds(), 5.0);
+  EXPECT_LT(p.seconds(), test_time::seconds(5.0));
   EXPECT_NE(p.err().find("root cause: rank 0 on node 0"), std::string::npos) << p.err();
   EXPECT_NE(p.err().find("signal:    9 (Killed)"), std::string::npos) << p.err();
   expect_all_gone(d.path, 3);
@@ -205,7 +226,7 @@ TEST(Run, WorkerExceptionIsTheRootCause) {
   // rank 1 throws: reported by the worker itself as the root cause.
   Subprocess p(run_cmd({"--nproc-per-node", "3"}, {"--throw-rank", "1", "--sleep", "60", "--pid-dir", d.path}), d.path);
   ASSERT_EQ(p.wait(30s), 1) << p.err();
-  EXPECT_LT(p.seconds(), 5.0);
+  EXPECT_LT(p.seconds(), test_time::seconds(5.0));
   EXPECT_NE(p.err().find("root cause: rank 1 on node 0 ("), std::string::npos) << p.err();
   EXPECT_NE(p.err().find("injected failure on rank 1"), std::string::npos) << p.err();
   expect_all_gone(d.path, 3);
@@ -219,41 +240,85 @@ TEST(Run, StoppedWorkerTriggersTheHeartbeatAbort) {
                d.path);
   ASSERT_EQ(p.wait(30s), 1) << p.err();
   // 1 s timeout + detection + stop: well within timeout + 5 s.
-  EXPECT_LT(p.seconds(), 6.0);
+  EXPECT_LT(p.seconds(), test_time::seconds(6.0));
   EXPECT_NE(p.err().find("root cause: rank 1 on node 0"), std::string::npos) << p.err();
   EXPECT_NE(p.err().find("no heartbeat"), std::string::npos) << p.err();
   expect_all_gone(d.path, 3);
 }
 
-TEST(Run, SigtermReachesEveryWorker) {
+// SIGINT, SIGTERM, SIGHUP and SIGQUIT to the launcher: each worker gets that
+// signal itself (its handler records it), and the launcher exits 128 + N of
+// its own accord.
+class RunSignal : public ::testing::TestWithParam<int> {};
+
+TEST_P(RunSignal, ReachesEveryWorkerAndSetsTheExitCode) {
+  const int sig = GetParam();
   TempDir d;
   Subprocess p(run_cmd({"--nproc-per-node", "3"}, {"--sleep", "60", "--pid-dir", d.path, "--term-dir", d.path}),
                d.path);
-  for (int i = 0; i < 500 && count(read_file(d.path + "/p.out"), " ok (round 0)") < 3; ++i)
-    std::this_thread::sleep_for(20ms);
-  ASSERT_EQ(count(read_file(d.path + "/p.out"), " ok (round 0)"), 3);
-  kill(p.pid(), SIGTERM);
-  EXPECT_EQ(p.wait(10s), 128 + SIGTERM) << p.err();
+  ASSERT_TRUE(wait_for_lines(d.path + "/p.out", " ok (round 0)", 3)) << p.out();
+  kill(p.pid(), sig);
+  EXPECT_EQ(p.wait(10s), 128 + sig) << p.err();
+  EXPECT_FALSE(p.signaled()) << p.err();
+  EXPECT_NE(p.err().find(std::string("interrupted by ") + strsignal(sig)), std::string::npos) << p.err();
   for (int r = 0; r < 3; ++r)
-    EXPECT_TRUE(std::filesystem::exists(d.path + "/" + std::to_string(r) + ".term")) << "rank " << r << "\n" << p.err();
+    EXPECT_EQ(read_file(d.path + "/" + std::to_string(r) + ".term"), std::to_string(sig) + "\n") << "rank " << r << "\n"
+                                                                                                 << p.err();
   expect_all_gone(d.path, 3);
+}
+INSTANTIATE_TEST_SUITE_P(Signals, RunSignal, ::testing::Values(SIGINT, SIGTERM, SIGHUP, SIGQUIT),
+                         [](const auto& info) { return std::string(sigabbrev_np(info.param)); });
+
+// A worker that ignores SIGTERM is killed after --kill-grace: not before
+// (it had the grace), and not much after (the escalation to SIGKILL). The
+// workers are shell loops, which use no worker library (so no watch thread
+// ends them when the job aborts): only the launcher's signals do.
+TEST(Run, KillGraceEscalatesToSigkill) {
+  TempDir d;
+  const std::string script =
+      "cd " + d.path +
+      "; echo $$ > $TESSERA_RANK.pid; "
+      "if [ \"$TESSERA_RANK\" = 0 ]; then while [ ! -f 1.ready ]; do sleep 0.02; done; exit 3; fi; "
+      "trap 'echo term >> 1.term' TERM; touch 1.ready; while :; do sleep 0.05; done";
+  Subprocess p({kTessera, "run", "--nproc-per-node", "2", "--kill-grace", "1.5", "--", "/bin/sh", "-c", script},
+               d.path);
+  ASSERT_EQ(p.wait(30s), 3) << p.err();
+  const std::string term = read_file(d.path + "/1.term");
+  EXPECT_GE(count(term, "term"), 1) << "rank 1 never got SIGTERM\n" << p.err();
+  // After rank 0's exit the launcher waits the 1.5 s grace, then SIGKILLs.
+  EXPECT_GE(p.seconds(), 1.5) << p.err();
+  EXPECT_LT(p.seconds(), 1.5 + test_time::seconds(4.0)) << p.err();
+  EXPECT_NE(p.err().find("root cause: rank 0 on node 0"), std::string::npos) << p.err();
+  expect_all_gone(d.path, 2);
+}
+
+// An interrupt ends the job even with restarts left: no new round.
+TEST(Run, InterruptsAreNeverRestarted) {
+  TempDir d;
+  Subprocess p(run_cmd({"--nproc-per-node", "2", "--max-restarts", "3"},
+                       {"--sleep", "60", "--pid-dir", d.path, "--term-dir", d.path}),
+               d.path);
+  ASSERT_TRUE(wait_for_lines(d.path + "/p.out", " ok (round 0)", 2)) << p.out();
+  kill(p.pid(), SIGINT);
+  EXPECT_EQ(p.wait(10s), 128 + SIGINT) << p.err();
+  EXPECT_EQ(count(p.err(), "restarting"), 0) << p.err();
+  EXPECT_EQ(count(p.out(), "(round 1)"), 0) << p.out();
+  expect_all_gone(d.path, 2);
 }
 
 TEST(Run, KilledLauncherTakesItsWorkersAlong) {
   TempDir d;
   Subprocess p(run_cmd({"--nproc-per-node", "2"}, {"--sleep", "60", "--pid-dir", d.path}), d.path);
-  for (int i = 0; i < 500 && count(read_file(d.path + "/p.out"), " ok (round 0)") < 2; ++i)
-    std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(wait_for_lines(d.path + "/p.out", " ok (round 0)", 2)) << p.out();
   kill(p.pid(), SIGKILL);  // no chance to clean up: PR_SET_PDEATHSIG must do it
   p.wait(5s);
-  std::this_thread::sleep_for(300ms);
-  expect_all_gone(d.path, 2);
+  expect_all_gone_soon(d.path, 2);
 }
 
 TEST(Run, RestartRoundsUntilSuccess) {
   TempDir d;
   // Rank 0 fails in rounds 0 and 1; round 2 succeeds.
-  Subprocess p(run_cmd({"--nproc-per-node", "3", "--max-restarts", "2"},
+  Subprocess p(run_cmd({"--nproc-per-node", "3", "--max-restarts", "2", "--log-dir", d.path + "/logs"},
                        {"--exit-code", "5", "--fail-rank", "0", "--fail-round", "2"}),
                d.path);
   ASSERT_EQ(p.wait(60s), 0) << p.err();
@@ -268,6 +333,15 @@ TEST(Run, RestartRoundsUntilSuccess) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(count(out, ok_line(r, 2)), 1) << out;
   EXPECT_EQ(count(out, "(round 3)"), 0) << out;
   EXPECT_EQ(count(p.err(), "restarting"), 2) << p.err();
+  // Rank 0's log holds every round, each restart marked once, in order.
+  const std::string log = read_file(d.path + "/logs/rank_0.log");
+  const std::string m1 = "---- tessera run: restart 1 ----\n", m2 = "---- tessera run: restart 2 ----\n";
+  EXPECT_EQ(count(log, m1), 1) << log;
+  EXPECT_EQ(count(log, m2), 1) << log;
+  const size_t r0 = log.find("rank 0 of 3 ok (round 0)"), at1 = log.find(m1), r1 = log.find("rank 0 of 3 ok (round 1)"),
+               at2 = log.find(m2), r2 = log.find("rank 0 of 3 ok (round 2)");
+  EXPECT_TRUE(r0 < at1 && at1 < r1 && r1 < at2 && at2 < r2 && r2 != std::string::npos) << log;
+  EXPECT_EQ(log.find("restart 3"), std::string::npos) << log;
 }
 
 TEST(Run, RestartsExhausted) {
@@ -317,7 +391,7 @@ TEST(Mpirun, FailureEndsTheJobThroughMpiAbort) {
   int rc = p.wait(60s);
   EXPECT_NE(rc, 0);
   EXPECT_NE(rc, -1) << "mpirun did not end";
-  EXPECT_LT(p.seconds(), 15.0);
+  EXPECT_LT(p.seconds(), test_time::seconds(15.0));
   EXPECT_NE(p.err().find("job aborted: rank 2"), std::string::npos) << p.err();
 }
 

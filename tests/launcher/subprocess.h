@@ -76,6 +76,7 @@ class Subprocess {
       if (r == pid_) {
         done_ = true;
         elapsed_ = std::chrono::steady_clock::now() - start_;
+        signaled_ = WIFSIGNALED(st);
         return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       }
       if (std::chrono::steady_clock::now() > deadline) {
@@ -88,12 +89,15 @@ class Subprocess {
     }
   }
   double seconds() const { return std::chrono::duration<double>(elapsed_).count(); }
+  // After wait(): killed by a signal (then wait() gave 128 + signal), rather than exit(128 + signal).
+  bool signaled() const { return signaled_; }
   std::string out() const { return read_file(out_path_); }
   std::string err() const { return read_file(err_path_); }
 
  private:
   pid_t pid_ = -1;
   bool done_ = false;
+  bool signaled_ = false;
   std::string out_path_, err_path_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::duration elapsed_{};
@@ -107,6 +111,16 @@ inline std::vector<pid_t> read_pids(const std::string& dir) {
     pids.push_back(static_cast<pid_t>(std::atol(read_file(e.path()).c_str())));
   }
   return pids;
+}
+
+// Whether the process blocks `sig` (the SigBlk mask in /proc/<pid>/status):
+// `tessera run` blocks its signals first thing, so from then on a signal is
+// handled by its own code rather than ending it.
+inline bool blocks_signal(pid_t pid, int sig) {
+  std::istringstream in(read_file("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("SigBlk:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+  return false;
 }
 
 // A zombie (dead, waiting for a parent that does not reap, as PID 1 in some

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <typeinfo>
 
 #include "parallel/plan_io.h"
 #include "runtime/error.h"
@@ -88,7 +90,9 @@ TEST(Planner, PinsRespected) {
   o2.pins.pp = 4;
   o2.pins.virtual_stages = 2;
   o2.pins.dp = 8;
-  for (const auto& p : plan(m, t, o2).top) {
+  const PlannerResult r2 = plan(m, t, o2);
+  ASSERT_FALSE(r2.top.empty()) << "no plan for pp 4, v 2, dp 8: the checks below would pass vacuously";
+  for (const auto& p : r2.top) {
     EXPECT_EQ(p.choice.pp, 4);
     EXPECT_EQ(p.choice.dp, 8);
     EXPECT_EQ(p.choice.tp, 4);
@@ -129,8 +133,86 @@ TEST(Planner, BadPinsAreClearErrors) {
 }
 
 TEST(Planner, NothingFitsIsAnError) {
-  // 175B on one trn1 instance cannot fit.
-  EXPECT_THROW(plan(ModelConfig::preset("gpt3-175b"), Topology::preset("trn1.32xlarge"), opts(32, 2048)), Error);
+  // 175B on one trn1 instance cannot fit: an Error (not a bad argument) saying why.
+  try {
+    plan(ModelConfig::preset("gpt3-175b"), Topology::preset("trn1.32xlarge"), opts(32, 2048));
+    FAIL() << "a plan was found";
+  } catch (const InvalidArgument& e) {
+    FAIL() << "reported as a bad argument: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_EQ(typeid(e), typeid(Error)) << e.what();
+    const std::string w = e.what();
+    EXPECT_NE(w.find("no plan fits in "), std::string::npos) << w;
+    EXPECT_NE(w.find("GiB usable per core"), std::string::npos) << w;
+    EXPECT_NE(w.find("the smallest needs "), std::string::npos) << w;
+  }
+}
+
+// On a small case, every choice the planner's rules allow (enumerated here
+// from the rules in planner.h) is costed with the cost model: the planner
+// evaluated exactly that many, and its best plan is the fastest of those that
+// fit, with the ranking in order.
+TEST(Planner, BestPlanIsTheFastestThatFitsByBruteForce) {
+  const ModelConfig m = ModelConfig::from_json_text(
+      R"({"name": "tiny", "layers": 4, "hidden": 256, "heads": 8, "vocab": 1000, "max_seq": 512})", "tiny");
+  const Topology t = Topology::from_json_text(R"({"name": "ring8",
+      "device": {"name": "small-core", "hbm_gib": 0.05, "peak_tflops_bf16": 10},
+      "dims": [{"name": "x", "size": 8, "kind": "ring", "level": "chip", "bandwidth_gb_s": 50, "latency_us": 2}]})",
+                                              "ring8");
+  const PlannerOptions o = opts(16, 512);
+  const PlannerResult r = plan(m, t, o);
+  ASSERT_FALSE(r.top.empty());
+  const CostModel cm(m, t.device(), o.train);
+  const int n = t.num_cores();
+  const int64_t B = o.train.global_batch;
+  long count = 0, fit = 0;
+  std::optional<RankedPlan> best;
+  for (int tp = 1; tp <= n; ++tp) {
+    if (n % tp || m.heads % tp || m.kv_heads % tp || m.ffn_hidden % tp) continue;
+    for (int pp = 1; pp <= std::min(n / tp, m.layers); ++pp) {
+      if ((n / tp) % pp) continue;
+      const int dp = n / (tp * pp);
+      if (B % dp) continue;
+      Placement pl(t, Mesh(tp, pp, dp, o.order));
+      const GroupNets nets{pl.group_model(MeshAxis::TP), pl.group_model(MeshAxis::PP), pl.group_model(MeshAxis::DP)};
+      for (int mbs = 1; mbs <= B / dp; ++mbs) {
+        if ((B / dp) % mbs) continue;
+        const int micro = static_cast<int>(B / dp / mbs);
+        for (int v = 1; v <= m.layers; ++v) {
+          if (v > 1 && (pp == 1 || m.layers % (pp * v) || micro % pp)) continue;
+          for (bool balanced : {false, true}) {
+            if (balanced && (pp == 1 || v > 1)) continue;
+            const std::vector<int> stages = partition_layers(m.layers, pp, balanced, cm.head_layers());
+            if (balanced && stages == partition_layers(m.layers, pp, false, cm.head_layers())) continue;
+            for (bool zero1 : {false, true}) {
+              if (zero1 && dp == 1) continue;
+              for (bool sp : {false, true}) {
+                if (sp && tp == 1) continue;
+                for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                  RankedPlan rp{PlanChoice{tp, pp, dp, mbs, v, zero1, sp, rc, stages, balanced}, {}};
+                  rp.cost = cm.evaluate(rp.choice, nets);
+                  ++count;
+                  if (rp.cost.memory.total > r.capacity_bytes) continue;
+                  ++fit;
+                  if (!best || rp.cost.time.total < best->cost.time.total ||
+                      (rp.cost.time.total == best->cost.time.total && rp.cost.memory.total < best->cost.memory.total))
+                    best = rp;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(r.evaluated, count);
+  EXPECT_EQ(r.evaluated - r.over_memory, fit);
+  EXPECT_GT(r.over_memory, 0) << "the case should meet the memory wall";
+  ASSERT_TRUE(best);
+  EXPECT_EQ(r.top[0].cost.time.total, best->cost.time.total);
+  EXPECT_EQ(r.top[0].cost.memory.total, best->cost.memory.total);
+  EXPECT_EQ(r.top[0].choice.tp * r.top[0].choice.pp * r.top[0].choice.dp, n);
+  for (size_t i = 1; i < r.top.size(); ++i) EXPECT_LE(r.top[i - 1].cost.time.total, r.top[i].cost.time.total);
 }
 
 TEST(Planner, LargeTorus) {

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "runtime/error.h"
+#include "tests/test_timeouts.h"
 
 namespace tessera {
 namespace {
@@ -84,7 +85,7 @@ TEST(CpuRotation, MovesTheThreadEveryPeriodAndRestoresItsMask) {
   std::set<int> seen;
   {
     CpuRotation rot(/*local_rank=*/1, cpus, period);
-    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+    const auto end = std::chrono::steady_clock::now() + test_time::scaled(std::chrono::milliseconds(400));
     while (std::chrono::steady_clock::now() < end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       const auto t0 = std::chrono::steady_clock::now();

@@ -1,7 +1,9 @@
 // Tensor/data parallel training equals serial training: every (tp, dp) with
 // tp * dp <= 8 (tp in 1, 2, 4, 8), plain DP, ZeRO-1 and sequence parallelism,
 // after 3 AdamW steps from the same seed gives the serial run's losses and
-// parameters within 1e-5 (relative to each tensor's largest magnitude).
+// parameters within 1e-5 (relative to each tensor's 2-norm) on every DP
+// replica (ZeRO-1: the gathered parameters on every rank), and the AdamW
+// moments within 1e-4 (every element held by some rank, all holders agreeing).
 // Ranks are forked processes, each with its own Device, over the shared-memory
 // communicator.
 #include <gtest/gtest.h>
@@ -9,6 +11,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -27,10 +30,14 @@ struct Layout {
   std::string export_path = "";  // rank 0 exports the trained model there
 };
 
+using Tensors = std::map<std::string, std::vector<double>>;  // full tensors by name
+
 struct RunResult {
   std::vector<double> losses, grad_norms;
-  double optimizer_state_bytes = 0;                   // rank 0's
-  std::map<std::string, std::vector<double>> params;  // full tensors
+  double optimizer_state_bytes = 0;  // rank 0's
+  Tensors params;                    // DP replica 0's
+  Tensors exp_avg, exp_avg_sq;       // AdamW moments, each element from the rank that holds it
+  std::vector<Tensors> replicas;     // every DP replica's parameters (parallel runs)
 };
 
 gpt::TrainOptions tiny_options(int64_t vocab = 256) {
@@ -59,30 +66,60 @@ std::shared_ptr<const data::ByteDataset> dataset() {
 const RunResult& serial(int64_t vocab = 256);
 
 // Results come back through a shared anonymous mapping made before fork:
-// losses and grad norms (rank 0), then every parameter's full tensor, each
-// element written by exactly one rank (its TP owner in DP group 0).
+// losses and grad norms (rank 0), then one block per rank holding its view of
+// every parameter and of the AdamW moments it keeps, as full tensors; an
+// element the rank does not hold stays NaN.
 class SharedResults {
  public:
-  explicit SharedResults(const std::vector<std::pair<std::string, int64_t>>& sizes) {
-    size_t n = 8;
+  SharedResults(const std::vector<std::pair<std::string, int64_t>>& sizes, int ranks) {
+    size_t n = 0;
     for (const auto& [name, numel] : sizes) {
       offsets_[name] = n;
       n += static_cast<size_t>(numel);
     }
-    bytes_ = n * sizeof(double);
+    per_tensor_set_ = n;
+    bytes_ = (8 + 3 * n * static_cast<size_t>(ranks)) * sizeof(double);
     void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
     base_ = static_cast<double*>(p);
+    std::fill(base_ + 8, base_ + bytes_ / sizeof(double), std::nan(""));
   }
   ~SharedResults() { ::munmap(base_, bytes_); }
   double* head() { return base_; }
-  double* param(const std::string& name) { return base_ + offsets_.at(name); }
+  // what: 0 parameters, 1 exp_avg, 2 exp_avg_sq.
+  double* at(int rank, int what, const std::string& name) {
+    return base_ + 8 + (static_cast<size_t>(rank) * 3 + static_cast<size_t>(what)) * per_tensor_set_ +
+           offsets_.at(name);
+  }
 
  private:
   std::map<std::string, size_t> offsets_;
+  size_t per_tensor_set_ = 0;
   double* base_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// Calls fn(parameter, full index, m, v) for every moment element the optimizer holds on this rank.
+void for_each_moment(gpt::Trainer& t, const std::function<void(par::Parameter&, int64_t, float, float)>& fn) {
+  std::vector<par::Parameter*> params = t.model().parameters();
+  std::map<int64_t, par::Parameter*> by_offset;
+  std::map<par::Parameter*, std::vector<int64_t>> global;
+  for (par::Parameter* p : params) {
+    by_offset[p->offset] = p;
+    auto& g = global[p];
+    g.assign(static_cast<size_t>(p->numel()), -1);
+    par::for_each_shard_element(*p, [&](int64_t li, int64_t gi) { g[static_cast<size_t>(li)] = gi; });
+  }
+  t.optimizer().for_each_moment_run([&](int64_t off, int64_t n, const float* m, const float* v) {
+    for (int64_t i = 0; i < n; ++i) {
+      auto it = std::prev(by_offset.upper_bound(off + i));
+      par::Parameter* p = it->second;
+      TESSERA_CHECK(off + i < p->offset + p->numel(), "moment element ", off + i, " outside every parameter");
+      const int64_t gi = global[p][static_cast<size_t>(off + i - p->offset)];
+      if (gi >= 0) fn(*p, gi, m[i], v[i]);
+    }
+  });
+}
 
 RunResult run_serial(int64_t vocab) {
   Device dev(DeviceSpec::preset("test-core"));
@@ -99,7 +136,13 @@ RunResult run_serial(int64_t vocab) {
     auto& full = r.params[p->name];
     full.resize(shape_numel(p->full_shape));
     par::for_each_shard_element(*p, [&](int64_t li, int64_t gi) { full[gi] = p->value[li]; });
+    r.exp_avg[p->name].assign(full.size(), std::nan(""));
+    r.exp_avg_sq[p->name].assign(full.size(), std::nan(""));
   }
+  for_each_moment(t, [&](par::Parameter& p, int64_t gi, float m, float v) {
+    r.exp_avg[p.name][static_cast<size_t>(gi)] = m;
+    r.exp_avg_sq[p.name][static_cast<size_t>(gi)] = v;
+  });
   return r;
 }
 
@@ -108,7 +151,7 @@ RunResult run(const Layout& l) {
   kern::default_blas_threads();
   std::vector<std::pair<std::string, int64_t>> sizes;
   for (const auto& [name, v] : serial(l.vocab).params) sizes.emplace_back(name, static_cast<int64_t>(v.size()));
-  SharedResults shared(sizes);
+  SharedResults shared(sizes, l.tp * l.dp);
   auto res = coll::test::run_ranks(l.tp * l.dp, [&](int rank, int size, std::shared_ptr<coll::Store> store) {
     Device dev(DeviceSpec::preset("test-core"), rank);
     coll::CommOptions co;
@@ -131,15 +174,18 @@ RunResult run(const Layout& l) {
     }
     if (!l.export_path.empty()) t.export_hf(l.export_path);
     if (rank == 0) shared.head()[6] = static_cast<double>(t.optimizer().optimizer_state_bytes());
-    if (ps.dp_rank == 0) {
-      for (par::Parameter* p : t.model().parameters()) {
-        if (!p->tp_sharded() && ps.tp_rank != 0) continue;
-        double* out = shared.param(p->name);
-        par::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
-          if (gi >= 0) out[gi] = p->value[li];
-        });
-      }
+    // Every rank reports what it holds: its (gathered) parameters and its moments.
+    const int slot = ps.dp_rank * l.tp + ps.tp_rank;
+    for (par::Parameter* p : t.model().parameters()) {
+      double* out = shared.at(slot, 0, p->name);
+      par::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
+        if (gi >= 0) out[gi] = p->value[li];
+      });
     }
+    for_each_moment(t, [&](par::Parameter& p, int64_t gi, float m, float v) {
+      shared.at(slot, 1, p.name)[gi] = m;
+      shared.at(slot, 2, p.name)[gi] = v;
+    });
     world->barrier();
   });
   std::string f = coll::test::failures(res);
@@ -150,9 +196,54 @@ RunResult run(const Layout& l) {
     r.grad_norms.push_back(shared.head()[3 + s]);
   }
   r.optimizer_state_bytes = shared.head()[6];
-  for (const auto& [name, n] : sizes) {
-    const double* src = shared.param(name);
-    r.params[name].assign(src, src + n);
+  // Slot = dp_rank * tp + tp_rank. Replica d is the
+  // union of its TP ranks' views; a replicated tensor must be the same on all
+  // of them, and every element must be held by some TP rank.
+  r.replicas.resize(static_cast<size_t>(l.dp));
+  for (int d = 0; d < l.dp; ++d) {
+    for (const auto& [name, n] : sizes) {
+      std::vector<double> full(static_cast<size_t>(n), std::nan(""));
+      for (int tp = 0; tp < l.tp; ++tp) {
+        const double* src = shared.at(d * l.tp + tp, 0, name);
+        for (int64_t i = 0; i < n; ++i) {
+          if (std::isnan(src[i])) continue;
+          if (!std::isnan(full[i]) && full[i] != src[i]) {
+            ADD_FAILURE() << name << "[" << i << "] differs between the TP ranks of DP replica " << d << ": " << full[i]
+                          << " vs " << src[i];
+            break;
+          }
+          full[i] = src[i];
+        }
+      }
+      for (int64_t i = 0; i < n; ++i)
+        if (std::isnan(full[i])) {
+          ADD_FAILURE() << name << "[" << i << "] is held by no rank of DP replica " << d;
+          break;
+        }
+      r.replicas[static_cast<size_t>(d)][name] = std::move(full);
+    }
+  }
+  r.params = r.replicas[0];
+  // Moments: every element held by at least one rank (one per TP rank under
+  // ZeRO-1, every DP replica under plain DP); all holders must agree.
+  for (int what : {1, 2}) {
+    Tensors& out = what == 1 ? r.exp_avg : r.exp_avg_sq;
+    for (const auto& [name, n] : sizes) {
+      std::vector<double> full(static_cast<size_t>(n), std::nan(""));
+      for (int rank = 0; rank < l.tp * l.dp; ++rank) {
+        const double* src = shared.at(rank, what, name);
+        for (int64_t i = 0; i < n; ++i) {
+          if (std::isnan(src[i])) continue;
+          if (!std::isnan(full[i]) && full[i] != src[i]) {
+            ADD_FAILURE() << (what == 1 ? "exp_avg" : "exp_avg_sq") << " of " << name << "[" << i
+                          << "] differs between the ranks that hold it";
+            break;
+          }
+          full[i] = src[i];
+        }
+      }
+      out[name] = std::move(full);
+    }
   }
   return r;
 }
@@ -164,15 +255,58 @@ const RunResult& serial(int64_t vocab) {
   return it->second;
 }
 
+void expect_same_params(const Tensors& got, const Tensors& want, const std::string& what);
+void expect_same_moments(const Tensors& got, const Tensors& want, const std::string& what);
+
+// Losses, grad norms, every DP replica's parameters and the AdamW moments.
 void expect_same(const RunResult& got, const RunResult& want, const std::string& what) {
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
   for (size_t i = 0; i < want.losses.size(); ++i) {
     EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i])) << what << " loss of step " << i + 1;
     EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], 1e-4 * want.grad_norms[i]) << what << " grad norm " << i + 1;
   }
-  ASSERT_EQ(got.params.size(), want.params.size()) << what;
-  for (const auto& [name, w] : want.params) {
-    auto g = got.params.at(name);
+  if (got.replicas.empty()) {
+    expect_same_params(got.params, want.params, what);
+  } else {
+    for (size_t d = 0; d < got.replicas.size(); ++d)
+      expect_same_params(got.replicas[d], want.params, what + " DP replica " + std::to_string(d));
+  }
+  expect_same_moments(got.exp_avg, want.exp_avg, what + " exp_avg");
+  expect_same_moments(got.exp_avg_sq, want.exp_avg_sq, what + " exp_avg_sq");
+}
+
+// Relative in the 2-norm of each tensor. The key bias's gradient is exactly
+// 0 (it shifts each row of attention scores by a constant), so its moments
+// are rounding noise: only their smallness is checked.
+void expect_same_moments(const Tensors& got, const Tensors& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, w] : want) {
+    const auto& g = got.at(name);
+    ASSERT_EQ(g.size(), w.size()) << what << " " << name;
+    const bool qkv_bias = name.find("c_attn.bias") != std::string::npos;
+    const size_t c = w.size() / 3;
+    double norm = 0, diff = 0, key = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      ASSERT_FALSE(std::isnan(g[i]) || std::isnan(w[i])) << what << " " << name << "[" << i << "] held by no rank";
+      if (qkv_bias && i >= c && i < 2 * c) {
+        key = std::max(key, std::abs(g[i]));
+        continue;
+      }
+      norm += w[i] * w[i];
+      diff += (g[i] - w[i]) * (g[i] - w[i]);
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-4 * std::sqrt(norm))
+        << what << " of " << name << " |diff| " << std::sqrt(diff) << " |serial| " << std::sqrt(norm);
+    if (qkv_bias) {
+      EXPECT_LE(key, 1e-3 * std::sqrt(norm)) << what << " of the key bias in " << name;
+    }
+  }
+}
+
+void expect_same_params(const Tensors& got_params, const Tensors& want_params, const std::string& what) {
+  ASSERT_EQ(got_params.size(), want_params.size()) << what;
+  for (const auto& [name, w] : want_params) {
+    auto g = got_params.at(name);
     ASSERT_EQ(g.size(), w.size());
     if (name.find("c_attn.bias") != std::string::npos) {
       // The key bias only shifts each row of attention scores by a constant,
