@@ -173,7 +173,7 @@ TEST(Planner, BestPlanIsTheFastestThatFitsByBruteForce) {
       if ((n / tp) % pp) continue;
       const int dp = n / (tp * pp);
       if (B % dp) continue;
-      Placement pl(t, Mesh(tp, pp, dp, o.order));
+      Placement pl(t, Mesh({.tp = tp, .dp = dp, .pp = pp}, o.order));
       const GroupNets nets{pl.group_model(MeshAxis::TP), pl.group_model(MeshAxis::PP), pl.group_model(MeshAxis::DP)};
       for (int mbs = 1; mbs <= B / dp; ++mbs) {
         if ((B / dp) % mbs) continue;
