@@ -101,6 +101,10 @@ JobStateOptions state_options(const CoordinatorOptions& o) {
 class CoordinatorImpl final : public pb::Coordinator::Service {
  public:
   explicit CoordinatorImpl(CoordinatorOptions o) : opt_(std::move(o)), state_(state_options(opt_)) {
+    // spdlog builds its registry on first use. Build it before gRPC's threads
+    // exist, so the handlers that log find it through thread creation, an
+    // ordering ThreadSanitizer can see (gRPC's own hand-over it cannot).
+    spdlog::default_logger_raw();
     grpc::ServerBuilder b;
     // gRPC sets SO_REUSEPORT by default, which would let two jobs share a port silently.
     b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
