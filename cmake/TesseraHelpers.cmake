@@ -19,10 +19,16 @@ function(tessera_add_test name)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
-  # Under ASan, OpenMPI's own allocations would be reported as leaks: the
-  # suppressions list third-party libraries only (harmless without ASan).
-  set(props TIMEOUT ${T_TIMEOUT}
-    ENVIRONMENT "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/lsan.supp")
+  # Under ASan, OpenMPI's own allocations would be reported as leaks; under
+  # TSan, Debian's gRPC, abseil, protobuf and OpenMPI are not instrumented, so
+  # their own synchronisation is invisible and shows as races. Both
+  # suppression lists name third-party libraries only (tests/sanitizers/).
+  if(TESSERA_SANITIZE STREQUAL "thread")
+    set(env "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan.supp")
+  else()
+    set(env "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/lsan.supp")
+  endif()
+  set(props TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${env}")
   if(T_LABELS)
     # An empty LABELS value would vanish from the list and shift the pairs.
     list(APPEND props LABELS "${T_LABELS}")

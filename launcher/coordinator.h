@@ -1,10 +1,13 @@
 // Coordinator: the job's gRPC service (launcher/proto/coordinator.proto).
 //
 // One per job. `tessera run` on node 0 hosts it; under plain mpirun, rank 0
-// hosts it in-process. It does rendezvous (Join), a key-value store, named
-// barriers, liveness (Heartbeat, with a monitor thread that aborts the round
-// when a participant is silent for longer than the heartbeat timeout) and
-// pushes aborts with their root cause to every Watch stream.
+// hosts it in-process. The job's state (rendezvous, key-value store, named
+// barriers, liveness, root causes) is a JobState (launcher/job_state.h); this
+// service only checks the token and the round of each call, converts the
+// protos to JobState calls and their JobStatus to a grpc::Status. It owns the
+// thread that runs JobState's heartbeat monitor, which aborts the round when
+// a participant is silent for longer than the heartbeat timeout; every Watch
+// stream then gets the abort with its root cause.
 //
 // Security: every RPC must carry the job token (metadata "x-tessera-token");
 // refusals are PERMISSION_DENIED and logged. Keys, values, host names and
@@ -12,9 +15,9 @@
 // INVALID_ARGUMENT or RESOURCE_EXHAUSTED, never a crash.
 //
 // Threads: gRPC's sync server runs each call on a pool thread; blocking calls
-// (Join, Get, Wait, Barrier, Watch) sleep on one condition variable and wake
-// on change, timeout, abort or shutdown. The monitor thread is owned here.
-// Handlers never throw: errors become grpc::Status at the boundary.
+// (Join, Get, Wait, Barrier, Watch) block in JobState and notice a cancelled
+// caller within 200 ms. Handlers never throw: every exception becomes a
+// grpc::Status at the boundary.
 // Lifetime: the constructor starts serving; the destructor (or shutdown())
 // wakes every blocked call and stops the server.
 #pragma once
@@ -23,20 +26,15 @@
 #include <memory>
 #include <string>
 
+#include "launcher/job_state.h"
+
 namespace tessera::launcher {
 
 // Metadata key of the job token.
 inline constexpr const char* kTokenKey = "x-tessera-token";
 
-// Bounds on what one request may carry.
-inline constexpr size_t kMaxKeyBytes = 1024;
-inline constexpr size_t kMaxValueBytes = 1 << 20;
+// Largest gRPC message either side accepts (the other bounds are in job_state.h).
 inline constexpr size_t kMaxMessageBytes = 4 << 20;
-inline constexpr size_t kMaxStoreBytes = 256u << 20;
-inline constexpr size_t kMaxWaitKeys = 16384;
-inline constexpr size_t kMaxHostBytes = 255;
-inline constexpr int kMaxRanks = 1 << 16;
-inline constexpr std::chrono::milliseconds kMaxWait{24LL * 3600 * 1000};
 
 struct CoordinatorOptions {
   // host:port to listen on; port 0 picks a free one (see Coordinator::port()).

@@ -1,0 +1,91 @@
+#include "launcher/output_relay.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "runtime/error.h"
+
+namespace tessera::launcher {
+
+namespace {
+constexpr size_t kMaxLineBytes = 1 << 20;
+}  // namespace
+
+void write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // our own stdout is gone (closed pipe): drop, the log files still have it
+    }
+    off += static_cast<size_t>(n);
+  }
+}
+
+void OutputRelay::open_log(const std::string& dir, int round) {
+  auto path = std::filesystem::path(dir) / ("rank_" + std::to_string(rank_) + ".log");
+  log_.reset(std::fopen(path.c_str(), round == 0 ? "w" : "a"));
+  if (!log_) throw Error(detail::concat("cannot write log file ", path.string(), ": ", std::strerror(errno)));
+  if (round > 0) std::fprintf(log_.get(), "---- tessera run: restart %d ----\n", round);
+}
+
+void OutputRelay::attach(int out_fd, int err_fd) {
+  close_all();
+  out_ = Stream{out_fd, 1, {}};
+  err_ = Stream{err_fd, 2, {}};
+}
+
+void OutputRelay::emit_line(const std::string& line, int out_fd) {
+  write_all(out_fd, "[" + std::to_string(rank_) + "] " + line + "\n");
+  if (log_) {
+    std::fwrite(line.data(), 1, line.size(), log_.get());
+    std::fputc('\n', log_.get());
+    std::fflush(log_.get());
+  }
+  tail_.push_back(line);
+  if (tail_.size() > kTailLines) tail_.pop_front();
+}
+
+void OutputRelay::pump(Stream& s) {
+  if (s.fd < 0) return;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      s.partial.append(buf, static_cast<size_t>(n));
+      size_t start = 0, nl;
+      while ((nl = s.partial.find('\n', start)) != std::string::npos) {
+        emit_line(s.partial.substr(start, nl - start), s.out_fd);
+        start = nl + 1;
+      }
+      s.partial.erase(0, start);
+      // A line without newline that grows without bound is emitted in pieces.
+      if (s.partial.size() > kMaxLineBytes) {
+        emit_line(s.partial, s.out_fd);
+        s.partial.clear();
+      }
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    close_stream(s);  // EOF or error
+    return;
+  }
+}
+
+void OutputRelay::close_stream(Stream& s) {
+  if (!s.partial.empty()) emit_line(s.partial, s.out_fd);
+  s.partial.clear();
+  if (s.fd >= 0) close(s.fd);
+  s.fd = -1;
+}
+
+void OutputRelay::close_all() {
+  close_stream(out_);
+  close_stream(err_);
+}
+
+}  // namespace tessera::launcher

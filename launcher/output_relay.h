@@ -1,0 +1,77 @@
+// Relaying one worker's output (stdout and stderr pipes) for `tessera run`.
+//
+// Every line is written to the launcher's stdout or stderr (the stream the
+// worker used) with the prefix "[<rank>] ", appended without the prefix to
+// the rank's log file when there is one, and kept among the last kTailLines
+// lines for the root-cause report. A line longer than 1 MiB is emitted in
+// pieces; a last line without a newline is emitted at EOF.
+//
+// Threads: used from the agent's event loop only (one thread); not
+// thread-safe. The relay owns the read ends it was given and closes them at
+// EOF or in close_all().
+#pragma once
+
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace tessera::launcher {
+
+// Writes all of `s` to fd, retrying on EINTR; drops it if fd is gone (a
+// closed pipe: the log files still have the lines).
+void write_all(int fd, const std::string& s);
+
+class OutputRelay {
+ public:
+  static constexpr size_t kTailLines = 10;
+
+  struct Stream {
+    int fd = -1;     // read end of the worker's pipe; -1 once closed
+    int out_fd = 1;  // where prefixed lines go
+    std::string partial;
+  };
+
+  explicit OutputRelay(int rank = 0) : rank_(rank) {}
+  ~OutputRelay() { close_all(); }
+  // Moving hands the open streams over (the moved-from relay has none).
+  OutputRelay(OutputRelay&& o) noexcept
+      : rank_(o.rank_),
+        out_(std::exchange(o.out_, Stream{-1, 1, {}})),
+        err_(std::exchange(o.err_, Stream{-1, 2, {}})),
+        tail_(std::move(o.tail_)),
+        log_(std::move(o.log_)) {}
+  OutputRelay& operator=(OutputRelay&&) = delete;
+  OutputRelay(const OutputRelay&) = delete;
+  OutputRelay& operator=(const OutputRelay&) = delete;
+
+  // DIR/rank_<r>.log: truncated in round 0, appended after a line
+  // "---- tessera run: restart <k> ----" in round k > 0. Throws Error.
+  void open_log(const std::string& dir, int round);
+  // Takes the read ends of a new worker process's pipes.
+  void attach(int out_fd, int err_fd);
+
+  Stream& out() { return out_; }
+  Stream& err() { return err_; }
+  bool closed() const { return out_.fd < 0 && err_.fd < 0; }
+
+  // Reads what `s` has now (non-blocking) and emits complete lines; at EOF
+  // emits the partial line and closes the stream.
+  void pump(Stream& s);
+  // Emits what is left and closes both streams without waiting for EOF.
+  void close_all();
+
+  const std::deque<std::string>& tail() const { return tail_; }
+
+ private:
+  void emit_line(const std::string& line, int out_fd);
+  void close_stream(Stream& s);
+
+  int rank_;
+  Stream out_{-1, 1, {}}, err_{-1, 2, {}};
+  std::deque<std::string> tail_;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> log_{nullptr, &std::fclose};
+};
+
+}  // namespace tessera::launcher

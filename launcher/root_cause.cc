@@ -1,0 +1,89 @@
+#include "launcher/root_cause.h"
+
+#include <sys/wait.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "launcher/client.h"
+#include "runtime/error.h"
+
+namespace tessera::launcher {
+
+namespace pb = tessera::launcher::proto;
+
+pb::ExitReport exit_report(int rank, int node_rank, const std::string& host, int status,
+                           const std::deque<std::string>& tail, bool after_stop) {
+  pb::ExitReport rep;
+  rep.set_rank(rank);
+  rep.set_node_rank(node_rank);
+  rep.set_host(host);
+  rep.set_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : 0);
+  rep.set_signal(WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  for (const auto& line : tail) rep.add_log_tail(line);
+  rep.set_after_stop(after_stop);
+  return rep;
+}
+
+pb::RootCause local_exit_cause(int rank, int node_rank, const std::string& host, int status,
+                               const std::deque<std::string>& tail) {
+  pb::RootCause c;
+  c.set_rank(rank);
+  c.set_node_rank(node_rank);
+  c.set_host(host);
+  c.set_has_exit(true);
+  c.set_exit_code(WIFEXITED(status) ? WEXITSTATUS(status) : 0);
+  c.set_signal(WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  c.set_reason("exited abnormally");
+  for (const auto& line : tail) c.add_log_tail(line);
+  return c;
+}
+
+pb::RootCause unknown_cause(const std::string& abort_reason) {
+  pb::RootCause c;
+  c.set_rank(-1);
+  c.set_node_rank(-1);
+  c.set_reason(abort_reason.empty() ? "unknown" : abort_reason);
+  return c;
+}
+
+pb::RootCause interrupt_cause(int node_rank, const std::string& host, int sig) {
+  pb::RootCause c;
+  c.set_rank(-1);
+  c.set_node_rank(node_rank);
+  c.set_host(host);
+  c.set_reason(detail::concat("the launcher got ", strsignal(sig)));
+  return c;
+}
+
+int exit_code_of(const pb::RootCause& c) {
+  if (!c.has_exit()) return 1;
+  if (c.signal()) return 128 + c.signal();
+  return c.exit_code() ? c.exit_code() : 1;
+}
+
+std::string failure_summary(int round, const pb::RootCause& c, const std::string& log_dir, int node_rank) {
+  std::string s = "tessera run: job failed";
+  if (round > 0) s += detail::concat(" after ", round, " restart(s)");
+  s += "\n  root cause: " + describe_cause(c) + "\n";
+  s += detail::concat("    rank:      ", c.rank() >= 0 ? std::to_string(c.rank()) : std::string("-"), "\n");
+  s += detail::concat("    node:      ", c.node_rank(), "\n");
+  s += detail::concat("    host:      ", c.host(), "\n");
+  if (c.has_exit()) {
+    if (c.signal())
+      s += detail::concat("    signal:    ", c.signal(), " (", strsignal(c.signal()), ")\n");
+    else
+      s += detail::concat("    exit code: ", c.exit_code(), "\n");
+  }
+  if (c.log_tail_size() > 0) {
+    s += detail::concat("    last ", c.log_tail_size(), " line(s) of rank ", c.rank(), "'s output:\n");
+    for (const auto& line : c.log_tail()) s += "      " + line + "\n";
+  }
+  if (!log_dir.empty() && c.rank() >= 0 && c.node_rank() == node_rank)
+    s += detail::concat(
+        "    full log:  ", (std::filesystem::path(log_dir) / ("rank_" + std::to_string(c.rank()) + ".log")).string(),
+        "\n");
+  return s;
+}
+
+}  // namespace tessera::launcher

@@ -1,0 +1,136 @@
+#include "launcher/spawn.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "runtime/error.h"
+
+extern char** environ;
+
+namespace tessera::launcher {
+
+namespace {
+
+bool set_by_tessera(const char* kv) {
+  static const char* names[] = {"TESSERA_RANK=",
+                                "TESSERA_WORLD_SIZE=",
+                                "TESSERA_LOCAL_RANK=",
+                                "TESSERA_LOCAL_SIZE=",
+                                "TESSERA_NODE_RANK=",
+                                "TESSERA_NUM_NODES=",
+                                "TESSERA_COORDINATOR=",
+                                "TESSERA_JOB_TOKEN=",
+                                "TESSERA_HEARTBEAT_MS=",
+                                "TESSERA_HOST=",
+                                "TESSERA_RESTART_COUNT=",
+                                "RANK=",
+                                "WORLD_SIZE=",
+                                "LOCAL_RANK=",
+                                "LOCAL_WORLD_SIZE=",
+                                "GROUP_RANK=",
+                                "MASTER_ADDR=",
+                                "MASTER_PORT=",
+                                "TORCHELASTIC_RESTART_COUNT=",
+                                "TORCHELASTIC_MAX_RESTARTS=",
+                                "TORCHELASTIC_RUN_ID=",
+                                "ROLE_RANK=",
+                                "ROLE_WORLD_SIZE=",
+                                "GROUP_WORLD_SIZE="};
+  for (const char* n : names)
+    if (std::strncmp(kv, n, std::strlen(n)) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> worker_environment(const WorkerEnv& w) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e)
+    if (!set_by_tessera(*e)) env.emplace_back(*e);
+  auto add = [&env](const std::string& k, const std::string& v) { env.push_back(k + "=" + v); };
+  const std::string rank = std::to_string(w.rank), ws = std::to_string(w.world_size);
+  const std::string lr = std::to_string(w.local_rank), ls = std::to_string(w.local_size);
+  const std::string nr = std::to_string(w.node_rank), rc = std::to_string(w.restart_count);
+  add("TESSERA_RANK", rank);
+  add("TESSERA_WORLD_SIZE", ws);
+  add("TESSERA_LOCAL_RANK", lr);
+  add("TESSERA_LOCAL_SIZE", ls);
+  add("TESSERA_NODE_RANK", nr);
+  add("TESSERA_NUM_NODES", std::to_string(w.num_nodes));
+  add("TESSERA_COORDINATOR", w.coordinator);
+  add("TESSERA_JOB_TOKEN", w.token);
+  add("TESSERA_HEARTBEAT_MS", std::to_string(w.heartbeat_ms));
+  add("TESSERA_HOST", w.host);
+  add("TESSERA_RESTART_COUNT", rc);
+  add("RANK", rank);
+  add("WORLD_SIZE", ws);
+  add("LOCAL_RANK", lr);
+  add("LOCAL_WORLD_SIZE", ls);
+  add("GROUP_RANK", nr);
+  add("GROUP_WORLD_SIZE", std::to_string(w.num_nodes));
+  add("ROLE_RANK", rank);
+  add("ROLE_WORLD_SIZE", ws);
+  add("MASTER_ADDR", w.master_addr);
+  add("MASTER_PORT", std::to_string(w.master_port));
+  add("TORCHELASTIC_RESTART_COUNT", rc);
+  add("TORCHELASTIC_MAX_RESTARTS", std::to_string(w.max_restarts));
+  add("TORCHELASTIC_RUN_ID", w.run_id);
+  return env;
+}
+
+SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
+                           const std::vector<std::string>& env, int stdin_fd) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) throw Error(detail::concat("pipe: ", std::strerror(errno)));
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    int e = errno;
+    close(out[0]);
+    close(out[1]);
+    throw Error(detail::concat("pipe: ", std::strerror(e)));
+  }
+  // Everything the child needs is built before fork.
+  std::vector<std::string> env_copy = env, args_copy = args;
+  std::vector<char*> envp, argv;
+  for (auto& s : env_copy) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  for (auto& s : args_copy) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+    throw Error(detail::concat("fork: ", std::strerror(e)));
+  }
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    pthread_sigmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(137);  // the launcher died before prctl took effect
+    dup2(stdin_fd, 0);
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    execve(program.c_str(), argv.data(), envp.data());
+    const char msg[] = "tessera run: exec failed\n";
+    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here, so a signal sent right after fork finds the group
+  close(out[1]);
+  close(err[1]);
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  fcntl(err[0], F_SETFL, O_NONBLOCK);
+  return SpawnedWorker{pid, out[0], err[0]};
+}
+
+}  // namespace tessera::launcher

@@ -1,0 +1,57 @@
+// Starting one worker process for `tessera run`.
+//
+// worker_environment() builds the environment a worker gets (docs/launcher.md,
+// "What every worker gets"): the launcher's own environment without any
+// variable tessera sets, plus tessera's and torchrun's variables.
+//
+// spawn_worker() forks and execs it. The child leads its own process group
+// (set in parent and child, so a signal sent right after fork finds the
+// group), carries PR_SET_PDEATHSIG=SIGKILL, has an empty signal mask, default
+// SIGPIPE, stdin from `stdin_fd` and stdout/stderr on two new pipes whose
+// read ends (non-blocking, close-on-exec) the caller owns. Everything the
+// child needs is built before fork, and between fork and execve the child
+// only makes async-signal-safe calls, because other threads (gRPC's) exist.
+// Call it from the thread that lives until the workers are gone: PDEATHSIG
+// fires when the forking thread ends.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace tessera::launcher {
+
+struct WorkerEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int node_rank = 0;
+  int num_nodes = 1;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string coordinator;  // host:port
+  std::string master_addr;
+  int master_port = 0;
+  std::string token;
+  long heartbeat_ms = 0;
+  std::string host;
+  std::string run_id;
+};
+
+// "NAME=value" strings: the current environment minus tessera's variables, then the worker's.
+std::vector<std::string> worker_environment(const WorkerEnv& w);
+
+struct SpawnedWorker {
+  pid_t pid = -1;
+  int out_fd = -1;  // read end of the worker's stdout
+  int err_fd = -1;  // read end of the worker's stderr
+};
+
+// Throws tessera::Error when a pipe or the fork fails; a failed exec makes
+// the child write "tessera run: exec failed" and exit 127.
+SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
+                           const std::vector<std::string>& env, int stdin_fd);
+
+}  // namespace tessera::launcher

@@ -1,0 +1,182 @@
+#include "launcher/supervisor.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+
+#include "launcher/client.h"
+#include "launcher/root_cause.h"
+#include "runtime/error.h"
+
+namespace tessera::launcher {
+
+namespace pb = tessera::launcher::proto;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+void RoundSupervisor::signal_all(int sig) {
+  for (auto& w : workers_) {
+    if (w.exited || w.pid <= 0) continue;
+    kill(-w.pid, sig);
+    if (sig == SIGTERM) kill(-w.pid, SIGCONT);  // a stopped worker must run to see SIGTERM
+  }
+}
+
+RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
+  const RunOptions& opt = *s_.options;
+  workers_.clear();
+  workers_.reserve(static_cast<size_t>(opt.nproc_per_node));
+  for (int i = 0; i < opt.nproc_per_node; ++i) {
+    const int rank = layout.first_rank() + i;
+    WorkerProcess w{i, rank, -1, false, 0, OutputRelay(rank)};
+    if (!opt.log_dir.empty()) w.output.open_log(opt.log_dir, round);
+    workers_.push_back(std::move(w));
+  }
+  for (auto& w : workers_) {
+    WorkerEnv env = s_.job_env;
+    env.rank = w.rank;
+    env.world_size = layout.world_size();
+    env.local_rank = w.local_rank;
+    env.restart_count = round;
+    SpawnedWorker p = spawn_worker(s_.program, opt.command, worker_environment(env), s_.stdin_fd);
+    w.pid = p.pid;
+    w.exited = false;
+    w.output.attach(p.out_fd, p.err_fd);
+  }
+
+  bool stopping = false;  // workers are being terminated (failure, abort or signal)
+  bool failed = false;
+  std::optional<Clock::time_point> kill_at;
+  std::optional<Clock::time_point> drain_until;
+  auto begin_stop = [&] {
+    if (stopping) return;
+    stopping = true;
+    signal_all(SIGTERM);
+    kill_at = Clock::now() + opt.kill_grace;
+  };
+
+  for (;;) {
+    bool all_exited = true, all_closed = true;
+    std::vector<pollfd> fds;
+    std::vector<std::pair<WorkerProcess*, OutputRelay::Stream*>> owners;
+    fds.push_back({s_.sig_fd, POLLIN, 0});
+    fds.push_back({s_.abort_fd, POLLIN, 0});
+    for (auto& w : workers_) {
+      all_exited = all_exited && w.exited;
+      for (OutputRelay::Stream* s : {&w.output.out(), &w.output.err()}) {
+        if (s->fd < 0) continue;
+        all_closed = false;
+        fds.push_back({s->fd, POLLIN, 0});
+        owners.emplace_back(&w, s);
+      }
+    }
+    if (all_exited && all_closed) break;
+    if (all_exited && !all_closed) {
+      // Workers are gone but something they spawned holds a pipe: read what
+      // comes within half a second, then stop waiting for it.
+      if (!drain_until) drain_until = Clock::now() + 500ms;
+      if (Clock::now() > *drain_until) {
+        for (auto& w : workers_) {
+          w.output.pump(w.output.out());
+          w.output.pump(w.output.err());
+          w.output.close_all();
+        }
+        break;
+      }
+    }
+    int wait_ms = 200;
+    if (kill_at) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - Clock::now()).count();
+      wait_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 200));
+    }
+    if (drain_until) wait_ms = 50;
+    int n = poll(fds.data(), fds.size(), wait_ms);
+    if (n < 0 && errno != EINTR) throw Error(detail::concat("poll: ", std::strerror(errno)));
+    for (size_t i = 2; i < fds.size(); ++i)
+      if (fds[i].revents) owners[i - 2].first->output.pump(*owners[i - 2].second);
+    if (fds[0].revents) {
+      signalfd_siginfo si;
+      while (read(s_.sig_fd, &si, sizeof si) == sizeof si) {
+        int sig = static_cast<int>(si.ssi_signo);
+        if (sig == SIGCHLD) continue;  // reaped below
+        if (!interrupted_) {
+          interrupted_ = sig;
+          spdlog::warn("tessera run: got {}; stopping workers", strsignal(sig));
+          // Forward the signal itself first so workers see what the user sent.
+          for (auto& w : workers_)
+            if (!w.exited) kill(-w.pid, sig);
+          // The other nodes hear of it after the local workers had their
+          // chance to handle the signal itself (see the end of run()).
+          stopping = true;
+          kill_at = Clock::now() + opt.kill_grace;
+        } else if (kill_at) {
+          kill_at = Clock::now();  // a second signal: no more grace
+        }
+      }
+    }
+    if (fds[1].revents) {
+      uint64_t v;
+      while (read(s_.abort_fd, &v, sizeof v) > 0) {
+      }
+      if (!stopping) {
+        spdlog::debug("tessera run: job aborted: {}", s_.abort_reason ? s_.abort_reason() : std::string());
+        failed = true;
+        begin_stop();
+      }
+    }
+    // Reap.
+    for (;;) {
+      int status = 0;
+      pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      for (auto& w : workers_) {
+        if (w.pid != pid || w.exited) continue;
+        w.exited = true;
+        w.after_stop = stopping;
+        w.status = status;
+        w.output.pump(w.output.out());
+        w.output.pump(w.output.err());
+        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        pb::ExitReport rep = exit_report(w.rank, opt.node_rank, s_.host, status, w.output.tail(), stopping);
+        if (!ok && !stopping) {
+          failed = true;
+          begin_stop();
+        }
+        if (!interrupted_ && !(s_.coordinator_lost && s_.coordinator_lost->load())) {
+          try {
+            s_.client->report_exit(rep);
+          } catch (const Error& e) {
+            spdlog::warn("tessera run: could not report rank {}'s exit: {}", w.rank, e.what());
+          }
+        }
+      }
+    }
+    if (kill_at && Clock::now() >= *kill_at) {
+      signal_all(SIGKILL);
+      kill_at = Clock::now() + 1s;  // and again if somehow still alive
+    }
+  }
+  if (interrupted_) {
+    try {
+      s_.client->abort(interrupt_cause(opt.node_rank, s_.host, interrupted_));
+    } catch (const Error& e) {
+      spdlog::debug("abort not delivered: {}", e.what());
+    }
+    return RoundEnd::Interrupted;
+  }
+  if (failed) return RoundEnd::Failed;
+  for (auto& w : workers_)
+    if (!(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) return RoundEnd::Failed;
+  return RoundEnd::Success;
+}
+
+}  // namespace tessera::launcher
