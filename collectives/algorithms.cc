@@ -9,7 +9,7 @@
 
 #include "collectives/reduce.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 const char* coll_kind_name(CollKind k) {
   switch (k) {
@@ -825,4 +825,4 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
   return n;
 }
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

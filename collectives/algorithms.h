@@ -20,7 +20,7 @@
 #include "collectives/communicator.h"
 #include "collectives/transport.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 enum class CollKind { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, AllToAll, Barrier };
 const char* coll_kind_name(CollKind k);
@@ -124,4 +124,4 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
                          Algorithm** out);
 std::vector<std::string> algorithm_names();
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -17,7 +17,7 @@
 #include "collectives/reduce.h"
 #include "runtime/device.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 namespace {
 
@@ -430,4 +430,4 @@ std::shared_ptr<Communicator> make_transport_communicator(std::shared_ptr<Store>
   return std::make_shared<TransportCommunicator>(std::move(store), std::move(transport), std::move(options));
 }
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

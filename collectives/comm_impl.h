@@ -7,7 +7,7 @@
 #include "collectives/communicator.h"
 #include "collectives/transport.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 // Takes ownership of `transport`; `store` is this communicator's (prefixed) store,
 // kept for split(). Options are final (env overrides already applied).
@@ -17,4 +17,4 @@ std::shared_ptr<Communicator> make_transport_communicator(std::shared_ptr<Store>
 // Applies TESSERA_TIMEOUT_S, TESSERA_ALGO and TESSERA_TRANSPORT to `options`; throws InvalidArgument on bad values.
 CommOptions apply_env_overrides(CommOptions options);
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -7,7 +7,7 @@
 #include "collectives/routed_transport.h"
 #include "collectives/transport.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
@@ -138,4 +138,4 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   return make_transport_communicator(prefixed, std::move(transport), std::move(options));
 }
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

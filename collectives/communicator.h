@@ -40,7 +40,7 @@ namespace tessera {
 class Device;
 }
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 enum class ReduceOp { Sum, Prod, Min, Max, Avg };
 const char* reduce_op_name(ReduceOp op);
@@ -168,4 +168,4 @@ class Communicator {
   void broadcast(Tensor& t, int root) { broadcast(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), root); }
 };
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

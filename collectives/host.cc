@@ -8,7 +8,7 @@
 
 #include "runtime/error.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 namespace {
 
@@ -81,4 +81,4 @@ HostMap exchange_hosts(Store& store, int rank, int size, std::chrono::millisecon
   return m;
 }
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

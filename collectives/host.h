@@ -19,7 +19,7 @@
 
 #include "collectives/store.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 struct HostIdentity {
   std::string key;   // boot id and namespace ids: equal keys mean "shared memory works"
@@ -46,4 +46,4 @@ struct HostMap {
 // TimeoutError naming the rank that never published.
 HostMap exchange_hosts(Store& store, int rank, int size, std::chrono::milliseconds timeout);
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 namespace {
 
@@ -96,4 +96,4 @@ void divide(void* buf, size_t n, DType dtype, int divisor) {
   }
 }
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -8,7 +8,7 @@
 
 #include "collectives/communicator.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 // dst[i] = a[i] op b[i] for n elements (dst may alias a or b).
 void reduce2(void* dst, const void* a, const void* b, size_t n, DType dtype, ReduceOp op);
@@ -17,4 +17,4 @@ void divide(void* buf, size_t n, DType dtype, int divisor);
 // True for dtypes the kernels take directly.
 inline bool kernel_dtype(DType t) { return t == DType::F32 || t == DType::I32 || t == DType::I64; }
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -12,7 +12,7 @@
 #include "collectives/tcp/tcp_transport.h"
 #include "runtime/log.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 namespace {
 
@@ -348,4 +348,4 @@ std::unique_ptr<Transport> make_routed_transport(TransportKind kind, std::shared
                                            std::move(tcp));
 }
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -33,10 +33,10 @@
 #include "collectives/store.h"
 #include "collectives/transport.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 // `kind` is Auto, Shm or Tcp. Collective over the group.
 std::unique_ptr<Transport> make_routed_transport(TransportKind kind, std::shared_ptr<Store> store, int rank, int size,
                                                  const CommOptions& options);
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

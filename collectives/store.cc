@@ -17,7 +17,7 @@
 #include "runtime/error.h"
 #include "runtime/files.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 namespace {
 
@@ -209,4 +209,4 @@ class MemoryStore : public Store {
 std::shared_ptr<Store> make_file_store(const std::string& directory) { return std::make_shared<FileStore>(directory); }
 std::shared_ptr<Store> make_memory_store() { return std::make_shared<MemoryStore>(); }
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

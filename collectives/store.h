@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 class Store {
  public:
@@ -57,4 +57,4 @@ std::shared_ptr<Store> make_file_store(const std::string& directory);
 // Threads of one process.
 std::shared_ptr<Store> make_memory_store();
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -45,7 +45,7 @@
 #include "collectives/store.h"
 #include "runtime/error.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 
 class TransportError : public Error {
  public:
@@ -186,4 +186,4 @@ class SharedMemoryPeers {
 std::unique_ptr<Transport> make_transport(TransportKind kind, std::shared_ptr<Store> store, int rank, int size,
                                           const CommOptions& options);
 
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

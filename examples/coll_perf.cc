@@ -30,7 +30,7 @@
 #include "runtime/shm_memory.h"
 
 using namespace tessera;
-using namespace tessera::coll;
+using namespace tessera::collectives;
 
 namespace {
 

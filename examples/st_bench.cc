@@ -95,24 +95,24 @@ int main(int argc, char** argv) {
   auto gbs = [&](double s) { return bytes / s / 1e9; };
 
   try {
-    double w = best_of(reps, [&] { tessera::ckpt::write_safetensors(file, ts, {{"format", "pt"}}); });
+    double w = best_of(reps, [&] { tessera::parallel::checkpoint::write_safetensors(file, ts, {{"format", "pt"}}); });
     double cp = best_of(reps, [&] { run("cp '" + file + "' '" + copy + "'"); });
     double cps = best_of(reps, [&] { run("cp '" + file + "' '" + copy + "' && sync '" + copy + "'"); });
 
     std::vector<Tensor> dst;
     for (const auto& nt : ts) dst.push_back(Tensor::empty(nt.second.shape(), DType::F32));
     double rget = best_of(reps, [&] {
-      tessera::ckpt::SafetensorsReader r(file);
+      tessera::parallel::checkpoint::SafetensorsReader r(file);
       for (const auto& e : r.entries()) {
         Tensor t = r.get(e.name);
         if (t.nbytes() != e.end - e.begin) std::abort();
       }
     });
     double rinto = best_of(reps, [&] {
-      tessera::ckpt::SafetensorsReader r(file);
+      tessera::parallel::checkpoint::SafetensorsReader r(file);
       for (size_t i = 0; i < ts.size(); ++i) r.read_into(ts[i].first, dst[i]);
     });
-    double ropen = best_of(reps, [&] { tessera::ckpt::SafetensorsReader r(file); });
+    double ropen = best_of(reps, [&] { tessera::parallel::checkpoint::SafetensorsReader r(file); });
     // Verify the last read.
     for (size_t i = 0; i < ts.size(); ++i) {
       if (std::memcmp(dst[i].raw_data(), ts[i].second.raw_data(), dst[i].nbytes()) != 0) {

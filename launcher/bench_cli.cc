@@ -39,7 +39,7 @@
 namespace tessera::launcher {
 namespace {
 
-using namespace tessera::coll;  // the bench library and the communicator
+using namespace tessera::collectives;  // the bench library and the communicator
 
 // The rank's options (-r, --transport, --json, ...) and the sweep's flags.
 struct BenchArgs : bench::RankOptions {
@@ -238,7 +238,7 @@ int bench_main(const BenchArgs& a) {
 
 }  // namespace
 
-void add_bench_command(CLI::App& root, tessera::cli::Action& action) {
+void add_bench_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   auto a = std::make_shared<BenchArgs>();
   auto* cmd = root.add_subcommand("bench", "Measure collective bandwidth (nccl-tests / nccom-test style)");
   cmd->add_option("op", a->op,

@@ -31,10 +31,10 @@ std::string mib(uint64_t b) {
   return buf;
 }
 
-uint64_t print_tensors(const ckpt::TensorSource& src) {
+uint64_t print_tensors(const parallel::checkpoint::TensorSource& src) {
   uint64_t total = 0;
   for (const std::string& name : src.names()) {
-    const ckpt::SafetensorsEntry& e = src.entry(name);
+    const parallel::checkpoint::SafetensorsEntry& e = src.entry(name);
     total += e.end - e.begin;
     std::printf("  %-44s %-5s %-16s %llu\n", name.c_str(), dtype_name(e.dtype), shape_str(e.shape).c_str(),
                 static_cast<unsigned long long>(e.end - e.begin));
@@ -43,35 +43,35 @@ uint64_t print_tensors(const ckpt::TensorSource& src) {
 }
 
 int run_inspect(const CkptArgs& a) {
-  if (fs::is_directory(a.path) && fs::exists(fs::path(a.path) / ckpt::kManifestName)) {
-    ckpt::Gpt2Config c = ckpt::read_manifest_config(a.path);
-    std::printf("%s: tessera shard directory, GPT-2 %s\n", a.path.c_str(), ckpt::gpt2_config_str(c).c_str());
+  if (fs::is_directory(a.path) && fs::exists(fs::path(a.path) / parallel::checkpoint::kManifestName)) {
+    parallel::checkpoint::Gpt2Config c = parallel::checkpoint::read_manifest_config(a.path);
+    std::printf("%s: tessera shard directory, GPT-2 %s\n", a.path.c_str(), parallel::checkpoint::gpt2_config_str(c).c_str());
     uint64_t total = 0;
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(a.path))
       if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
     std::sort(files.begin(), files.end());
     for (const fs::path& file : files) {
-      ckpt::SafetensorsReader r(file.string());
+      parallel::checkpoint::SafetensorsReader r(file.string());
       std::printf("%s (tp_rank %s, pp_rank %s):\n", file.filename().c_str(),
                   r.metadata().count("tp_rank") ? r.metadata().at("tp_rank").c_str() : "?",
                   r.metadata().count("pp_rank") ? r.metadata().at("pp_rank").c_str() : "?");
       total += print_tensors(r);
     }
     std::printf("total tensor data: %s; layout in %s\n", mib(total).c_str(),
-                (fs::path(a.path) / ckpt::kManifestName).c_str());
+                (fs::path(a.path) / parallel::checkpoint::kManifestName).c_str());
     return 0;
   }
-  std::unique_ptr<ckpt::TensorSource> src = ckpt::open_safetensors(a.path);
+  std::unique_ptr<parallel::checkpoint::TensorSource> src = parallel::checkpoint::open_safetensors(a.path);
   std::printf("%s: %zu tensors\n", src->path().c_str(), src->names().size());
   const uint64_t total = print_tensors(*src);
   std::printf("metadata:\n");
   for (const auto& [k, v] : src->metadata()) std::printf("  %s = %s\n", k.c_str(), v.c_str());
   std::printf("total tensor data: %s (%llu bytes)\n", mib(total).c_str(), static_cast<unsigned long long>(total));
   try {
-    ckpt::Gpt2Config c = ckpt::infer_gpt2_config(*src, a.heads);
-    std::vector<std::string> problems = ckpt::gpt2_problems(*src, c);
-    std::printf("GPT-2 config: %s\n", ckpt::gpt2_config_str(c).c_str());
+    parallel::checkpoint::Gpt2Config c = parallel::checkpoint::infer_gpt2_config(*src, a.heads);
+    std::vector<std::string> problems = parallel::checkpoint::gpt2_problems(*src, c);
+    std::printf("GPT-2 config: %s\n", parallel::checkpoint::gpt2_config_str(c).c_str());
     if (problems.empty()) {
       std::printf("valid GPT-2 checkpoint\n");
     } else {
@@ -91,10 +91,10 @@ int guarded(const char* sub, Fn fn) {
     return fn();
   } catch (const FormatError& e) {
     std::cerr << "tessera ckpt " << sub << ": " << e.what() << "\n";
-    return tessera::cli::kUsageExit;
+    return tessera::launcher::cli::kUsageExit;
   } catch (const InvalidArgument& e) {
     std::cerr << "tessera ckpt " << sub << ": " << e.what() << "\n";
-    return tessera::cli::kUsageExit;
+    return tessera::launcher::cli::kUsageExit;
   }
 }
 
@@ -107,7 +107,7 @@ void add_layout_flags(CLI::App* cmd, CkptArgs* a) {
 
 }  // namespace
 
-void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
+void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   auto* ckpt = root.add_subcommand("ckpt", "Inspect, shard, consolidate and reshard GPT-2 checkpoints");
   ckpt->require_subcommand(1);
   auto args = std::make_shared<CkptArgs>();
@@ -131,8 +131,8 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
   shard->callback([&action, args] {
     action = [args] {
       return guarded("shard", [&] {
-        uint64_t b = ckpt::shard_gpt2(args->path, args->out, {args->tp, args->pp, args->dp, args->heads});
-        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), ckpt::kManifestName,
+        uint64_t b = parallel::checkpoint::shard_gpt2(args->path, args->out, {args->tp, args->pp, args->dp, args->heads});
+        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), parallel::checkpoint::kManifestName,
                     args->out.c_str());
         return 0;
       });
@@ -146,7 +146,7 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
     action = [args] {
       return guarded("consolidate", [&] {
         cli::check_output_file("--out", args->out);
-        ckpt::consolidate_gpt2(args->path, args->out);
+        parallel::checkpoint::consolidate_gpt2(args->path, args->out);
         std::printf("wrote %s\n", args->out.c_str());
         return 0;
       });
@@ -163,8 +163,8 @@ void add_ckpt_command(CLI::App& root, tessera::cli::Action& action) {
   reshard->callback([&action, args] {
     action = [args] {
       return guarded("reshard", [&] {
-        uint64_t b = ckpt::reshard_gpt2(args->path, args->out, {args->tp, args->pp, args->dp, 0});
-        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), ckpt::kManifestName,
+        uint64_t b = parallel::checkpoint::reshard_gpt2(args->path, args->out, {args->tp, args->pp, args->dp, 0});
+        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), parallel::checkpoint::kManifestName,
                     args->out.c_str());
         return 0;
       });

@@ -4,5 +4,5 @@
 namespace tessera::launcher {
 // `tessera ckpt ...`: checkpoint tools (inspect, shard, consolidate,
 // reshard) over the library in parallel/checkpoint/ckpt_tool.h.
-void add_ckpt_command(CLI::App& root, tessera::cli::Action& action);
+void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action);
 }  // namespace tessera::launcher

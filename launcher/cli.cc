@@ -11,7 +11,7 @@
 
 #include "runtime/error.h"
 
-namespace tessera::cli {
+namespace tessera::launcher::cli {
 
 namespace detail {
 
@@ -84,4 +84,4 @@ void check_output_file(const std::string& flag, const std::string& path) {
   if (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0) fail(std::strerror(errno));
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::launcher::cli

@@ -22,7 +22,7 @@
 #include <system_error>
 #include <type_traits>
 
-namespace tessera::cli {
+namespace tessera::launcher::cli {
 
 using Action = std::function<int()>;
 
@@ -108,4 +108,4 @@ CLI::Validator any_int(const T&) {
 // training run. Creates nothing.
 void check_output_file(const std::string& flag, const std::string& path);
 
-}  // namespace tessera::cli
+}  // namespace tessera::launcher::cli

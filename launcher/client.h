@@ -1,5 +1,5 @@
 // Clients of the coordinator: CoordinatorClient (typed calls that throw
-// tessera errors), GrpcStore (coll::Store over it), and two background
+// tessera errors), GrpcStore (collectives::Store over it), and two background
 // helpers every worker and node agent runs: Heartbeater and EventWatcher.
 //
 // Errors: a failed RPC throws at the caller: DEADLINE_EXCEEDED ->
@@ -69,8 +69,8 @@ class CoordinatorClient {
 // Throws the tessera error matching a failed status (no-op on OK).
 void throw_if_error(const grpc::Status& s, const std::string& what);
 
-// coll::Store over the coordinator's key-value service.
-class GrpcStore : public coll::Store {
+// collectives::Store over the coordinator's key-value service.
+class GrpcStore : public collectives::Store {
  public:
   explicit GrpcStore(std::shared_ptr<CoordinatorClient> client) : client_(std::move(client)) {}
   void set(const std::string& key, const std::string& value) override { client_->set(key, value); }

@@ -208,7 +208,7 @@ int run_plan(const PlanArgs& a) {
 
 }  // namespace
 
-void add_plan_command(CLI::App& root, tessera::cli::Action& action) {
+void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   auto args = std::make_shared<PlanArgs>();
   auto* cmd = root.add_subcommand("plan", "Plan TP x PP x DP sharding of a model over a topology");
   args->cmd = cmd;
@@ -257,10 +257,10 @@ void add_plan_command(CLI::App& root, tessera::cli::Action& action) {
         return run_plan(*args);
       } catch (const FormatError& e) {  // a bad file is bad input: exit 2 like a bad flag
         std::cerr << "tessera plan: " << e.what() << "\n";
-        return tessera::cli::kUsageExit;
+        return tessera::launcher::cli::kUsageExit;
       } catch (const InvalidArgument& e) {
         std::cerr << "tessera plan: " << e.what() << "\n";
-        return tessera::cli::kUsageExit;
+        return tessera::launcher::cli::kUsageExit;
       }
     };
   });

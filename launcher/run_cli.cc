@@ -8,7 +8,7 @@
 
 namespace tessera::launcher {
 
-void add_run_command(CLI::App& root, tessera::cli::Action& action) {
+void add_run_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   auto opts = std::make_shared<RunOptions>();
   auto secs = std::make_shared<std::array<double, 3>>(std::array<double, 3>{10.0, 300.0, 2.0});
   auto* cmd =
@@ -51,7 +51,7 @@ void add_run_command(CLI::App& root, tessera::cli::Action& action) {
         return run_job(*opts);
       } catch (const InvalidArgument& e) {
         std::cerr << "tessera run: " << e.what() << "\n" << cmd->help();
-        return tessera::cli::kUsageExit;
+        return tessera::launcher::cli::kUsageExit;
       }
     };
   });

@@ -3,5 +3,5 @@
 
 namespace tessera::launcher {
 // `tessera run --nproc-per-node N ... -- PROGRAM ARGS...`
-void add_run_command(CLI::App& root, tessera::cli::Action& action);
+void add_run_command(CLI::App& root, tessera::launcher::cli::Action& action);
 }  // namespace tessera::launcher

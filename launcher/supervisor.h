@@ -40,9 +40,9 @@ struct WorkerProcess {
   int rank = 0;
   pid_t pid = -1;
   bool exited = false;
-  bool after_stop = false;  // exited after this node began stopping the workers
-  int status = 0;           // waitpid status once exited
+  int status = 0;  // waitpid status once exited
   OutputRelay output;
+  bool after_stop = false;  // exited after this node began stopping the workers
 };
 
 struct SupervisorSetup {

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tessera: a distributed training runtime on emulated accelerator cores", "tessera"};
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
   app.require_subcommand(1);
-  tessera::cli::Action action;
+  tessera::launcher::cli::Action action;
   tessera::launcher::add_run_command(app, action);
   tessera::launcher::add_bench_command(app, action);
   tessera::launcher::add_plan_command(app, action);
@@ -34,18 +34,18 @@ int main(int argc, char** argv) {
     const CLI::App* failed = &app;
     for (const auto* sub : app.get_subcommands()) failed = sub;
     std::cerr << failed->help();
-    return tessera::cli::kUsageExit;
+    return tessera::launcher::cli::kUsageExit;
   }
   if (!action) {
     std::cerr << app.help();
-    return tessera::cli::kUsageExit;
+    return tessera::launcher::cli::kUsageExit;
   }
   tessera::init_logging();
   try {
     return action();
   } catch (const tessera::InvalidArgument& e) {
     std::cerr << "tessera: " << e.what() << "\n";
-    return tessera::cli::kUsageExit;
+    return tessera::launcher::cli::kUsageExit;
   } catch (const std::exception& e) {
     std::cerr << "tessera: error: " << e.what() << "\n";
     return 1;

@@ -49,7 +49,7 @@ struct Runtime {
   std::unique_ptr<Coordinator> coordinator;  // rank 0 under mpirun, or alone
   std::unique_ptr<Heartbeater> heartbeat;
   std::unique_ptr<EventWatcher> watcher;
-  std::weak_ptr<coll::Communicator> comm;
+  std::weak_ptr<collectives::Communicator> comm;
   std::unique_ptr<CpuRotation> rotation;              // moves the main thread; stopped by shutdown()
   std::chrono::milliseconds barrier_timeout{120000};  // WorkerOptions::store_timeout
 };
@@ -84,7 +84,7 @@ void on_job_abort(const std::string& why) {
   Runtime& r = rt();
   if (r.leaving.load()) return;
   spdlog::error("job aborted: {}", why);
-  std::shared_ptr<coll::Communicator> comm;
+  std::shared_ptr<collectives::Communicator> comm;
   {
     std::lock_guard<std::mutex> l(r.mu);
     comm = r.comm.lock();
@@ -99,14 +99,14 @@ void on_job_abort(const std::string& why) {
   spdlog::default_logger()->flush();
   std::fflush(stdout);
   std::fflush(stderr);
-  if (r.mode == BootstrapMode::Mpi) coll::mpi::abort(kAbortedExitCode);  // from this thread: MPI_THREAD_MULTIPLE
+  if (r.mode == BootstrapMode::Mpi) collectives::mpi::abort(kAbortedExitCode);  // from this thread: MPI_THREAD_MULTIPLE
   _exit(kAbortedExitCode);
 }
 
 // Under mpirun: rank 0 hosts the coordinator; its address and token reach
 // the others by broadcast. MPI itself is collectives/mpi/mpi_env.h's.
 void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, std::string& token) {
-  namespace mpi = coll::mpi;
+  namespace mpi = collectives::mpi;
   mpi::init();
   const int rank = mpi::world_rank(), size = mpi::world_size();
   if (rank != r.world.rank || size != r.world.size)
@@ -222,8 +222,8 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   }
 
   if (opt.create_communicator) {
-    auto comm_store = std::make_shared<coll::PrefixStore>(ctx.store, "tessera/comm/world/");
-    ctx.world_comm = coll::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, opt.comm);
+    auto comm_store = std::make_shared<collectives::PrefixStore>(ctx.store, "tessera/comm/world/");
+    ctx.world_comm = collectives::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, opt.comm);
     std::lock_guard<std::mutex> l(r.mu);
     r.comm = ctx.world_comm;
   }
@@ -262,12 +262,12 @@ void shutdown(WorkerContext& ctx) {
     // Two barriers: the first while the watch still guards against a peer
     // failing; the second so rank 0 stops the coordinator only after every
     // watch is closed (otherwise a closing stream would look like a failure).
-    coll::mpi::barrier();
+    collectives::mpi::barrier();
     r.leaving = true;
     if (r.watcher) r.watcher->stop();
-    coll::mpi::barrier();
+    collectives::mpi::barrier();
     if (r.coordinator) r.coordinator->shutdown();
-    coll::mpi::finalize();  // only if mpi::init() initialised it
+    collectives::mpi::finalize();  // only if mpi::init() initialised it
   } else {
     r.leaving = true;
     if (r.watcher) r.watcher->stop();
@@ -281,7 +281,7 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
     ctx = init_worker(options);
   } catch (const std::exception& e) {
     spdlog::error("cannot join the job: {}", e.what());
-    if (rt().mode == BootstrapMode::Mpi) coll::mpi::abort(1);
+    if (rt().mode == BootstrapMode::Mpi) collectives::mpi::abort(1);
     return 1;
   }
   int code = 0;
@@ -295,7 +295,7 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
   if (code != 0 && ctx.mode == BootstrapMode::Mpi) {
     // Peers may be blocked waiting for this rank: end the whole job.
     report_fatal(ctx, detail::concat("exited with code ", code));
-    coll::mpi::abort(code);
+    collectives::mpi::abort(code);
   }
   if (code != 0) {
     rt().leaving = true;  // the launcher reports the exit; don't die of our own echo meanwhile

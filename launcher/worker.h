@@ -46,7 +46,7 @@ const char* bootstrap_mode_name(BootstrapMode m);
 struct WorkerOptions {
   // Build world_comm (needs the collectives' Communicator implementation).
   bool create_communicator = true;
-  coll::CommOptions comm;
+  collectives::CommOptions comm;
   // Timeout of barrier(); generous, since a first barrier waits for the
   // slowest rank's start-up.
   std::chrono::milliseconds store_timeout{120000};
@@ -60,8 +60,8 @@ struct WorkerContext {
   BootstrapMode mode = BootstrapMode::Single;
   std::string host;
   int restart_count = 0;  // rendezvous round under tessera run
-  std::shared_ptr<coll::Store> store;
-  std::shared_ptr<coll::Communicator> world_comm;  // null unless create_communicator
+  std::shared_ptr<collectives::Store> store;
+  std::shared_ptr<collectives::Communicator> world_comm;  // null unless create_communicator
   std::shared_ptr<CoordinatorClient> client;       // null when Single
 
   // A barrier over the whole world through the coordinator (not the

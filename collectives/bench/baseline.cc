@@ -21,7 +21,7 @@
 #include "collectives/bench/bench.h"
 #include "runtime/error.h"
 
-namespace tessera::coll::bench {
+namespace tessera::collectives::bench {
 namespace {
 
 namespace asio = boost::asio;
@@ -195,4 +195,4 @@ void plot_png(const Report& r, const std::string& png) {
     throw Error("--plot: gnuplot failed to draw '" + png + "' (is the Debian package gnuplot installed?): " + out);
 }
 
-}  // namespace tessera::coll::bench
+}  // namespace tessera::collectives::bench

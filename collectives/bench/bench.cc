@@ -12,7 +12,7 @@
 
 #include "runtime/error.h"
 
-namespace tessera::coll::bench {
+namespace tessera::collectives::bench {
 
 // ---- names, factors, sizes ---------------------------------------------------
 
@@ -706,4 +706,4 @@ double measure_memcpy_gbps(size_t bytes, int reps) {
   return dt > 0 ? static_cast<double>(bytes) * reps / dt / 1e9 : 0.0;
 }
 
-}  // namespace tessera::coll::bench
+}  // namespace tessera::collectives::bench

@@ -23,7 +23,7 @@
 #include "runtime/dtype.h"
 #include "runtime/netmodel.h"
 
-namespace tessera::coll::bench {
+namespace tessera::collectives::bench {
 
 enum class BenchOp { AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Reduce, SendRecv };
 
@@ -145,4 +145,4 @@ TcpBaseline measure_tcp_loopback(Communicator& comm, size_t bytes, int reps);
 // PNG. Throws Error naming the file when gnuplot fails.
 void plot_png(const Report& r, const std::string& png_path);
 
-}  // namespace tessera::coll::bench
+}  // namespace tessera::collectives::bench

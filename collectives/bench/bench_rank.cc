@@ -18,7 +18,7 @@
 #include "runtime/shm_memory.h"
 #include "runtime/topology.h"
 
-namespace tessera::coll::bench {
+namespace tessera::collectives::bench {
 namespace {
 
 std::string env_or(const char* name, const std::string& dflt = "") {
@@ -160,4 +160,4 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
   return rep.total_wrong() > 0 ? 1 : 0;
 }
 
-}  // namespace tessera::coll::bench
+}  // namespace tessera::collectives::bench

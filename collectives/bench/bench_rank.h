@@ -26,7 +26,7 @@
 #include "runtime/netmodel.h"
 #include "runtime/world.h"
 
-namespace tessera::coll::bench {
+namespace tessera::collectives::bench {
 
 // A job this rank joined through its launcher.
 struct JoinedJob {
@@ -59,4 +59,4 @@ NetModel topology_model(const std::string& spec, int nranks);
 // A fresh directory for a FileStore (tessera-bench-XXXXXX under $TMPDIR).
 std::string make_temp_dir();
 
-}  // namespace tessera::coll::bench
+}  // namespace tessera::collectives::bench

@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-namespace tessera::coll::mpi {
+namespace tessera::collectives::mpi {
 namespace {
 std::atomic<Factory> g_factory{nullptr};
 }
@@ -20,4 +20,4 @@ std::shared_ptr<Communicator> create_communicator(int rank, int size, const Comm
   return f(rank, size, options);
 }
 
-}  // namespace tessera::coll::mpi
+}  // namespace tessera::collectives::mpi

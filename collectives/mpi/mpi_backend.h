@@ -7,7 +7,7 @@
 
 #include "collectives/communicator.h"
 
-namespace tessera::coll::mpi {
+namespace tessera::collectives::mpi {
 
 // rank/size must match MPI_COMM_WORLD's (or the group being split from).
 std::shared_ptr<Communicator> create_communicator(int rank, int size, const CommOptions& options);
@@ -18,4 +18,4 @@ std::shared_ptr<Communicator> create_communicator(int rank, int size, const Comm
 using Factory = std::shared_ptr<Communicator> (*)(int rank, int size, const CommOptions& options);
 void set_factory(Factory factory);
 
-}  // namespace tessera::coll::mpi
+}  // namespace tessera::collectives::mpi

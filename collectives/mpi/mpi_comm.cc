@@ -29,7 +29,7 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 
-namespace tessera::coll::mpi {
+namespace tessera::collectives::mpi {
 namespace {
 
 void check_mpi(int rc, const char* what) {
@@ -438,4 +438,4 @@ std::shared_ptr<Communicator> create(int rank, int size, const CommOptions& opti
 
 void install() { set_factory(&create); }
 
-}  // namespace tessera::coll::mpi
+}  // namespace tessera::collectives::mpi

@@ -14,7 +14,7 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 
-namespace tessera::coll::mpi {
+namespace tessera::collectives::mpi {
 namespace {
 
 enum class State { Fresh, Ours, Adopted, Finalized };
@@ -187,4 +187,4 @@ void finalize() {
   if (e.state == State::Ours) e.state = State::Finalized;  // an adopted MPI stays its owner's
 }
 
-}  // namespace tessera::coll::mpi
+}  // namespace tessera::collectives::mpi

@@ -30,7 +30,7 @@
 
 #include <string>
 
-namespace tessera::coll::mpi {
+namespace tessera::collectives::mpi {
 
 // Registers the MPI Communicator factory with mpi_backend.h.
 void install();
@@ -61,4 +61,4 @@ void barrier();
 // MPI_Finalize, if init() initialised MPI; idempotent.
 void finalize();
 
-}  // namespace tessera::coll::mpi
+}  // namespace tessera::collectives::mpi

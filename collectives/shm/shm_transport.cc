@@ -43,7 +43,7 @@
 #include "collectives/host.h"
 #include "runtime/shm_memory.h"
 
-namespace tessera::coll::shm {
+namespace tessera::collectives::shm {
 
 namespace {
 
@@ -697,4 +697,4 @@ std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int ra
   return std::make_unique<ShmTransport>(std::move(store), rank, size, options, std::move(labels));
 }
 
-}  // namespace tessera::coll::shm
+}  // namespace tessera::collectives::shm

@@ -12,7 +12,7 @@
 #include "collectives/store.h"
 #include "collectives/transport.h"
 
-namespace tessera::coll::shm {
+namespace tessera::collectives::shm {
 
 // Collective over the group: every member calls it with stores sharing keys.
 // Every member must be on this host (collectives/host.h): a peer that
@@ -24,4 +24,4 @@ namespace tessera::coll::shm {
 std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,
                                             const CommOptions& options, std::vector<int> labels = {});
 
-}  // namespace tessera::coll::shm
+}  // namespace tessera::collectives::shm

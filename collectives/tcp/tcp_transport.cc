@@ -51,7 +51,7 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 
-namespace tessera::coll::tcp {
+namespace tessera::collectives::tcp {
 namespace {
 
 namespace asio = boost::asio;
@@ -852,4 +852,4 @@ std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int ra
   return std::make_unique<TcpTransport>(std::move(store), rank, size, options, tcp);
 }
 
-}  // namespace tessera::coll::tcp
+}  // namespace tessera::collectives::tcp

@@ -10,7 +10,7 @@
 #include "collectives/store.h"
 #include "collectives/transport.h"
 
-namespace tessera::coll::tcp {
+namespace tessera::collectives::tcp {
 
 struct TcpOptions {
   // links[j]: connect to rank j (the relation must be symmetric over the
@@ -26,4 +26,4 @@ struct TcpOptions {
 std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,
                                             const CommOptions& options, const TcpOptions& tcp = {});
 
-}  // namespace tessera::coll::tcp
+}  // namespace tessera::collectives::tcp

@@ -18,7 +18,7 @@ namespace tessera::gpt {
 struct Job {
   World world;
   Device* device = nullptr;                  // this rank's emulated core
-  std::shared_ptr<coll::Communicator> comm;  // world communicator; null when alone
+  std::shared_ptr<collectives::Communicator> comm;  // world communicator; null when alone
 };
 
 // Creates the Device (preset `device_preset`), joins, runs body, leaves.

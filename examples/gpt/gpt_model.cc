@@ -10,16 +10,16 @@
 
 namespace tessera::gpt {
 
-using par::ensure_buffer;
+using parallel::layers::ensure_buffer;
 
 namespace {
 // Query rows per causal attention block.
 constexpr int64_t kAttnBlock = 64;
 }  // namespace
 
-using par::Init;
-using par::make_parameter;
-using par::Parameter;
+using parallel::layers::Init;
+using parallel::layers::make_parameter;
+using parallel::layers::Parameter;
 
 void GptConfig::validate(int tp) const {
   TESSERA_ARG_CHECK(vocab > 0 && seq > 0 && hidden > 0 && layers > 0 && heads > 0,
@@ -42,7 +42,7 @@ double GptConfig::train_flops_per_token() const {
 }
 
 struct GptModel::Block {
-  Block(int64_t i, const GptConfig& cfg, const par::ParallelState& ps)
+  Block(int64_t i, const GptConfig& cfg, const parallel::layers::ParallelState& ps)
       : qkv("transformer.h." + std::to_string(i) + ".attn.c_attn", cfg.hidden, 3 * cfg.hidden, 3, ps, 0.02f),
         proj("transformer.h." + std::to_string(i) + ".attn.c_proj", cfg.hidden, cfg.hidden, ps,
              0.02f / std::sqrt(2.0f * cfg.layers)),
@@ -61,17 +61,17 @@ struct GptModel::Block {
     ln2_b = ln(".ln_2.bias", Init::Zeros);
   }
   Parameter ln1_w, ln1_b, ln2_w, ln2_b;
-  par::ColumnParallelLinear qkv;
-  par::RowParallelLinear proj;
-  par::ColumnParallelLinear fc;
-  par::RowParallelLinear mproj;
+  parallel::layers::ColumnParallelLinear qkv;
+  parallel::layers::RowParallelLinear proj;
+  parallel::layers::ColumnParallelLinear fc;
+  parallel::layers::RowParallelLinear mproj;
   // Saved activations: x_in [Nl, C] is the block's input (the residual stream).
   Tensor x_in, ln1_out, ln1_mean, ln1_rstd, qkv_out, probs, attn_y, x_mid, ln2_out, ln2_mean, ln2_rstd, fc_pre, fc_act;
 };
 
-GptModel::GptModel(const GptConfig& cfg, const par::ParallelState& ps) : cfg_(cfg), ps_(ps) {
+GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps) : cfg_(cfg), ps_(ps) {
   cfg_.validate(ps.tp_size);
-  wte_ = std::make_unique<par::VocabParallelEmbedding>("transformer.wte.weight", cfg.vocab, cfg.hidden, ps, 0.02f);
+  wte_ = std::make_unique<parallel::layers::VocabParallelEmbedding>("transformer.wte.weight", cfg.vocab, cfg.hidden, ps, 0.02f);
   wpe_ = make_parameter("transformer.wpe.weight", {cfg.seq, cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Normal,
                         0.02f, true);
   wpe_.sp_partial = ps.sp();
@@ -109,7 +109,7 @@ std::vector<Parameter*> GptModel::parameters_in_grad_order() {
 }
 
 void GptModel::init(uint64_t seed) {
-  for (Parameter* p : parameters()) par::init_parameter(*p, seed);
+  for (Parameter* p : parameters()) parallel::layers::init_parameter(*p, seed);
 }
 
 const float* GptModel::token_losses() const { return loss_.data<float>(); }
@@ -261,7 +261,7 @@ double GptModel::forward(const int32_t* inputs, const int32_t* targets, int64_t 
   float* logits = ensure_buffer(logits_, dev, n * std::max<int64_t>(vv, 1));
   kern::gemm(dev, false, true, n, vv, c, 1.f, hfull, c, wte_->weight().value, c, 0.f, logits, vv);
   float* loss = ensure_buffer(loss_, dev, n);
-  par::vocab_parallel_cross_entropy(ps_, logits, n, vv, vv, wte_->vocab_start(), targets, want_grad, grad_scale, loss,
+  parallel::layers::vocab_parallel_cross_entropy(ps_, logits, n, vv, vv, wte_->vocab_start(), targets, want_grad, grad_scale, loss,
                                     ensure_buffer(ce_scratch_, dev, 3 * n));
   double total = 0;
   for (int64_t i = 0; i < n; ++i) total += loss[i];

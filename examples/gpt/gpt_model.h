@@ -42,14 +42,14 @@ struct GptConfig {
 
 class GptModel {
  public:
-  GptModel(const GptConfig& cfg, const par::ParallelState& ps);
+  GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps);
   ~GptModel();
 
   const GptConfig& config() const { return cfg_; }
   // Every parameter in Hugging Face order.
-  std::vector<par::Parameter*> parameters();
+  std::vector<parallel::layers::Parameter*> parameters();
   // The order backward finishes their gradients (the optimizer's layout order).
-  std::vector<par::Parameter*> parameters_in_grad_order();
+  std::vector<parallel::layers::Parameter*> parameters_in_grad_order();
   // Initialises every bound parameter like GPT-2 (N(0, 0.02), residual
   // projections N(0, 0.02 / sqrt(2 layers)), LayerNorm 1/0, biases 0),
   // identical for every layout.
@@ -63,7 +63,7 @@ class GptModel {
                  float grad_scale);
   // Accumulates parameter gradients. on_ready (may be empty) is called once
   // per parameter as its gradient for this micro-batch becomes final.
-  void backward(const std::function<void(par::Parameter*)>& on_ready);
+  void backward(const std::function<void(parallel::layers::Parameter*)>& on_ready);
   // Per-token losses of the last forward, [batch * seq] row-major.
   const float* token_losses() const;
 
@@ -74,9 +74,9 @@ class GptModel {
   int64_t local_rows(int64_t rows) const { return ps_.sp() ? rows / ps_.tp_size : rows; }
 
   GptConfig cfg_;
-  const par::ParallelState& ps_;
-  std::unique_ptr<par::VocabParallelEmbedding> wte_;
-  par::Parameter wpe_, lnf_w_, lnf_b_;
+  const parallel::layers::ParallelState& ps_;
+  std::unique_ptr<parallel::layers::VocabParallelEmbedding> wte_;
+  parallel::layers::Parameter wpe_, lnf_w_, lnf_b_;
   std::vector<std::unique_ptr<Block>> blocks_;
 
   int64_t batch_ = 0, seq_ = 0;

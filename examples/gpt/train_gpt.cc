@@ -27,6 +27,7 @@
 namespace {
 
 using namespace tessera;
+namespace cli = tessera::launcher::cli;
 
 struct Flags {
   gpt::TrainOptions t;
@@ -60,10 +61,10 @@ std::string human_time(double s) {
 
 // The model sizes come from --init's file when given; explicit flags must agree.
 void apply_init_config(Flags& f, const CLI::App& app) {
-  auto src = ckpt::open_safetensors(f.init);
+  auto src = parallel::checkpoint::open_safetensors(f.init);
   int64_t heads_hint = app.count("--heads") ? f.t.model.heads : 0;
-  ckpt::Gpt2Config c = ckpt::infer_gpt2_config(*src, heads_hint);
-  ckpt::check_gpt2(*src, c);
+  parallel::checkpoint::Gpt2Config c = parallel::checkpoint::infer_gpt2_config(*src, heads_hint);
+  parallel::checkpoint::check_gpt2(*src, c);
   auto agree = [&](const char* flag, int64_t given, int64_t file) {
     TESSERA_ARG_CHECK(!app.count(flag) || given == file, flag, " ", given, " does not match ", f.init, " (", file, ")");
   };
@@ -78,13 +79,13 @@ void apply_init_config(Flags& f, const CLI::App& app) {
   if (!app.count("--seq")) f.t.seq = std::min<int64_t>(f.t.seq, c.n_positions);
 }
 
-int train(Flags& f, const gpt::Job& job, const std::shared_ptr<data::ByteDataset>& dataset) {
+int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::ByteDataset>& dataset) {
   const bool lead = job.world.rank == 0;
   TESSERA_ARG_CHECK(job.world.size == f.t.tp * f.t.dp, "this job has ", job.world.size, " process(es) but --tp ",
                     f.t.tp, " x --dp ", f.t.dp, " = ", f.t.tp * f.t.dp, " are needed");
   Device& dev = *job.device;
-  par::ParallelState ps = job.comm ? par::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
-                                   : par::serial_state(&dev);
+  parallel::layers::ParallelState ps = job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
+                                   : parallel::layers::serial_state(&dev);
   ps.sequence_parallel = f.t.sequence_parallel;
   gpt::Trainer trainer(f.t, ps, dataset);
   const gpt::TrainOptions& o = trainer.options();
@@ -154,7 +155,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<data::ByteDataset
   }
   if (!f.eval_text.empty()) {
     std::vector<int32_t> windows;
-    int64_t n = data::eval_windows(f.eval_text, o.seq, f.eval_windows, &windows);
+    int64_t n = parallel::data::eval_windows(f.eval_text, o.seq, f.eval_windows, &windows);
     double e = trainer.eval_windows(windows, n, o.seq);
     if (lead) {
       std::printf("eval_loss %.6f\n", e);
@@ -246,7 +247,7 @@ int main(int argc, char** argv) {
   f.t.adamw.bucket_elems = static_cast<int64_t>(f.bucket_mb * (1 << 20) / 4);
   // Bad flags and bad input files exit 2 before any process joins the job
   // (docs/errors.md): every rank checks what it reads, rank 0 what it writes.
-  std::shared_ptr<data::ByteDataset> dataset;
+  std::shared_ptr<parallel::data::ByteDataset> dataset;
   try {
     if (!f.init.empty()) apply_init_config(f, app);
     f.t.normalize();
@@ -254,7 +255,7 @@ int main(int argc, char** argv) {
       if (!f.export_path.empty()) cli::check_output_file("--export", f.export_path);
       if (!f.log_json.empty()) cli::check_output_file("--log-json", f.log_json);
     }
-    dataset = std::make_shared<data::ByteDataset>(f.t.data.empty() ? data::ByteDataset::default_files() : f.t.data,
+    dataset = std::make_shared<parallel::data::ByteDataset>(f.t.data.empty() ? parallel::data::ByteDataset::default_files() : f.t.data,
                                                   f.t.val_fraction, f.t.seed);
   } catch (const InvalidArgument& e) {
     std::fprintf(stderr, "train_gpt: %s\nRun with --help for more information.\n", e.what());

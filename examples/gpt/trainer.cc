@@ -19,7 +19,7 @@ void TrainOptions::normalize() {
   TESSERA_ARG_CHECK(micro_batch <= (int64_t{1} << 24), "--micro-batch ", micro_batch, " is more than 2^24 sequences");
   TESSERA_ARG_CHECK(seq >= 1 && seq <= model.seq, "--seq ", seq, " must be in [1, ", model.seq,
                     "] (the model's context)");
-  TESSERA_ARG_CHECK(model.vocab >= data::ByteDataset::kVocab, "--vocab ", model.vocab,
+  TESSERA_ARG_CHECK(model.vocab >= parallel::data::ByteDataset::kVocab, "--vocab ", model.vocab,
                     " is smaller than the 256 byte values of the corpus");
   TESSERA_ARG_CHECK(micro_batch >= 1, "--micro-batch must be >= 1");
   if (global_batch <= 0) global_batch = micro_batch * dp;
@@ -37,14 +37,14 @@ void TrainOptions::normalize() {
   adamw.lr.decay_steps = steps;
 }
 
-Trainer::Trainer(TrainOptions opts, const par::ParallelState& ps, std::shared_ptr<const data::ByteDataset> dataset)
+Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps, std::shared_ptr<const parallel::data::ByteDataset> dataset)
     : opts_(std::move(opts)), ps_(ps), data_(std::move(dataset)) {
   opts_.normalize();
   TESSERA_ARG_CHECK(ps.tp_size == opts_.tp && ps.dp_size == opts_.dp, "parallel state tp ", ps.tp_size, " dp ",
                     ps.dp_size, " does not match the options tp ", opts_.tp, " dp ", opts_.dp);
   TESSERA_ARG_CHECK(data_ != nullptr, "Trainer needs a dataset");
   model_ = std::make_unique<GptModel>(opts_.model, ps);
-  opt_ = std::make_unique<optim::DistributedOptimizer>(ps, model_->parameters_in_grad_order(), opts_.adamw);
+  opt_ = std::make_unique<parallel::optim::DistributedOptimizer>(ps, model_->parameters_in_grad_order(), opts_.adamw);
   const int64_t mb = opts_.micro_batch, s = opts_.seq;
   rows_.resize(mb * (s + 1));
   inputs_.resize(mb * s);
@@ -56,14 +56,14 @@ Trainer::~Trainer() = default;
 void Trainer::init_random() { model_->init(opts_.seed); }
 
 void Trainer::load_hf(const std::string& path) {
-  auto src = ckpt::open_safetensors(path);
+  auto src = parallel::checkpoint::open_safetensors(path);
   const GptConfig& m = opts_.model;
-  ckpt::Gpt2Config c{m.vocab, m.seq, m.hidden, m.layers, m.heads};
-  ckpt::check_gpt2(*src, c);
-  for (par::Parameter* p : model_->parameters()) {
+  parallel::checkpoint::Gpt2Config c{m.vocab, m.seq, m.hidden, m.layers, m.heads};
+  parallel::checkpoint::check_gpt2(*src, c);
+  for (parallel::layers::Parameter* p : model_->parameters()) {
     Tensor full = Tensor::empty(p->full_shape, DType::F32);
-    ckpt::read_gpt2_tensor(*src, p->name, full);
-    par::load_shard(*p, full.data<float>());
+    parallel::checkpoint::read_gpt2_tensor(*src, p->name, full);
+    parallel::layers::load_shard(*p, full.data<float>());
   }
 }
 
@@ -72,26 +72,26 @@ void Trainer::export_hf(const std::string& path) {
   const bool writer = ps_.global_rank() == 0;
   std::vector<std::pair<std::string, Tensor>> tensors;
   std::vector<float> gathered;
-  for (par::Parameter* p : model_->parameters()) {
+  for (parallel::layers::Parameter* p : model_->parameters()) {
     Tensor full = writer ? Tensor::empty(p->full_shape, DType::F32) : Tensor();
     if (p->tp_sharded()) {
       gathered.resize(static_cast<size_t>(p->numel()) * ps_.tp_size);
       ps_.tp_all_gather(p->value, gathered.data(), p->numel());
       if (writer) {
         for (int r = 0; r < ps_.tp_size; ++r) {
-          par::Parameter shard = *p;
+          parallel::layers::Parameter shard = *p;
           shard.tp_rank = r;
           shard.value = gathered.data() + static_cast<size_t>(r) * p->numel();
-          par::store_shard(shard, full.data<float>());
+          parallel::layers::store_shard(shard, full.data<float>());
         }
       }
     } else if (writer) {
-      par::store_shard(*p, full.data<float>());
+      parallel::layers::store_shard(*p, full.data<float>());
     }
     if (writer) tensors.emplace_back(p->name, full);
   }
   if (writer) {
-    ckpt::write_gpt2_safetensors(path, ckpt::Gpt2Config{m.vocab, m.seq, m.hidden, m.layers, m.heads}, tensors,
+    parallel::checkpoint::write_gpt2_safetensors(path, parallel::checkpoint::Gpt2Config{m.vocab, m.seq, m.hidden, m.layers, m.heads}, tensors,
                                  {{"producer", "tessera train_gpt"}});
   }
 }
@@ -114,9 +114,9 @@ StepRecord Trainer::step() {
   const float scale = static_cast<float>(1.0 / (static_cast<double>(g) * s));
   opt_->zero_grad();
   double loss = 0;
-  auto on_ready = [this](par::Parameter* p) { opt_->grad_ready(p); };
+  auto on_ready = [this](parallel::layers::Parameter* p) { opt_->grad_ready(p); };
   for (int64_t i = 0; i < micro; ++i) {
-    data_->batch(data::Split::kTrain, step_ - 1, g, s, ps_.dp_rank * per_rank + i * mb, mb, rows_.data());
+    data_->batch(parallel::data::Split::kTrain, step_ - 1, g, s, ps_.dp_rank * per_rank + i * mb, mb, rows_.data());
     loss += forward_rows(rows_.data(), mb, s, true, scale);
     if (i + 1 == micro) {
       model_->backward(on_ready);
@@ -124,10 +124,10 @@ StepRecord Trainer::step() {
       model_->backward(nullptr);
     }
   }
-  optim::StepStats st = opt_->step(step_);
+  parallel::optim::StepStats st = opt_->step(step_);
   // The loss and the gradient wait, summed over DP in one call.
   float sums[2] = {static_cast<float>(loss * scale), static_cast<float>(st.wait_s)};
-  if (ps_.dp_size > 1) ps_.dp->all_reduce(sums, sums, 2, DType::F32, coll::ReduceOp::Sum);
+  if (ps_.dp_size > 1) ps_.dp->all_reduce(sums, sums, 2, DType::F32, collectives::ReduceOp::Sum);
   const float mean = sums[0];
 
   StepRecord rec;
@@ -167,7 +167,7 @@ double Trainer::eval_windows(const std::vector<int32_t>& windows, int64_t count,
     for (int64_t i = 0; i < real * seq; ++i) sum += tl[i];
   }
   float total = static_cast<float>(sum);
-  if (ps_.dp_size > 1) ps_.dp->all_reduce(&total, &total, 1, DType::F32, coll::ReduceOp::Sum);
+  if (ps_.dp_size > 1) ps_.dp->all_reduce(&total, &total, 1, DType::F32, collectives::ReduceOp::Sum);
   return count > 0 ? total / static_cast<double>(count * seq) : std::nan("");
 }
 
@@ -177,12 +177,12 @@ double Trainer::validation_loss(int64_t batches) {
   double sum = 0;
   for (int64_t k = 0; k < batches; ++k) {
     for (int64_t i = 0; i < per_rank / mb; ++i) {
-      data_->batch(data::Split::kVal, k, g, s, ps_.dp_rank * per_rank + i * mb, mb, rows_.data());
+      data_->batch(parallel::data::Split::kVal, k, g, s, ps_.dp_rank * per_rank + i * mb, mb, rows_.data());
       sum += forward_rows(rows_.data(), mb, s, false, 0.f);
     }
   }
   float total = static_cast<float>(sum);
-  if (ps_.dp_size > 1) ps_.dp->all_reduce(&total, &total, 1, DType::F32, coll::ReduceOp::Sum);
+  if (ps_.dp_size > 1) ps_.dp->all_reduce(&total, &total, 1, DType::F32, collectives::ReduceOp::Sum);
   return total / static_cast<double>(batches * g * s);
 }
 

@@ -31,7 +31,7 @@ struct TrainOptions {
   int64_t micro_batch = 8;
   int64_t global_batch = 0;  // 0: micro_batch * dp
   int64_t steps = 10;
-  optim::AdamWConfig adamw;       // lr schedule filled from the fields below by normalize()
+  parallel::optim::AdamWConfig adamw;       // lr schedule filled from the fields below by normalize()
   double lr = 6e-4, min_lr = -1;  // min_lr < 0: lr / 10
   int64_t warmup = -1;            // < 0: min(steps / 10, 100)
   uint64_t seed = 1234;
@@ -57,12 +57,12 @@ struct StepRecord {
 class Trainer {
  public:
   // `dataset` may be shared between trainers (threads) and must outlive it.
-  Trainer(TrainOptions opts, const par::ParallelState& ps, std::shared_ptr<const data::ByteDataset> dataset);
+  Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps, std::shared_ptr<const parallel::data::ByteDataset> dataset);
   ~Trainer();
 
   const TrainOptions& options() const { return opts_; }
   GptModel& model() { return *model_; }
-  optim::DistributedOptimizer& optimizer() { return *opt_; }
+  parallel::optim::DistributedOptimizer& optimizer() { return *opt_; }
 
   // Random GPT-2 initialisation from opts.seed (identical for every layout).
   void init_random();
@@ -86,10 +86,10 @@ class Trainer {
   double forward_rows(const int32_t* rows, int64_t nrows, int64_t seq, bool train, float grad_scale);
 
   TrainOptions opts_;
-  const par::ParallelState& ps_;
-  std::shared_ptr<const data::ByteDataset> data_;
+  const parallel::layers::ParallelState& ps_;
+  std::shared_ptr<const parallel::data::ByteDataset> data_;
   std::unique_ptr<GptModel> model_;
-  std::unique_ptr<optim::DistributedOptimizer> opt_;
+  std::unique_ptr<parallel::optim::DistributedOptimizer> opt_;
   int64_t step_ = 0;
   std::vector<int32_t> rows_, inputs_, targets_;
 };

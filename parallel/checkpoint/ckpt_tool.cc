@@ -16,7 +16,7 @@
 #include "runtime/error.h"
 #include "runtime/files.h"
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -80,7 +80,7 @@ json config_json(const Gpt2Config& c) {
 
 // Full-index ranges [begin, end) along split_dim held by this rank, one per
 // chunk (padding excluded).
-json ranges_json(const par::Parameter& p) {
+json ranges_json(const parallel::layers::Parameter& p) {
   json r = json::array();
   if (p.split_dim < 0) return r;
   const int64_t lb = p.local_block(), fb = p.full_block();
@@ -101,7 +101,7 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
                     " (each stage needs a whole layer)");
   check_out_dir(out_dir);
   const int tp = opt.tp, pp = opt.pp;
-  std::vector<std::vector<par::Parameter>> ranks;
+  std::vector<std::vector<parallel::layers::Parameter>> ranks;
   for (int r = 0; r < tp; ++r) ranks.push_back(gpt2_tp_parameters(c, tp, r));
   const size_t n = ranks[0].size();
 
@@ -118,10 +118,10 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
     read_gpt2_tensor(src, name, full);
     const int stage = gpt2_pp_stage(c, pp, name);
     for (int r = 0; r < tp; ++r) {
-      par::Parameter p = ranks[r][i];
+      parallel::layers::Parameter p = ranks[r][i];
       Tensor shard = Tensor::empty(p.shape, DType::F32);
       p.value = shard.data<float>();
-      par::load_shard(p, full.data<float>());
+      parallel::layers::load_shard(p, full.data<float>());
       if (dtype != DType::F32) shard = shard.to(dtype);
       bytes += shard.nbytes();
       const size_t f = static_cast<size_t>(stage) * tp + r;
@@ -255,7 +255,7 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
     throw FormatError(detail::concat(mpath, ": tp ", tp, " / pp ", pp, " do not fit ", gpt2_config_str(c)));
 
   // Open every rank's file; each must hold exactly the tensors its rank holds.
-  std::vector<std::vector<par::Parameter>> ranks;
+  std::vector<std::vector<parallel::layers::Parameter>> ranks;
   for (int r = 0; r < tp; ++r) ranks.push_back(gpt2_tp_parameters(c, tp, r));
   std::vector<std::unique_ptr<SafetensorsReader>> readers(static_cast<size_t>(tp) * pp);
   std::vector<size_t> expected(readers.size(), 0);
@@ -263,7 +263,7 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
     for (int r = 0; r < tp; ++r)
       readers[static_cast<size_t>(s) * tp + r] =
           std::make_unique<SafetensorsReader>((fs::path(dir) / (rank_stem(0, r, s) + ".safetensors")).string());
-  for (const par::Parameter& p : ranks[0]) {
+  for (const parallel::layers::Parameter& p : ranks[0]) {
     const int s = gpt2_pp_stage(c, pp, p.name);
     for (int r = 0; r < tp; ++r) ++expected[static_cast<size_t>(s) * tp + r];
   }
@@ -281,7 +281,7 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
     Tensor first;
     for (int r = 0; r < tp; ++r) {
       const SafetensorsReader& rd = *readers[static_cast<size_t>(s) * tp + r];
-      par::Parameter p = ranks[r][i];
+      parallel::layers::Parameter p = ranks[r][i];
       if (!rd.contains(name)) throw FormatError(detail::concat(rd.path(), ": ", name, " missing"));
       const SafetensorsEntry& e = rd.entry(name);
       if (e.shape != p.shape)
@@ -302,7 +302,7 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
       }
       Tensor f32 = shard.to(DType::F32);
       p.value = f32.data<float>();
-      par::store_shard(p, full.data<float>());
+      parallel::layers::store_shard(p, full.data<float>());
     }
     out.emplace_back(name, dtype == DType::F32 ? full : full.to(dtype));
   }
@@ -319,4 +319,4 @@ uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const 
   return shard_gpt2(file, out_dir, o);
 }
 
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

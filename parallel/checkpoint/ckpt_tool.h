@@ -19,7 +19,7 @@
 
 #include "parallel/checkpoint/hf_gpt2.h"
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 
 struct ShardOptions {
   int tp = 1, pp = 1, dp = 1;
@@ -50,4 +50,4 @@ uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const 
 // The config recorded in a shard directory's manifest.
 Gpt2Config read_manifest_config(const std::string& dir);
 
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

@@ -15,12 +15,12 @@
 #include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/layers/parameter.h"
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 
 // Every GPT-2 parameter of TP rank `tp_rank` of `tp`, in Hugging Face order
 // (GptModel::parameters() order). Throws InvalidArgument when heads do not
 // divide over tp.
-std::vector<par::Parameter> gpt2_tp_parameters(const Gpt2Config& c, int tp, int tp_rank);
+std::vector<parallel::layers::Parameter> gpt2_tp_parameters(const Gpt2Config& c, int tp, int tp_rank);
 
 // Pipeline stage of canonical tensor `name` when `c.layers` layers are split
 // over `pp` stages: stage s holds layers [s*L/pp, (s+1)*L/pp) (integer
@@ -30,4 +30,4 @@ int gpt2_pp_stage(const Gpt2Config& c, int pp, const std::string& name);
 // First layer of stage s (s in [0, pp]; s == pp gives c.layers).
 int64_t gpt2_stage_first_layer(const Gpt2Config& c, int pp, int s);
 
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

@@ -5,7 +5,7 @@
 #include <set>
 #include <sstream>
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 
 namespace {
 
@@ -274,4 +274,4 @@ void write_gpt2_safetensors(const std::string& path, const Gpt2Config& c,
   write_safetensors(path, ordered, md);
 }
 
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

@@ -26,7 +26,7 @@
 
 #include "parallel/checkpoint/safetensors.h"
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 
 struct Gpt2Config {
   int64_t vocab = 0, n_positions = 0, hidden = 0, layers = 0, heads = 0;
@@ -67,4 +67,4 @@ void write_gpt2_safetensors(const std::string& path, const Gpt2Config& c,
                             const std::vector<std::pair<std::string, Tensor>>& tensors,
                             const std::map<std::string, std::string>& extra_metadata = {});
 
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

@@ -18,7 +18,7 @@
 #include "runtime/device.h"
 #include "runtime/files.h"
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 
 static_assert(std::endian::native == std::endian::little, "safetensors is little-endian; so is every target here");
 
@@ -545,4 +545,4 @@ std::unique_ptr<TensorSource> open_safetensors(const std::string& path) {
   return std::make_unique<SafetensorsReader>(path);
 }
 
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

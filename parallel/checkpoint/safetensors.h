@@ -29,7 +29,7 @@
 #include "runtime/error.h"
 #include "runtime/tensor.h"
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 
 // One tensor's header entry; begin/end are byte offsets relative to the data
 // section (the first byte after the header).
@@ -161,4 +161,4 @@ class ShardedSafetensorsReader : public TensorSource {
 // model.safetensors.index.json or model.safetensors, or a single .safetensors file.
 std::unique_ptr<TensorSource> open_safetensors(const std::string& path);
 
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

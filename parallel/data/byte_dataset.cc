@@ -11,7 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
-namespace tessera::data {
+namespace tessera::parallel::data {
 
 namespace fs = std::filesystem;
 
@@ -126,4 +126,4 @@ int64_t eval_windows(const std::string& path, int64_t seq, int64_t max_windows, 
   return count;
 }
 
-}  // namespace tessera::data
+}  // namespace tessera::parallel::data

@@ -23,7 +23,7 @@
 
 #include "runtime/error.h"
 
-namespace tessera::data {
+namespace tessera::parallel::data {
 
 enum class Split { kTrain, kVal };
 const char* split_name(Split s);  // "train", "val"
@@ -76,4 +76,4 @@ class ByteDataset {
 // shorter than seq + 1 bytes.
 int64_t eval_windows(const std::string& path, int64_t seq, int64_t max_windows, std::vector<int32_t>* out);
 
-}  // namespace tessera::data
+}  // namespace tessera::parallel::data

@@ -6,7 +6,7 @@
 
 #include "runtime/tensor.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 // Returns t's data, (re)allocating t on `device` when it holds fewer than n floats.
 inline float* ensure_buffer(Tensor& t, Device* device, int64_t n) {
@@ -14,4 +14,4 @@ inline float* ensure_buffer(Tensor& t, Device* device, int64_t n) {
   return t.data<float>();
 }
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

@@ -5,7 +5,7 @@
 
 #include "runtime/kernels.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 void vocab_parallel_cross_entropy(const ParallelState& ps, float* logits, int64_t rows, int64_t n_local, int64_t ld,
                                   int64_t vocab_start, const int32_t* targets, bool want_grad, float grad_scale,
@@ -47,4 +47,4 @@ void vocab_parallel_cross_entropy(const ParallelState& ps, float* logits, int64_
   kern::charge(ps.device, 8.0 * rows * n_local, 4.0 * (want_grad ? 4.0 : 2.0) * rows * n_local);
 }
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

@@ -12,7 +12,7 @@
 
 #include "parallel/layers/parallel_state.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 // logits: [rows, n_local] with row stride ld, for vocabulary ids
 // [vocab_start, vocab_start + n_local). targets: [rows] full ids. Writes
@@ -22,4 +22,4 @@ void vocab_parallel_cross_entropy(const ParallelState& ps, float* logits, int64_
                                   int64_t vocab_start, const int32_t* targets, bool want_grad, float grad_scale,
                                   float* loss, float* scratch);
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

@@ -6,7 +6,7 @@
 #include "parallel/layers/buffer.h"
 #include "runtime/kernels.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 VocabParallelEmbedding::VocabParallelEmbedding(const std::string& name, int64_t vocab, int64_t dim,
                                                const ParallelState& ps, float init_std)
@@ -53,4 +53,4 @@ void VocabParallelEmbedding::backward(const int32_t* tokens, int64_t rows, const
   kern::charge(ps_.device, double(rows) * dim_, 12.0 * rows * dim_);
 }
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

@@ -13,7 +13,7 @@
 #include "parallel/layers/parallel_state.h"
 #include "parallel/layers/parameter.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 class VocabParallelEmbedding {
  public:
@@ -37,4 +37,4 @@ class VocabParallelEmbedding {
   Tensor full_, dfull_;
 };
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

@@ -3,7 +3,7 @@
 #include "parallel/layers/buffer.h"
 #include "runtime/kernels.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 ColumnParallelLinear::ColumnParallelLinear(const std::string& prefix, int64_t in_features, int64_t out_features,
                                            int chunks, const ParallelState& ps, float init_std)
@@ -96,4 +96,4 @@ void RowParallelLinear::backward(const float* dout, int64_t rows, float* dx) {
   kern::gemm(ps_.device, false, true, rows, in_local_, out_, 1.f, d, out_, weight_.value, out_, 0.f, dx, in_local_);
 }
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

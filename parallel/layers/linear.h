@@ -20,7 +20,7 @@
 #include "parallel/layers/parallel_state.h"
 #include "parallel/layers/parameter.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 class ColumnParallelLinear {
  public:
@@ -72,4 +72,4 @@ class RowParallelLinear {
   Tensor partial_, scattered_, dout_full_;
 };
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

@@ -5,7 +5,7 @@
 #include "parallel/mesh.h"
 #include "runtime/error.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 int ParallelState::global_rank() const {
   parallel::MeshCoord c;
@@ -16,12 +16,12 @@ int ParallelState::global_rank() const {
 
 void ParallelState::tp_all_reduce(float* buf, int64_t n) const {
   if (tp_size == 1 || n == 0) return;
-  tp->all_reduce(buf, buf, static_cast<size_t>(n), DType::F32, coll::ReduceOp::Sum);
+  tp->all_reduce(buf, buf, static_cast<size_t>(n), DType::F32, collectives::ReduceOp::Sum);
 }
 
 void ParallelState::tp_all_reduce_max(float* buf, int64_t n) const {
   if (tp_size == 1 || n == 0) return;
-  tp->all_reduce(buf, buf, static_cast<size_t>(n), DType::F32, coll::ReduceOp::Max);
+  tp->all_reduce(buf, buf, static_cast<size_t>(n), DType::F32, collectives::ReduceOp::Max);
 }
 
 void ParallelState::tp_all_gather(const float* send, float* recv, int64_t n) const {
@@ -37,7 +37,7 @@ void ParallelState::tp_reduce_scatter(const float* send, float* recv, int64_t n)
     if (recv != send) std::copy(send, send + n, recv);
     return;
   }
-  tp->reduce_scatter(send, recv, static_cast<size_t>(n), DType::F32, coll::ReduceOp::Sum);
+  tp->reduce_scatter(send, recv, static_cast<size_t>(n), DType::F32, collectives::ReduceOp::Sum);
 }
 
 ParallelState serial_state(Device* device) {
@@ -46,7 +46,7 @@ ParallelState serial_state(Device* device) {
   return s;
 }
 
-ParallelState make_parallel_state(std::shared_ptr<coll::Communicator> world, int tp, int dp, Device* device,
+ParallelState make_parallel_state(std::shared_ptr<collectives::Communicator> world, int tp, int dp, Device* device,
                                   bool sequence_parallel) {
   TESSERA_ARG_CHECK(world != nullptr, "make_parallel_state: no world communicator");
   TESSERA_ARG_CHECK(tp >= 1 && dp >= 1, "tp and dp must be >= 1 (got tp ", tp, ", dp ", dp, ")");
@@ -74,4 +74,4 @@ ParallelState make_parallel_state(std::shared_ptr<coll::Communicator> world, int
   return s;
 }
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

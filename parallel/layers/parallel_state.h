@@ -19,7 +19,7 @@ namespace tessera {
 class Device;
 }
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 struct ParallelState {
   Device* device = nullptr;
@@ -29,7 +29,7 @@ struct ParallelState {
   // embeddings work on rows / tp of the activations; TP all-reduces become
   // reduce-scatter + all-gather pairs.
   bool sequence_parallel = false;
-  std::shared_ptr<coll::Communicator> world, tp, dp;  // tp/dp null when of size 1
+  std::shared_ptr<collectives::Communicator> world, tp, dp;  // tp/dp null when of size 1
 
   bool sp() const { return sequence_parallel && tp_size > 1; }
   int global_rank() const;  // through parallel/mesh.h (TP fastest, then DP)
@@ -49,7 +49,7 @@ ParallelState serial_state(Device* device);
 // Builds the TP and DP groups of parallel::Mesh({.tp, .dp}) (pp = 1) from the
 // world communicator (collective over world; world->size() must equal
 // tp * dp). Throws InvalidArgument otherwise.
-ParallelState make_parallel_state(std::shared_ptr<coll::Communicator> world, int tp, int dp, Device* device,
+ParallelState make_parallel_state(std::shared_ptr<collectives::Communicator> world, int tp, int dp, Device* device,
                                   bool sequence_parallel);
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

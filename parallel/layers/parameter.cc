@@ -7,7 +7,7 @@
 
 #include "runtime/error.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 namespace {
 
@@ -123,4 +123,4 @@ void store_shard(const Parameter& p, float* full) {
   });
 }
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

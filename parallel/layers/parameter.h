@@ -20,7 +20,7 @@
 
 #include "runtime/tensor.h"
 
-namespace tessera::par {
+namespace tessera::parallel::layers {
 
 enum class Init { Zeros, Ones, Normal };
 
@@ -72,4 +72,4 @@ void init_parameter(Parameter& p, uint64_t seed);
 void load_shard(Parameter& p, const float* full);
 void store_shard(const Parameter& p, float* full);
 
-}  // namespace tessera::par
+}  // namespace tessera::parallel::layers

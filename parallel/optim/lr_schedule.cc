@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-namespace tessera::optim {
+namespace tessera::parallel::optim {
 
 double LrSchedule::at(int64_t step) const {
   if (warmup > 0 && step <= warmup) return max_lr * static_cast<double>(step) / static_cast<double>(warmup);
@@ -13,4 +13,4 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + coeff * (max_lr - min_lr);
 }
 
-}  // namespace tessera::optim
+}  // namespace tessera::parallel::optim

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace tessera::optim {
+namespace tessera::parallel::optim {
 
 struct LrSchedule {
   double max_lr = 6e-4;
@@ -16,4 +16,4 @@ struct LrSchedule {
   double at(int64_t step) const;
 };
 
-}  // namespace tessera::optim
+}  // namespace tessera::parallel::optim

@@ -7,9 +7,9 @@
 #include "runtime/kernels.h"
 #include "runtime/sim_clock.h"
 
-namespace tessera::optim {
+namespace tessera::parallel::optim {
 
-DistributedOptimizer::DistributedOptimizer(const par::ParallelState& ps, std::vector<par::Parameter*> params,
+DistributedOptimizer::DistributedOptimizer(const parallel::layers::ParallelState& ps, std::vector<parallel::layers::Parameter*> params,
                                            AdamWConfig config)
     : ps_(ps), cfg_(config), params_(std::move(params)) {
   TESSERA_ARG_CHECK(!params_.empty(), "optimizer: no parameters");
@@ -29,7 +29,7 @@ DistributedOptimizer::DistributedOptimizer(const par::ParallelState& ps, std::ve
   };
   std::vector<int64_t> offsets;
   for (size_t i = 0; i < params_.size(); ++i) {
-    par::Parameter* p = params_[i];
+    parallel::layers::Parameter* p = params_[i];
     p->index = static_cast<int>(i);
     offsets.push_back(total_);
     total_ += p->numel();
@@ -43,7 +43,7 @@ DistributedOptimizer::DistributedOptimizer(const par::ParallelState& ps, std::ve
   if (ps_.sp()) {
     int64_t stage = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
-      const par::Parameter* p = params_[i];
+      const parallel::layers::Parameter* p = params_[i];
       if (!p->sp_partial) continue;
       Bucket& b = buckets_[bucket_of_[i]];
       if (!b.sp_runs.empty() && b.sp_runs.back().first + b.sp_runs.back().second == offsets[i])
@@ -78,7 +78,7 @@ DistributedOptimizer::DistributedOptimizer(const par::ParallelState& ps, std::ve
     shard_offset_.push_back(state);
     for (size_t i = 0; i < params_.size(); ++i) {
       if (bucket_of_[i] != static_cast<int>(b)) continue;
-      const par::Parameter* p = params_[i];
+      const parallel::layers::Parameter* p = params_[i];
       int64_t s = std::max(lo, p->offset), e = std::min(hi, p->offset + p->numel());
       if (s >= e) continue;
       bool count = p->tp_sharded() || ps_.tp_rank == 0;
@@ -156,13 +156,13 @@ void DistributedOptimizer::launch(Bucket& b) {
   if (cfg_.zero1) {
     size_t idx = &b - buckets_.data();
     b.work = ps_.dp->reduce_scatter_async(g, shard_grads_.data<float>() + shard_offset_[idx],
-                                          static_cast<size_t>(shard_size(b)), DType::F32, coll::ReduceOp::Sum);
+                                          static_cast<size_t>(shard_size(b)), DType::F32, collectives::ReduceOp::Sum);
   } else {
-    b.work = ps_.dp->all_reduce_async(g, g, static_cast<size_t>(b.size), DType::F32, coll::ReduceOp::Sum);
+    b.work = ps_.dp->all_reduce_async(g, g, static_cast<size_t>(b.size), DType::F32, collectives::ReduceOp::Sum);
   }
 }
 
-void DistributedOptimizer::grad_ready(par::Parameter* p) {
+void DistributedOptimizer::grad_ready(parallel::layers::Parameter* p) {
   TESSERA_CHECK(p->index >= 0 && p->index < static_cast<int>(params_.size()) && params_[p->index] == p,
                 "grad_ready for a parameter this optimizer does not own: ", p->name);
   TESSERA_CHECK(!ready_[p->index], "grad_ready called twice in a step for ", p->name);
@@ -194,7 +194,7 @@ StepStats DistributedOptimizer::step(int64_t step) {
   for (size_t s = 0; s < segments_.size(); ++s)
     if (segments_[s].count_in_norm) local += kern::sum_squares(ps_.device, grad_of(s), segments_[s].size);
   float sq = static_cast<float>(local);
-  if (shard) ps_.dp->all_reduce(&sq, &sq, 1, DType::F32, coll::ReduceOp::Sum);
+  if (shard) ps_.dp->all_reduce(&sq, &sq, 1, DType::F32, collectives::ReduceOp::Sum);
   ps_.tp_all_reduce(&sq, 1);
   StepStats st;
   st.wait_s = wait_s;
@@ -230,4 +230,4 @@ StepStats DistributedOptimizer::step(int64_t step) {
   return st;
 }
 
-}  // namespace tessera::optim
+}  // namespace tessera::parallel::optim

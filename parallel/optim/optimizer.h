@@ -35,7 +35,7 @@
 #include "parallel/layers/parameter.h"
 #include "parallel/optim/lr_schedule.h"
 
-namespace tessera::optim {
+namespace tessera::parallel::optim {
 
 struct AdamWConfig {
   double beta1 = 0.9;
@@ -59,7 +59,7 @@ struct StepStats {
 
 class DistributedOptimizer {
  public:
-  DistributedOptimizer(const par::ParallelState& ps, std::vector<par::Parameter*> params_in_grad_order,
+  DistributedOptimizer(const parallel::layers::ParallelState& ps, std::vector<parallel::layers::Parameter*> params_in_grad_order,
                        AdamWConfig config);
   ~DistributedOptimizer();
   DistributedOptimizer(const DistributedOptimizer&) = delete;
@@ -72,7 +72,7 @@ class DistributedOptimizer {
   int64_t optimizer_state_bytes() const;
 
   void zero_grad();
-  void grad_ready(par::Parameter* p);
+  void grad_ready(parallel::layers::Parameter* p);
   // `step` counts from 1 (it selects the learning rate and bias corrections).
   StepStats step(int64_t step);
 
@@ -94,7 +94,7 @@ class DistributedOptimizer {
     int64_t offset = 0, size = 0;  // size padded to a multiple of dp
     int num_params = 0, pending = 0;
     bool launched = false;
-    std::shared_ptr<coll::Work> work;
+    std::shared_ptr<collectives::Work> work;
     // Sequence parallelism: runs (offset, size) of this bucket's parameters
     // whose TP ranks hold partial gradients, summed over TP in one call
     // before the bucket's DP reduction.
@@ -105,9 +105,9 @@ class DistributedOptimizer {
   void reduce_sp_partials(Bucket& b);
   int64_t shard_size(const Bucket& b) const { return b.size / ps_.dp_size; }
 
-  const par::ParallelState& ps_;
+  const parallel::layers::ParallelState& ps_;
   AdamWConfig cfg_;
-  std::vector<par::Parameter*> params_;
+  std::vector<parallel::layers::Parameter*> params_;
   std::vector<int> bucket_of_;  // per parameter
   std::vector<bool> ready_;     // per parameter, this step
   std::vector<Bucket> buckets_;
@@ -119,8 +119,8 @@ class DistributedOptimizer {
   Tensor m_, v_;
   std::vector<Segment> segments_;                          // what this rank updates, offsets into its m_/v_ space
   std::vector<int64_t> segment_src_;                       // offsets of those segments in the flat buffers
-  std::vector<std::shared_ptr<coll::Work>> gather_works_;  // reused across steps
+  std::vector<std::shared_ptr<collectives::Work>> gather_works_;  // reused across steps
   Tensor sp_stage_;                                        // packs a bucket's sp_runs when there are several
 };
 
-}  // namespace tessera::optim
+}  // namespace tessera::parallel::optim

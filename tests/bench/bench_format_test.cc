@@ -6,7 +6,7 @@
 #include "collectives/bench/bench.h"
 #include "runtime/error.h"
 
-namespace tessera::coll::bench {
+namespace tessera::collectives::bench {
 namespace {
 
 TEST(BenchOps, NamesIncludingNccomShortNames) {
@@ -199,4 +199,4 @@ TEST(BenchFormat, JsonHasTheDocumentedShape) {
 }
 
 }  // namespace
-}  // namespace tessera::coll::bench
+}  // namespace tessera::collectives::bench

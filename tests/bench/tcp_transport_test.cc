@@ -15,7 +15,7 @@
 #include "tests/bench/rank_fork.h"
 #include "tests/test_timeouts.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 namespace {
 
 class TcpTransportTest : public ::testing::Test {
@@ -211,4 +211,4 @@ TEST_F(TcpTransportTest, AbortWakesAWaiter) {
 }
 
 }  // namespace
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -23,7 +23,7 @@
 #include "runtime/error.h"
 #include "tests/checkpoint/test_util.h"
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -69,7 +69,7 @@ std::string shard_file(const std::string& dir, int tp, int pp) {
 TEST(Gpt2Layout, EqualsGptModelParameters) {
   for (int tp : {1, 2, 4}) {
     for (int r = 0; r < tp; ++r) {
-      par::ParallelState ps;
+      parallel::layers::ParallelState ps;
       ps.tp_size = tp;
       ps.tp_rank = r;
       gpt::GptConfig g;
@@ -79,8 +79,8 @@ TEST(Gpt2Layout, EqualsGptModelParameters) {
       g.layers = kCfg.layers;
       g.heads = kCfg.heads;
       gpt::GptModel model(g, ps);
-      std::vector<par::Parameter*> want = model.parameters();
-      std::vector<par::Parameter> got = gpt2_tp_parameters(kCfg, tp, r);
+      std::vector<parallel::layers::Parameter*> want = model.parameters();
+      std::vector<parallel::layers::Parameter> got = gpt2_tp_parameters(kCfg, tp, r);
       ASSERT_EQ(got.size(), want.size());
       for (size_t i = 0; i < got.size(); ++i) {
         EXPECT_EQ(got[i].name, want[i]->name);
@@ -147,19 +147,19 @@ TEST(CkptTool, ShardsEqualLoadShardOfTpRank) {
   g.layers = kCfg.layers;
   g.heads = kCfg.heads;
   for (int r = 0; r < tp; ++r) {
-    par::ParallelState ps;
+    parallel::layers::ParallelState ps;
     ps.tp_size = tp;
     ps.tp_rank = r;
     gpt::GptModel model(g, ps);
     size_t seen = 0;
-    for (par::Parameter* mp : model.parameters()) {
+    for (parallel::layers::Parameter* mp : model.parameters()) {
       const int s = gpt2_pp_stage(kCfg, pp, mp->name);
       SafetensorsReader f(shard_file(d.file("s"), r, s));
-      par::Parameter p = *mp;
+      parallel::layers::Parameter p = *mp;
       std::vector<float> want(static_cast<size_t>(p.numel()), -1.f);
       p.value = want.data();
       Tensor whole = full.get(mp->name);
-      par::load_shard(p, whole.data<float>());
+      parallel::layers::load_shard(p, whole.data<float>());
       Tensor got = f.get(mp->name);
       ASSERT_EQ(got.shape(), p.shape) << mp->name;
       EXPECT_EQ(0, std::memcmp(got.raw_data(), want.data(), want.size() * sizeof(float))) << mp->name << " rank " << r;
@@ -468,4 +468,4 @@ TEST(CkptCli, TrainGptExportShards) {
 }
 
 }  // namespace
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

@@ -6,7 +6,7 @@
 
 #include "tests/checkpoint/test_util.h"
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 namespace {
 
 using tessera::testing::TempDir;
@@ -204,4 +204,4 @@ TEST(HfGpt2, ShardedCheckpointValidates) {
 }
 
 }  // namespace
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

@@ -11,7 +11,7 @@
 #include "runtime/device.h"
 #include "tests/checkpoint/test_util.h"
 
-namespace tessera::ckpt {
+namespace tessera::parallel::checkpoint {
 namespace {
 
 using tessera::testing::read_bytes;
@@ -496,4 +496,4 @@ TEST_F(ShardedReject, MalformedShardNamesTheShard) {
 }
 
 }  // namespace
-}  // namespace tessera::ckpt
+}  // namespace tessera::parallel::checkpoint

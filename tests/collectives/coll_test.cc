@@ -21,7 +21,7 @@
 extern "C" const char* __tsan_default_options() { return "halt_on_error=1"; }
 #endif
 
-namespace tessera::coll {
+namespace tessera::collectives {
 namespace {
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
@@ -790,4 +790,4 @@ TEST(ModeledTime, SchedulesMatchClosedForms) {
 }
 
 }  // namespace
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -16,7 +16,7 @@
 #include "tests/collectives/fork_harness.h"
 #include "tests/test_timeouts.h"
 
-namespace tessera::coll {
+namespace tessera::collectives {
 namespace {
 
 using test::failures;
@@ -671,4 +671,4 @@ TEST(ShmArena, AllocatesReusesAndLocates) {
 }
 
 }  // namespace
-}  // namespace tessera::coll
+}  // namespace tessera::collectives

@@ -25,7 +25,7 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
-namespace tessera::coll::test {
+namespace tessera::collectives::test {
 
 struct RankResult {
   int exit_code = -1;  // -signal when killed
@@ -124,4 +124,4 @@ inline std::string failures(const std::vector<RankResult>& res) {
       throw std::runtime_error(::tessera::detail::concat(__FILE__, ":", __LINE__, ": " #cond " ", ##__VA_ARGS__)); \
   } while (0)
 
-}  // namespace tessera::coll::test
+}  // namespace tessera::collectives::test

@@ -20,7 +20,7 @@
 #include "collectives/mpi/mpi_env.h"
 
 using namespace tessera;
-using namespace tessera::coll;
+using namespace tessera::collectives;
 
 namespace {
 

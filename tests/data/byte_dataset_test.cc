@@ -9,7 +9,7 @@
 
 #include "tests/checkpoint/test_util.h"
 
-namespace tessera::data {
+namespace tessera::parallel::data {
 namespace {
 
 using tessera::testing::TempDir;
@@ -227,4 +227,4 @@ TEST_F(ByteDatasetTest, EvalWindowsAreConsecutiveFromTheStart) {
 }
 
 }  // namespace
-}  // namespace tessera::data
+}  // namespace tessera::parallel::data

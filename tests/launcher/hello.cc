@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
       throw tessera::Error("store add: count " + std::to_string(count) + " != " + std::to_string(size));
     if (comm && ctx.world_comm) {
       int64_t v = rank, sum = 0;
-      ctx.world_comm->all_reduce(&v, &sum, 1, tessera::DType::I64, tessera::coll::ReduceOp::Sum);
+      ctx.world_comm->all_reduce(&v, &sum, 1, tessera::DType::I64, tessera::collectives::ReduceOp::Sum);
       if (sum != int64_t(size) * (size - 1) / 2) throw tessera::Error("all_reduce: wrong sum " + std::to_string(sum));
     }
     std::printf("rank %d of %d ok (round %d)\n", rank, size, ctx.restart_count);
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
       // ends the loop for all), so none leaves while a peer still waits for it.
       for (;;) {
         int64_t v[2] = {rank, std::chrono::steady_clock::now() >= end ? 1 : 0}, sum[2] = {0, 0};
-        ctx.world_comm->all_reduce(v, sum, 2, tessera::DType::I64, tessera::coll::ReduceOp::Sum);
+        ctx.world_comm->all_reduce(v, sum, 2, tessera::DType::I64, tessera::collectives::ReduceOp::Sum);
         if (sum[0] != int64_t(size) * (size - 1) / 2) throw tessera::Error("all_reduce: wrong sum");
         if (sum[1] > 0) break;
       }

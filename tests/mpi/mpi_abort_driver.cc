@@ -13,7 +13,7 @@
 #include "collectives/mpi/mpi_env.h"
 
 using namespace tessera;
-using namespace tessera::coll;
+using namespace tessera::collectives;
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";

@@ -20,7 +20,7 @@
 
 #include "runtime/error.h"
 
-namespace tessera::coll::mpi {
+namespace tessera::collectives::mpi {
 namespace {
 
 int env_int(const char* name) {
@@ -103,11 +103,11 @@ TEST(MpiEnv, BarrierWaitsForEveryRank) {
 }
 
 }  // namespace
-}  // namespace tessera::coll::mpi
+}  // namespace tessera::collectives::mpi
 
 // finalize() is idempotent, ends initialized(), and MPI cannot start again.
 int main(int argc, char** argv) {
-  using namespace tessera::coll;
+  using namespace tessera::collectives;
   ::testing::InitGoogleTest(&argc, argv);
   int rc = RUN_ALL_TESTS();
   if (!mpi::initialized()) mpi::init();

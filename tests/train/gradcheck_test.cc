@@ -121,14 +121,14 @@ TEST(GradCheck, CausalSoftmax) {
 
 TEST(GradCheck, CrossEntropy) {
   Device dev(DeviceSpec::preset("test-core"));
-  auto ps = par::serial_state(&dev);
+  auto ps = parallel::layers::serial_state(&dev);
   const int rows = 4, v = 11;
   auto logits = randn(rows * v, 9, 3.f);
   std::vector<int32_t> tgt{0, 3, 10, 5};
   std::vector<float> loss(rows), scratch(3 * rows), work, tmp;
   auto f = [&]() {
     tmp = logits;
-    par::vocab_parallel_cross_entropy(ps, tmp.data(), rows, v, v, 0, tgt.data(), false, 0, loss.data(), scratch.data());
+    parallel::layers::vocab_parallel_cross_entropy(ps, tmp.data(), rows, v, v, 0, tgt.data(), false, 0, loss.data(), scratch.data());
     double s = 0;
     for (float l : loss) s += l;
     return s;
@@ -140,7 +140,7 @@ TEST(GradCheck, CrossEntropy) {
   for (int j = 0; j < v; ++j) se += std::exp(logits[j] - m);
   EXPECT_NEAR(loss[0], std::log(se) + m - logits[0], 1e-5);
   work = logits;
-  par::vocab_parallel_cross_entropy(ps, work.data(), rows, v, v, 0, tgt.data(), true, 1.f, loss.data(), scratch.data());
+  parallel::layers::vocab_parallel_cross_entropy(ps, work.data(), rows, v, v, 0, tgt.data(), true, 1.f, loss.data(), scratch.data());
   check_grad("cross-entropy", logits, f, work);
 }
 
@@ -162,7 +162,7 @@ constexpr double kRelTol = 1e-3;  // measured errors here: up to 1.1e-4
 
 TEST(GradCheck, GptEveryParameter) {
   Device dev(DeviceSpec::preset("test-core"));
-  auto ps = par::serial_state(&dev);
+  auto ps = parallel::layers::serial_state(&dev);
   gpt::GptConfig cfg;
   cfg.vocab = 13;
   cfg.seq = 6;
@@ -170,10 +170,10 @@ TEST(GradCheck, GptEveryParameter) {
   cfg.layers = 2;
   cfg.heads = 2;
   gpt::GptModel model(cfg, ps);
-  optim::DistributedOptimizer opt(ps, model.parameters_in_grad_order(), {});
+  parallel::optim::DistributedOptimizer opt(ps, model.parameters_in_grad_order(), {});
   model.init(5);
   uint32_t seed = 100;
-  for (par::Parameter* p : model.parameters()) {
+  for (parallel::layers::Parameter* p : model.parameters()) {
     const bool gain = p->name.find("ln_") != std::string::npos && p->name.find(".weight") != std::string::npos;
     auto r = randn(static_cast<size_t>(p->numel()), seed++, 0.3f);
     for (int64_t i = 0; i < p->numel(); ++i) p->value[i] = (gain ? 1.f : 0.f) + r[static_cast<size_t>(i)];
@@ -187,9 +187,9 @@ TEST(GradCheck, GptEveryParameter) {
   opt.zero_grad();
   model.forward(in.data(), tg.data(), batch, seq, true, scale);
   int ready = 0;
-  model.backward([&](par::Parameter*) { ++ready; });
+  model.backward([&](parallel::layers::Parameter*) { ++ready; });
   EXPECT_EQ(ready, static_cast<int>(model.parameters().size()));
-  for (par::Parameter* p : model.parameters()) {
+  for (parallel::layers::Parameter* p : model.parameters()) {
     const size_t n = static_cast<size_t>(p->numel());
     std::vector<float> val(p->value, p->value + n), grad(p->grad, p->grad + n);
     const double gnorm = std::sqrt(dot(grad, grad));
@@ -230,7 +230,7 @@ namespace {
 // causal: per-token losses of a prefix do not depend on later tokens.
 TEST(GradCheck, GptLongSequenceBlockedAttention) {
   Device dev(DeviceSpec::preset("test-core"));
-  auto ps = par::serial_state(&dev);
+  auto ps = parallel::layers::serial_state(&dev);
   gpt::GptConfig cfg;
   cfg.vocab = 13;
   cfg.seq = 160;
@@ -238,10 +238,10 @@ TEST(GradCheck, GptLongSequenceBlockedAttention) {
   cfg.layers = 1;
   cfg.heads = 2;
   gpt::GptModel model(cfg, ps);
-  optim::DistributedOptimizer opt(ps, model.parameters_in_grad_order(), {});
+  parallel::optim::DistributedOptimizer opt(ps, model.parameters_in_grad_order(), {});
   model.init(11);
   const auto params = model.parameters();
-  par::Parameter* qkv = params[4];  // transformer.h.0.attn.c_attn.weight [C, 3C]
+  parallel::layers::Parameter* qkv = params[4];  // transformer.h.0.attn.c_attn.weight [C, 3C]
   ASSERT_EQ(qkv->name, "transformer.h.0.attn.c_attn.weight");
   // Large q/k weights so attention is peaked and every block of dS matters.
   for (int64_t i = 0; i < qkv->numel(); ++i) qkv->value[i] *= 40.f;

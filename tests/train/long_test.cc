@@ -16,7 +16,7 @@ namespace {
 TEST(LongTraining, ValidationLossBelow2p5NatsPerByte) {
   kern::default_blas_threads();
   Device dev(DeviceSpec::preset("trn1-core"));
-  auto ps = par::serial_state(&dev);
+  auto ps = parallel::layers::serial_state(&dev);
   gpt::TrainOptions o;
   o.model.vocab = 256;
   o.model.seq = 64;
@@ -28,7 +28,7 @@ TEST(LongTraining, ValidationLossBelow2p5NatsPerByte) {
   o.steps = 300;
   o.lr = 3e-3;
   o.warmup = 20;
-  auto data = std::make_shared<const data::ByteDataset>(data::ByteDataset::default_files());
+  auto data = std::make_shared<const parallel::data::ByteDataset>(parallel::data::ByteDataset::default_files());
   gpt::Trainer t(o, ps, data);
   t.init_random();
   const double before = t.validation_loss(4);

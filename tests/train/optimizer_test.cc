@@ -20,18 +20,18 @@ namespace {
 // Two parameters: w (decayed) and b (a bias: no weight decay).
 struct Fixture {
   Device dev{DeviceSpec::preset("test-core")};
-  par::ParallelState ps = par::serial_state(&dev);
-  par::Parameter w = par::make_parameter("w", {2}, -1, 1, 1, 0, par::Init::Zeros, 0.02f, /*decay=*/true);
-  par::Parameter b = par::make_parameter("b", {1}, -1, 1, 1, 0, par::Init::Zeros, 0.02f, /*decay=*/false);
-  std::unique_ptr<optim::DistributedOptimizer> opt;
+  parallel::layers::ParallelState ps = parallel::layers::serial_state(&dev);
+  parallel::layers::Parameter w = parallel::layers::make_parameter("w", {2}, -1, 1, 1, 0, parallel::layers::Init::Zeros, 0.02f, /*decay=*/true);
+  parallel::layers::Parameter b = parallel::layers::make_parameter("b", {1}, -1, 1, 1, 0, parallel::layers::Init::Zeros, 0.02f, /*decay=*/false);
+  std::unique_ptr<parallel::optim::DistributedOptimizer> opt;
 
-  explicit Fixture(optim::AdamWConfig cfg) {
-    opt = std::make_unique<optim::DistributedOptimizer>(ps, std::vector<par::Parameter*>{&w, &b}, cfg);
+  explicit Fixture(parallel::optim::AdamWConfig cfg) {
+    opt = std::make_unique<parallel::optim::DistributedOptimizer>(ps, std::vector<parallel::layers::Parameter*>{&w, &b}, cfg);
     w.value[0] = 2.0f;
     w.value[1] = -1.0f;
     b.value[0] = 0.5f;
   }
-  optim::StepStats step(int64_t k, std::vector<float> gw, float gb) {
+  parallel::optim::StepStats step(int64_t k, std::vector<float> gw, float gb) {
     opt->zero_grad();
     w.grad[0] = gw[0];
     w.grad[1] = gw[1];
@@ -42,8 +42,8 @@ struct Fixture {
 
 // lr 0.01 constant, beta1 0.9, beta2 0.95, eps 0.1 (large, so that it and the
 // gradient scale show in the step), weight decay 0.1, no clipping.
-optim::AdamWConfig config(double clip) {
-  optim::AdamWConfig c;
+parallel::optim::AdamWConfig config(double clip) {
+  parallel::optim::AdamWConfig c;
   c.beta1 = 0.9;
   c.beta2 = 0.95;
   c.eps = 0.1;
@@ -134,7 +134,7 @@ TEST(AdamW, ClippingNotForced) {
 // The learning rate the step uses is the schedule's: half the peak in the
 // first of two warm-up steps, so every term of the update halves.
 TEST(AdamW, StepUsesTheScheduledRate) {
-  optim::AdamWConfig c = config(0);
+  parallel::optim::AdamWConfig c = config(0);
   c.lr.warmup = 2;
   Fixture f(c);
   auto st = f.step(1, {3.0f, -0.5f}, 1.0f);
@@ -145,7 +145,7 @@ TEST(AdamW, StepUsesTheScheduledRate) {
 
 // Megatron's schedule: max 6e-4, min 6e-5, 10 warm-up steps, cosine to step 110.
 TEST(LrSchedule, WarmupPeakCosineAndEnd) {
-  optim::LrSchedule s;
+  parallel::optim::LrSchedule s;
   s.max_lr = 6e-4;
   s.min_lr = 6e-5;
   s.warmup = 10;
@@ -160,7 +160,7 @@ TEST(LrSchedule, WarmupPeakCosineAndEnd) {
   EXPECT_NEAR(s.at(110), 6e-5, 1e-12);   // the end
   EXPECT_NEAR(s.at(500), 6e-5, 1e-12);   // and after it
   // No decay: constant after warm-up; no warm-up: the peak from step 1.
-  optim::LrSchedule flat;
+  parallel::optim::LrSchedule flat;
   flat.max_lr = 1e-3;
   flat.warmup = 4;
   EXPECT_NEAR(flat.at(2), 5e-4, 1e-15);

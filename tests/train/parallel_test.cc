@@ -58,8 +58,8 @@ gpt::TrainOptions tiny_options(int64_t vocab = 256) {
   return o;
 }
 
-std::shared_ptr<const data::ByteDataset> dataset() {
-  static auto ds = std::make_shared<const data::ByteDataset>(data::ByteDataset::default_files());
+std::shared_ptr<const parallel::data::ByteDataset> dataset() {
+  static auto ds = std::make_shared<const parallel::data::ByteDataset>(parallel::data::ByteDataset::default_files());
   return ds;
 }
 
@@ -100,20 +100,20 @@ class SharedResults {
 };
 
 // Calls fn(parameter, full index, m, v) for every moment element the optimizer holds on this rank.
-void for_each_moment(gpt::Trainer& t, const std::function<void(par::Parameter&, int64_t, float, float)>& fn) {
-  std::vector<par::Parameter*> params = t.model().parameters();
-  std::map<int64_t, par::Parameter*> by_offset;
-  std::map<par::Parameter*, std::vector<int64_t>> global;
-  for (par::Parameter* p : params) {
+void for_each_moment(gpt::Trainer& t, const std::function<void(parallel::layers::Parameter&, int64_t, float, float)>& fn) {
+  std::vector<parallel::layers::Parameter*> params = t.model().parameters();
+  std::map<int64_t, parallel::layers::Parameter*> by_offset;
+  std::map<parallel::layers::Parameter*, std::vector<int64_t>> global;
+  for (parallel::layers::Parameter* p : params) {
     by_offset[p->offset] = p;
     auto& g = global[p];
     g.assign(static_cast<size_t>(p->numel()), -1);
-    par::for_each_shard_element(*p, [&](int64_t li, int64_t gi) { g[static_cast<size_t>(li)] = gi; });
+    parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) { g[static_cast<size_t>(li)] = gi; });
   }
   t.optimizer().for_each_moment_run([&](int64_t off, int64_t n, const float* m, const float* v) {
     for (int64_t i = 0; i < n; ++i) {
       auto it = std::prev(by_offset.upper_bound(off + i));
-      par::Parameter* p = it->second;
+      parallel::layers::Parameter* p = it->second;
       TESSERA_CHECK(off + i < p->offset + p->numel(), "moment element ", off + i, " outside every parameter");
       const int64_t gi = global[p][static_cast<size_t>(off + i - p->offset)];
       if (gi >= 0) fn(*p, gi, m[i], v[i]);
@@ -123,7 +123,7 @@ void for_each_moment(gpt::Trainer& t, const std::function<void(par::Parameter&, 
 
 RunResult run_serial(int64_t vocab) {
   Device dev(DeviceSpec::preset("test-core"));
-  auto ps = par::serial_state(&dev);
+  auto ps = parallel::layers::serial_state(&dev);
   gpt::Trainer t(tiny_options(vocab), ps, dataset());
   t.init_random();
   RunResult r;
@@ -132,14 +132,14 @@ RunResult run_serial(int64_t vocab) {
     r.losses.push_back(rec.loss);
     r.grad_norms.push_back(rec.grad_norm);
   }
-  for (par::Parameter* p : t.model().parameters()) {
+  for (parallel::layers::Parameter* p : t.model().parameters()) {
     auto& full = r.params[p->name];
     full.resize(shape_numel(p->full_shape));
-    par::for_each_shard_element(*p, [&](int64_t li, int64_t gi) { full[gi] = p->value[li]; });
+    parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) { full[gi] = p->value[li]; });
     r.exp_avg[p->name].assign(full.size(), std::nan(""));
     r.exp_avg_sq[p->name].assign(full.size(), std::nan(""));
   }
-  for_each_moment(t, [&](par::Parameter& p, int64_t gi, float m, float v) {
+  for_each_moment(t, [&](parallel::layers::Parameter& p, int64_t gi, float m, float v) {
     r.exp_avg[p.name][static_cast<size_t>(gi)] = m;
     r.exp_avg_sq[p.name][static_cast<size_t>(gi)] = v;
   });
@@ -152,12 +152,12 @@ RunResult run(const Layout& l) {
   std::vector<std::pair<std::string, int64_t>> sizes;
   for (const auto& [name, v] : serial(l.vocab).params) sizes.emplace_back(name, static_cast<int64_t>(v.size()));
   SharedResults shared(sizes, l.tp * l.dp);
-  auto res = coll::test::run_ranks(l.tp * l.dp, [&](int rank, int size, std::shared_ptr<coll::Store> store) {
+  auto res = collectives::test::run_ranks(l.tp * l.dp, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
     Device dev(DeviceSpec::preset("test-core"), rank);
-    coll::CommOptions co;
+    collectives::CommOptions co;
     co.device = &dev;
-    auto world = coll::Communicator::create(store, rank, size, co);
-    par::ParallelState ps = par::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
+    auto world = collectives::Communicator::create(store, rank, size, co);
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
     gpt::TrainOptions o = tiny_options(l.vocab);
     o.tp = l.tp;
     o.dp = l.dp;
@@ -176,19 +176,19 @@ RunResult run(const Layout& l) {
     if (rank == 0) shared.head()[6] = static_cast<double>(t.optimizer().optimizer_state_bytes());
     // Every rank reports what it holds: its (gathered) parameters and its moments.
     const int slot = ps.dp_rank * l.tp + ps.tp_rank;
-    for (par::Parameter* p : t.model().parameters()) {
+    for (parallel::layers::Parameter* p : t.model().parameters()) {
       double* out = shared.at(slot, 0, p->name);
-      par::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
+      parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
         if (gi >= 0) out[gi] = p->value[li];
       });
     }
-    for_each_moment(t, [&](par::Parameter& p, int64_t gi, float m, float v) {
+    for_each_moment(t, [&](parallel::layers::Parameter& p, int64_t gi, float m, float v) {
       shared.at(slot, 1, p.name)[gi] = m;
       shared.at(slot, 2, p.name)[gi] = v;
     });
     world->barrier();
   });
-  std::string f = coll::test::failures(res);
+  std::string f = collectives::test::failures(res);
   EXPECT_TRUE(f.empty()) << f;
   RunResult r;
   for (int s = 0; s < 3; ++s) {
@@ -352,10 +352,10 @@ TEST(ParallelTraining, SerialRunLearns) {
   // The steps move the weights far more than the comparison tolerance.
   gpt::TrainOptions o = tiny_options();
   Device dev(DeviceSpec::preset("test-core"));
-  auto ps = par::serial_state(&dev);
+  auto ps = parallel::layers::serial_state(&dev);
   gpt::Trainer t(o, ps, dataset());
   t.init_random();
-  for (par::Parameter* p : t.model().parameters()) {
+  for (parallel::layers::Parameter* p : t.model().parameters()) {
     if (p->name.find("weight") == std::string::npos) continue;
     const auto& after = s.params.at(p->name);
     double n = 0, d = 0;
@@ -389,7 +389,7 @@ std::string steady_state_device_changes(gpt::Trainer& t, const Device& dev) {
 
 TEST(ParallelTraining, SteadyStateStepsAllocateNothingOnDevice) {
   Device dev(DeviceSpec::preset("test-core"));
-  auto ps = par::serial_state(&dev);
+  auto ps = parallel::layers::serial_state(&dev);
   gpt::TrainOptions o = tiny_options();
   o.micro_batch = 2;
   gpt::Trainer t(o, ps, dataset());
@@ -400,12 +400,12 @@ TEST(ParallelTraining, SteadyStateStepsAllocateNothingOnDevice) {
 // workspaces, buckets and the SP staging buffer are sized by the first step.
 TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
   kern::default_blas_threads();
-  auto res = coll::test::run_ranks(4, [&](int rank, int size, std::shared_ptr<coll::Store> store) {
+  auto res = collectives::test::run_ranks(4, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
     Device dev(DeviceSpec::preset("test-core"), rank);
-    coll::CommOptions co;
+    collectives::CommOptions co;
     co.device = &dev;
-    auto world = coll::Communicator::create(store, rank, size, co);
-    par::ParallelState ps = par::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
+    auto world = collectives::Communicator::create(store, rank, size, co);
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
     gpt::TrainOptions o = tiny_options();
     o.tp = 2;
     o.dp = 2;
@@ -416,7 +416,7 @@ TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
     TESSERA_CHECK(changes.empty(), "rank ", rank, " in steady steps: ", changes);
     world->barrier();
   });
-  std::string f = coll::test::failures(res);
+  std::string f = collectives::test::failures(res);
   EXPECT_TRUE(f.empty()) << f;
 }
 
@@ -431,15 +431,15 @@ TEST(ParallelTraining, UnevenVocabMatchesSerial) {
 // --export from a TP=2 run writes the full Hugging Face layout; --init of
 // that file into a serial model reproduces every weight bit for bit.
 TEST(ParallelTraining, ExportFromTpLoadsIntoSerial) {
-  std::string dir = coll::test::make_temp_dir();
+  std::string dir = collectives::test::make_temp_dir();
   Layout l{2, 2, false, false};
   l.export_path = dir + "/model.safetensors";
   RunResult r = run(l);
   Device dev(DeviceSpec::preset("test-core"));
-  auto ps = par::serial_state(&dev);
+  auto ps = parallel::layers::serial_state(&dev);
   gpt::Trainer t(tiny_options(), ps, dataset());
   t.load_hf(l.export_path);
-  for (par::Parameter* p : t.model().parameters()) {
+  for (parallel::layers::Parameter* p : t.model().parameters()) {
     const auto& want = r.params.at(p->name);
     ASSERT_EQ(static_cast<int64_t>(want.size()), p->numel()) << p->name;
     for (int64_t i = 0; i < p->numel(); ++i) ASSERT_EQ(p->value[i], static_cast<float>(want[i])) << p->name << " " << i;
