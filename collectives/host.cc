@@ -67,11 +67,30 @@ std::string HostMap::describe(int r) const {
 HostMap exchange_hosts(Store& store, int rank, int size, std::chrono::milliseconds timeout) {
   const HostIdentity me = this_host();
   store.set("host/" + std::to_string(rank), me.key + " " + me.name);
+  // One deadline for all peers; on timeout, name the ranks that never came.
+  std::vector<std::string> keys;
+  for (int j = 0; j < size; ++j) keys.push_back("host/" + std::to_string(j));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError& e) {
+    std::string missing;
+    int n = 0;
+    for (int j = 0; j < size; ++j) {
+      try {
+        store.get(keys[j], std::chrono::milliseconds(1));
+      } catch (const TimeoutError&) {
+        missing += (n++ ? ", " : "") + std::to_string(j);
+      }
+    }
+    throw TimeoutError(detail::concat(n == 1 ? "rank " : "ranks ", missing.empty() ? "?" : missing,
+                                      n == 1 ? " never published its" : " never published their",
+                                      " host identity within ", timeout.count(), " ms (", e.what(), ")"));
+  }
   HostMap m;
   m.host_of.resize(size);
   std::map<std::string, int> index;
   for (int j = 0; j < size; ++j) {
-    std::string v = j == rank ? me.key + " " + me.name : store.get("host/" + std::to_string(j), timeout);
+    std::string v = j == rank ? me.key + " " + me.name : store.get(keys[j], timeout);
     const auto sp = v.find(' ');
     TESSERA_CHECK(sp != std::string::npos, "bad host identity '", v, "' from rank ", j);
     auto [it, fresh] = index.emplace(v.substr(0, sp), static_cast<int>(m.names.size()));

@@ -32,6 +32,25 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// The thread that reads the signalfd (it blocks the signals).
+pthread_t g_signal_thread;
+
+// A thread that existed before setup_signals() blocked the signals (a
+// library's constructor may start one: OpenBLAS starts its pool at load)
+// would take a process-directed SIGTERM with the default action and kill the
+// launcher, or swallow a SIGCHLD. This handler runs only in such threads and
+// hands the signal to the reading thread, where it stays pending for the
+// signalfd. pthread_kill is async-signal-safe (POSIX.1-2008 TC2).
+// A signal that reaches the reading thread itself before it blocked them is
+// noted and raised again once they are blocked.
+volatile sig_atomic_t g_early_signal[NSIG];
+void forward_to_signal_thread(int sig) {
+  if (pthread_equal(pthread_self(), g_signal_thread))
+    g_early_signal[sig] = 1;
+  else
+    pthread_kill(g_signal_thread, sig);
+}
+
 std::string host_name() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
@@ -71,12 +90,22 @@ class Agent {
 };
 
 void Agent::setup_signals() {
-  // Blocked in this thread before any other thread exists, so gRPC's threads
-  // inherit the mask and only the signalfd sees these.
+  // Blocked in this thread before tessera starts any thread, so gRPC's
+  // threads inherit the mask and only the signalfd sees these (threads that
+  // were there before get forward_to_signal_thread).
   sigset_t set;
   sigemptyset(&set);
   for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, s);
+  // Handlers first, so no thread ever has the default action; then the mask.
+  g_signal_thread = pthread_self();
+  struct sigaction sa {};
+  sa.sa_handler = forward_to_signal_thread;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(s, &sa, nullptr);
   if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) throw Error("sigprocmask failed");
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+    if (g_early_signal[s]) pthread_kill(g_signal_thread, s);  // now pending for the signalfd
   sig_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sig_fd_ < 0) throw Error(detail::concat("signalfd: ", std::strerror(errno)));
   abort_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

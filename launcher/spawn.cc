@@ -109,6 +109,8 @@ SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::st
     throw Error(detail::concat("fork: ", std::strerror(e)));
   }
   if (pid == 0) {
+    // The launcher's forwarding handlers go before the signals are unblocked.
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(s, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     pthread_sigmask(SIG_SETMASK, &none, nullptr);

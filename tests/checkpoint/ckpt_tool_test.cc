@@ -336,7 +336,7 @@ TEST(CkptTool, ConsolidateChecksEveryRanksTensors) {
   {
     const std::string dir = fresh("garbage");
     testing::write_bytes(dir + "/" + manifest, "{\"format\": ");
-    expect_consolidate_refused(dir, dir + "/" + manifest, "parse error");
+    expect_consolidate_refused(dir, dir + "/" + manifest, "not valid JSON");
   }
   {
     const std::string dir = fresh("format");

@@ -142,8 +142,8 @@ TEST(Run, SigtermDuringRendezvous) {
   Subprocess n1(run_cmd({"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1", "--coordinator", coord}, {}),
                 d.path, "n1");
   unsetenv("TESSERA_JOB_TOKEN");
-  // Once the launcher blocks SIGTERM, the signal is its to handle.
-  ASSERT_TRUE(test_time::wait_until([&] { return blocks_signal(n1.pid(), SIGTERM); }, test_time::scaled(10s)));
+  // Once the launcher blocks and handles SIGTERM, the signal is its to handle.
+  ASSERT_TRUE(test_time::wait_until([&] { return handles_signal(n1.pid(), SIGTERM); }, test_time::scaled(10s)));
   auto t0 = std::chrono::steady_clock::now();
   kill(n1.pid(), SIGTERM);
   EXPECT_EQ(n1.wait(10s), 128 + SIGTERM) << n1.err();

@@ -116,11 +116,17 @@ inline std::vector<pid_t> read_pids(const std::string& dir) {
 // Whether the process blocks `sig` (the SigBlk mask in /proc/<pid>/status):
 // `tessera run` blocks its signals first thing, so from then on a signal is
 // handled by its own code rather than ending it.
-inline bool blocks_signal(pid_t pid, int sig) {
+inline bool status_mask_has(pid_t pid, const std::string& field, int sig) {
   std::istringstream in(read_file("/proc/" + std::to_string(pid) + "/status"));
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("SigBlk:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+    if (line.rfind(field, 0) == 0) return (std::stoull(line.substr(field.size()), nullptr, 16) >> (sig - 1)) & 1;
   return false;
+}
+// Blocked and handled: `tessera run` has set up its signal handling. (Blocked
+// alone is not enough: a library constructor, e.g. OpenBLAS starting its
+// threads, may block signals for a moment at start-up.)
+inline bool handles_signal(pid_t pid, int sig) {
+  return status_mask_has(pid, "SigBlk:", sig) && status_mask_has(pid, "SigCgt:", sig);
 }
 
 // A zombie (dead, waiting for a parent that does not reap, as PID 1 in some
