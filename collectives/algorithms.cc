@@ -136,6 +136,16 @@ HostLevels host_levels(const std::vector<int>* host_of, int rank) {
   h.local_pos = static_cast<int>(std::find(h.local.begin(), h.local.end(), rank) - h.local.begin());
   for (int k = 0; k < nh; ++k) h.cross.push_back(on[static_cast<size_t>(k)][static_cast<size_t>(h.local_pos)]);
   h.cross_pos = of[rank];
+  const int L = static_cast<int>(on[0].size());
+  h.host = of;
+  h.index.assign(static_cast<size_t>(p), 0);
+  h.by_local.assign(static_cast<size_t>(p), 0);
+  for (int k = 0; k < nh; ++k)
+    for (int i = 0; i < L; ++i) {
+      const int r = on[static_cast<size_t>(k)][static_cast<size_t>(i)];
+      h.index[static_cast<size_t>(r)] = i;
+      h.by_local[static_cast<size_t>(i) * nh + k] = r;
+    }
   h.valid = true;
   return h;
 }
@@ -275,6 +285,99 @@ class RingAlgorithm final : public Algorithm {
   }
 };
 
+// Hierarchical all-gather, reduce-scatter and broadcast (same levels as
+// hier all-reduce). The workspace holds the p blocks ordered [local index
+// i][host k], so the H blocks of the ranks with local index i are one
+// contiguous range for the ring inside the host.
+class HierGather {
+ public:
+  static bool run(AlgoContext& c, const CollCall& k) {
+    if (k.kind != CollKind::AllGather && k.kind != CollKind::ReduceScatter && k.kind != CollKind::Broadcast)
+      return false;
+    const HostLevels& h = *c.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    const int l = h.local_pos, me = h.cross_pos;
+    const size_t es = dtype_size(k.dtype), cnt = k.count;
+    if (k.kind == CollKind::Broadcast) return broadcast(c, k, h);
+    // ws[i][j] = the block of group rank on(j, i).
+    char* ws = static_cast<char*>(c.ws->get(static_cast<size_t>(L) * H * cnt * es));
+    auto at = [&](int i, int j) { return ws + (static_cast<size_t>(i) * H + j) * cnt * es; };
+    const std::vector<int>& rank_at = h.by_local;
+    auto local_blk = [&](int i) { return Range{static_cast<size_t>(i) * H * cnt, static_cast<size_t>(H) * cnt}; };
+    auto cross_blk = [&](int j) { return Range{(static_cast<size_t>(l) * H + j) * cnt, cnt}; };
+    if (k.kind == CollKind::AllGather) {
+      // 1. Across hosts among the ranks of local index l: H blocks.
+      copy_if_needed(at(l, me), k.send, cnt * es);
+      c.model += ring_all_gather(c, h.cross.data(), H, me, cross_blk, ws, es);
+      // 2. Inside the host: the L groups of H blocks.
+      c.model += ring_all_gather(c, h.local.data(), L, l, local_blk, ws, es);
+      char* out = static_cast<char*>(k.recv);
+      for (size_t b = 0; b < rank_at.size(); ++b)
+        copy_if_needed(out + static_cast<size_t>(rank_at[b]) * cnt * es, ws + b * cnt * es, cnt * es);
+      return true;
+    }
+    // Reduce-scatter. Pack the input in [i][j] order.
+    const char* in = static_cast<const char*>(k.send);
+    for (size_t b = 0; b < rank_at.size(); ++b)
+      std::memcpy(ws + b * cnt * es, in + static_cast<size_t>(rank_at[b]) * cnt * es, cnt * es);
+    // 1. Inside the host: rank l ends with the host's sum of group l's H blocks.
+    c.model += ring_reduce_scatter(c, h.local.data(), L, l, local_blk, ws, ws, k.dtype, k.op);
+    // 2. Across hosts: reduce-scatter of those H blocks; the last step lands in recv.
+    c.model +=
+        ring_reduce_scatter(c, h.cross.data(), H, me, cross_blk, ws, ws, k.dtype, k.op, static_cast<char*>(k.recv));
+    return true;
+  }
+
+ private:
+  // Root scatters L blocks to its host-mates; each block is broadcast
+  // across hosts (binomial tree among the ranks of one local index); every
+  // host all-gathers its L blocks.
+  static bool broadcast(AlgoContext& c, const CollCall& k, const HostLevels& h) {
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    const int l = h.local_pos, me = h.cross_pos;
+    const size_t es = dtype_size(k.dtype);
+    const int root_host = h.host[static_cast<size_t>(k.root)], root_l = h.index[static_cast<size_t>(k.root)];
+    char* buf = static_cast<char*>(k.recv);
+    auto blk = [&](int i) { return part(k.count, L, i); };
+    // 1. Scatter inside the root's host.
+    if (me == root_host) {
+      if (l == root_l) {
+        for (int i = 0; i < L; ++i)
+          if (i != root_l) c.transport->send(h.local[i], c.tag, buf + blk(i).off * es, blk(i).len * es);
+      } else {
+        c.transport->recv(h.local[root_l], c.tag, buf + blk(l).off * es, blk(l).len * es);
+      }
+    }
+    size_t maxb = 0;
+    for (int i = 0; i < L; ++i) maxb = std::max(maxb, blk(i).len * es);
+    for (int i = 0; i < L; ++i)
+      if (i != root_l) c.model += c.links->time(h.local[root_l], h.local[i], static_cast<double>(maxb));
+    // 2. Across hosts: binomial tree rooted at the root's host.
+    const Range mine = blk(l);
+    const int vr = mod(me - root_host, H);
+    auto real = [&](int v) { return h.cross[(v + root_host) % H]; };
+    int mask = 1;
+    while (mask < H) {
+      if (vr & mask) {
+        c.transport->recv(real(vr - mask), c.tag, buf + mine.off * es, mine.len * es);
+        break;
+      }
+      mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+      if (vr + mask < H) c.transport->send(real(vr + mask), c.tag, buf + mine.off * es, mine.len * es);
+    for (int m = 1; m < H; m <<= 1) {
+      double t = 0;
+      for (int v = 0; v < m && v + m < H; ++v)
+        t = std::max(t, c.links->time(real(v), real(v + m), static_cast<double>(maxb)));
+      c.model += t;
+    }
+    // 3. All-gather inside every host.
+    c.model += ring_all_gather(c, h.local.data(), L, l, blk, buf, es);
+    return true;
+  }
+};
+
 // ---------------------------------------------------------------- hier
 // Two levels for a group spanning hosts (ctx.hosts valid): reduce-scatter
 // inside each host (ring over the L host-mates), all-reduce of this rank's
@@ -285,7 +388,8 @@ class HierAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "hier"; }
   bool run(AlgoContext& c, const CollCall& k) override {
-    if (k.kind != CollKind::AllReduce || !c.hosts || !c.hosts->valid) return false;
+    if (!c.hosts || !c.hosts->valid) return false;
+    if (k.kind != CollKind::AllReduce) return HierGather::run(c, k);
     const HostLevels& h = *c.hosts;
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
     const size_t es = dtype_size(k.dtype);
@@ -804,11 +908,13 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
       break;
     case CollKind::ReduceScatter:
     case CollKind::AllGather:
+      if (multi_host) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
       add(&g_ring);
       break;
     case CollKind::Broadcast:
       if (bytes > (size_t{64} << 10)) add(&g_direct);
+      if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);
       add(&g_tree);
       break;
     case CollKind::Reduce:

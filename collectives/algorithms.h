@@ -87,10 +87,13 @@ struct Workspace {
 // are >= 2 hosts.
 struct HostLevels {
   bool valid = false;
-  std::vector<int> local;  // group ranks on this rank's host, ascending
-  int local_pos = 0;       // this rank's index in local
-  std::vector<int> cross;  // the rank of local index local_pos on each host, by host
-  int cross_pos = 0;       // this rank's index in cross (its host's)
+  std::vector<int> local;     // group ranks on this rank's host, ascending
+  int local_pos = 0;          // this rank's index in local
+  std::vector<int> cross;     // the rank of local index local_pos on each host, by host
+  int cross_pos = 0;          // this rank's index in cross (its host's)
+  std::vector<int> host;      // group rank -> host index
+  std::vector<int> index;     // group rank -> local index on its host
+  std::vector<int> by_local;  // [i * H + k]: the rank of local index i on host k
 };
 HostLevels host_levels(const std::vector<int>* host_of, int rank);
 

@@ -593,6 +593,31 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
       check_all_reduce(*hc, heap, count, DType::I64, ReduceOp::Max, true, 8);
       COLL_REQUIRE((hc->last_algorithm() == "hier") == even, "forced hier served by ", hc->last_algorithm());
     }
+    // Hierarchical all-gather, reduce-scatter and broadcast, forced at every
+    // size and in place or not; exact values against the serial definition.
+    for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, size_t{65541}}) {
+      check_all_gather(*hc, heap, count, DType::I32, count % 2 == 1);
+      COLL_REQUIRE((hc->last_algorithm() == "hier") == even, "forced hier all-gather served by ", hc->last_algorithm());
+      check_reduce_scatter(*hc, heap, count, DType::F32, ReduceOp::Sum, count % 2 == 0);
+      COLL_REQUIRE((hc->last_algorithm() == "hier") == even, "forced hier reduce-scatter served by ",
+                   hc->last_algorithm());
+      check_reduce_scatter(*hc, heap, count, DType::BF16, ReduceOp::Avg, false);
+      check_reduce_scatter(*hc, heap, count, DType::I64, ReduceOp::Max, true);
+      for (int root = 0; root < size; ++root) {
+        check_broadcast(*hc, heap, count, DType::F32, root);
+        COLL_REQUIRE((hc->last_algorithm() == "hier") == even, "forced hier broadcast served by ",
+                     hc->last_algorithm());
+      }
+    }
+    // By default: all-gather and reduce-scatter at every size, broadcast from 256 KiB.
+    check_all_gather(*c, heap, 1000, DType::F32, false);
+    COLL_REQUIRE(c->last_algorithm() == (even ? "hier" : "ring"), "all-gather served by ", c->last_algorithm());
+    check_reduce_scatter(*c, heap, 1000, DType::F32, ReduceOp::Sum, false);
+    COLL_REQUIRE(c->last_algorithm() == (even ? "hier" : "ring"), "reduce-scatter served by ", c->last_algorithm());
+    check_broadcast(*c, heap, size_t{1} << 16, DType::F32, size - 1);
+    COLL_REQUIRE(c->last_algorithm() == (even ? "hier" : "tree"), "broadcast served by ", c->last_algorithm());
+    check_broadcast(*c, heap, 1000, DType::F32, 0);
+    COLL_REQUIRE(c->last_algorithm() == "tree", "small broadcast served by ", c->last_algorithm());
     // Groups inside a host take shared memory; groups across hosts TCP.
     const int host = l.host_of[rank];
     auto same_host = c->split(host, rank, "host");
@@ -718,6 +743,65 @@ TEST(ModeledTime, HierarchicalUsesTwoLevels) {
     const double ring = 6 * (ae + n / 4 / be);
     COLL_REQUIRE(near(f->last_modeled_seconds(), ring), "ring ", f->last_modeled_seconds(), " vs ", ring);
     COLL_REQUIRE(hier < ring, "hier not cheaper");
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+// Same two hosts of two ranks (L = H = 2). hier all-gather and
+// reduce-scatter of c bytes per rank: (H-1) cross steps of c and (L-1)
+// local steps of H c; a flat ring pays the cross-host link at each of its
+// p-1 steps of c. hier broadcast of n bytes: a scatter of n/L inside the
+// root's host, one cross round of n/L, an all-gather step of n/L; the flat
+// binomial tree sends all n once inside the host and once across.
+TEST(ModeledTime, HierarchicalGatherScatterBroadcastUseTwoLevels) {
+  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+    enter_host(rank / 2);
+    const double a = 2e-6, bw = 48.0 * (1ull << 30), ae = 10e-6, be = 800e9 / 8 / 2;
+    const size_t count = 2 * 1000;
+    const double cb = static_cast<double>(count * 4);
+    std::vector<float> in(count * size, 1.0f), out(count * size);
+    auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
+    CommOptions o;
+    o.algo = "hier";
+    auto c = Communicator::create(store, rank, size, o);
+    CommOptions fo;
+    fo.name = "flat";
+    fo.algo = "ring";
+    auto f = Communicator::create(store, rank, size, fo);
+    const double hier_ag = (ae + cb / be) + (a + 2 * cb / bw), ring_ag = 3 * (ae + cb / be);
+    c->all_gather(in.data(), out.data(), count, DType::F32);
+    COLL_REQUIRE(c->last_algorithm() == "hier", c->last_algorithm());
+    COLL_REQUIRE(near(c->last_modeled_seconds(), hier_ag), "hier all-gather ", c->last_modeled_seconds(), " vs ",
+                 hier_ag);
+    f->all_gather(in.data(), out.data(), count, DType::F32);
+    COLL_REQUIRE(near(f->last_modeled_seconds(), ring_ag), "ring all-gather ", f->last_modeled_seconds(), " vs ",
+                 ring_ag);
+    c->reduce_scatter(in.data(), out.data(), count, DType::F32, ReduceOp::Sum);
+    COLL_REQUIRE(c->last_algorithm() == "hier", c->last_algorithm());
+    COLL_REQUIRE(near(c->last_modeled_seconds(), hier_ag), "hier reduce-scatter ", c->last_modeled_seconds(), " vs ",
+                 hier_ag);
+    COLL_REQUIRE(out[0] == 4.0f, "reduce-scatter value ", out[0]);
+    f->reduce_scatter(in.data(), out.data(), count, DType::F32, ReduceOp::Sum);
+    COLL_REQUIRE(near(f->last_modeled_seconds(), ring_ag), "ring reduce-scatter ", f->last_modeled_seconds());
+    const double n = static_cast<double>(count * size * 4);
+    const double hier_bc = 2 * (a + n / 2 / bw) + (ae + n / 2 / be), tree_bc = (a + n / bw) + (ae + n / be);
+    for (int root : {0, 3}) {
+      c->broadcast(in.data(), count * size, DType::F32, root);
+      COLL_REQUIRE(c->last_algorithm() == "hier", c->last_algorithm());
+      COLL_REQUIRE(near(c->last_modeled_seconds(), hier_bc), "hier broadcast ", c->last_modeled_seconds(), " vs ",
+                   hier_bc);
+    }
+    CommOptions to;
+    to.name = "tree";
+    to.algo = "tree";
+    auto t = Communicator::create(store, rank, size, to);
+    t->broadcast(in.data(), count * size, DType::F32, 0);
+    COLL_REQUIRE(near(t->last_modeled_seconds(), tree_bc), "tree broadcast ", t->last_modeled_seconds(), " vs ",
+                 tree_bc);
+    // At 32 kB hier broadcast's extra local step costs more than the n/(2 B_e)
+    // it saves across (they cross at n = 2 a B_e = 200 kB): hence its 256 KiB threshold.
+    COLL_REQUIRE(hier_ag < ring_ag && hier_bc > tree_bc, "hier all-gather ", hier_ag, " ring ", ring_ag,
+                 "; hier broadcast ", hier_bc, " tree ", tree_bc);
   });
   EXPECT_EQ(failures(res), "");
 }

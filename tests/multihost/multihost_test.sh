@@ -136,6 +136,18 @@ s.bind(("0.0.0.0", 29599)); s.listen(1); c,a=s.accept(); print(a[0], c.recv(10).
     }
     t="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["transport"])' "$OUT/bench_mpi.json" 2>&1)"
     [ "$t" = "shm+tcp" ] && pass "mpirun: world transport shm+tcp" || fail "mpirun: transport '$t'"
+    # Hierarchical all-gather, reduce-scatter and broadcast across the hosts
+    # (every element checked by the bench): chosen by default at 1 MiB.
+    for op in all_gather reduce_scatter broadcast; do
+      run_on_hosts 2 2 -- "$BIN/tessera" bench "$op" -b 1K -e 1M -f 32 -n 2 -w 1 --root 3 --json "$OUT/$op.json"
+      a="$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"]; print(r[-1].get("algorithm"), max(x["oop"]["wrong"] or 0 for x in r))' "$OUT/$op.json" 2>&1)"
+      if [ "$(cat "$OUT/rc.0")" = 0 ] && [ "$(cat "$OUT/rc.1")" = 0 ] && [ "$a" = "hier 0" ]; then
+        pass "tessera run: $op across 2 hosts exact, 1 MiB served by hier"
+      else
+        fail "tessera run $op: exit $(cat "$OUT/rc.0") / $(cat "$OUT/rc.1"), algorithm and wrong: '$a'"
+        tail -20 "$OUT/run.0" "$OUT/run.1"
+      fi
+    done
     # tessera_hello: store, barrier and an all-reduce through the worker library.
     mpirun_on_hosts 4 "$BIN/tessera_hello" --comm >"$OUT/hello.out" 2>&1
     rc=$?
