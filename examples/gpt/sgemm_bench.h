@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "examples/gpt/gpt_model.h"
+#include "parallel/models/gpt/gpt_model.h"
 
 namespace tessera::gpt {
 

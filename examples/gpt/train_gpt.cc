@@ -15,7 +15,7 @@
 
 #include "examples/gpt/bootstrap.h"
 #include "examples/gpt/sgemm_bench.h"
-#include "examples/gpt/trainer.h"
+#include "parallel/models/gpt/trainer.h"
 #include "launcher/cli.h"
 #include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/checkpoint/safetensors.h"

@@ -17,7 +17,7 @@
 #include <string>
 #include <utility>
 
-#include "examples/gpt/gpt_model.h"
+#include "parallel/models/gpt/gpt_model.h"
 #include "parallel/checkpoint/gpt2_layout.h"
 #include "parallel/layers/parallel_state.h"
 #include "runtime/error.h"

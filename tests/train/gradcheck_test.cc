@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "examples/gpt/gpt_model.h"
+#include "parallel/models/gpt/gpt_model.h"
 #include "parallel/layers/cross_entropy.h"
 #include "parallel/optim/optimizer.h"
 #include "runtime/device.h"

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "examples/gpt/trainer.h"
+#include "parallel/models/gpt/trainer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 

@@ -15,7 +15,7 @@
 #include <map>
 #include <sstream>
 
-#include "examples/gpt/trainer.h"
+#include "parallel/models/gpt/trainer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 #include "tests/collectives/fork_harness.h"

@@ -1,4 +1,4 @@
-#include "examples/gpt/gpt_model.h"
+#include "parallel/models/gpt/gpt_model.h"
 
 #include <cmath>
 #include <cstring>

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/gpt/gpt_model.h"
+#include "parallel/models/gpt/gpt_model.h"
 #include "parallel/data/byte_dataset.h"
 #include "parallel/optim/optimizer.h"
 

@@ -1,4 +1,4 @@
-#include "examples/gpt/trainer.h"
+#include "parallel/models/gpt/trainer.h"
 
 #include <algorithm>
 #include <cmath>
