@@ -12,6 +12,6 @@
 namespace tessera::gpt {
 
 // Runs for at least `min_seconds`; returns FLOP/s.
-double measure_sgemm_flops(const GptConfig& cfg, int64_t rows, double min_seconds);
+double measure_sgemm_flops(const parallel::models::gpt::GptConfig& cfg, int64_t rows, double min_seconds);
 
 }  // namespace tessera::gpt
