@@ -11,6 +11,7 @@
 
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/pipeline/partition.h"
 #include "runtime/error.h"
 
 namespace tessera::launcher {
@@ -23,7 +24,12 @@ struct CkptArgs {
   std::string path, out;
   int tp = 1, pp = 1, dp = 1;
   int64_t heads = 0;
+  std::string stages;  // "3,3,2,2"; empty: parallel::pipeline::stage_layers
 };
+
+std::vector<int> stages_of(const CkptArgs& a) {
+  return a.stages.empty() ? std::vector<int>{} : parallel::pipeline::parse_stages(a.stages);
+}
 
 std::string mib(uint64_t b) {
   char buf[64];
@@ -103,6 +109,8 @@ void add_layout_flags(CLI::App* cmd, CkptArgs* a) {
   cmd->add_option("--pp", a->pp, "Pipeline stages (whole layers per stage)")
       ->capture_default_str()
       ->check(cli::positive(a->pp));
+  cmd->add_option("--stages", a->stages,
+                  "Layers per pp stage, e.g. 3,3,2,2 (default: even, leftover layers to the later stages)");
 }
 
 }  // namespace
@@ -131,7 +139,8 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   shard->callback([&action, args] {
     action = [args] {
       return guarded("shard", [&] {
-        uint64_t b = parallel::checkpoint::shard_gpt2(args->path, args->out, {args->tp, args->pp, args->dp, args->heads});
+        uint64_t b = parallel::checkpoint::shard_gpt2(args->path, args->out,
+                                                      {args->tp, args->pp, args->dp, args->heads, stages_of(*args)});
         std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), parallel::checkpoint::kManifestName,
                     args->out.c_str());
         return 0;
@@ -163,7 +172,8 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   reshard->callback([&action, args] {
     action = [args] {
       return guarded("reshard", [&] {
-        uint64_t b = parallel::checkpoint::reshard_gpt2(args->path, args->out, {args->tp, args->pp, args->dp, 0});
+        uint64_t b = parallel::checkpoint::reshard_gpt2(args->path, args->out,
+                                                        {args->tp, args->pp, args->dp, 0, stages_of(*args)});
         std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), parallel::checkpoint::kManifestName,
                     args->out.c_str());
         return 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/pipeline/partition.h"
 #include "runtime/error.h"
 
 namespace tessera::parallel {
@@ -98,11 +99,8 @@ int in_flight(int stage, int pp, int v, int m) {
 
 std::vector<int> partition_layers(int layers, int pp, bool balanced, double head_layers) {
   TESSERA_ARG_CHECK(pp >= 1 && pp <= layers, "pp=", pp, " cannot split ", layers, " layers");
-  auto spread = [](int n, int parts) {  // as even as possible, extra layers to later stages
-    std::vector<int> v(static_cast<size_t>(parts), n / parts);
-    for (int i = 0; i < n % parts; ++i) v[static_cast<size_t>(parts - 1 - i)] += 1;
-    return v;
-  };
+  // The one partition rule (NxD's: even, leftover layers to the later stages).
+  auto spread = [](int n, int parts) { return pipeline::stage_layers(n, parts); };
   if (!balanced || pp == 1) return spread(layers, pp);
   int best_last = 1;
   double best_cost = 1e300;

@@ -87,7 +87,8 @@ StateBytes state_bytes_per_param(bool fp32, bool zero1, int dp);
 // Micro-batches (interleaved: model chunks) that stage `stage` holds in flight
 // under Megatron's 1F1B schedules.
 int in_flight(int stage, int pp, int virtual_stages, int num_micro_batches);
-// Layers per stage: even, or balanced so that the last stage's LM head counts
+// Layers per stage: even (pipeline::stage_layers, the rule `tessera ckpt shard`
+// uses too), or balanced so that the last stage's LM head counts
 // as `head_layers` extra layers and any extra layer goes to later stages.
 std::vector<int> partition_layers(int layers, int pp, bool balanced, double head_layers);
 

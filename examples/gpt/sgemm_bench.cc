@@ -9,7 +9,7 @@
 
 namespace tessera::gpt {
 
-double measure_sgemm_flops(const GptConfig& cfg, int64_t rows, double min_seconds) {
+double measure_sgemm_flops(const parallel::models::gpt::GptConfig& cfg, int64_t rows, double min_seconds) {
   const int64_t c = cfg.hidden;
   struct Shape {
     int64_t in, out;

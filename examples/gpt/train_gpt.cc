@@ -15,10 +15,10 @@
 
 #include "examples/gpt/bootstrap.h"
 #include "examples/gpt/sgemm_bench.h"
-#include "examples/gpt/trainer.h"
 #include "launcher/cli.h"
 #include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/checkpoint/safetensors.h"
+#include "parallel/models/gpt/trainer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 #include "runtime/log.h"
@@ -27,10 +27,11 @@
 namespace {
 
 using namespace tessera;
+namespace models = tessera::parallel::models;
 namespace cli = tessera::launcher::cli;
 
 struct Flags {
-  gpt::TrainOptions t;
+  models::gpt::TrainOptions t;
   std::string device = "trn1-core";
   std::string log_json, eval_text, init, export_path;
   int64_t eval_windows = 64;
@@ -87,8 +88,8 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   parallel::layers::ParallelState ps = job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
                                    : parallel::layers::serial_state(&dev);
   ps.sequence_parallel = f.t.sequence_parallel;
-  gpt::Trainer trainer(f.t, ps, dataset);
-  const gpt::TrainOptions& o = trainer.options();
+  models::gpt::Trainer trainer(f.t, ps, dataset);
+  const models::gpt::TrainOptions& o = trainer.options();
   if (f.init.empty()) {
     trainer.init_random();
   } else {
@@ -117,7 +118,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   }
   std::vector<double> step_times, sgemm_between;
   for (int64_t s = 0; s < o.steps; ++s) {
-    gpt::StepRecord r = trainer.step();
+    models::gpt::StepRecord r = trainer.step();
     step_times.push_back(r.wall_s);
     // Interleaved with the steps, so a machine shared with other work slows
     // both measurements alike.

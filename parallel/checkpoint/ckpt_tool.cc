@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "parallel/checkpoint/gpt2_layout.h"
+#include "parallel/pipeline/partition.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
 
@@ -101,6 +102,7 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
                     " (each stage needs a whole layer)");
   check_out_dir(out_dir);
   const int tp = opt.tp, pp = opt.pp;
+  const std::vector<int> part = gpt2_stages(c, pp, opt.stages);
   std::vector<std::vector<parallel::layers::Parameter>> ranks;
   for (int r = 0; r < tp; ++r) ranks.push_back(gpt2_tp_parameters(c, tp, r));
   const size_t n = ranks[0].size();
@@ -116,7 +118,7 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
     if (!full.defined() || full.shape() != ranks[0][i].full_shape)
       full = Tensor::empty(ranks[0][i].full_shape, DType::F32);
     read_gpt2_tensor(src, name, full);
-    const int stage = gpt2_pp_stage(c, pp, name);
+    const int stage = gpt2_pp_stage(part, name);
     for (int r = 0; r < tp; ++r) {
       parallel::layers::Parameter p = ranks[r][i];
       Tensor shard = Tensor::empty(p.shape, DType::F32);
@@ -152,7 +154,7 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
   json stages = json::array();
   for (int s = 0; s < pp; ++s)
     stages.push_back({{"pp_rank", s},
-                      {"layers", {gpt2_stage_first_layer(c, pp, s), gpt2_stage_first_layer(c, pp, s + 1)}},
+                      {"layers", {pipeline::stage_first_layer(part, s), pipeline::stage_first_layer(part, s + 1)}},
                       {"embeddings", s == 0},
                       {"ln_f", s == pp - 1}});
   manifest["stages"] = stages;
@@ -227,6 +229,29 @@ Gpt2Config manifest_config(const json& j, const std::string& path) {
   return cfg;
 }
 
+// The manifest's stage partition (its "stages" layer ranges; the default
+// partition when absent). Throws FormatError naming the manifest when the
+// ranges are not pp contiguous, non-empty runs covering every layer.
+std::vector<int> manifest_stages(const json& m, const Gpt2Config& c, int pp, const std::string& path) {
+  if (!m.contains("stages")) return gpt2_stages(c, pp);
+  std::vector<int> part;
+  int64_t next = 0;
+  const json& st = m.at("stages");
+  for (size_t s = 0; st.is_array() && s < st.size(); ++s) {
+    const json& l = st[s].is_object() && st[s].contains("layers") ? st[s].at("layers") : json();
+    if (!l.is_array() || l.size() != 2 || !l[0].is_number_integer() || !l[1].is_number_integer() ||
+        l[0].get<int64_t>() != next || l[1].get<int64_t>() <= next || l[1].get<int64_t>() > c.layers)
+      throw FormatError(detail::concat(path, ": stages[", s, "].layers must be [", next, ", end) with end in (", next,
+                                       ", ", c.layers, "]"));
+    part.push_back(static_cast<int>(l[1].get<int64_t>() - next));
+    next = l[1].get<int64_t>();
+  }
+  if (static_cast<int>(part.size()) != pp || next != c.layers)
+    throw FormatError(
+        detail::concat(path, ": field 'stages' must split the ", c.layers, " layers into pp ", pp, " stages"));
+  return part;
+}
+
 }  // namespace
 
 std::string rank_stem(int dp_rank, int tp_rank, int pp_rank) {
@@ -254,6 +279,8 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
   if (tp < 1 || pp < 1 || c.heads % tp != 0 || c.layers < pp)
     throw FormatError(detail::concat(mpath, ": tp ", tp, " / pp ", pp, " do not fit ", gpt2_config_str(c)));
 
+  const std::vector<int> part = manifest_stages(m, c, pp, mpath);
+
   // Open every rank's file; each must hold exactly the tensors its rank holds.
   std::vector<std::vector<parallel::layers::Parameter>> ranks;
   for (int r = 0; r < tp; ++r) ranks.push_back(gpt2_tp_parameters(c, tp, r));
@@ -264,7 +291,7 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
       readers[static_cast<size_t>(s) * tp + r] =
           std::make_unique<SafetensorsReader>((fs::path(dir) / (rank_stem(0, r, s) + ".safetensors")).string());
   for (const parallel::layers::Parameter& p : ranks[0]) {
-    const int s = gpt2_pp_stage(c, pp, p.name);
+    const int s = gpt2_pp_stage(part, p.name);
     for (int r = 0; r < tp; ++r) ++expected[static_cast<size_t>(s) * tp + r];
   }
   for (size_t f = 0; f < readers.size(); ++f)
@@ -275,7 +302,7 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
   std::vector<std::pair<std::string, Tensor>> out;
   for (size_t i = 0; i < ranks[0].size(); ++i) {
     const std::string& name = ranks[0][i].name;
-    const int s = gpt2_pp_stage(c, pp, name);
+    const int s = gpt2_pp_stage(part, name);
     Tensor full = Tensor::empty(ranks[0][i].full_shape, DType::F32);
     DType dtype = DType::F32;
     Tensor first;

@@ -16,14 +16,21 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "parallel/checkpoint/hf_gpt2.h"
 
 namespace tessera::parallel::checkpoint {
 
 struct ShardOptions {
-  int tp = 1, pp = 1, dp = 1;
-  int64_t heads = 0;  // 0: from the file's metadata, else hidden / 64 (infer_gpt2_config)
+  // {tp, pp, dp, heads[, stages]} as before stages existed (a constructor, so
+  // the four-value form leaves stages empty without a missing-initializer warning).
+  ShardOptions(int tp_ = 1, int pp_ = 1, int dp_ = 1, int64_t heads_ = 0, std::vector<int> stages_ = {})
+      : tp(tp_), pp(pp_), dp(dp_), heads(heads_), stages(std::move(stages_)) {}
+  int tp, pp, dp;
+  int64_t heads;            // 0: from the file's metadata, else hidden / 64 (infer_gpt2_config)
+  std::vector<int> stages;  // layers per pp stage; empty: pipeline::stage_layers (gpt2_stages)
 };
 
 // "dp_rank_00_tp_rank_01_pp_rank_00" (NxD's naming).
@@ -33,7 +40,8 @@ constexpr const char* kManifestName = "manifest.json";
 // Shards the GPT-2 checkpoint `src` (a file, an HF index or a directory; see
 // open_safetensors) into `out_dir`, which must not exist or be empty.
 // Throws InvalidArgument for bad options (tp/pp/dp < 1, heads % tp != 0,
-// layers < pp, existing non-empty out_dir) and FormatError naming the file
+// layers < pp, stages that are not pp positive counts summing to the layers,
+// existing non-empty out_dir) and FormatError naming the file
 // for a bad checkpoint. Returns the bytes of tensor data written.
 uint64_t shard_gpt2(const std::string& src, const std::string& out_dir, const ShardOptions& opt);
 

@@ -11,7 +11,8 @@ int ParallelState::global_rank() const {
   parallel::MeshCoord c;
   c.tp = tp_rank;
   c.dp = dp_rank;
-  return parallel::Mesh({.tp = tp_size, .dp = dp_size}).rank(c);
+  c.pp = pp_rank;
+  return parallel::Mesh({.tp = tp_size, .dp = dp_size, .pp = pp_size}).rank(c);
 }
 
 void ParallelState::tp_all_reduce(float* buf, int64_t n) const {
@@ -47,30 +48,37 @@ ParallelState serial_state(Device* device) {
 }
 
 ParallelState make_parallel_state(std::shared_ptr<collectives::Communicator> world, int tp, int dp, Device* device,
-                                  bool sequence_parallel) {
+                                  bool sequence_parallel, int pp) {
   TESSERA_ARG_CHECK(world != nullptr, "make_parallel_state: no world communicator");
-  TESSERA_ARG_CHECK(tp >= 1 && dp >= 1, "tp and dp must be >= 1 (got tp ", tp, ", dp ", dp, ")");
-  TESSERA_ARG_CHECK(world->size() == tp * dp, "world size ", world->size(), " != tp ", tp, " x dp ", dp,
-                    " (launch tp*dp processes)");
+  TESSERA_ARG_CHECK(tp >= 1 && dp >= 1 && pp >= 1, "tp, dp and pp must be >= 1 (got tp ", tp, ", dp ", dp, ", pp ", pp,
+                    ")");
+  TESSERA_ARG_CHECK(world->size() == tp * dp * pp, "world size ", world->size(), " != tp ", tp, " x dp ", dp, " x pp ",
+                    pp, " (launch tp*dp*pp processes)");
   ParallelState s;
   s.device = device;
   s.world = world;
   s.tp_size = tp;
   s.dp_size = dp;
-  const parallel::Mesh mesh({.tp = tp, .dp = dp});
-  const parallel::MeshCoord c = mesh.coord(world->rank());
+  s.pp_size = pp;
+  const parallel::Mesh mesh({.tp = tp, .dp = dp, .pp = pp});
+  const int me = world->rank();
+  const parallel::MeshCoord c = mesh.coord(me);
   s.tp_rank = c.tp;
   s.dp_rank = c.dp;
+  s.pp_rank = c.pp;
   s.sequence_parallel = sequence_parallel;
   // One communicator per group, colored by the group's lowest world rank and
   // ordered by the mesh's group order. split() is collective over world:
-  // every rank makes both calls in this order.
-  const std::vector<int> tp_group = mesh.tp_group(world->rank()), dp_group = mesh.dp_group(world->rank());
-  TESSERA_CHECK(tp_group[c.tp] == world->rank() && dp_group[c.dp] == world->rank(), "mesh group order");
-  auto tp_comm = world->split(tp_group.front(), c.tp, "tp" + std::to_string(c.dp));
-  auto dp_comm = world->split(dp_group.front(), c.dp, "dp" + std::to_string(c.tp));
+  // every rank makes the three calls in this order.
+  const std::vector<int> tp_group = mesh.tp_group(me), dp_group = mesh.dp_group(me), pp_group = mesh.pp_group(me);
+  TESSERA_CHECK(tp_group[c.tp] == me && dp_group[c.dp] == me && pp_group[c.pp] == me, "mesh group order");
+  const std::string stage = pp > 1 ? "_pp" + std::to_string(c.pp) : "";  // pp = 1: the names as before
+  auto tp_comm = world->split(tp_group.front(), c.tp, "tp" + std::to_string(c.dp) + stage);
+  auto dp_comm = world->split(dp_group.front(), c.dp, "dp" + std::to_string(c.tp) + stage);
+  auto pp_comm = world->split(pp_group.front(), c.pp, "pp" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp));
   if (tp > 1) s.tp = tp_comm;
   if (dp > 1) s.dp = dp_comm;
+  if (pp > 1) s.pp = pp_comm;
   return s;
 }
 

@@ -1,9 +1,11 @@
 // ParallelState: one rank's place in a (data x tensor) parallel layout and
 // the communicators of its groups, as NxD's parallel_state / Megatron's mpu.
 //
-// Ranks are laid out TP fastest, then DP (then PP, which comes later):
-// global = tp_rank + dp_rank * TP. The TP group of a rank is the TP ranks
-// with its dp_rank; its DP group the DP ranks with its tp_rank.
+// Ranks are laid out as NxD and Megatron-LM do (parallel/mesh.h): TP
+// fastest, then DP, then PP: global = tp_rank + dp_rank * TP + pp_rank * TP * DP.
+// The TP group of a rank is the TP ranks with its dp_rank and pp_rank; its DP
+// group the DP ranks with its tp_rank and pp_rank; its PP group (the stages
+// activations pass through) the PP ranks with its tp_rank and dp_rank.
 //
 // Ownership: the state shares the communicators; the Device is borrowed and
 // must outlive it. Collective helpers below are no-ops for groups of one and
@@ -25,14 +27,17 @@ struct ParallelState {
   Device* device = nullptr;
   int tp_size = 1, tp_rank = 0;
   int dp_size = 1, dp_rank = 0;
+  int pp_size = 1, pp_rank = 0;
   // Sequence parallelism (Korthikanti et al.): LayerNorms, residual adds and
   // embeddings work on rows / tp of the activations; TP all-reduces become
   // reduce-scatter + all-gather pairs.
   bool sequence_parallel = false;
-  std::shared_ptr<collectives::Communicator> world, tp, dp;  // tp/dp null when of size 1
+  std::shared_ptr<collectives::Communicator> world, tp, dp, pp;  // tp/dp/pp null when of size 1
 
   bool sp() const { return sequence_parallel && tp_size > 1; }
-  int global_rank() const;  // through parallel/mesh.h (TP fastest, then DP)
+  int global_rank() const;  // through parallel/mesh.h (TP fastest, then DP, then PP)
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1; }
 
   // ---- TP collectives on fp32 buffers (no-ops for tp_size == 1) ----
   void tp_all_reduce(float* buf, int64_t n) const;
@@ -43,13 +48,13 @@ struct ParallelState {
   void tp_all_reduce_max(float* buf, int64_t n) const;
 };
 
-// A single-process state (tp = dp = 1).
+// A single-process state (tp = dp = pp = 1).
 ParallelState serial_state(Device* device);
 
-// Builds the TP and DP groups of parallel::Mesh({.tp, .dp}) (pp = 1) from the
+// Builds the TP, DP and PP groups of parallel::Mesh({.tp, .dp, .pp}) from the
 // world communicator (collective over world; world->size() must equal
-// tp * dp). Throws InvalidArgument otherwise.
+// tp * dp * pp). Throws InvalidArgument otherwise.
 ParallelState make_parallel_state(std::shared_ptr<collectives::Communicator> world, int tp, int dp, Device* device,
-                                  bool sequence_parallel);
+                                  bool sequence_parallel, int pp = 1);
 
 }  // namespace tessera::parallel::layers

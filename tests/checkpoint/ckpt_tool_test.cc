@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,9 +18,10 @@
 #include <string>
 #include <utility>
 
-#include "examples/gpt/gpt_model.h"
 #include "parallel/checkpoint/gpt2_layout.h"
+#include "parallel/cost_model.h"
 #include "parallel/layers/parallel_state.h"
+#include "parallel/models/gpt/gpt_model.h"
 #include "runtime/error.h"
 #include "tests/checkpoint/test_util.h"
 
@@ -66,42 +68,134 @@ std::string shard_file(const std::string& dir, int tp, int pp) {
   return dir + "/" + rank_stem(0, tp, pp) + ".safetensors";
 }
 
-TEST(Gpt2Layout, EqualsGptModelParameters) {
+parallel::models::gpt::GptConfig gpt_config(const Gpt2Config& c) {
+  parallel::models::gpt::GptConfig g;
+  g.vocab = c.vocab;
+  g.seq = c.n_positions;
+  g.hidden = c.hidden;
+  g.layers = c.layers;
+  g.heads = c.heads;
+  return g;
+}
+
+// The layout derived from the model: sharding a known tensor (element i holds
+// i + 1) with it gives what load_shard puts in the model's own parameter of
+// that TP rank, and the ranks' shards together hold every element once.
+TEST(Gpt2Layout, ShardsLikeGptModelParameters) {
   for (int tp : {1, 2, 4}) {
+    std::vector<std::vector<parallel::layers::Parameter>> layouts;
+    for (int r = 0; r < tp; ++r) layouts.push_back(gpt2_tp_parameters(kCfg, tp, r));
     for (int r = 0; r < tp; ++r) {
       parallel::layers::ParallelState ps;
       ps.tp_size = tp;
       ps.tp_rank = r;
-      gpt::GptConfig g;
-      g.vocab = kCfg.vocab;
-      g.seq = kCfg.n_positions;
-      g.hidden = kCfg.hidden;
-      g.layers = kCfg.layers;
-      g.heads = kCfg.heads;
-      gpt::GptModel model(g, ps);
+      parallel::models::gpt::GptModel model(gpt_config(kCfg), ps);
       std::vector<parallel::layers::Parameter*> want = model.parameters();
-      std::vector<parallel::layers::Parameter> got = gpt2_tp_parameters(kCfg, tp, r);
+      const std::vector<parallel::layers::Parameter>& got = layouts[static_cast<size_t>(r)];
       ASSERT_EQ(got.size(), want.size());
+      ASSERT_EQ(got.size(), gpt2_tensor_names(kCfg).size());
       for (size_t i = 0; i < got.size(); ++i) {
+        SCOPED_TRACE(got[i].name + " tp " + std::to_string(tp) + " rank " + std::to_string(r));
         EXPECT_EQ(got[i].name, want[i]->name);
-        EXPECT_EQ(got[i].full_shape, want[i]->full_shape) << got[i].name;
-        EXPECT_EQ(got[i].shape, want[i]->shape) << got[i].name << " tp " << tp;
-        EXPECT_EQ(got[i].split_dim, want[i]->split_dim) << got[i].name;
-        EXPECT_EQ(got[i].chunks, want[i]->chunks) << got[i].name;
+        EXPECT_EQ(got[i].name, gpt2_tensor_names(kCfg)[i]);
+        EXPECT_EQ(got[i].full_shape, gpt2_tensor_shape(kCfg, got[i].name));
+        std::vector<float> full(static_cast<size_t>(shape_numel(got[i].full_shape)));
+        for (size_t k = 0; k < full.size(); ++k) full[k] = static_cast<float>(k + 1);
+        parallel::layers::Parameter a = got[i], b = *want[i];
+        ASSERT_EQ(a.numel(), b.numel());
+        std::vector<float> va(static_cast<size_t>(a.numel()), -1.f), vb(va.size(), -2.f);
+        a.value = va.data();
+        b.value = vb.data();
+        parallel::layers::load_shard(a, full.data());
+        parallel::layers::load_shard(b, full.data());
+        EXPECT_EQ(va, vb);
       }
+    }
+    // Coverage: every element of every tensor in exactly one rank's shard (or
+    // in every rank's, when replicated).
+    for (size_t i = 0; i < layouts[0].size(); ++i) {
+      const parallel::layers::Parameter& p0 = layouts[0][i];
+      std::vector<int> seen(static_cast<size_t>(shape_numel(p0.full_shape)), 0);
+      for (int r = 0; r < tp; ++r)
+        parallel::layers::for_each_shard_element(layouts[static_cast<size_t>(r)][i], [&](int64_t, int64_t f) {
+          if (f >= 0) ++seen[static_cast<size_t>(f)];
+        });
+      const int want = p0.split_dim < 0 ? tp : 1;
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), want), static_cast<int64_t>(seen.size())) << p0.name;
     }
   }
 }
 
 TEST(Gpt2Layout, PipelineStages) {
-  // 3 layers over 2 stages: [0, 1) and [1, 3).
-  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.wte.weight"), 0);
-  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.wpe.weight"), 0);
-  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.h.0.ln_1.weight"), 0);
-  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.h.1.mlp.c_fc.weight"), 1);
-  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.h.2.attn.c_attn.bias"), 1);
-  EXPECT_EQ(gpt2_pp_stage(kCfg, 2, "transformer.ln_f.bias"), 1);
-  EXPECT_EQ(gpt2_pp_stage(kCfg, 1, "transformer.ln_f.bias"), 0);
+  // 3 layers over 2 stages: [0, 1) and [1, 3) (the leftover layer to the later stage).
+  const std::vector<int> two = gpt2_stages(kCfg, 2);
+  EXPECT_EQ(two, (std::vector<int>{1, 2}));
+  EXPECT_EQ(gpt2_pp_stage(two, "transformer.wte.weight"), 0);
+  EXPECT_EQ(gpt2_pp_stage(two, "transformer.wpe.weight"), 0);
+  EXPECT_EQ(gpt2_pp_stage(two, "transformer.h.0.ln_1.weight"), 0);
+  EXPECT_EQ(gpt2_pp_stage(two, "transformer.h.1.mlp.c_fc.weight"), 1);
+  EXPECT_EQ(gpt2_pp_stage(two, "transformer.h.2.attn.c_attn.bias"), 1);
+  EXPECT_EQ(gpt2_pp_stage(two, "transformer.ln_f.bias"), 1);
+  EXPECT_EQ(gpt2_pp_stage(gpt2_stages(kCfg, 1), "transformer.ln_f.bias"), 0);
+  // An explicit partition overrides the rule.
+  const std::vector<int> given = gpt2_stages(kCfg, 2, {2, 1});
+  EXPECT_EQ(gpt2_pp_stage(given, "transformer.h.1.mlp.c_fc.weight"), 0);
+  EXPECT_EQ(gpt2_pp_stage(given, "transformer.h.2.mlp.c_fc.weight"), 1);
+  EXPECT_THROW(gpt2_stages(kCfg, 2, {1, 1}), InvalidArgument);     // sums to 2, not 3
+  EXPECT_THROW(gpt2_stages(kCfg, 2, {3, 0}), InvalidArgument);     // empty stage
+  EXPECT_THROW(gpt2_stages(kCfg, 2, {1, 1, 1}), InvalidArgument);  // 3 entries for pp 2
+}
+
+// The planner (cost model) and the checkpoint tool split layers the same way.
+TEST(Gpt2Layout, StagesAgreeWithPlanner) {
+  for (int64_t layers : {1, 3, 4, 7, 10, 12, 13, 24}) {
+    for (int pp : {1, 2, 3, 4, 8}) {
+      if (pp > layers) continue;
+      Gpt2Config c = kCfg;
+      c.layers = layers;
+      const std::vector<int> planner = parallel::partition_layers(static_cast<int>(layers), pp, false, 0.5);
+      EXPECT_EQ(gpt2_stages(c, pp), planner) << layers << " layers, pp " << pp;
+      int64_t first = 0;
+      for (int s = 0; s < pp; ++s) {
+        EXPECT_EQ(gpt2_pp_stage(planner, "transformer.h." + std::to_string(first) + ".ln_1.weight"), s);
+        first += planner[static_cast<size_t>(s)];
+        EXPECT_EQ(gpt2_pp_stage(planner, "transformer.h." + std::to_string(first - 1) + ".ln_1.weight"), s);
+      }
+    }
+  }
+}
+
+// --stages 2,1: the first stage holds layers 0 and 1, the manifest says so,
+// and consolidate and reshard read the partition back.
+TEST(CkptTool, ExplicitStagesOverrideTheRule) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 11);
+  ShardOptions o{2, 2, 1, 0, {2, 1}};
+  shard_gpt2(src, d.file("s"), o);
+  SafetensorsReader s0(shard_file(d.file("s"), 1, 0)), s1(shard_file(d.file("s"), 1, 1));
+  EXPECT_TRUE(s0.contains("transformer.h.1.attn.c_attn.weight"));
+  EXPECT_FALSE(s1.contains("transformer.h.1.attn.c_attn.weight"));
+  EXPECT_TRUE(s1.contains("transformer.h.2.attn.c_attn.weight"));
+  EXPECT_TRUE(s1.contains("transformer.ln_f.weight"));
+  EXPECT_EQ(s0.entries().size(), 2u + 2 * 12);
+  EXPECT_EQ(s1.entries().size(), 12u + 2);
+  auto m = nlohmann::json::parse(testing::read_bytes(d.file("s") + "/manifest.json"));
+  EXPECT_EQ(m.at("stages").at(0).at("layers"), nlohmann::json({0, 2}));
+  EXPECT_EQ(m.at("stages").at(1).at("layers"), nlohmann::json({2, 3}));
+  consolidate_gpt2(d.file("s"), d.file("back.safetensors"));
+  expect_same_tensors(src, d.file("back.safetensors"));
+  // Reshard to the default rule: [1, 2].
+  reshard_gpt2(d.file("s"), d.file("r"), {2, 2, 1, 0});
+  EXPECT_FALSE(SafetensorsReader(shard_file(d.file("r"), 0, 0)).contains("transformer.h.1.ln_1.weight"));
+  consolidate_gpt2(d.file("r"), d.file("back2.safetensors"));
+  expect_same_tensors(src, d.file("back2.safetensors"));
+  // Bad partitions are refused with nothing written.
+  for (std::vector<int> bad : {std::vector<int>{1, 1}, {3, 0}, {1, 1, 1}, {4, -1}}) {
+    o.stages = bad;
+    EXPECT_THROW(shard_gpt2(src, d.file("x"), o), InvalidArgument);
+  }
+  EXPECT_FALSE(fs::exists(d.file("x")));
 }
 
 TEST(CkptTool, ShardConsolidateRoundTripIsBitExact) {
@@ -137,35 +231,34 @@ TEST(CkptTool, ShardsEqualLoadShardOfTpRank) {
   TempDir d;
   const std::string src = d.file("model.safetensors");
   make_gpt2_file(src, kCfg, DType::F32, 3);
-  const int tp = 4, pp = 2;
-  shard_gpt2(src, d.file("s"), {tp, pp, 1, 0});
   SafetensorsReader full(src);
-  gpt::GptConfig g;
-  g.vocab = kCfg.vocab;
-  g.seq = kCfg.n_positions;
-  g.hidden = kCfg.hidden;
-  g.layers = kCfg.layers;
-  g.heads = kCfg.heads;
-  for (int r = 0; r < tp; ++r) {
-    parallel::layers::ParallelState ps;
-    ps.tp_size = tp;
-    ps.tp_rank = r;
-    gpt::GptModel model(g, ps);
-    size_t seen = 0;
-    for (parallel::layers::Parameter* mp : model.parameters()) {
-      const int s = gpt2_pp_stage(kCfg, pp, mp->name);
-      SafetensorsReader f(shard_file(d.file("s"), r, s));
-      parallel::layers::Parameter p = *mp;
-      std::vector<float> want(static_cast<size_t>(p.numel()), -1.f);
-      p.value = want.data();
-      Tensor whole = full.get(mp->name);
-      parallel::layers::load_shard(p, whole.data<float>());
-      Tensor got = f.get(mp->name);
-      ASSERT_EQ(got.shape(), p.shape) << mp->name;
-      EXPECT_EQ(0, std::memcmp(got.raw_data(), want.data(), want.size() * sizeof(float))) << mp->name << " rank " << r;
-      ++seen;
+  const parallel::models::gpt::GptConfig g = gpt_config(kCfg);
+  const int pp = 2;
+  for (int tp : {1, 2, 4}) {
+    const std::string dir = d.file("s" + std::to_string(tp));
+    shard_gpt2(src, dir, {tp, pp, 1, 0});
+    for (int r = 0; r < tp; ++r) {
+      parallel::layers::ParallelState ps;
+      ps.tp_size = tp;
+      ps.tp_rank = r;
+      parallel::models::gpt::GptModel model(g, ps);
+      size_t seen = 0;
+      for (parallel::layers::Parameter* mp : model.parameters()) {
+        const int s = gpt2_pp_stage(gpt2_stages(kCfg, pp), mp->name);
+        SafetensorsReader f(shard_file(dir, r, s));
+        parallel::layers::Parameter p = *mp;
+        std::vector<float> want(static_cast<size_t>(p.numel()), -1.f);
+        p.value = want.data();
+        Tensor whole = full.get(mp->name);
+        parallel::layers::load_shard(p, whole.data<float>());
+        Tensor got = f.get(mp->name);
+        ASSERT_EQ(got.shape(), p.shape) << mp->name;
+        EXPECT_EQ(0, std::memcmp(got.raw_data(), want.data(), want.size() * sizeof(float)))
+            << mp->name << " rank " << r;
+        ++seen;
+      }
+      EXPECT_EQ(seen, 2 + 12 * kCfg.layers + 2);
     }
-    EXPECT_EQ(seen, 2 + 12 * kCfg.layers + 2);
   }
 }
 
@@ -394,6 +487,13 @@ TEST(CkptCli, ExitCodes) {
   EXPECT_EQ(run(bin + " ckpt shard --tp 3 --out " + d.file("x") + " " + src), 2);         // heads
   EXPECT_EQ(run(bin + " ckpt shard --tp 1 --pp 4 --out " + d.file("x") + " " + src), 2);  // layers
   EXPECT_EQ(run(bin + " ckpt shard --tp 0 --out " + d.file("x") + " " + src), 2);
+  EXPECT_EQ(run(bin + " ckpt shard --tp 1 --pp 2 --stages 1,1 --out " + d.file("x") + " " + src), 2);  // sum
+  EXPECT_EQ(run(bin + " ckpt shard --tp 1 --pp 2 --stages 3,0 --out " + d.file("x") + " " + src), 2);  // empty
+  EXPECT_EQ(run(bin + " ckpt shard --tp 1 --pp 2 --stages 2 --out " + d.file("x") + " " + src), 2);    // length
+  EXPECT_EQ(run(bin + " ckpt shard --tp 1 --pp 2 --stages 2,x --out " + d.file("x") + " " + src), 2);  // not a list
+  EXPECT_EQ(run(bin + " ckpt reshard --tp 1 --pp 2 --stages 1,1 --out " + d.file("x") + " " + d.file("s")), 2);
+  EXPECT_EQ(run(bin + " ckpt shard --tp 1 --pp 2 --stages 2,1 --out " + d.file("st") + " " + src), 0);
+  EXPECT_TRUE(SafetensorsReader(shard_file(d.file("st"), 0, 0)).contains("transformer.h.1.ln_1.weight"));
   EXPECT_EQ(run(bin + " ckpt shard --out " + d.file("x") + " " + src), 2);  // --tp missing
   EXPECT_EQ(run(bin + " ckpt shard --tp 2 --out " + d.file("x") + " " + d.file("missing.safetensors")), 2);
   EXPECT_EQ(run(bin + " ckpt shard --tp 2 --out " + d.file("s") + " " + src), 2);                  // exists

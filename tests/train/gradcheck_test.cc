@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "examples/gpt/gpt_model.h"
 #include "parallel/layers/cross_entropy.h"
+#include "parallel/models/gpt/gpt_model.h"
 #include "parallel/optim/optimizer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
@@ -163,13 +163,13 @@ constexpr double kRelTol = 1e-3;  // measured errors here: up to 1.1e-4
 TEST(GradCheck, GptEveryParameter) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  gpt::GptConfig cfg;
+  parallel::models::gpt::GptConfig cfg;
   cfg.vocab = 13;
   cfg.seq = 6;
   cfg.hidden = 8;
   cfg.layers = 2;
   cfg.heads = 2;
-  gpt::GptModel model(cfg, ps);
+  parallel::models::gpt::GptModel model(cfg, ps);
   parallel::optim::DistributedOptimizer opt(ps, model.parameters_in_grad_order(), {});
   model.init(5);
   uint32_t seed = 100;
@@ -231,13 +231,13 @@ namespace {
 TEST(GradCheck, GptLongSequenceBlockedAttention) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  gpt::GptConfig cfg;
+  parallel::models::gpt::GptConfig cfg;
   cfg.vocab = 13;
   cfg.seq = 160;
   cfg.hidden = 8;
   cfg.layers = 1;
   cfg.heads = 2;
-  gpt::GptModel model(cfg, ps);
+  parallel::models::gpt::GptModel model(cfg, ps);
   parallel::optim::DistributedOptimizer opt(ps, model.parameters_in_grad_order(), {});
   model.init(11);
   const auto params = model.parameters();

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "examples/gpt/trainer.h"
+#include "parallel/models/gpt/trainer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 
@@ -17,7 +17,7 @@ TEST(LongTraining, ValidationLossBelow2p5NatsPerByte) {
   kern::default_blas_threads();
   Device dev(DeviceSpec::preset("trn1-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  gpt::TrainOptions o;
+  parallel::models::gpt::TrainOptions o;
   o.model.vocab = 256;
   o.model.seq = 64;
   o.model.hidden = 128;
@@ -29,7 +29,7 @@ TEST(LongTraining, ValidationLossBelow2p5NatsPerByte) {
   o.lr = 3e-3;
   o.warmup = 20;
   auto data = std::make_shared<const parallel::data::ByteDataset>(parallel::data::ByteDataset::default_files());
-  gpt::Trainer t(o, ps, data);
+  parallel::models::gpt::Trainer t(o, ps, data);
   t.init_random();
   const double before = t.validation_loss(4);
   EXPECT_NEAR(before, std::log(256.0), 0.2);  // ~uniform at initialisation

@@ -15,7 +15,7 @@
 #include <map>
 #include <sstream>
 
-#include "examples/gpt/trainer.h"
+#include "parallel/models/gpt/trainer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 #include "tests/collectives/fork_harness.h"
@@ -40,8 +40,8 @@ struct RunResult {
   std::vector<Tensors> replicas;     // every DP replica's parameters (parallel runs)
 };
 
-gpt::TrainOptions tiny_options(int64_t vocab = 256) {
-  gpt::TrainOptions o;
+parallel::models::gpt::TrainOptions tiny_options(int64_t vocab = 256) {
+  parallel::models::gpt::TrainOptions o;
   o.model.vocab = vocab;
   o.model.seq = 16;
   o.model.hidden = 32;
@@ -100,7 +100,8 @@ class SharedResults {
 };
 
 // Calls fn(parameter, full index, m, v) for every moment element the optimizer holds on this rank.
-void for_each_moment(gpt::Trainer& t, const std::function<void(parallel::layers::Parameter&, int64_t, float, float)>& fn) {
+void for_each_moment(parallel::models::gpt::Trainer& t,
+                     const std::function<void(parallel::layers::Parameter&, int64_t, float, float)>& fn) {
   std::vector<parallel::layers::Parameter*> params = t.model().parameters();
   std::map<int64_t, parallel::layers::Parameter*> by_offset;
   std::map<parallel::layers::Parameter*, std::vector<int64_t>> global;
@@ -124,7 +125,7 @@ void for_each_moment(gpt::Trainer& t, const std::function<void(parallel::layers:
 RunResult run_serial(int64_t vocab) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  gpt::Trainer t(tiny_options(vocab), ps, dataset());
+  parallel::models::gpt::Trainer t(tiny_options(vocab), ps, dataset());
   t.init_random();
   RunResult r;
   for (int s = 0; s < 3; ++s) {
@@ -158,12 +159,12 @@ RunResult run(const Layout& l) {
     co.device = &dev;
     auto world = collectives::Communicator::create(store, rank, size, co);
     parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
-    gpt::TrainOptions o = tiny_options(l.vocab);
+    parallel::models::gpt::TrainOptions o = tiny_options(l.vocab);
     o.tp = l.tp;
     o.dp = l.dp;
     o.sequence_parallel = l.sp;
     o.adamw.zero1 = l.zero1;
-    gpt::Trainer t(o, ps, dataset());
+    parallel::models::gpt::Trainer t(o, ps, dataset());
     t.init_random();
     for (int s = 0; s < 3; ++s) {
       auto r = t.step();
@@ -350,10 +351,10 @@ TEST(ParallelTraining, SerialRunLearns) {
   const auto& s = serial();
   ASSERT_EQ(s.losses.size(), 3u);
   // The steps move the weights far more than the comparison tolerance.
-  gpt::TrainOptions o = tiny_options();
+  parallel::models::gpt::TrainOptions o = tiny_options();
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  gpt::Trainer t(o, ps, dataset());
+  parallel::models::gpt::Trainer t(o, ps, dataset());
   t.init_random();
   for (parallel::layers::Parameter* p : t.model().parameters()) {
     if (p->name.find("weight") == std::string::npos) continue;
@@ -373,7 +374,7 @@ TEST(ParallelTraining, SerialRunLearns) {
 // later steps make no Device allocation at all.
 // Runs a first step, then two more; says what the two changed on the device
 // (empty when they allocated nothing and the peak stayed put).
-std::string steady_state_device_changes(gpt::Trainer& t, const Device& dev) {
+std::string steady_state_device_changes(parallel::models::gpt::Trainer& t, const Device& dev) {
   t.init_random();
   t.step();
   const auto before = dev.memory_stats();
@@ -390,9 +391,9 @@ std::string steady_state_device_changes(gpt::Trainer& t, const Device& dev) {
 TEST(ParallelTraining, SteadyStateStepsAllocateNothingOnDevice) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  gpt::TrainOptions o = tiny_options();
+  parallel::models::gpt::TrainOptions o = tiny_options();
   o.micro_batch = 2;
-  gpt::Trainer t(o, ps, dataset());
+  parallel::models::gpt::Trainer t(o, ps, dataset());
   EXPECT_EQ(steady_state_device_changes(t, dev), "");
 }
 
@@ -406,12 +407,12 @@ TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
     co.device = &dev;
     auto world = collectives::Communicator::create(store, rank, size, co);
     parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
-    gpt::TrainOptions o = tiny_options();
+    parallel::models::gpt::TrainOptions o = tiny_options();
     o.tp = 2;
     o.dp = 2;
     o.sequence_parallel = true;
     o.adamw.zero1 = true;
-    gpt::Trainer t(o, ps, dataset());
+    parallel::models::gpt::Trainer t(o, ps, dataset());
     const std::string changes = steady_state_device_changes(t, dev);
     TESSERA_CHECK(changes.empty(), "rank ", rank, " in steady steps: ", changes);
     world->barrier();
@@ -437,7 +438,7 @@ TEST(ParallelTraining, ExportFromTpLoadsIntoSerial) {
   RunResult r = run(l);
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  gpt::Trainer t(tiny_options(), ps, dataset());
+  parallel::models::gpt::Trainer t(tiny_options(), ps, dataset());
   t.load_hf(l.export_path);
   for (parallel::layers::Parameter* p : t.model().parameters()) {
     const auto& want = r.params.at(p->name);

@@ -23,7 +23,7 @@
 #include "parallel/layers/linear.h"
 #include "parallel/layers/parallel_state.h"
 
-namespace tessera::gpt {
+namespace tessera::parallel::models::gpt {
 
 struct GptConfig {
   int64_t vocab = 256;
@@ -48,6 +48,12 @@ class GptModel {
   const GptConfig& config() const { return cfg_; }
   // Every parameter in Hugging Face order.
   std::vector<parallel::layers::Parameter*> parameters();
+  // Every parameter TP rank `tp_rank` of `tp` holds, in parameters() order,
+  // unbound (value == nullptr): name, full shape, shard shape, split dim and
+  // chunks as this model's layers build them. The checkpoint layout
+  // (parallel/checkpoint/gpt2_layout.h) is this. Throws InvalidArgument like
+  // the constructor. Pure; thread-safe.
+  static std::vector<parallel::layers::Parameter> parameter_layout(const GptConfig& cfg, int tp, int tp_rank);
   // The order backward finishes their gradients (the optimizer's layout order).
   std::vector<parallel::layers::Parameter*> parameters_in_grad_order();
   // Initialises every bound parameter like GPT-2 (N(0, 0.02), residual
@@ -88,4 +94,4 @@ class GptModel {
   Tensor tokens_in_;
 };
 
-}  // namespace tessera::gpt
+}  // namespace tessera::parallel::models::gpt

@@ -1,4 +1,4 @@
-#include "examples/gpt/gpt_model.h"
+#include "parallel/models/gpt/gpt_model.h"
 
 #include <cmath>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 
-namespace tessera::gpt {
+namespace tessera::parallel::models::gpt {
 
 using parallel::layers::ensure_buffer;
 
@@ -71,7 +71,8 @@ struct GptModel::Block {
 
 GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps) : cfg_(cfg), ps_(ps) {
   cfg_.validate(ps.tp_size);
-  wte_ = std::make_unique<parallel::layers::VocabParallelEmbedding>("transformer.wte.weight", cfg.vocab, cfg.hidden, ps, 0.02f);
+  wte_ = std::make_unique<parallel::layers::VocabParallelEmbedding>("transformer.wte.weight", cfg.vocab, cfg.hidden, ps,
+                                                                    0.02f);
   wpe_ = make_parameter("transformer.wpe.weight", {cfg.seq, cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Normal,
                         0.02f, true);
   wpe_.sp_partial = ps.sp();
@@ -82,6 +83,18 @@ GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& 
 }
 
 GptModel::~GptModel() = default;
+
+std::vector<Parameter> GptModel::parameter_layout(const GptConfig& cfg, int tp, int tp_rank) {
+  TESSERA_ARG_CHECK(tp >= 1 && tp_rank >= 0 && tp_rank < tp, "bad tp rank ", tp_rank, " of ", tp);
+  // The constructor only reads sizes and ranks: no device, no communicators.
+  parallel::layers::ParallelState ps;
+  ps.tp_size = tp;
+  ps.tp_rank = tp_rank;
+  GptModel model(cfg, ps);
+  std::vector<Parameter> v;
+  for (const Parameter* p : model.parameters()) v.push_back(*p);
+  return v;
+}
 
 std::vector<Parameter*> GptModel::parameters() {
   std::vector<Parameter*> v{&wte_->weight(), &wpe_};
@@ -261,8 +274,8 @@ double GptModel::forward(const int32_t* inputs, const int32_t* targets, int64_t 
   float* logits = ensure_buffer(logits_, dev, n * std::max<int64_t>(vv, 1));
   kern::gemm(dev, false, true, n, vv, c, 1.f, hfull, c, wte_->weight().value, c, 0.f, logits, vv);
   float* loss = ensure_buffer(loss_, dev, n);
-  parallel::layers::vocab_parallel_cross_entropy(ps_, logits, n, vv, vv, wte_->vocab_start(), targets, want_grad, grad_scale, loss,
-                                    ensure_buffer(ce_scratch_, dev, 3 * n));
+  parallel::layers::vocab_parallel_cross_entropy(ps_, logits, n, vv, vv, wte_->vocab_start(), targets, want_grad,
+                                                 grad_scale, loss, ensure_buffer(ce_scratch_, dev, 3 * n));
   double total = 0;
   for (int64_t i = 0; i < n; ++i) total += loss[i];
   return total;
@@ -340,4 +353,4 @@ void GptModel::backward(const std::function<void(Parameter*)>& on_ready) {
   ready(wte);
 }
 
-}  // namespace tessera::gpt
+}  // namespace tessera::parallel::models::gpt

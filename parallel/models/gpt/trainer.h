@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "examples/gpt/gpt_model.h"
 #include "parallel/data/byte_dataset.h"
+#include "parallel/models/gpt/gpt_model.h"
 #include "parallel/optim/optimizer.h"
 
-namespace tessera::gpt {
+namespace tessera::parallel::models::gpt {
 
 struct TrainOptions {
   GptConfig model;    // model.seq is the context (wpe rows)
@@ -31,9 +31,9 @@ struct TrainOptions {
   int64_t micro_batch = 8;
   int64_t global_batch = 0;  // 0: micro_batch * dp
   int64_t steps = 10;
-  parallel::optim::AdamWConfig adamw;       // lr schedule filled from the fields below by normalize()
-  double lr = 6e-4, min_lr = -1;  // min_lr < 0: lr / 10
-  int64_t warmup = -1;            // < 0: min(steps / 10, 100)
+  parallel::optim::AdamWConfig adamw;  // lr schedule filled from the fields below by normalize()
+  double lr = 6e-4, min_lr = -1;       // min_lr < 0: lr / 10
+  int64_t warmup = -1;                 // < 0: min(steps / 10, 100)
   uint64_t seed = 1234;
   std::vector<std::string> data;  // empty: the default corpus
   double val_fraction = 0.05;
@@ -57,7 +57,8 @@ struct StepRecord {
 class Trainer {
  public:
   // `dataset` may be shared between trainers (threads) and must outlive it.
-  Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps, std::shared_ptr<const parallel::data::ByteDataset> dataset);
+  Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
+          std::shared_ptr<const parallel::data::ByteDataset> dataset);
   ~Trainer();
 
   const TrainOptions& options() const { return opts_; }
@@ -94,4 +95,4 @@ class Trainer {
   std::vector<int32_t> rows_, inputs_, targets_;
 };
 
-}  // namespace tessera::gpt
+}  // namespace tessera::parallel::models::gpt

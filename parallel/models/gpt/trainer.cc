@@ -1,4 +1,4 @@
-#include "examples/gpt/trainer.h"
+#include "parallel/models/gpt/trainer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "runtime/device.h"
 #include "runtime/sim_clock.h"
 
-namespace tessera::gpt {
+namespace tessera::parallel::models::gpt {
 
 void TrainOptions::normalize() {
   model.validate(tp);
@@ -37,7 +37,8 @@ void TrainOptions::normalize() {
   adamw.lr.decay_steps = steps;
 }
 
-Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps, std::shared_ptr<const parallel::data::ByteDataset> dataset)
+Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
+                 std::shared_ptr<const parallel::data::ByteDataset> dataset)
     : opts_(std::move(opts)), ps_(ps), data_(std::move(dataset)) {
   opts_.normalize();
   TESSERA_ARG_CHECK(ps.tp_size == opts_.tp && ps.dp_size == opts_.dp, "parallel state tp ", ps.tp_size, " dp ",
@@ -91,8 +92,9 @@ void Trainer::export_hf(const std::string& path) {
     if (writer) tensors.emplace_back(p->name, full);
   }
   if (writer) {
-    parallel::checkpoint::write_gpt2_safetensors(path, parallel::checkpoint::Gpt2Config{m.vocab, m.seq, m.hidden, m.layers, m.heads}, tensors,
-                                 {{"producer", "tessera train_gpt"}});
+    parallel::checkpoint::write_gpt2_safetensors(
+        path, parallel::checkpoint::Gpt2Config{m.vocab, m.seq, m.hidden, m.layers, m.heads}, tensors,
+        {{"producer", "tessera train_gpt"}});
   }
 }
 
@@ -186,4 +188,4 @@ double Trainer::validation_loss(int64_t batches) {
   return total / static_cast<double>(batches * g * s);
 }
 
-}  // namespace tessera::gpt
+}  // namespace tessera::parallel::models::gpt
