@@ -35,6 +35,7 @@
 #include "collectives/bench/bench.h"
 #include "collectives/bench/bench_rank.h"
 #include "collectives/mpi/mpi_env.h"
+#include "launcher/root_cause.h"
 #include "launcher/worker.h"
 #include "runtime/error.h"
 #include "runtime/world.h"
@@ -214,6 +215,7 @@ int spawn_local(int n) {
   for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&stop_set, sig);
   pthread_sigmask(SIG_BLOCK, &stop_set, &old_mask);
   const pid_t parent = getpid();
+  const long oom_before = oom_kill_count();
   std::vector<pid_t> pids;
   auto cleanup = [&] {
     std::error_code ec;
