@@ -121,10 +121,12 @@ class FileStore : public Store {
     return p;
   }
 
-  // Key files are private to the job's user, like the directory.
+  // Key files are private to the job's user, like the directory. They live
+  // as long as the job, so they are not fsynced (AtomicWriteOptions::sync).
   static void write_atomic(const std::string& p, const std::string& value) {
     AtomicWriteOptions o;
     o.mode = 0600;
+    o.sync = false;
     write_file_atomic(p, value, o);
   }
 

@@ -14,7 +14,9 @@
 //   tcp, rank 0 makes a store directory and broadcasts its path over MPI.
 #include "launcher/bench_cli.h"
 
+#include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -32,6 +35,7 @@
 #include "collectives/bench/bench.h"
 #include "collectives/bench/bench_rank.h"
 #include "collectives/mpi/mpi_env.h"
+#include "launcher/root_cause.h"
 #include "launcher/worker.h"
 #include "runtime/error.h"
 #include "runtime/world.h"
@@ -51,7 +55,50 @@ struct BenchArgs : bench::RankOptions {
   std::string datatype = "f32", redop = "sum";
   int check = 1;
   int root = 0;
+  bool oversubscribe = false;
 };
+
+// Ranks per online CPU that -r may start without --oversubscribe. Every rank
+// spins while it waits for a peer, so far beyond this a 2-core machine no
+// longer makes progress (-r 1000 on 2 cores: 363 ranks joined in 60 s).
+constexpr int kRanksPerCpu = 64;
+
+long online_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
+uint64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t kb = 0;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+// Refuses, before anything is spawned or allocated, a local job the machine
+// cannot run: more ranks than kRanksPerCpu x CPUs (unless --oversubscribe),
+// or send and receive buffers of all ranks beyond MemAvailable.
+void check_fits(const BenchArgs& a, const bench::BenchConfig& cfg, int ranks) {
+  const long cpus = online_cpus();
+  if (!a.oversubscribe && ranks > kRanksPerCpu * cpus)
+    throw InvalidArgument(detail::concat("-r ", ranks, " is more than ", kRanksPerCpu,
+                                         " ranks per CPU on this machine (", cpus, " CPUs: at most ",
+                                         kRanksPerCpu * cpus, "); pass --oversubscribe to start them anyway"));
+  const uint64_t per_rank = 2 * static_cast<uint64_t>(bench::bytes_needed(cfg, ranks));
+  const uint64_t need = per_rank * static_cast<uint64_t>(ranks);
+  const uint64_t avail = mem_available();
+  if (avail > 0 && need > avail)
+    throw InvalidArgument(detail::concat("the buffers do not fit in memory: ", ranks, " rank(s) x ", per_rank >> 20,
+                                         " MiB (send and receive buffer of ", bench::bytes_needed(cfg, ranks) >> 20,
+                                         " MiB each) = ", need >> 20, " MiB, but MemAvailable is ", avail >> 20,
+                                         " MiB; lower -e/--maxbytes or -r"));
+}
 
 std::string env_or(const char* name, const std::string& dflt = "") {
   const char* v = std::getenv(name);
@@ -143,21 +190,50 @@ int spawn_with_mpirun(int n) {
   return exit_code_of(status);
 }
 
+// "SIGKILL" for 9: the name users see in kill -l.
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
 // fork + exec of ourselves N times with tessera's launcher variables.
+//
+// The parent blocks SIGTERM, SIGINT, SIGHUP and SIGQUIT and takes them with
+// sigtimedwait: it forwards the signal to every rank, waits `kGrace`, then
+// SIGKILLs what is left, removes the store directory and exits 128+signal.
+// Every rank carries PR_SET_PDEATHSIG=SIGKILL, so a parent killed by
+// SIGKILL takes the ranks with it.
 int spawn_local(int n) {
+  constexpr auto kGrace = std::chrono::seconds(5);
   const std::string dir = bench::make_temp_dir();
   const std::string exe = own_exe();
   auto args = own_argv();
   args[0] = exe;
   std::cout.flush();
+  sigset_t stop_set, old_mask;
+  sigemptyset(&stop_set);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&stop_set, sig);
+  pthread_sigmask(SIG_BLOCK, &stop_set, &old_mask);
+  const pid_t parent = getpid();
+  const long oom_before = oom_kill_count();
   std::vector<pid_t> pids;
+  auto cleanup = [&] {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  };
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
     if (pid < 0) {
       for (pid_t p : pids) kill(p, SIGKILL);
+      for (pid_t p : pids) waitpid(p, nullptr, 0);
+      cleanup();
       throw Error("bench: fork failed");
     }
     if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(137);  // the parent died before prctl took effect
+      pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
       setenv("TESSERA_RANK", std::to_string(r).c_str(), 1);
       setenv("TESSERA_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("TESSERA_LOCAL_RANK", std::to_string(r).c_str(), 1);
@@ -174,31 +250,51 @@ int spawn_local(int n) {
   // Wait for all. When one fails, the others notice within about a second
   // (the transports watch their peers); give them a grace period, then kill.
   int code = 0;
+  int interrupted = 0;
+  bool killed = false;  // this parent sent SIGKILL
   size_t left = pids.size();
   auto grace_end = std::chrono::steady_clock::time_point::max();
   while (left > 0) {
     int status = 0;
     pid_t p = waitpid(-1, &status, WNOHANG);
     if (p > 0) {
-      for (auto& q : pids)
-        if (q == p) q = -1, --left;
+      int rank = -1;
+      for (size_t r = 0; r < pids.size(); ++r)
+        if (pids[r] == p) pids[r] = -1, --left, rank = static_cast<int>(r);
       int c = exit_code_of(status);
+      if (WIFSIGNALED(status) && !interrupted && !killed && rank >= 0)
+        std::cerr << "tessera bench: rank " << rank << " (pid " << p << ") killed by " << signal_name(WTERMSIG(status))
+                  << (WTERMSIG(status) == SIGKILL ? " (not by this launcher)" : "") << "\n";
       if (c != 0 && code == 0) {
         code = c;
-        grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        if (grace_end == std::chrono::steady_clock::time_point::max())
+          grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       }
       continue;
     }
     if (p < 0 && errno != EINTR) break;
     if (std::chrono::steady_clock::now() > grace_end) {
+      killed = true;
       for (pid_t q : pids)
         if (q > 0) kill(q, SIGKILL);
       grace_end = std::chrono::steady_clock::time_point::max();
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const timespec tick{0, 20 * 1000 * 1000};
+    const int sig = sigtimedwait(&stop_set, nullptr, &tick);
+    if (sig > 0) {
+      if (!interrupted) {
+        interrupted = sig;
+        std::cerr << "tessera bench: got " << signal_name(sig) << "; stopping " << left << " rank(s)\n";
+        for (pid_t q : pids)
+          if (q > 0) kill(q, sig);
+        grace_end = std::chrono::steady_clock::now() + kGrace;
+      } else {
+        grace_end = std::chrono::steady_clock::now();  // a second signal: no more grace
+      }
+    }
   }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  cleanup();
+  if (interrupted) return 128 + interrupted;
   return code;
 }
 
@@ -229,6 +325,7 @@ int bench_main(const BenchArgs& a) {
   }
   const bool launched =
       !env_or("TESSERA_RANK").empty() || !env_or("TESSERA_COORDINATOR").empty() || mpi::under_mpirun();
+  if (!launched) check_fits(a, cfg, std::max(a.nworkers, 1));
   if (!launched && a.nworkers > 1) {
     if (kind == TransportKind::Mpi || a.compare == "mpi") return spawn_with_mpirun(a.nworkers);
     return spawn_local(a.nworkers);
@@ -246,6 +343,8 @@ void add_bench_command(CLI::App& root, tessera::launcher::cli::Action& action) {
                   "sendrecv")
       ->required();
   cmd->add_option("-r,--nworkers", a->nworkers, "Ranks to spawn on this host")->check(cli::int_range(1, 1024));
+  cmd->add_flag("--oversubscribe", a->oversubscribe,
+                "Allow -r beyond " + std::to_string(kRanksPerCpu) + " ranks per CPU");
   cmd->add_option("-b,--minbytes", a->minbytes, "Smallest size, e.g. 8, 64K, 1M (default 32M)");
   cmd->add_option("-e,--maxbytes", a->maxbytes, "Largest size (default 32M)");
   auto* f = cmd->add_option("-f,--stepfactor", a->stepfactor, "Multiply the size by this factor (default 2)");

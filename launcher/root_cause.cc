@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "launcher/client.h"
 #include "runtime/error.h"
@@ -84,6 +85,46 @@ std::string failure_summary(int round, const pb::RootCause& c, const std::string
         "    full log:  ", (std::filesystem::path(log_dir) / ("rank_" + std::to_string(c.rank()) + ".log")).string(),
         "\n");
   return s;
+}
+
+namespace {
+
+long oom_kill_in(const std::string& file) {
+  std::ifstream in(file);
+  std::string key;
+  long v = 0;
+  while (in >> key >> v)
+    if (key == "oom_kill") return v;
+  return -1;
+}
+
+}  // namespace
+
+long oom_kill_count() {
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, v2, v1;
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) == 0) v2 = line.substr(3);
+    const auto at = line.find(":memory:");
+    if (at != std::string::npos) v1 = line.substr(at + 8);
+  }
+  for (const std::string& f : {"/sys/fs/cgroup" + v2 + "/memory.events", std::string("/sys/fs/cgroup/memory.events"),
+                               "/sys/fs/cgroup/memory" + v1 + "/memory.oom_control",
+                               std::string("/sys/fs/cgroup/memory/memory.oom_control")}) {
+    const long n = oom_kill_in(f);
+    if (n >= 0) return n;
+  }
+  return -1;
+}
+
+std::string explain_sigkill(long before) {
+  const long now = oom_kill_count();
+  if (before >= 0 && now > before)
+    return detail::concat(
+        "killed by SIGKILL: the kernel's OOM killer chose it (oom_kill of this memory cgroup went from ", before,
+        " to ", now, ")");
+  if (before < 0 || now < 0) return "killed by SIGKILL (not by this launcher; OOM kills cannot be read here)";
+  return "killed by SIGKILL (not by this launcher)";
 }
 
 }  // namespace tessera::launcher

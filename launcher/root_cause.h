@@ -35,4 +35,16 @@ int exit_code_of(const proto::RootCause& c);
 // output tail and (when this node has it) the path of its full log.
 std::string failure_summary(int round, const proto::RootCause& c, const std::string& log_dir, int node_rank);
 
+// How many processes the kernel's OOM killer has killed in this process's
+// memory cgroup: `oom_kill` of memory.events (cgroup v2) or of
+// memory.oom_control (v1); -1 when neither can be read.
+long oom_kill_count();
+
+// Why a child ended by SIGKILL that this launcher did not send, given
+// oom_kill_count() from before it was started: "killed by SIGKILL: the
+// kernel's OOM killer chose it (...)" when the counter grew, else "killed
+// by SIGKILL (not by this launcher)" plus "; OOM kills cannot be read here"
+// when the counter is unknown.
+std::string explain_sigkill(long oom_kills_before);
+
 }  // namespace tessera::launcher

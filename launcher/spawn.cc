@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -44,6 +46,86 @@ bool set_by_tessera(const char* kv) {
   for (const char* n : names)
     if (std::strncmp(kv, n, std::strlen(n)) == 0) return true;
   return false;
+}
+
+// The keeper: the process the launcher forks. It leads the worker's process
+// group, forks the worker into that group and waits for it, and exits the way
+// the worker did. When the launcher dies (PR_SET_PDEATHSIG=SIGHUP, checked
+// against getppid() because PDEATHSIG also fires when just the forking
+// thread ends, and a 500 ms poll as a fallback) it SIGKILLs the whole group,
+// so nothing the worker started outlives the launcher even when the worker
+// is not a tessera program. When the worker exits, the keeper sends SIGTERM
+// to what is left in the group. Only async-signal-safe calls: the launcher
+// has other threads.
+[[noreturn]] void keeper_main(const std::string& program, char** argv, char** envp, pid_t launcher, int stdin_fd,
+                              int out_w, int err_w) {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, nullptr);
+  // The launcher's forwarding handlers (agent.cc) are not the keeper's.
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(s, SIG_DFL);
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGHUP);
+  prctl(PR_SET_DUMPABLE, 0);    // re-raising a worker's SIGSEGV must not dump the keeper's core
+  if (getppid() != launcher) {  // the launcher died before prctl took effect
+    kill(0, SIGKILL);
+    _exit(137);
+  }
+  dup2(stdin_fd, 0);
+  dup2(out_w, 1);
+  dup2(err_w, 2);
+  const pid_t keeper = getpid();
+  const pid_t worker = fork();
+  if (worker < 0) {
+    const char msg[] = "tessera run: fork failed\n";
+    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(127);
+  }
+  if (worker == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    signal(SIGPIPE, SIG_DFL);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != keeper) _exit(137);
+    pthread_sigmask(SIG_SETMASK, &none, nullptr);
+    execve(program.c_str(), argv, envp);
+    const char msg[] = "tessera run: exec failed\n";
+    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(127);
+  }
+  // The keeper holds no descriptor: the pipes reach EOF when the worker and
+  // its children close them, and no launcher socket stays open.
+  if (syscall(SYS_close_range, 0U, ~0U, 0) != 0)
+    for (int fd = 0; fd < 4096; ++fd) close(fd);
+  sigset_t wake;
+  sigemptyset(&wake);
+  sigaddset(&wake, SIGCHLD);
+  sigaddset(&wake, SIGHUP);
+  const timespec tick{0, 500 * 1000 * 1000};
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(worker, &status, WNOHANG);
+    if (r == worker) {
+      kill(0, SIGTERM);  // leftovers of the worker (the keeper has SIGTERM blocked)
+      kill(0, SIGCONT);
+      if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+      const int sig = WTERMSIG(status);
+      signal(sig, SIG_DFL);
+      sigset_t only;
+      sigemptyset(&only);
+      sigaddset(&only, sig);
+      kill(keeper, sig);
+      pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
+      _exit(128 + sig);  // a signal that does not terminate by default
+    }
+    if (getppid() != launcher) {
+      kill(0, SIGKILL);  // the launcher is gone: the whole group goes, the keeper with it
+      _exit(137);
+    }
+    sigtimedwait(&wake, nullptr, &tick);
+  }
 }
 
 }  // namespace
@@ -108,25 +190,7 @@ SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::st
     for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
     throw Error(detail::concat("fork: ", std::strerror(e)));
   }
-  if (pid == 0) {
-    // The launcher's forwarding handlers go before the signals are unblocked.
-    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(s, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    pthread_sigmask(SIG_SETMASK, &none, nullptr);
-    signal(SIGPIPE, SIG_DFL);
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(137);  // the launcher died before prctl took effect
-    dup2(stdin_fd, 0);
-    dup2(out[1], 1);
-    dup2(err[1], 2);
-    execve(program.c_str(), argv.data(), envp.data());
-    const char msg[] = "tessera run: exec failed\n";
-    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
-    (void)ignored;
-    _exit(127);
-  }
+  if (pid == 0) keeper_main(program, argv.data(), envp.data(), parent, stdin_fd, out[1], err[1]);
   setpgid(pid, pid);  // also here, so a signal sent right after fork finds the group
   close(out[1]);
   close(err[1]);

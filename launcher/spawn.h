@@ -4,15 +4,17 @@
 // "What every worker gets"): the launcher's own environment without any
 // variable tessera sets, plus tessera's and torchrun's variables.
 //
-// spawn_worker() forks and execs it. The child leads its own process group
-// (set in parent and child, so a signal sent right after fork finds the
-// group), carries PR_SET_PDEATHSIG=SIGKILL, has an empty signal mask, default
-// SIGPIPE, stdin from `stdin_fd` and stdout/stderr on two new pipes whose
-// read ends (non-blocking, close-on-exec) the caller owns. Everything the
-// child needs is built before fork, and between fork and execve the child
-// only makes async-signal-safe calls, because other threads (gRPC's) exist.
-// Call it from the thread that lives until the workers are gone: PDEATHSIG
-// fires when the forking thread ends.
+// spawn_worker() forks a keeper that forks and execs the worker. The keeper
+// leads the worker's process group (set in parent and keeper, so a signal
+// sent right after fork finds the group), exits the way the worker did (its
+// pid is the one the caller waits for and signals as -pid), and SIGKILLs the
+// whole group when the launcher dies, however it dies (PR_SET_PDEATHSIG
+// checked against getppid(), plus a poll). The worker carries
+// PR_SET_PDEATHSIG=SIGKILL towards the keeper, has an empty signal mask,
+// default SIGPIPE, stdin from `stdin_fd` and stdout/stderr on two new pipes
+// whose read ends (non-blocking, close-on-exec) the caller owns. Everything
+// the child needs is built before fork, and between fork and execve only
+// async-signal-safe calls are made, because other threads (gRPC's) exist.
 #pragma once
 
 #include <sys/types.h>

@@ -41,6 +41,7 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
     if (!opt.log_dir.empty()) w.output.open_log(opt.log_dir, round);
     workers_.push_back(std::move(w));
   }
+  const long oom_before = oom_kill_count();
   for (auto& w : workers_) {
     WorkerEnv env = s_.job_env;
     env.rank = w.rank;
@@ -146,6 +147,8 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
         w.output.pump(w.output.out());
         w.output.pump(w.output.err());
         bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!stopping && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+          spdlog::error("tessera run: rank {} {}", w.rank, explain_sigkill(oom_before));
         pb::ExitReport rep = exit_report(w.rank, opt.node_rank, s_.host, status, w.output.tail(), stopping);
         if (!ok && !stopping) {
           failed = true;

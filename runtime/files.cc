@@ -113,7 +113,7 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
   try {
     FileSink sink(ops, fd, path, tmp);
     fill(sink);
-    if (ops.fsync(fd) != 0) fail(path, FileStep::SyncFile, tmp, errno);
+    if (options.sync && ops.fsync(fd) != 0) fail(path, FileStep::SyncFile, tmp, errno);
     const int closed = ops.close(fd);
     fd = -1;  // closed even when close() reports an error (Linux)
     if (closed != 0) fail(path, FileStep::CloseFile, tmp, errno);
@@ -124,6 +124,7 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
     throw;
   }
   // The rename is done: make it durable. The temp file no longer exists.
+  if (!options.sync) return;
   const int dfd = ops.open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
   if (dfd < 0) fail(path, FileStep::OpenDir, dir, errno);
   if (ops.fsync(dfd) != 0) {

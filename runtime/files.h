@@ -79,6 +79,11 @@ class IoError : public Error {
 struct AtomicWriteOptions {
   mode_t mode = 0666;      // of the new file, before the umask
   FileOps* ops = nullptr;  // nullptr: posix_file_ops()
+  // false skips steps 3's fsync and 5: still atomic (readers see the old or
+  // the new file), not durable across a crash. Only for files whose life is
+  // the running job's (FileStore keys: 128 ranks rendezvousing on ext4 spent
+  // most of their time in fsync).
+  bool sync = true;
 };
 
 // Handed to a streaming writer: appends to the temp file. write() throws

@@ -1,5 +1,6 @@
 // `tessera bench` end to end: the real binary, its ranks, exit codes and files.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -213,3 +214,62 @@ TEST_F(BenchCli, TopologyPresetGivesModeledBusbw) {
 }
 
 }  // namespace
+
+namespace {
+
+// Processes whose environment holds `needle` (e.g. TESSERA_STORE_DIR=<dir>).
+int processes_with_env(const std::string& needle) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "environ");
+    std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::ifstream st(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
+    const auto paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z') continue;  // dead
+    if (env.find(needle) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+// -r beyond 64 ranks per CPU is refused before anything starts, naming the
+// limit; --oversubscribe lifts it (not run here: it would start them).
+TEST_F(BenchCli, RankCountBeyondTheMachineIsRefused) {
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const int limit = 64 * CPU_COUNT(&set);
+  if (limit + 1 > 1024) GTEST_SKIP() << "more than 16 CPUs: -r's own range (1024) is below the limit";
+  auto r = run("bench all_reduce -b 8 -e 8 -r " + std::to_string(limit + 1), "TMPDIR=" + dir_);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("at most " + std::to_string(limit)), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--oversubscribe"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::is_empty(dir_)) << "a store directory was made";
+}
+
+// SIGTERM to the bench parent: forwarded to the ranks, the parent exits
+// 143, and neither a rank nor the store directory is left.
+TEST_F(BenchCli, TermToTheParentEndsEveryRankAndRemovesTheStore) {
+  const std::string script = "TMPDIR=" + dir_ + " " + TESSERA_BIN +
+                             " bench all_reduce -r 2 -b 1M -e 1M -n 1000000 >/dev/null 2>" + dir_ +
+                             "/err & P=$!; sleep 2; kill $P; wait $P; echo rc=$?";
+  FILE* p = popen(("sh -c '" + script + "'").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[256];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  EXPECT_NE(out.find("rc=143"), std::string::npos) << out;
+  std::ifstream ef(dir_ + "/err");
+  std::string err((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
+  EXPECT_NE(err.find("got SIGTERM; stopping 2 rank(s)"), std::string::npos) << err;
+  int left = 0;
+  for (const auto& e : fs::directory_iterator(dir_))
+    if (e.path().filename().string().rfind("tessera-bench-", 0) == 0) ++left;
+  EXPECT_EQ(left, 0) << "the store directory is still in " << dir_;
+  EXPECT_EQ(processes_with_env("TESSERA_STORE_DIR=" + dir_ + "/"), 0);
+}

@@ -315,6 +315,22 @@ TEST(Run, KilledLauncherTakesItsWorkersAlong) {
   expect_all_gone_soon(d.path, 2);
 }
 
+// The workers are shells whose child (a sleep) is what must go: the shell's
+// own PDEATHSIG would not reach it, the keeper's SIGKILL to the group does.
+TEST(Run, KilledLauncherTakesTheWorkersChildrenAlong) {
+  TempDir d;
+  const std::string script = "cd " + d.path + "; sleep 60 & echo $! > $TESSERA_RANK.pid; wait";
+  Subprocess p({kTessera, "run", "--nproc-per-node", "2", "--", "/bin/sh", "-c", script}, d.path);
+  auto both_running = [&] {
+    auto pids = read_pids(d.path);
+    return pids.size() == 2 && alive(pids[0]) && alive(pids[1]);
+  };
+  ASSERT_TRUE(test_time::wait_until(both_running, test_time::scaled(10s), 20ms)) << p.err();
+  kill(p.pid(), SIGKILL);
+  p.wait(5s);
+  expect_all_gone_soon(d.path, 2);
+}
+
 TEST(Run, RestartRoundsUntilSuccess) {
   TempDir d;
   // Rank 0 fails in rounds 0 and 1; round 2 succeeds.
