@@ -90,8 +90,9 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   TESSERA_ARG_CHECK(job.world.size == f.t.tp * f.t.dp, "this job has ", job.world.size, " process(es) but --tp ",
                     f.t.tp, " x --dp ", f.t.dp, " = ", f.t.tp * f.t.dp, " are needed");
   Device& dev = *job.device;
-  parallel::layers::ParallelState ps = job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
-                                   : parallel::layers::serial_state(&dev);
+  parallel::layers::ParallelState ps =
+      job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
+               : parallel::layers::serial_state(&dev);
   ps.sequence_parallel = f.t.sequence_parallel;
   gpt::Trainer trainer(f.t, ps, dataset);
   const gpt::TrainOptions& o = trainer.options();
@@ -271,8 +272,8 @@ int main(int argc, char** argv) {
       if (!f.export_path.empty()) cli::check_output_file("--export", f.export_path);
       if (!f.log_json.empty()) cli::check_output_file("--log-json", f.log_json);
     }
-    dataset = std::make_shared<parallel::data::ByteDataset>(f.t.data.empty() ? parallel::data::ByteDataset::default_files() : f.t.data,
-                                                  f.t.val_fraction, f.t.seed);
+    dataset = std::make_shared<parallel::data::ByteDataset>(
+        f.t.data.empty() ? parallel::data::ByteDataset::default_files() : f.t.data, f.t.val_fraction, f.t.seed);
   } catch (const InvalidArgument& e) {
     std::fprintf(stderr, "train_gpt: %s\nRun with --help for more information.\n", e.what());
     return cli::kUsageExit;
