@@ -25,6 +25,7 @@ struct CkptArgs {
   int tp = 1, pp = 1, dp = 1;
   int64_t heads = 0;
   std::string stages;  // "3,3,2,2"; empty: parallel::pipeline::stage_layers
+  bool allow_nonfinite = false;
 };
 
 std::vector<int> stages_of(const CkptArgs& a) {
@@ -50,8 +51,10 @@ uint64_t print_tensors(const parallel::checkpoint::TensorSource& src) {
 
 int run_inspect(const CkptArgs& a) {
   if (fs::is_directory(a.path) && fs::exists(fs::path(a.path) / parallel::checkpoint::kManifestName)) {
-    parallel::checkpoint::Gpt2Config c = parallel::checkpoint::read_manifest_config(a.path);
-    std::printf("%s: tessera shard directory, GPT-2 %s\n", a.path.c_str(), parallel::checkpoint::gpt2_config_str(c).c_str());
+    // Sizes and SHA-256 of every shard file first: a damaged directory is an error, not a listing.
+    parallel::checkpoint::Gpt2Config c = parallel::checkpoint::verify_shard_dir(a.path);
+    std::printf("%s: tessera shard directory, GPT-2 %s\n", a.path.c_str(),
+                parallel::checkpoint::gpt2_config_str(c).c_str());
     uint64_t total = 0;
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(a.path))
@@ -74,6 +77,8 @@ int run_inspect(const CkptArgs& a) {
   std::printf("metadata:\n");
   for (const auto& [k, v] : src->metadata()) std::printf("  %s = %s\n", k.c_str(), v.c_str());
   std::printf("total tensor data: %s (%llu bytes)\n", mib(total).c_str(), static_cast<unsigned long long>(total));
+  for (const std::string& p : parallel::checkpoint::nonfinite_problems(*src))
+    std::printf("non-finite: %s\n", p.c_str());
   try {
     parallel::checkpoint::Gpt2Config c = parallel::checkpoint::infer_gpt2_config(*src, a.heads);
     std::vector<std::string> problems = parallel::checkpoint::gpt2_problems(*src, c);
@@ -136,13 +141,16 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
       ->check(cli::positive(args->heads));
   shard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
   shard->add_option("file", args->path, "HF GPT-2 safetensors file, index or directory")->required();
+  shard->add_flag("--allow-nonfinite", args->allow_nonfinite,
+                  "Accept NaN/Inf weights (default: an error naming the tensors)");
   shard->callback([&action, args] {
     action = [args] {
       return guarded("shard", [&] {
-        uint64_t b = parallel::checkpoint::shard_gpt2(args->path, args->out,
-                                                      {args->tp, args->pp, args->dp, args->heads, stages_of(*args)});
-        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), parallel::checkpoint::kManifestName,
-                    args->out.c_str());
+        parallel::checkpoint::ShardOptions o{args->tp, args->pp, args->dp, args->heads, stages_of(*args)};
+        o.allow_nonfinite = args->allow_nonfinite;
+        uint64_t b = parallel::checkpoint::shard_gpt2(args->path, args->out, o);
+        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(),
+                    parallel::checkpoint::kManifestName, args->out.c_str());
         return 0;
       });
     };
@@ -151,11 +159,13 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   auto* cons = ckpt->add_subcommand("consolidate", "Join a shard directory back into one HF GPT-2 file");
   cons->add_option("--out", args->out, "Output .safetensors file")->required();
   cons->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`)")->required();
+  cons->add_flag("--allow-nonfinite", args->allow_nonfinite,
+                 "Accept NaN/Inf weights (default: an error naming the tensors)");
   cons->callback([&action, args] {
     action = [args] {
       return guarded("consolidate", [&] {
         cli::check_output_file("--out", args->out);
-        parallel::checkpoint::consolidate_gpt2(args->path, args->out);
+        parallel::checkpoint::consolidate_gpt2(args->path, args->out, args->allow_nonfinite);
         std::printf("wrote %s\n", args->out.c_str());
         return 0;
       });
@@ -169,13 +179,16 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
       ->check(cli::positive(args->dp));
   reshard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
   reshard->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`)")->required();
+  reshard->add_flag("--allow-nonfinite", args->allow_nonfinite,
+                    "Accept NaN/Inf weights (default: an error naming the tensors)");
   reshard->callback([&action, args] {
     action = [args] {
       return guarded("reshard", [&] {
-        uint64_t b = parallel::checkpoint::reshard_gpt2(args->path, args->out,
-                                                        {args->tp, args->pp, args->dp, 0, stages_of(*args)});
-        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(), parallel::checkpoint::kManifestName,
-                    args->out.c_str());
+        parallel::checkpoint::ShardOptions o{args->tp, args->pp, args->dp, 0, stages_of(*args)};
+        o.allow_nonfinite = args->allow_nonfinite;
+        uint64_t b = parallel::checkpoint::reshard_gpt2(args->path, args->out, o);
+        std::printf("wrote %d files (%s) and %s to %s\n", args->tp * args->pp, mib(b).c_str(),
+                    parallel::checkpoint::kManifestName, args->out.c_str());
         return 0;
       });
     };

@@ -1,12 +1,15 @@
 #include "runtime/files.h"
 
 #include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <vector>
 
 namespace tessera {
 
@@ -138,6 +141,127 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
 void write_file_atomic(const std::string& path, std::string_view bytes, const AtomicWriteOptions& options) {
   write_file_atomic(
       path, [bytes](FileSink& out) { out.write(bytes.data(), bytes.size()); }, options);
+}
+
+// ---- reading ----------------------------------------------------------------
+
+namespace {
+
+const char* file_kind(mode_t m) {
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a plain file";
+}
+
+std::string os_msg(const std::string& path, const char* what, int err) {
+  return detail::concat(path, ": ", what, ": ", std::strerror(err));
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+template <typename Fn>
+void read_all(const std::string& path, int fd, Fn on_bytes) {
+  std::vector<char> buf(size_t{1} << 20);
+  for (;;) {
+    ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw FormatError(os_msg(path, "cannot read", errno));
+    }
+    if (r == 0) return;
+    on_bytes(buf.data(), static_cast<size_t>(r));
+  }
+}
+
+std::string hex(const unsigned char* d, unsigned n) {
+  static const char* k = "0123456789abcdef";
+  std::string s;
+  for (unsigned i = 0; i < n; ++i) {
+    s += k[d[i] >> 4];
+    s += k[d[i] & 15];
+  }
+  return s;
+}
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) {
+    if (!ctx_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1)
+      throw Error("SHA-256: cannot initialise libcrypto");
+  }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* p, size_t n) {
+    if (EVP_DigestUpdate(ctx_, p, n) != 1) throw Error("SHA-256: update failed");
+  }
+  std::string hex_digest() {
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned n = 0;
+    if (EVP_DigestFinal_ex(ctx_, d, &n) != 1) throw Error("SHA-256: final failed");
+    return hex(d, n);
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+}  // namespace
+
+int open_regular_file(const std::string& path, uint64_t* size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw FormatError(os_msg(path, "cannot open", errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    throw FormatError(os_msg(path, "cannot stat", e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw FormatError(detail::concat(path, ": not a regular file (", file_kind(st.st_mode), ")"));
+  }
+  // Back to blocking reads (a regular file never blocks, but be plain).
+  int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  if (size) *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
+  uint64_t size = 0;
+  FdCloser fd{open_regular_file(path, &size)};
+  if (size > max_bytes)
+    throw FormatError(detail::concat(path, ": ", size, " bytes, more than the limit of ", max_bytes));
+  std::string out;
+  out.reserve(size);
+  read_all(path, fd.fd, [&](const char* p, size_t n) {
+    if (out.size() + n > max_bytes)
+      throw FormatError(detail::concat(path, ": grew past the limit of ", max_bytes, " bytes while read"));
+    out.append(p, n);
+  });
+  return out;
+}
+
+std::string sha256_file_hex(const std::string& path) {
+  FdCloser fd{open_regular_file(path, nullptr)};
+  Sha256 h;
+  read_all(path, fd.fd, [&](const char* p, size_t n) { h.update(p, n); });
+  return h.hex_digest();
+}
+
+std::string sha256_hex(std::string_view bytes) {
+  Sha256 h;
+  h.update(bytes.data(), bytes.size());
+  return h.hex_digest();
 }
 
 }  // namespace tessera

@@ -113,4 +113,19 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const At
 void write_file_atomic(const std::string& path, const std::function<void(FileSink&)>& fill,
                        const AtomicWriteOptions& options = {});
 
+// ---- reading ----------------------------------------------------------------
+// Opens `path` read-only for a reader that expects a regular file: opens with
+// O_NONBLOCK (so a FIFO or a device never blocks the open), fstats, and
+// refuses anything that is not a regular file. Returns the fd (the caller
+// closes it) and the file's size. Throws FormatError "<path>: ..." naming the
+// problem ("not a regular file (a FIFO)", or the OS error).
+int open_regular_file(const std::string& path, uint64_t* size);
+// The whole file through open_regular_file; FormatError when it is larger than max_bytes.
+std::string read_regular_file(const std::string& path, uint64_t max_bytes);
+// SHA-256 of the file's bytes as 64 lowercase hex digits (OpenSSL's libcrypto);
+// the file must be regular (open_regular_file).
+std::string sha256_file_hex(const std::string& path);
+// SHA-256 of `bytes` as 64 lowercase hex digits.
+std::string sha256_hex(std::string_view bytes);
+
 }  // namespace tessera

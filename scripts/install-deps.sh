@@ -13,6 +13,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libopenblas-dev
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libssl-dev
+  clang libclang-rt-14-dev
   gnuplot-nox
   procps iproute2
   clang-format clang-tidy

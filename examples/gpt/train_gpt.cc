@@ -34,6 +34,7 @@ struct Flags {
   models::gpt::TrainOptions t;
   std::string device = "trn1-core";
   std::string log_json, eval_text, init, export_path;
+  bool allow_nonfinite = false;
   int64_t eval_windows = 64;
   int64_t val_every = 0, val_batches = 4;
   double bucket_mb = 4;
@@ -63,12 +64,17 @@ std::string human_time(double s) {
 // The model sizes come from --init's file when given; explicit flags must agree.
 void apply_init_config(Flags& f, const CLI::App& app) {
   auto src = parallel::checkpoint::open_safetensors(f.init);
-  int64_t heads_hint = app.count("--heads") ? f.t.model.heads : 0;
+  // --heads is a hint only for a file that does not record n_head; otherwise it must agree.
+  const bool file_heads = src->metadata().count("n_head") > 0;
+  int64_t heads_hint = app.count("--heads") && !file_heads ? f.t.model.heads : 0;
   parallel::checkpoint::Gpt2Config c = parallel::checkpoint::infer_gpt2_config(*src, heads_hint);
   parallel::checkpoint::check_gpt2(*src, c);
+  if (!f.allow_nonfinite) parallel::checkpoint::check_finite(*src);
   auto agree = [&](const char* flag, int64_t given, int64_t file) {
-    TESSERA_ARG_CHECK(!app.count(flag) || given == file, flag, " ", given, " does not match ", f.init, " (", file, ")");
+    TESSERA_ARG_CHECK(!app.count(flag) || given == file, flag, " ", given, " does not match ", f.init, ", which has ",
+                      file);
   };
+  agree("--heads", f.t.model.heads, c.heads);
   agree("--vocab", f.t.model.vocab, c.vocab);
   agree("--hidden", f.t.model.hidden, c.hidden);
   agree("--layers", f.t.model.layers, c.layers);
@@ -85,8 +91,9 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   TESSERA_ARG_CHECK(job.world.size == f.t.tp * f.t.dp, "this job has ", job.world.size, " process(es) but --tp ",
                     f.t.tp, " x --dp ", f.t.dp, " = ", f.t.tp * f.t.dp, " are needed");
   Device& dev = *job.device;
-  parallel::layers::ParallelState ps = job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
-                                   : parallel::layers::serial_state(&dev);
+  parallel::layers::ParallelState ps =
+      job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
+               : parallel::layers::serial_state(&dev);
   ps.sequence_parallel = f.t.sequence_parallel;
   models::gpt::Trainer trainer(f.t, ps, dataset);
   const models::gpt::TrainOptions& o = trainer.options();
@@ -120,6 +127,15 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   for (int64_t s = 0; s < o.steps; ++s) {
     models::gpt::StepRecord r = trainer.step();
     step_times.push_back(r.wall_s);
+    // Loss and gradient norm are reduced over every rank, so all ranks stop here together.
+    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+      if (lead)
+        std::fprintf(stderr,
+                     "train_gpt: step %lld: non-finite %s (loss %g, grad_norm %g); stopping (lower --lr, or check "
+                     "the --init weights)\n",
+                     (long long)r.step, std::isfinite(r.loss) ? "gradient norm" : "loss", r.loss, r.grad_norm);
+      return 1;
+    }
     // Interleaved with the steps, so a machine shared with other work slows
     // both measurements alike.
     if (f.bench_sgemm && lead) sgemm_between.push_back(gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 1.0));
@@ -232,6 +248,7 @@ int main(int argc, char** argv) {
   app.add_option("--val-batches", f.val_batches, "global batches of the held-out split per val_loss")
       ->check(cli::positive(f.val_batches));
   app.add_option("--init", f.init, "start from a Hugging Face GPT-2 safetensors file")->check(CLI::ExistingPath);
+  app.add_flag("--allow-nonfinite", f.allow_nonfinite, "load an --init file even when it holds NaN or Inf weights");
   app.add_option("--export", f.export_path, "write the final weights as Hugging Face GPT-2 safetensors");
   app.add_option("--data", f.t.data, "training text files (default: /usr/share/common-licenses/*)")
       ->check(CLI::ExistingFile);
@@ -256,8 +273,8 @@ int main(int argc, char** argv) {
       if (!f.export_path.empty()) cli::check_output_file("--export", f.export_path);
       if (!f.log_json.empty()) cli::check_output_file("--log-json", f.log_json);
     }
-    dataset = std::make_shared<parallel::data::ByteDataset>(f.t.data.empty() ? parallel::data::ByteDataset::default_files() : f.t.data,
-                                                  f.t.val_fraction, f.t.seed);
+    dataset = std::make_shared<parallel::data::ByteDataset>(
+        f.t.data.empty() ? parallel::data::ByteDataset::default_files() : f.t.data, f.t.val_fraction, f.t.seed);
   } catch (const InvalidArgument& e) {
     std::fprintf(stderr, "train_gpt: %s\nRun with --help for more information.\n", e.what());
     return cli::kUsageExit;

@@ -25,18 +25,21 @@ using json = nlohmann::json;
 namespace {
 
 constexpr const char* kFormat = "tessera-gpt2-tp-pp-shards";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2: every file entry carries its bytes and sha256
+constexpr uint64_t kMaxManifestBytes = 256ull << 20;
 
 // A sibling temp directory of `target`, removed on destruction unless committed.
 class TempSibling {
  public:
   explicit TempSibling(const std::string& target) : target_(fs::absolute(target).lexically_normal()) {
-    if (target_.filename().empty()) target_ = target_.parent_path();
+    if (target_.filename().empty()) target_ = target_.parent_path();  // "out/" is "out"
     TESSERA_ARG_CHECK(!target_.filename().empty(), "bad output path '", target, "'");
     path_ = target_.parent_path() / ("." + target_.filename().string() + ".tmp-" + std::to_string(::getpid()));
     std::error_code ec;
     fs::remove_all(path_, ec);
-    if (!fs::create_directories(path_, ec) && ec)
+    // create_directory, not create_directories: a missing parent is an
+    // error, and a failed command must not leave directories behind.
+    if (!fs::create_directory(path_, ec) && ec)
       throw Error(detail::concat(path_.string(), ": cannot create directory: ", ec.message()));
   }
   ~TempSibling() {
@@ -64,6 +67,7 @@ class TempSibling {
 
 void check_out_dir(const std::string& out) {
   std::error_code ec;
+  TESSERA_ARG_CHECK(!out.empty(), "--out is empty");
   if (!fs::exists(out, ec)) return;
   TESSERA_ARG_CHECK(fs::is_directory(out, ec) && fs::is_empty(out, ec), "--out ", out,
                     " exists and is not an empty directory (refusing to overwrite)");
@@ -170,7 +174,13 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
                          {"pp_rank", std::to_string(s)},
                          {"pp_size", std::to_string(pp)}});
       files[f].clear();  // release the memory as we go
-      jfiles.push_back({{"file", file}, {"tp_rank", r}, {"pp_rank", s}, {"tensors", file_tensors[f]}});
+      const std::string fpath = (tmp.path() / file).string();
+      jfiles.push_back({{"file", file},
+                        {"tp_rank", r},
+                        {"pp_rank", s},
+                        {"bytes", fs::file_size(fpath)},
+                        {"sha256", sha256_file_hex(fpath)},
+                        {"tensors", file_tensors[f]}});
     }
   }
   manifest["files"] = jfiles;
@@ -190,6 +200,8 @@ std::string manifest_problem(const json& j) {
   if (!has(j, "format", &json::is_string) || j.at("format").get<std::string>() != kFormat)
     return detail::concat("not a ", kFormat, " manifest (field 'format' must be \"", kFormat, "\")");
   if (!has(j, "version", &json::is_number_integer)) return "field 'version' must be an integer";
+  if (j.at("version").get<int64_t>() == 1)
+    return "version 1 (written before shard files carried SHA-256 hashes); re-create it with `tessera ckpt shard`";
   if (j.at("version").get<int64_t>() != kVersion) return "unsupported version " + j.at("version").dump();
   if (!has(j, "config", &json::is_object)) return "field 'config' must be an object";
   for (const char* k : {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head"})
@@ -204,13 +216,15 @@ std::string manifest_problem(const json& j) {
 
 json read_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / kManifestName).string();
-  std::ifstream f(path);
-  if (!f)
-    throw FormatError(detail::concat(path, ": cannot open (", std::strerror(errno), "); is ", dir,
-                                     " a directory written by `tessera ckpt shard`?"));
+  std::string text;
+  try {
+    text = read_regular_file(path, kMaxManifestBytes);
+  } catch (const FormatError& e) {
+    throw FormatError(detail::concat(e.what(), "; is ", dir, " a directory written by `tessera ckpt shard`?"));
+  }
   json j;
   try {
-    j = json::parse(f);
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw FormatError(detail::concat(path, ": not valid JSON (at byte ", e.byte, ")"));
   }
@@ -252,6 +266,107 @@ std::vector<int> manifest_stages(const json& m, const Gpt2Config& c, int pp, con
   return part;
 }
 
+// The shard files of a manifest, checked before any tensor is read: one
+// entry per (tp, pp) rank named as rank_stem says (so no path can leave the
+// directory), each a regular file of the recorded size and SHA-256. The
+// config must fit in the files' real bytes (>= 2 bytes per element), so a
+// manifest that lies about the sizes fails here, before anything is allocated.
+// Returns the paths in pp_rank * tp + tp_rank order, and each entry's json.
+struct ManifestFiles {
+  std::vector<std::string> paths;
+  std::vector<const json*> entries;
+};
+
+ManifestFiles check_manifest_files(const json& m, const Gpt2Config& c, const std::string& dir,
+                                   const std::string& mpath) {
+  const int tp = m.at("tp").get<int>(), pp = m.at("pp").get<int>();
+  auto bad = [&](const std::string& what) { throw FormatError(detail::concat(mpath, ": ", what)); };
+  if (c.heads % tp != 0 || c.layers < pp)
+    bad(detail::concat("tp ", tp, " / pp ", pp, " do not fit ", gpt2_config_str(c)));
+  const json& files = m.at("files");
+  const size_t n = static_cast<size_t>(tp) * pp;
+  if (files.size() != n) bad(detail::concat("'files' lists ", files.size(), " files, tp ", tp, " x pp ", pp, " = ", n));
+  ManifestFiles out;
+  out.paths.resize(n);
+  out.entries.resize(n, nullptr);
+  std::vector<uint64_t> sizes(n);
+  long double total = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const json& e = files[k];
+    auto field = [&](const char* key, bool (json::*is)() const noexcept) -> const json& {
+      if (!e.is_object() || !e.contains(key) || !(e.at(key).*is)())
+        bad(detail::concat("files[", k, "].", key, " is missing or has the wrong type"));
+      return e.at(key);
+    };
+    const int64_t r = field("tp_rank", &json::is_number_integer).get<int64_t>();
+    const int64_t s = field("pp_rank", &json::is_number_integer).get<int64_t>();
+    if (r < 0 || r >= tp || s < 0 || s >= pp)
+      bad(detail::concat("files[", k, "]: tp_rank ", r, " / pp_rank ", s, " outside tp ", tp, " / pp ", pp));
+    const std::string want = rank_stem(0, static_cast<int>(r), static_cast<int>(s)) + ".safetensors";
+    const std::string file = field("file", &json::is_string).get<std::string>();
+    if (file != want)
+      bad(detail::concat("files[", k, "].file is '", file, "'; the file of tp_rank ", r, " pp_rank ", s, " is '", want,
+                         "' (file names may not name other paths)"));
+    const size_t slot = static_cast<size_t>(s) * tp + static_cast<size_t>(r);
+    if (out.entries[slot]) bad(detail::concat("files[", k, "]: '", file, "' is listed twice"));
+    const std::string hash = field("sha256", &json::is_string).get<std::string>();
+    if (hash.size() != 64 || hash.find_first_not_of("0123456789abcdef") != std::string::npos)
+      bad(detail::concat("files[", k, "].sha256 is not 64 lowercase hex digits"));
+    const uint64_t bytes = field("bytes", &json::is_number_unsigned).get<uint64_t>();
+    const std::string path = (fs::path(dir) / file).string();
+    uint64_t real = 0;
+    ::close(open_regular_file(path, &real));  // refuses FIFOs and devices without blocking
+    if (real != bytes)
+      throw FormatError(detail::concat(path, ": ", real, " bytes, but ", mpath, " records ", bytes,
+                                       real < bytes ? " (truncated)" : " (damaged or replaced)"));
+    out.entries[slot] = &e;
+    out.paths[slot] = path;
+    sizes[slot] = real;
+    total += static_cast<long double>(real);
+  }
+  // Elements the config implies; every stored element takes at least 2 bytes.
+  const long double C = static_cast<long double>(c.hidden);
+  const long double elems = static_cast<long double>(c.vocab) * C + static_cast<long double>(c.n_positions) * C +
+                            static_cast<long double>(c.layers) * (12 * C * C + 13 * C) + 2 * C;
+  if (2 * elems > total)
+    bad(detail::concat("config ", gpt2_config_str(c), " needs at least ", static_cast<double>(2 * elems),
+                       " bytes of tensor data, but the shard files hold ", static_cast<double>(total),
+                       " bytes (config.n_layer, vocab_size, n_embd or n_positions is wrong)"));
+  // Hashes last (they read every byte): a flipped byte, or two ranks' files swapped.
+  for (size_t k = 0; k < n; ++k) {
+    const std::string want = out.entries[k]->at("sha256").get<std::string>();
+    const std::string got = sha256_file_hex(out.paths[k]);
+    if (got != want)
+      throw FormatError(detail::concat(out.paths[k], ": SHA-256 ", got, " differs from ", want, " recorded in ", mpath,
+                                       " (the file is damaged, or is another rank's or another checkpoint's file)"));
+  }
+  return out;
+}
+
+// The manifest's entry for `p` in its file's "tensors" must say what the
+// layout says: name, dtype (the file's), shapes, split dim, chunks, ranges.
+void check_manifest_tensor(const json& file_entry, size_t idx, const parallel::layers::Parameter& p,
+                           const SafetensorsEntry& e, const std::string& mpath) {
+  const std::string where =
+      detail::concat(mpath, ": ", file_entry.at("file").get<std::string>(), " tensor '", p.name, "'");
+  if (!file_entry.contains("tensors") || !file_entry.at("tensors").is_array() || file_entry.at("tensors").size() <= idx)
+    throw FormatError(detail::concat(where, ": not listed in the file's 'tensors'"));
+  const json& t = file_entry.at("tensors")[idx];
+  const json want = {{"name", p.name},
+                     {"dtype", dtype_name(e.dtype)},
+                     {"full_shape", shape_json(p.full_shape)},
+                     {"shape", shape_json(p.shape)},
+                     {"split_dim", p.split_dim},
+                     {"chunks", p.chunks},
+                     {"ranges", ranges_json(p)}};
+  for (auto it = want.begin(); it != want.end(); ++it) {
+    if (!t.is_object() || !t.contains(it.key()) || t.at(it.key()) != it.value())
+      throw FormatError(detail::concat(where, ": '", it.key(), "' is ",
+                                       t.is_object() && t.contains(it.key()) ? t.at(it.key()).dump() : "missing",
+                                       ", the layout and the file say ", it.value().dump()));
+  }
+}
+
 }  // namespace
 
 std::string rank_stem(int dp_rank, int tp_rank, int pp_rank) {
@@ -264,6 +379,7 @@ uint64_t shard_gpt2(const std::string& src_path, const std::string& out_dir, con
   std::unique_ptr<TensorSource> src = open_safetensors(src_path);
   Gpt2Config c = infer_gpt2_config(*src, opt.heads);
   check_gpt2(*src, c);
+  if (!opt.allow_nonfinite) check_finite(*src);
   return shard_source(*src, c, out_dir, opt);
 }
 
@@ -271,13 +387,23 @@ Gpt2Config read_manifest_config(const std::string& dir) {
   return manifest_config(read_manifest(dir), (fs::path(dir) / kManifestName).string());
 }
 
-void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
+Gpt2Config verify_shard_dir(const std::string& dir) {
+  const std::string mpath = (fs::path(dir) / kManifestName).string();
+  const json m = read_manifest(dir);
+  const Gpt2Config c = manifest_config(m, mpath);
+  check_manifest_files(m, c, dir, mpath);
+  return c;
+}
+
+void consolidate_gpt2(const std::string& dir, const std::string& out_file, bool allow_nonfinite) {
+  std::error_code ec;
+  TESSERA_ARG_CHECK(!fs::exists(out_file, ec) && !fs::is_symlink(out_file, ec), "--out ", out_file,
+                    " exists (refusing to overwrite)");
   const std::string mpath = (fs::path(dir) / kManifestName).string();
   const json m = read_manifest(dir);
   const Gpt2Config c = manifest_config(m, mpath);
   const int tp = m.at("tp").get<int>(), pp = m.at("pp").get<int>();  // checked by read_manifest
-  if (tp < 1 || pp < 1 || c.heads % tp != 0 || c.layers < pp)
-    throw FormatError(detail::concat(mpath, ": tp ", tp, " / pp ", pp, " do not fit ", gpt2_config_str(c)));
+  const ManifestFiles mf = check_manifest_files(m, c, dir, mpath);
 
   const std::vector<int> part = manifest_stages(m, c, pp, mpath);
 
@@ -289,7 +415,7 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
   for (int s = 0; s < pp; ++s)
     for (int r = 0; r < tp; ++r)
       readers[static_cast<size_t>(s) * tp + r] =
-          std::make_unique<SafetensorsReader>((fs::path(dir) / (rank_stem(0, r, s) + ".safetensors")).string());
+          std::make_unique<SafetensorsReader>(mf.paths[static_cast<size_t>(s) * tp + r]);
   for (const parallel::layers::Parameter& p : ranks[0]) {
     const int s = gpt2_pp_stage(part, p.name);
     for (int r = 0; r < tp; ++r) ++expected[static_cast<size_t>(s) * tp + r];
@@ -298,6 +424,9 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
     if (readers[f]->entries().size() != expected[f])
       throw FormatError(detail::concat(readers[f]->path(), ": holds ", readers[f]->entries().size(), " tensors, ",
                                        expected[f], " expected for its rank under ", mpath));
+  for (size_t f = 0; f < readers.size(); ++f)
+    if (!allow_nonfinite) check_finite(*readers[f]);
+  std::vector<size_t> in_file(readers.size(), 0);  // index of the next tensor in each file's manifest entry
 
   std::vector<std::pair<std::string, Tensor>> out;
   for (size_t i = 0; i < ranks[0].size(); ++i) {
@@ -311,6 +440,8 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
       parallel::layers::Parameter p = ranks[r][i];
       if (!rd.contains(name)) throw FormatError(detail::concat(rd.path(), ": ", name, " missing"));
       const SafetensorsEntry& e = rd.entry(name);
+      const size_t f = static_cast<size_t>(s) * tp + r;
+      check_manifest_tensor(*mf.entries[f], in_file[f]++, p, e, mpath);
       if (e.shape != p.shape)
         throw FormatError(detail::concat(rd.path(), ": ", name, " has shape ", shape_str(e.shape), ", expected ",
                                          shape_str(p.shape), " for tp rank ", r, " of ", tp));
@@ -338,9 +469,12 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file) {
 
 uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const ShardOptions& opt) {
   check_out_dir(out_dir);
-  TempSibling tmp(out_dir + ".consolidated");
+  // "out/" and "out" alike: the temp file goes beside out, never inside it.
+  fs::path target = fs::absolute(out_dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  TempSibling tmp(target.string() + ".consolidated");
   const std::string file = (tmp.path() / "model.safetensors").string();
-  consolidate_gpt2(dir, file);
+  consolidate_gpt2(dir, file, opt.allow_nonfinite);
   ShardOptions o = opt;
   o.heads = read_manifest_config(dir).heads;
   return shard_gpt2(file, out_dir, o);

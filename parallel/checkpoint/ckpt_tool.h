@@ -31,6 +31,7 @@ struct ShardOptions {
   int tp, pp, dp;
   int64_t heads;            // 0: from the file's metadata, else hidden / 64 (infer_gpt2_config)
   std::vector<int> stages;  // layers per pp stage; empty: pipeline::stage_layers (gpt2_stages)
+  bool allow_nonfinite = false;  // else NaN/Inf weights are a FormatError naming the tensors
 };
 
 // "dp_rank_00_tp_rank_01_pp_rank_00" (NxD's naming).
@@ -48,8 +49,15 @@ uint64_t shard_gpt2(const std::string& src, const std::string& out_dir, const Sh
 // Joins the shard directory `dir` back into one Hugging Face GPT-2 file
 // (write_gpt2_safetensors; the original dtype per tensor). Every shard is
 // checked against the manifest; replicated tensors must agree across TP
-// ranks. Throws FormatError naming the file and the problem.
-void consolidate_gpt2(const std::string& dir, const std::string& out_file);
+// ranks. Before any tensor is read, every shard file's size and SHA-256 are
+// checked against the manifest and the manifest's entries against the layout
+// (check order: names, sizes, config vs bytes, hashes). Refuses an existing
+// out_file (InvalidArgument). Throws FormatError naming the file and the problem.
+void consolidate_gpt2(const std::string& dir, const std::string& out_file, bool allow_nonfinite = false);
+
+// The manifest and every shard file's presence, size and SHA-256 (what
+// consolidate checks first); returns the config. FormatError naming the file.
+Gpt2Config verify_shard_dir(const std::string& dir);
 
 // consolidate_gpt2 into a temp file beside out_dir, then shard_gpt2 it
 // (heads come from the manifest).

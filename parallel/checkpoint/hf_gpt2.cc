@@ -98,6 +98,11 @@ Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
     if (parse_layer(n.substr(p.size()), &layer, &rest)) max_layer = std::max(max_layer, layer);
   }
   c.layers = max_layer + 1;
+  if (c.vocab <= 0 || c.hidden <= 0 || c.n_positions <= 0) {
+    throw FormatError(detail::concat(file, ": tensor '", p, c.vocab <= 0 ? "wte" : "wpe", ".weight' has shape ",
+                                     shape_str(c.vocab <= 0 || c.hidden <= 0 ? wte : wpe),
+                                     "; a GPT-2 needs at least one vocabulary row, position and hidden unit"));
+  }
   if (heads_hint > 0) {
     TESSERA_ARG_CHECK(c.hidden % heads_hint == 0, "GPT-2 heads ", heads_hint, " do not divide the hidden size ",
                       c.hidden, " of ", file);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +27,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+constexpr uint64_t kMaxIndexBytes = 64ull << 20;  // a 100k-tensor index is a few MiB
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) { throw FormatError(path + ": " + what); }
 
@@ -201,12 +204,8 @@ void check_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
 // ---- reader -------------------------------------------------------------------
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw FormatError(os_error("cannot open safetensors file", path, errno));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw FormatError(os_error("cannot stat", path, errno));
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t size = 0;
+  Fd fd(open_regular_file(path, &size));  // refuses FIFOs and devices without blocking
   if (size < 8)
     fail(path, detail::concat("file is ", size, " bytes, too short for the 8-byte header length (truncated)"));
   void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
@@ -427,21 +426,7 @@ std::vector<std::string> write_sharded_safetensors(const std::string& dir,
 
 ShardedSafetensorsReader::ShardedSafetensorsReader(const std::string& index_path) : index_path_(index_path) {
   const std::string& ip = index_path_;
-  std::string text;
-  {
-    Fd fd(::open(ip.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) throw FormatError(os_error("cannot open safetensors index", ip, errno));
-    char buf[1 << 16];
-    for (;;) {
-      ssize_t r = ::read(fd.get(), buf, sizeof(buf));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        throw FormatError(os_error("cannot read", ip, errno));
-      }
-      if (r == 0) break;
-      text.append(buf, static_cast<size_t>(r));
-    }
-  }
+  const std::string text = read_regular_file(ip, kMaxIndexBytes);
   json j = parse_json_strict(ip, text.data(), text.data() + text.size(), "index");
   if (!j.is_object()) fail(ip, "index is not a JSON object");
   if (!j.contains("weight_map") || !j["weight_map"].is_object()) fail(ip, "index has no \"weight_map\" object");
@@ -528,6 +513,41 @@ void ShardedSafetensorsReader::read_into(const std::string& name, Tensor& dst) c
 const std::map<std::string, std::string>& ShardedSafetensorsReader::metadata() const {
   static const std::map<std::string, std::string> kEmpty;
   return shards_.empty() ? kEmpty : shards_.front()->metadata();
+}
+
+std::vector<std::string> nonfinite_problems(const TensorSource& src) {
+  std::vector<std::string> out;
+  for (const std::string& name : src.names()) {
+    const DType dt = src.entry(name).dtype;
+    if (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16) continue;
+    Tensor t = src.get(name);
+    if (dt != DType::F32) t = t.to(DType::F32);
+    const float* v = t.data<float>();
+    const int64_t n = t.numel();
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(v[i])) {
+        if (first < 0) first = i;
+        ++bad;
+      }
+    }
+    if (bad) {
+      const float f = v[first];
+      out.push_back(detail::concat(src.file_of(name), ": tensor '", name, "' holds ", bad, " non-finite value",
+                                   bad == 1 ? "" : "s", " (first at flat index ", first, ": ",
+                                   std::isnan(f) ? "nan" : (f > 0 ? "inf" : "-inf"), ")"));
+    }
+  }
+  return out;
+}
+
+void check_finite(const TensorSource& src) {
+  std::vector<std::string> p = nonfinite_problems(src);
+  if (p.empty()) return;
+  std::string msg = src.path() + ": non-finite weights:";
+  for (const std::string& line : p) msg += "\n  " + line;
+  msg += "\n(pass --allow-nonfinite to load them anyway)";
+  throw FormatError(msg);
 }
 
 std::unique_ptr<TensorSource> open_safetensors(const std::string& path) {

@@ -157,6 +157,14 @@ class ShardedSafetensorsReader : public TensorSource {
   std::map<std::string, size_t> weight_map_;  // name -> shard index
 };
 
+// Non-finite values (NaN, +-Inf) of every float tensor of `src`, one line per
+// tensor that has any: "<file>: tensor '<name>' holds N non-finite values
+// (first at flat index i: nan)". Empty when all are finite.
+std::vector<std::string> nonfinite_problems(const TensorSource& src);
+// Throws FormatError listing nonfinite_problems when there are any (the
+// message ends with the hint to pass --allow-nonfinite).
+void check_finite(const TensorSource& src);
+
 // Opens `path` as: an index .json (sharded), a directory holding
 // model.safetensors.index.json or model.safetensors, or a single .safetensors file.
 std::unique_ptr<TensorSource> open_safetensors(const std::string& path);

@@ -1,5 +1,4 @@
 #include "parallel/data/byte_dataset.h"
-#include "runtime/random.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "runtime/random.h"
+
 namespace tessera::parallel::data {
 
 namespace fs = std::filesystem;
@@ -19,7 +20,8 @@ namespace {
 
 // Appends the whole of `path` to `out`; FormatError naming the file otherwise.
 void read_file(const std::string& path, std::vector<uint8_t>* out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO given as data must be refused below, not block the open.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw FormatError(detail::concat("cannot open data file '", path, "': ", std::strerror(errno)));
   struct Closer {
     int fd;
@@ -29,6 +31,7 @@ void read_file(const std::string& path, std::vector<uint8_t>* out) {
   if (::fstat(fd, &st) != 0)
     throw FormatError(detail::concat("cannot stat data file '", path, "': ", std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) throw FormatError(detail::concat("data file '", path, "' is not a regular file"));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   const size_t before = out->size();
   out->resize(before + static_cast<size_t>(st.st_size));
   size_t got = 0;

@@ -385,5 +385,38 @@ TEST(WriteFileAtomic, ConcurrentWritersNeverTearTheFile) {
   EXPECT_EQ(d.entries(), std::vector<std::string>{"shared.bin"});
 }
 
+// FIPS 180-4 / NIST CSRC example vectors.
+TEST(Sha256, KnownVectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // One million 'a' through the file reader (several 1 MiB reads).
+  char tmpl[] = "/tmp/tessera_sha_XXXXXX";
+  int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  const std::string a(1000000, 'a');
+  ASSERT_EQ(::write(fd, a.data(), a.size()), static_cast<ssize_t>(a.size()));
+  ::close(fd);
+  EXPECT_EQ(sha256_file_hex(tmpl), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  ::unlink(tmpl);
+}
+
+TEST(OpenRegularFile, RefusesFifosWithoutBlocking) {
+  char tmpl[] = "/tmp/tessera_fifo_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string fifo = std::string(tmpl) + "/p";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    read_regular_file(fifo, 100);
+    ADD_FAILURE() << "no throw";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(fifo + ": not a regular file (a FIFO)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(sha256_file_hex(tmpl), FormatError);  // a directory
+  ::unlink(fifo.c_str());
+  ::rmdir(tmpl);
+}
+
 }  // namespace
 }  // namespace tessera

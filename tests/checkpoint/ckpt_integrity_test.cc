@@ -1,0 +1,345 @@
+// `tessera ckpt` against damaged and hostile input (issue 13's defects): file
+// hashes, manifests that lie, FIFOs, non-finite weights, flags that disagree
+// with a file, outputs that would overwrite inputs, trailing slashes, and
+// every command the README and docs/checkpoint.md show, run as written.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/checkpoint/ckpt_tool.h"
+#include "runtime/error.h"
+#include "runtime/files.h"
+#include "tests/checkpoint/test_util.h"
+
+namespace tessera::parallel::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using testing::TempDir;
+
+const Gpt2Config kCfg{67, 16, 32, 3, 4};
+
+void make_file(const std::string& path, const Gpt2Config& c, uint32_t seed, float poison = 0.f,
+               const std::string& poisoned = "") {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> nd(0.f, 0.02f);
+  std::vector<std::pair<std::string, Tensor>> t;
+  for (const std::string& name : gpt2_tensor_names(c)) {
+    Shape s = gpt2_tensor_shape(c, name);
+    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+    for (float& x : v) x = nd(gen);
+    if (name == poisoned && v.size() > 5) v[5] = poison;
+    t.emplace_back(name, Tensor::from_vector(v, s, DType::F32));
+  }
+  write_gpt2_safetensors(path, c, t);
+}
+
+std::string shard_path(const std::string& dir, int tp, int pp) {
+  return dir + "/" + rank_stem(0, tp, pp) + ".safetensors";
+}
+
+std::pair<int, std::string> run_out(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// `fn` throws FormatError whose message holds every one of `says`.
+template <typename Fn>
+void expect_format_error(Fn fn, const std::vector<std::string>& says) {
+  try {
+    fn();
+    ADD_FAILURE() << "no FormatError; expected one saying " << says.front();
+  } catch (const FormatError& e) {
+    for (const std::string& s : says) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
+  }
+}
+
+json read_json(const std::string& p) { return json::parse(testing::read_bytes(p)); }
+void write_json(const std::string& p, const json& j) { testing::write_bytes(p, j.dump(1)); }
+
+TEST(CkptIntegrity, FlippedDataByteIsCaughtByEveryReader) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_file(src, kCfg, 1);
+  shard_gpt2(src, d.file("s"), {2, 1, 1, 0});
+  const std::string victim = shard_path(d.file("s"), 1, 0);
+  std::string bytes = testing::read_bytes(victim);
+  bytes[bytes.size() - 3] ^= 0x01;  // a bit of the last tensor's data: still a valid safetensors file
+  testing::write_bytes(victim, bytes);
+  SafetensorsReader still_parses(victim);  // the format alone cannot see it
+  expect_format_error([&] { consolidate_gpt2(d.file("s"), d.file("o.safetensors")); }, {victim, "SHA-256"});
+  EXPECT_FALSE(fs::exists(d.file("o.safetensors")));
+  expect_format_error([&] { verify_shard_dir(d.file("s")); }, {victim, "SHA-256"});
+  expect_format_error([&] { reshard_gpt2(d.file("s"), d.file("r"), {1, 1, 1, 0}); }, {victim});
+  EXPECT_FALSE(fs::exists(d.file("r")));
+  auto [code, out] = run_out(std::string(TESSERA_BIN) + " ckpt inspect " + d.file("s"));
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find(victim), std::string::npos) << out;
+}
+
+TEST(CkptIntegrity, SwappedRankFilesAreCaught) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_file(src, kCfg, 2);
+  shard_gpt2(src, d.file("s"), {2, 1, 1, 0});
+  const std::string a = shard_path(d.file("s"), 0, 0), b = shard_path(d.file("s"), 1, 0);
+  fs::rename(a, d.file("tmp"));
+  fs::rename(b, a);
+  fs::rename(d.file("tmp"), b);
+  expect_format_error([&] { consolidate_gpt2(d.file("s"), d.file("o.safetensors")); },
+                      {rank_stem(0, 0, 0), "another rank"});
+}
+
+TEST(CkptIntegrity, ManifestThatLiesFailsFastNamingTheField) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_file(src, kCfg, 3);
+  shard_gpt2(src, d.file("base"), {2, 1, 1, 0});
+  int k = 0;
+  auto edited = [&](const std::function<void(json&)>& edit) {
+    const std::string dir = d.file("m" + std::to_string(k++));
+    fs::copy(d.file("base"), dir, fs::copy_options::recursive);
+    json j = read_json(dir + "/manifest.json");
+    edit(j);
+    write_json(dir + "/manifest.json", j);
+    return dir;
+  };
+  struct Case {
+    std::function<void(json&)> edit;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {[](json& j) { j["config"]["n_layer"] = 1000000; }, {"manifest.json", "n_layer", "bytes"}},
+      {[](json& j) { j["config"]["vocab_size"] = int64_t{1} << 40; }, {"manifest.json", "vocab_size", "bytes"}},
+      {[](json& j) { j["files"][0]["file"] = "../model.safetensors"; }, {"manifest.json", "../model.safetensors"}},
+      {[](json& j) { j["files"][1]["tp_rank"] = 0; }, {"manifest.json", "files[1]"}},
+      {[](json& j) { j["files"][0]["tp_rank"] = 7; }, {"manifest.json", "tp_rank 7"}},
+      {[](json& j) { j["files"].erase(1); }, {"manifest.json", "lists 1 files"}},
+      {[](json& j) { j["files"][0]["bytes"] = 12; }, {rank_stem(0, 0, 0), "records 12"}},
+      {[](json& j) { j["files"][0].erase("sha256"); }, {"manifest.json", "sha256"}},
+      {[](json& j) {
+         j["files"][0]["tensors"][0]["shape"] = {1, 2};
+       },
+       {"manifest.json", "'shape' is [1,2]"}},
+      {[](json& j) { j["files"][0]["tensors"][0]["dtype"] = "bf16"; }, {"manifest.json", "'dtype'"}},
+      {[](json& j) { j["files"][1]["tensors"][0]["split_dim"] = 1; }, {"manifest.json", "'split_dim'"}},
+      {[](json& j) {
+         j["files"][1]["tensors"][0]["ranges"] = {{0, 67}};
+       },
+       {"manifest.json", "'ranges'"}},
+      {[](json& j) { j["files"][0]["tensors"][2]["full_shape"] = {99}; }, {"manifest.json", "'full_shape'"}},
+      {[](json& j) { j["version"] = 1; }, {"manifest.json", "version 1"}},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = edited(c.edit);
+    SCOPED_TRACE(c.says.back());
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_format_error([&] { consolidate_gpt2(dir, dir + ".o.safetensors"); }, c.says);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+    EXPECT_FALSE(fs::exists(dir + ".o.safetensors"));
+  }
+  // The CLI: exit 2 and no bad_alloc.
+  const std::string dir = edited([](json& j) { j["config"]["vocab_size"] = int64_t{1} << 40; });
+  auto [code, out] =
+      run_out(std::string(TESSERA_BIN) + " ckpt consolidate --out " + d.file("x.safetensors") + " " + dir);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_EQ(out.find("bad_alloc"), std::string::npos) << out;
+  EXPECT_NE(out.find("vocab_size"), std::string::npos) << out;
+}
+
+TEST(CkptIntegrity, FifosAreRefusedNotWaitedOn) {
+  TempDir d;
+  const std::string fifo = d.file("pipe.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_format_error([&] { SafetensorsReader r(fifo); }, {fifo, "not a regular file (a FIFO)"});
+  expect_format_error([&] { open_safetensors(fifo); }, {fifo, "FIFO"});
+  // Named in an index.
+  testing::write_bytes(d.file("model.safetensors.index.json"),
+                       R"({"weight_map": {"transformer.wte.weight": "pipe.safetensors"}})");
+  expect_format_error([&] { open_safetensors(d.path()); }, {fifo, "FIFO"});
+  // An index that is a FIFO.
+  const std::string fifo_index = d.file("x.index.json");
+  ASSERT_EQ(::mkfifo(fifo_index.c_str(), 0600), 0);
+  expect_format_error([&] { open_safetensors(fifo_index); }, {fifo_index, "FIFO"});
+  // A manifest and a shard that are FIFOs.
+  const std::string src = d.file("model.safetensors");
+  make_file(src, kCfg, 4);
+  shard_gpt2(src, d.file("s"), {2, 1, 1, 0});
+  fs::remove(shard_path(d.file("s"), 1, 0));
+  ASSERT_EQ(::mkfifo(shard_path(d.file("s"), 1, 0).c_str(), 0600), 0);
+  expect_format_error([&] { consolidate_gpt2(d.file("s"), d.file("o.safetensors")); },
+                      {shard_path(d.file("s"), 1, 0), "FIFO"});
+  fs::remove(d.file("s/manifest.json"));
+  ASSERT_EQ(::mkfifo(d.file("s/manifest.json").c_str(), 0600), 0);
+  expect_format_error([&] { consolidate_gpt2(d.file("s"), d.file("o.safetensors")); }, {"manifest.json", "FIFO"});
+  // train_gpt --data FIFO: exit 2 naming it (a hang would hit ctest's timeout).
+  auto [code, out] = run_out(std::string(TRAIN_GPT_BIN) +
+                             " --steps 1 --layers 1 --hidden 32 --heads 2 --seq 8 "
+                             "--vocab 256 --micro-batch 1 --data " +
+                             fifo);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find(fifo), std::string::npos) << out;
+}
+
+TEST(CkptIntegrity, NonFiniteWeightsAreReportedByTensor) {
+  TempDir d;
+  const std::string src = d.file("nan.safetensors");
+  make_file(src, kCfg, 5, std::nanf(""), "transformer.h.1.mlp.c_fc.weight");
+  expect_format_error(
+      [&] {
+        shard_gpt2(src, d.file("s"), {2, 1, 1, 0});
+      },
+      {src, "transformer.h.1.mlp.c_fc.weight", "1 non-finite value", "--allow-nonfinite"});
+  EXPECT_FALSE(fs::exists(d.file("s")));
+  ShardOptions o{2, 1, 1, 0};
+  o.allow_nonfinite = true;
+  shard_gpt2(src, d.file("s"), o);
+  expect_format_error([&] { consolidate_gpt2(d.file("s"), d.file("o.safetensors")); },
+                      {"transformer.h.1.mlp.c_fc.weight", "non-finite"});
+  consolidate_gpt2(d.file("s"), d.file("o.safetensors"), /*allow_nonfinite=*/true);
+  const std::string inf = d.file("inf.safetensors");
+  make_file(inf, kCfg, 5, -INFINITY, "transformer.wpe.weight");
+  expect_format_error([&] { check_finite(*open_safetensors(inf)); }, {"transformer.wpe.weight", "-inf"});
+}
+
+TEST(CkptIntegrity, TrainGptInitChecksWeightsAndFlags) {
+  TempDir d;
+  const Gpt2Config c{256, 16, 32, 1, 4};
+  const std::string good = d.file("good.safetensors"), bad = d.file("nan.safetensors");
+  make_file(good, c, 6);
+  make_file(bad, c, 6, std::nanf(""), "transformer.h.0.attn.c_attn.weight");
+  const std::string train = std::string("OPENBLAS_NUM_THREADS=1 ") + TRAIN_GPT_BIN + " --micro-batch 1 --seq 8 ";
+  {
+    auto [code, out] = run_out(train + "--steps 1 --init " + good + " --heads 8");
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_NE(out.find("--heads 8"), std::string::npos) << out;
+    EXPECT_NE(out.find("has 4"), std::string::npos) << out;
+  }
+  {
+    auto [code, out] = run_out(train + "--steps 1 --init " + good + " --heads 4");
+    EXPECT_EQ(code, 0) << out;
+  }
+  {
+    auto [code, out] = run_out(train + "--steps 1 --init " + bad);
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_NE(out.find("transformer.h.0.attn.c_attn.weight"), std::string::npos) << out;
+  }
+  {  // Loaded anyway, training stops at the first non-finite loss with exit 1.
+    auto [code, out] = run_out(train + "--steps 3 --init " + bad + " --allow-nonfinite --export " + d.file("e"));
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("step 1: non-finite loss"), std::string::npos) << out;
+    EXPECT_FALSE(fs::exists(d.file("e")));
+  }
+}
+
+TEST(CkptIntegrity, ConsolidateRefusesToOverwriteAndEmptyVocabIsInvalid) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_file(src, kCfg, 7);
+  shard_gpt2(src, d.file("s"), {2, 1, 1, 0});
+  const std::string shard = shard_path(d.file("s"), 0, 0);
+  const std::string before = testing::read_bytes(shard);
+  auto [code, out] = run_out(std::string(TESSERA_BIN) + " ckpt consolidate --out " + shard + " " + d.file("s"));
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("exists"), std::string::npos) << out;
+  EXPECT_TRUE(testing::read_bytes(shard) == before);
+  EXPECT_THROW(consolidate_gpt2(d.file("s"), src), InvalidArgument);
+
+  const std::string empty = d.file("empty.safetensors");
+  make_file(empty, Gpt2Config{0, 16, 32, 1, 4}, 8);
+  expect_format_error([&] { shard_gpt2(empty, d.file("e"), {1, 1, 1, 0}); }, {empty, "wte.weight", "[0, 32]"});
+  EXPECT_FALSE(fs::exists(d.file("e")));
+  auto [icode, iout] = run_out(std::string(TESSERA_BIN) + " ckpt inspect " + empty);
+  EXPECT_EQ(iout.find("valid GPT-2 checkpoint\n"), std::string::npos) << iout;
+  EXPECT_NE(iout.find("not a GPT-2 checkpoint"), std::string::npos) << iout;
+}
+
+TEST(CkptIntegrity, TrailingSlashesAndFailuresLeaveNothing) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_file(src, kCfg, 9);
+  const std::string bin = TESSERA_BIN;
+  auto run = [&](const std::string& args) { return run_out("cd " + d.path() + " && " + bin + " ckpt " + args); };
+  EXPECT_EQ(run("shard --tp 4 --pp 2 --out shards/ model.safetensors").first, 0);
+  auto [code, out] = run("reshard --tp 2 --out shards-tp2/ shards/");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(fs::exists(d.file("shards-tp2/manifest.json")));
+  EXPECT_EQ(run("reshard --tp 2 --out shards-tp2b shards").first, 0);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(testing::read_bytes(shard_path(d.file("shards-tp2"), r, 0)) ==
+                testing::read_bytes(shard_path(d.file("shards-tp2b"), r, 0)));
+  // Failures (3 heads do not divide 4; a missing parent) leave nothing behind.
+  const auto listing = [&] {
+    std::vector<std::string> v;
+    for (const auto& e : fs::directory_iterator(d.path())) v.push_back(e.path().filename().string());
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  const std::vector<std::string> before = listing();
+  EXPECT_EQ(run("reshard --tp 3 --out bad/ shards/").first, 2);
+  EXPECT_EQ(run("shard --tp 3 --out bad/ model.safetensors").first, 2);
+  EXPECT_NE(run("reshard --tp 2 --out no/such/bad/ shards/").first, 0);
+  EXPECT_NE(run("shard --tp 2 --out no/such/bad model.safetensors").first, 0);
+  EXPECT_EQ(listing(), before);
+}
+
+// Every `tessera ckpt` command in a code block of README.md and
+// docs/checkpoint.md, run as written (in order, in one directory), after the
+// one input file they start from is made. The test follows the docs.
+TEST(CkptIntegrity, EveryDocumentedCommandRuns) {
+  TempDir d;
+  const std::string root = TESSERA_SOURCE_DIR;
+  std::vector<std::string> cmds;
+  for (const char* doc : {"README.md", "docs/checkpoint.md"}) {
+    std::ifstream f(root + "/" + doc);
+    ASSERT_TRUE(f) << doc;
+    std::string line;
+    bool fence = false;
+    int n = 0;
+    while (std::getline(f, line)) {
+      if (line.rfind("```", 0) == 0) fence = !fence;
+      if (fence && line.rfind("build/bin/tessera ckpt ", 0) == 0) {
+        cmds.push_back(line);
+        ++n;
+      }
+    }
+    EXPECT_GE(n, 3) << doc << " shows fewer tessera ckpt commands than expected";
+  }
+  // The README starts from train_gpt's export; any GPT-2 file serves.
+  fs::create_directories(d.file("out/demo"));
+  fs::create_directories(d.file("build/bin"));
+  fs::create_symlink(TESSERA_BIN, d.file("build/bin/tessera"));
+  for (const std::string& c : cmds) {
+    std::smatch m;
+    static const std::regex in(R"((out/demo/[A-Za-z0-9_]+\.safetensors))");
+    if (std::regex_search(c, m, in) && !fs::exists(d.file(m[1].str()))) make_file(d.file(m[1].str()), kCfg, 10);
+  }
+  for (const std::string& c : cmds) {
+    SCOPED_TRACE(c);
+    auto [code, out] = run_out("cd " + d.path() + " && " + c);
+    EXPECT_EQ(code, 0) << out;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::parallel::checkpoint
