@@ -309,8 +309,7 @@ std::unique_ptr<Transport> make_routed_transport(TransportKind kind, std::shared
   try {
     hosts = exchange_hosts(*store, rank, size, options.timeout);
   } catch (const TimeoutError& e) {
-    throw TransportError(Kind::Timeout, -1,
-                         "group '" + options.name + "': " + e.what());
+    throw TransportError(Kind::Timeout, -1, "group '" + options.name + "': " + e.what());
   }
   const bool spans = hosts.num_hosts() > 1;
   spdlog::debug("group '{}' rank {} of {}: {} host(s), this rank on host '{}' with {} rank(s); transport {}",

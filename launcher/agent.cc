@@ -84,7 +84,7 @@ class Agent {
   int abort_fd_ = -1;
   int devnull_ = -1;
   std::mutex abort_mu_;
-  std::string abort_reason_;                  // from the watch or heartbeat thread
+  std::string abort_reason_;                   // from the watch or heartbeat thread
   std::atomic<bool> coordinator_lost_{false};  // its heartbeats gave up
   int interrupted_ = 0;                        // signal that interrupted the rendezvous
 };
@@ -144,14 +144,13 @@ int Agent::run() {
   const auto interval = heartbeat_interval(opt_.heartbeat_timeout);
   // Its own client: node beats span rounds, so they carry no round.
   auto beat_client = std::make_shared<CoordinatorClient>(run_.coord_addr, run_.token);
-  heartbeat_ =
-      std::make_unique<Heartbeater>(beat_client, beat, interval, std::max(opt_.heartbeat_timeout, 2000ms),
-                                    /*stop_on_abort=*/false, [this](const std::string& why) {
-                                      // Unreachable (its host down, or this one cut off): no
-                                      // call to it can succeed any more, so none is tried.
-                                      coordinator_lost_ = true;
-                                      on_abort("lost the coordinator at " + run_.coord_addr + ": " + why);
-                                    });
+  heartbeat_ = std::make_unique<Heartbeater>(beat_client, beat, interval, std::max(opt_.heartbeat_timeout, 2000ms),
+                                             /*stop_on_abort=*/false, [this](const std::string& why) {
+                                               // Unreachable (its host down, or this one cut off): no
+                                               // call to it can succeed any more, so none is tried.
+                                               coordinator_lost_ = true;
+                                               on_abort("lost the coordinator at " + run_.coord_addr + ": " + why);
+                                             });
 
   SupervisorSetup setup;
   setup.options = &opt_;

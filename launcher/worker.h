@@ -62,7 +62,7 @@ struct WorkerContext {
   int restart_count = 0;  // rendezvous round under tessera run
   std::shared_ptr<collectives::Store> store;
   std::shared_ptr<collectives::Communicator> world_comm;  // null unless create_communicator
-  std::shared_ptr<CoordinatorClient> client;       // null when Single
+  std::shared_ptr<CoordinatorClient> client;              // null when Single
 
   // A barrier over the whole world through the coordinator (not the
   // communicator): usable before and without collectives. Names let several

@@ -13,7 +13,7 @@ namespace tessera::parallel {
 int64_t ModelConfig::layer_params() const {
   const int64_t h = hidden;
   int64_t p = layer_params_tp_sharded();
-  if (has_bias()) p += 2 * h;         // attention output and MLP output biases (row-parallel, replicated)
+  if (has_bias()) p += 2 * h;                // attention output and MLP output biases (row-parallel, replicated)
   p += int64_t{has_bias() ? 2 : 1} * 2 * h;  // two norms: LayerNorm weight+bias, RMSNorm weight
   return p;
 }

@@ -63,7 +63,8 @@ CpuRotationPlan plan_cpu_rotation(const World& world, const std::vector<int>& al
                                  "the kernel (under mpirun, --bind-to none lets tessera rotate)");
   } else {
     plan.enabled = true;
-    plan.reason = detail::concat(world.local_size, " local ranks over ", n, " CPUs, every ", plan.period.count(), " ms");
+    plan.reason =
+        detail::concat(world.local_size, " local ranks over ", n, " CPUs, every ", plan.period.count(), " ms");
   }
   return plan;
 }

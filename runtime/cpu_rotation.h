@@ -28,12 +28,13 @@
 // at -np 2; pass --bind-to none to rotate) keeps the binding it was given.
 #pragma once
 
+#include <pthread.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <pthread.h>
 #include <optional>
 #include <string>
 #include <thread>

@@ -55,8 +55,7 @@ std::vector<std::string> DeviceSpec::preset_names() {
   return names;
 }
 
-DeviceOutOfMemory::DeviceOutOfMemory(const std::string& device, uint64_t requested, uint64_t in_use,
-                                     uint64_t capacity)
+DeviceOutOfMemory::DeviceOutOfMemory(const std::string& device, uint64_t requested, uint64_t in_use, uint64_t capacity)
     : Error(detail::concat("device out of memory on ", device, ": requested ", requested, " bytes with ", in_use,
                            " bytes in use of ", capacity, " bytes capacity (", capacity - std::min(in_use, capacity),
                            " free)")),

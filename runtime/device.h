@@ -25,10 +25,10 @@ namespace tessera {
 
 struct DeviceSpec {
   std::string name;
-  uint64_t hbm_bytes = 0;         // memory capacity of this core
-  double peak_flops_bf16 = 0;     // dense FLOP/s
-  double peak_flops_fp32 = 0;     // dense FLOP/s
-  double hbm_bandwidth = 0;       // bytes/s
+  uint64_t hbm_bytes = 0;      // memory capacity of this core
+  double peak_flops_bf16 = 0;  // dense FLOP/s
+  double peak_flops_fp32 = 0;  // dense FLOP/s
+  double hbm_bandwidth = 0;    // bytes/s
 
   double peak_flops(DType t) const { return (t == DType::F32) ? peak_flops_fp32 : peak_flops_bf16; }
 
@@ -86,7 +86,7 @@ class Device {
 
   const DeviceSpec& spec() const { return spec_; }
   int index() const { return index_; }  // the rank it belongs to (for messages)
-  std::string name() const;            // "trn1-core:3"
+  std::string name() const;             // "trn1-core:3"
 
   // Charges `bytes` and returns zero-filled memory; throws DeviceOutOfMemory.
   void* allocate(size_t bytes);

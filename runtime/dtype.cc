@@ -10,11 +10,16 @@ namespace tessera {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "f16";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
   }
   return "?";
 }
@@ -30,11 +35,16 @@ DType parse_dtype(std::string_view s) {
 
 const char* dtype_safetensors_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
   }
   return "?";
 }
@@ -71,9 +81,9 @@ uint16_t float_to_f16_bits(float f) {
     // Result is an f16 denormal (or zero): value = m * 2^-24, m in [0, 1024].
     // Shift the full 24-bit significand right and round to nearest even.
     if (absx < 0x33000000u) return sign;  // < 2^-25: rounds to zero (2^-25 exactly ties to even 0)
-    uint32_t exp = absx >> 23;               // biased float exponent, 102..112
+    uint32_t exp = absx >> 23;            // biased float exponent, 102..112
     uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - exp;              // so that result = mant >> shift  (in units of 2^-24)
+    uint32_t shift = 126 - exp;  // so that result = mant >> shift  (in units of 2^-24)
     uint32_t q = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1u);
     uint32_t half = 1u << (shift - 1);
@@ -116,11 +126,16 @@ double load_as_double(const void* p, size_t i) {
 
 double load(const void* p, DType t, size_t i) {
   switch (t) {
-    case DType::F32: return load_as_double<float>(p, i);
-    case DType::BF16: return bf16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16: return f16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::I32: return load_as_double<int32_t>(p, i);
-    case DType::I64: return load_as_double<int64_t>(p, i);
+    case DType::F32:
+      return load_as_double<float>(p, i);
+    case DType::BF16:
+      return bf16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16:
+      return f16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::I32:
+      return load_as_double<int32_t>(p, i);
+    case DType::I64:
+      return load_as_double<int64_t>(p, i);
   }
   return 0;
 }
@@ -161,11 +176,21 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     double v = load(src, st, i);
     switch (dt) {
-      case DType::F32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
-      case DType::BF16: static_cast<uint16_t*>(dst)[i] = float_to_bf16_bits(static_cast<float>(v)); break;
-      case DType::F16: static_cast<uint16_t*>(dst)[i] = float_to_f16_bits(static_cast<float>(v)); break;
-      case DType::I32: static_cast<int32_t*>(dst)[i] = std::isfinite(v) ? static_cast<int32_t>(v) : 0; break;
-      case DType::I64: static_cast<int64_t*>(dst)[i] = std::isfinite(v) ? static_cast<int64_t>(v) : 0; break;
+      case DType::F32:
+        static_cast<float*>(dst)[i] = static_cast<float>(v);
+        break;
+      case DType::BF16:
+        static_cast<uint16_t*>(dst)[i] = float_to_bf16_bits(static_cast<float>(v));
+        break;
+      case DType::F16:
+        static_cast<uint16_t*>(dst)[i] = float_to_f16_bits(static_cast<float>(v));
+        break;
+      case DType::I32:
+        static_cast<int32_t*>(dst)[i] = std::isfinite(v) ? static_cast<int32_t>(v) : 0;
+        break;
+      case DType::I64:
+        static_cast<int64_t*>(dst)[i] = std::isfinite(v) ? static_cast<int64_t>(v) : 0;
+        break;
     }
   }
 }

@@ -14,11 +14,15 @@ enum class DType : uint8_t { F32 = 0, BF16 = 1, F16 = 2, I32 = 3, I64 = 4 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
+    case DType::F32:
+      return 4;
     case DType::BF16:
-    case DType::F16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
+    case DType::F16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
   }
   return 0;
 }

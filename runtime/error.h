@@ -59,22 +59,22 @@ std::string concat(Args&&... args) {
 
 }  // namespace tessera
 
-#define TESSERA_CHECK(cond, ...)                                                              \
-  do {                                                                                        \
-    if (!(cond))                                                                              \
-      ::tessera::detail::throw_check_failure(                                                 \
-          __FILE__, __LINE__, ::tessera::detail::concat("check failed: " #cond " ", ##__VA_ARGS__)); \
+#define TESSERA_CHECK(cond, ...)                                                                                    \
+  do {                                                                                                              \
+    if (!(cond))                                                                                                    \
+      ::tessera::detail::throw_check_failure(__FILE__, __LINE__,                                                    \
+                                             ::tessera::detail::concat("check failed: " #cond " ", ##__VA_ARGS__)); \
   } while (0)
 
-#define TESSERA_CHECK_OP(a, b, op, ...)                                                        \
-  do {                                                                                         \
-    const auto& tessera_a_ = (a);                                                              \
-    const auto& tessera_b_ = (b);                                                              \
-    if (!(tessera_a_ op tessera_b_))                                                           \
-      ::tessera::detail::throw_check_failure(                                                  \
-          __FILE__, __LINE__,                                                                  \
-          ::tessera::detail::concat("check failed: " #a " " #op " " #b " (", tessera_a_,       \
-                                    " vs ", tessera_b_, ") ", ##__VA_ARGS__));                 \
+#define TESSERA_CHECK_OP(a, b, op, ...)                                                                            \
+  do {                                                                                                             \
+    const auto& tessera_a_ = (a);                                                                                  \
+    const auto& tessera_b_ = (b);                                                                                  \
+    if (!(tessera_a_ op tessera_b_))                                                                               \
+      ::tessera::detail::throw_check_failure(                                                                      \
+          __FILE__, __LINE__,                                                                                      \
+          ::tessera::detail::concat("check failed: " #a " " #op " " #b " (", tessera_a_, " vs ", tessera_b_, ") ", \
+                                    ##__VA_ARGS__));                                                               \
   } while (0)
 
 #define TESSERA_CHECK_EQ(a, b, ...) TESSERA_CHECK_OP(a, b, ==, ##__VA_ARGS__)

@@ -10,9 +10,12 @@ namespace tessera {
 
 const char* link_kind_name(LinkKind k) {
   switch (k) {
-    case LinkKind::Ring: return "ring";
-    case LinkKind::Line: return "line";
-    case LinkKind::Switch: return "switch";
+    case LinkKind::Ring:
+      return "ring";
+    case LinkKind::Line:
+      return "line";
+    case LinkKind::Switch:
+      return "switch";
   }
   return "?";
 }
@@ -60,9 +63,12 @@ int NetModel::hops(int d, int a, int b) const {
   if (a == b) return 0;
   int diff = std::abs(a - b);
   switch (dim.kind) {
-    case LinkKind::Ring: return std::min(diff, dim.size - diff);
-    case LinkKind::Line: return diff;
-    case LinkKind::Switch: return 1;
+    case LinkKind::Ring:
+      return std::min(diff, dim.size - diff);
+    case LinkKind::Line:
+      return diff;
+    case LinkKind::Switch:
+      return 1;
   }
   return diff;
 }

@@ -52,14 +52,14 @@ class NetModel {
 
   // ---- closed forms (n = bytes of the full buffer, p ranks) ----
   static double ring_allreduce_time(int p, double n, double alpha, double bandwidth);
-  static double ring_allgather_time(int p, double n, double alpha, double bandwidth);  // n = gathered bytes
+  static double ring_allgather_time(int p, double n, double alpha, double bandwidth);       // n = gathered bytes
   static double ring_reduce_scatter_time(int p, double n, double alpha, double bandwidth);  // n = input bytes
   static double rhd_allreduce_time(int p, double n, double alpha, double bandwidth);
   // Dimension-by-dimension torus all-reduce over this model's dims:
   // 2 * sum_i (k_i - 1) * alpha_i + sum_i 2 (k_i - 1)/k_i * n_i / B_i with n_i = n / prod_{j<i} k_j
   // (= 2 sum (k_i - 1) a + 2 (p-1)/p n / B when all dims share a and B).
   double torus_allreduce_time(double n) const;
-  double torus_allgather_time(double n) const;      // n = gathered bytes
+  double torus_allgather_time(double n) const;       // n = gathered bytes
   double torus_reduce_scatter_time(double n) const;  // n = input bytes
 
  private:

@@ -170,8 +170,8 @@ Tensor Tensor::view(const Shape& shape) const {
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end) const {
   d = wrap_dim(d, dim());
   const int64_t n = shape_[static_cast<size_t>(d)];
-  TESSERA_ARG_CHECK(0 <= start && start <= end && end <= n, "slice [", start, ", ", end, ") out of range for dim ",
-                    d, " of ", str());
+  TESSERA_ARG_CHECK(0 <= start && start <= end && end <= n, "slice [", start, ", ", end, ") out of range for dim ", d,
+                    " of ", str());
   Shape s = shape_;
   s[static_cast<size_t>(d)] = end - start;
   return Tensor(storage_, dtype_, s, strides_, offset_ + start * strides_[static_cast<size_t>(d)]);
@@ -245,11 +245,29 @@ void Tensor::fill(double value) {
   alignas(8) char one[8];
   float f = static_cast<float>(value);
   switch (dtype_) {
-    case DType::F32: std::memcpy(one, &f, 4); break;
-    case DType::BF16: { uint16_t b = float_to_bf16_bits(f); std::memcpy(one, &b, 2); break; }
-    case DType::F16: { uint16_t b = float_to_f16_bits(f); std::memcpy(one, &b, 2); break; }
-    case DType::I32: { int32_t v = static_cast<int32_t>(value); std::memcpy(one, &v, 4); break; }
-    case DType::I64: { int64_t v = static_cast<int64_t>(value); std::memcpy(one, &v, 8); break; }
+    case DType::F32:
+      std::memcpy(one, &f, 4);
+      break;
+    case DType::BF16: {
+      uint16_t b = float_to_bf16_bits(f);
+      std::memcpy(one, &b, 2);
+      break;
+    }
+    case DType::F16: {
+      uint16_t b = float_to_f16_bits(f);
+      std::memcpy(one, &b, 2);
+      break;
+    }
+    case DType::I32: {
+      int32_t v = static_cast<int32_t>(value);
+      std::memcpy(one, &v, 4);
+      break;
+    }
+    case DType::I64: {
+      int64_t v = static_cast<int64_t>(value);
+      std::memcpy(one, &v, 8);
+      break;
+    }
   }
   const size_t es = element_size();
   for_each_row(*this, *this, [&](char* d, const char*, int64_t n) {
@@ -268,11 +286,29 @@ double Tensor::item(int64_t flat) const {
   const char* p = static_cast<const char*>(storage_->data()) + (offset_ + off) * static_cast<int64_t>(element_size());
   float f;
   switch (dtype_) {
-    case DType::F32: std::memcpy(&f, p, 4); return f;
-    case DType::BF16: { uint16_t b; std::memcpy(&b, p, 2); return bf16_bits_to_float(b); }
-    case DType::F16: { uint16_t b; std::memcpy(&b, p, 2); return f16_bits_to_float(b); }
-    case DType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DType::I64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+    case DType::F32:
+      std::memcpy(&f, p, 4);
+      return f;
+    case DType::BF16: {
+      uint16_t b;
+      std::memcpy(&b, p, 2);
+      return bf16_bits_to_float(b);
+    }
+    case DType::F16: {
+      uint16_t b;
+      std::memcpy(&b, p, 2);
+      return f16_bits_to_float(b);
+    }
+    case DType::I32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::I64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<double>(v);
+    }
   }
   return 0;
 }
@@ -292,12 +328,11 @@ Tensor concat(const std::vector<Tensor>& parts, int64_t d, Device* device) {
   Shape out_shape = first.shape();
   int64_t total = 0;
   for (const Tensor& p : parts) {
-    TESSERA_ARG_CHECK(p.dim() == first.dim() && p.dtype() == first.dtype(), "concat: ", p.str(), " vs ",
-                      first.str());
+    TESSERA_ARG_CHECK(p.dim() == first.dim() && p.dtype() == first.dtype(), "concat: ", p.str(), " vs ", first.str());
     for (int64_t i = 0; i < first.dim(); ++i) {
       if (i != d) {
-        TESSERA_ARG_CHECK(p.shape()[static_cast<size_t>(i)] == first.shape()[static_cast<size_t>(i)], "concat: ",
-                          p.str(), " vs ", first.str(), " differ outside dim ", d);
+        TESSERA_ARG_CHECK(p.shape()[static_cast<size_t>(i)] == first.shape()[static_cast<size_t>(i)],
+                          "concat: ", p.str(), " vs ", first.str(), " differ outside dim ", d);
       }
     }
     total += p.shape()[static_cast<size_t>(d)];

@@ -82,9 +82,9 @@ class Tensor {
   T* data() const;
 
   // ---- views (share storage) ----
-  Tensor view(const Shape& shape) const;  // contiguous only; one dim may be -1
+  Tensor view(const Shape& shape) const;                        // contiguous only; one dim may be -1
   Tensor slice(int64_t dim, int64_t start, int64_t end) const;  // [start, end)
-  Tensor select(int64_t dim, int64_t index) const;                // drops dim
+  Tensor select(int64_t dim, int64_t index) const;              // drops dim
   Tensor transpose(int64_t d0, int64_t d1) const;
   // `parts` equal pieces along dim (dim size must divide); views.
   std::vector<Tensor> split(int64_t dim, int64_t parts) const;
@@ -92,7 +92,7 @@ class Tensor {
   std::vector<Tensor> split_sizes(int64_t dim, const std::vector<int64_t>& sizes) const;
 
   // ---- copies ----
-  Tensor contiguous() const;  // self when already contiguous
+  Tensor contiguous() const;                     // self when already contiguous
   Tensor clone(Device* device = nullptr) const;  // always a new contiguous tensor
   Tensor to(DType dtype, Device* device = nullptr) const;
   // Copies src (same shape; dtype converted) into this tensor's elements.

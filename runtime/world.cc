@@ -9,11 +9,16 @@ namespace tessera {
 
 const char* world_source_name(WorldSource s) {
   switch (s) {
-    case WorldSource::Single: return "single process";
-    case WorldSource::Tessera: return "tessera run";
-    case WorldSource::OpenMPI: return "OpenMPI";
-    case WorldSource::Torchrun: return "torchrun";
-    case WorldSource::Slurm: return "Slurm";
+    case WorldSource::Single:
+      return "single process";
+    case WorldSource::Tessera:
+      return "tessera run";
+    case WorldSource::OpenMPI:
+      return "OpenMPI";
+    case WorldSource::Torchrun:
+      return "torchrun";
+    case WorldSource::Slurm:
+      return "Slurm";
   }
   return "?";
 }
@@ -51,8 +56,8 @@ int parse_int(const char* name, const std::string& value) {
   }
   bool slurm_repeat = (pos > 0 && pos < value.size() && value[pos] == '(');
   if (pos == 0 || (pos != value.size() && !slurm_repeat) || v < 0 || v > 1 << 24) {
-    throw InvalidArgument(detail::concat("environment variable ", name, "='", value,
-                                         "' is not a non-negative integer"));
+    throw InvalidArgument(
+        detail::concat("environment variable ", name, "='", value, "' is not a non-negative integer"));
   }
   return static_cast<int>(v);
 }
@@ -75,8 +80,8 @@ World discover_world(const EnvLookup& env) {
     w.rank = *rank;
     auto size = get_int(env, n.size);
     if (!size) {
-      throw InvalidArgument(detail::concat(world_source_name(n.source), " world: ", n.rank, " is set but ", n.size,
-                                           " is not"));
+      throw InvalidArgument(
+          detail::concat(world_source_name(n.source), " world: ", n.rank, " is set but ", n.size, " is not"));
     }
     w.size = *size;
     if (w.size < 1 || w.rank >= w.size) {

@@ -8,8 +8,9 @@ if [ -n "${TESSERA_SANITIZE:-}" ] && [ -z "${TESSERA_BUILD_DIR:-}" ]; then
 fi
 tessera_build
 cd "$BUILD_DIR"
-# Tests labelled "long" (minutes of training) run with: scripts/test.sh -L long
-if [ $# -eq 0 ]; then set -- -LE long; fi
+# Tests labelled "long" (minutes of training) run with: scripts/test.sh -L long;
+# clang-tidy over the tree (minutes) with: scripts/test.sh -L tidy.
+if [ $# -eq 0 ]; then set -- -LE 'long|tidy'; fi
 # Tests labelled "multihost" run jobs across test hosts made of namespaces
 # (tests/multihost/rig.sh); they need root and skip elsewhere. Say which.
 if why="$(source "$ROOT/tests/multihost/rig.sh" && rig_can_run)"; then

@@ -17,7 +17,7 @@ namespace tessera::gpt {
 
 struct Job {
   World world;
-  Device* device = nullptr;                  // this rank's emulated core
+  Device* device = nullptr;                         // this rank's emulated core
   std::shared_ptr<collectives::Communicator> comm;  // world communicator; null when alone
 };
 

@@ -29,8 +29,8 @@ struct ShardOptions {
   ShardOptions(int tp_ = 1, int pp_ = 1, int dp_ = 1, int64_t heads_ = 0, std::vector<int> stages_ = {})
       : tp(tp_), pp(pp_), dp(dp_), heads(heads_), stages(std::move(stages_)) {}
   int tp, pp, dp;
-  int64_t heads;            // 0: from the file's metadata, else hidden / 64 (infer_gpt2_config)
-  std::vector<int> stages;  // layers per pp stage; empty: pipeline::stage_layers (gpt2_stages)
+  int64_t heads;                 // 0: from the file's metadata, else hidden / 64 (infer_gpt2_config)
+  std::vector<int> stages;       // layers per pp stage; empty: pipeline::stage_layers (gpt2_stages)
   bool allow_nonfinite = false;  // else NaN/Inf weights are a FormatError naming the tensors
 };
 

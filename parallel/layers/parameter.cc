@@ -1,11 +1,11 @@
 #include "parallel/layers/parameter.h"
-#include "runtime/random.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "runtime/error.h"
+#include "runtime/random.h"
 
 namespace tessera::parallel::layers {
 

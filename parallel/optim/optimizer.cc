@@ -9,8 +9,8 @@
 
 namespace tessera::parallel::optim {
 
-DistributedOptimizer::DistributedOptimizer(const parallel::layers::ParallelState& ps, std::vector<parallel::layers::Parameter*> params,
-                                           AdamWConfig config)
+DistributedOptimizer::DistributedOptimizer(const parallel::layers::ParallelState& ps,
+                                           std::vector<parallel::layers::Parameter*> params, AdamWConfig config)
     : ps_(ps), cfg_(config), params_(std::move(params)) {
   TESSERA_ARG_CHECK(!params_.empty(), "optimizer: no parameters");
   TESSERA_ARG_CHECK(cfg_.bucket_elems > 0, "optimizer: bucket size must be > 0");

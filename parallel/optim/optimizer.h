@@ -59,8 +59,8 @@ struct StepStats {
 
 class DistributedOptimizer {
  public:
-  DistributedOptimizer(const parallel::layers::ParallelState& ps, std::vector<parallel::layers::Parameter*> params_in_grad_order,
-                       AdamWConfig config);
+  DistributedOptimizer(const parallel::layers::ParallelState& ps,
+                       std::vector<parallel::layers::Parameter*> params_in_grad_order, AdamWConfig config);
   ~DistributedOptimizer();
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
@@ -117,10 +117,10 @@ class DistributedOptimizer {
   Tensor shard_grads_;
   std::vector<int64_t> shard_offset_;
   Tensor m_, v_;
-  std::vector<Segment> segments_;                          // what this rank updates, offsets into its m_/v_ space
-  std::vector<int64_t> segment_src_;                       // offsets of those segments in the flat buffers
+  std::vector<Segment> segments_;     // what this rank updates, offsets into its m_/v_ space
+  std::vector<int64_t> segment_src_;  // offsets of those segments in the flat buffers
   std::vector<std::shared_ptr<collectives::Work>> gather_works_;  // reused across steps
-  Tensor sp_stage_;                                        // packs a bucket's sp_runs when there are several
+  Tensor sp_stage_;                                               // packs a bucket's sp_runs when there are several
 };
 
 }  // namespace tessera::parallel::optim

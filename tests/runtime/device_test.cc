@@ -1,9 +1,10 @@
+#include "runtime/device.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <string>
 
-#include "runtime/device.h"
 #include "runtime/netmodel.h"
 #include "runtime/tensor.h"
 
@@ -76,7 +77,7 @@ TEST(Device, PeakTracksHighWaterMark) {
 }
 
 TEST(SimClock, RooflineChargesTheSlowerOfComputeAndMemory) {
-  Device dev(DeviceSpec::preset("test-core"));  // 1e12 bf16, 0.5e12 fp32, 100e9 B/s
+  Device dev(DeviceSpec::preset("test-core"));                     // 1e12 bf16, 0.5e12 fp32, 100e9 B/s
   double t1 = dev.clock().charge_compute(2e12, 1e9, DType::BF16);  // 2 s compute vs 0.01 s memory
   EXPECT_DOUBLE_EQ(t1, 2.0);
   double t2 = dev.clock().charge_compute(1e9, 50e9, DType::F32);  // 0.002 s vs 0.5 s

@@ -1,10 +1,11 @@
+#include "runtime/dtype.h"
+
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
 #include <limits>
 
-#include "runtime/dtype.h"
 #include "runtime/error.h"
 
 using namespace tessera;
@@ -69,11 +70,11 @@ TEST(F16, DenormalsAndSpecials) {
   const float tiny = std::ldexp(1.0f, -24);  // smallest f16 denormal
   EXPECT_EQ(float_to_f16_bits(tiny), 0x0001);
   EXPECT_EQ(f16_bits_to_float(0x0001), tiny);
-  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -25)), 0x0000);          // halfway to 0: even
-  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.5f, -25)), 0x0001);          // above halfway
-  EXPECT_EQ(float_to_f16_bits(std::ldexp(3.0f, -25)), 0x0002);          // 1.5 ulp: ties to even 2
-  EXPECT_EQ(float_to_f16_bits(std::ldexp(1023.0f, -24)), 0x03ff);       // largest denormal
-  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -14)), 0x0400);          // smallest normal
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -25)), 0x0000);     // halfway to 0: even
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.5f, -25)), 0x0001);     // above halfway
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(3.0f, -25)), 0x0002);     // 1.5 ulp: ties to even 2
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(1023.0f, -24)), 0x03ff);  // largest denormal
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -14)), 0x0400);     // smallest normal
   EXPECT_EQ(float_to_f16_bits(std::numeric_limits<float>::infinity()), 0x7c00);
   EXPECT_EQ(float_to_f16_bits(-std::numeric_limits<float>::infinity()), 0xfc00);
   EXPECT_TRUE(std::isnan(f16_bits_to_float(float_to_f16_bits(std::nanf("")))));

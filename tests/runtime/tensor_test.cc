@@ -1,9 +1,10 @@
+#include "runtime/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
 
 #include "runtime/device.h"
-#include "runtime/tensor.h"
 
 using namespace tessera;
 

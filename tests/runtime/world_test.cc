@@ -1,9 +1,10 @@
+#include "runtime/world.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "runtime/error.h"
-#include "runtime/world.h"
 
 using namespace tessera;
 
@@ -25,9 +26,13 @@ TEST(World, SingleProcessWhenNothingIsSet) {
 }
 
 TEST(World, Tessera) {
-  World w = discover_world(env_of({{"TESSERA_RANK", "5"}, {"TESSERA_WORLD_SIZE", "8"}, {"TESSERA_LOCAL_RANK", "1"},
-                                   {"TESSERA_LOCAL_SIZE", "4"}, {"TESSERA_NODE_RANK", "1"},
-                                   {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}}));
+  World w = discover_world(env_of({{"TESSERA_RANK", "5"},
+                                   {"TESSERA_WORLD_SIZE", "8"},
+                                   {"TESSERA_LOCAL_RANK", "1"},
+                                   {"TESSERA_LOCAL_SIZE", "4"},
+                                   {"TESSERA_NODE_RANK", "1"},
+                                   {"OMPI_COMM_WORLD_RANK", "0"},
+                                   {"OMPI_COMM_WORLD_SIZE", "1"}}));
   EXPECT_EQ(w.source, WorldSource::Tessera);  // tessera's variables win
   EXPECT_EQ(w.rank, 5);
   EXPECT_EQ(w.size, 8);
@@ -37,9 +42,12 @@ TEST(World, Tessera) {
 }
 
 TEST(World, OpenMPI) {
-  World w = discover_world(env_of({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-                                   {"RANK", "0"}, {"WORLD_SIZE", "1"}}));
+  World w = discover_world(env_of({{"OMPI_COMM_WORLD_RANK", "3"},
+                                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                   {"RANK", "0"},
+                                   {"WORLD_SIZE", "1"}}));
   EXPECT_EQ(w.source, WorldSource::OpenMPI);
   EXPECT_EQ(w.rank, 3);
   EXPECT_EQ(w.local_rank, 1);
@@ -47,16 +55,19 @@ TEST(World, OpenMPI) {
 }
 
 TEST(World, Torchrun) {
-  World w = discover_world(env_of({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"},
-                                   {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}}));
+  World w = discover_world(env_of(
+      {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}}));
   EXPECT_EQ(w.source, WorldSource::Torchrun);
   EXPECT_EQ(w.rank, 2);
   EXPECT_EQ(w.node_rank, 1);
 }
 
 TEST(World, Slurm) {
-  World w = discover_world(env_of({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"},
-                                   {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SLURM_NODEID", "1"}}));
+  World w = discover_world(env_of({{"SLURM_PROCID", "6"},
+                                   {"SLURM_NTASKS", "8"},
+                                   {"SLURM_LOCALID", "2"},
+                                   {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                                   {"SLURM_NODEID", "1"}}));
   EXPECT_EQ(w.source, WorldSource::Slurm);
   EXPECT_EQ(w.rank, 6);
   EXPECT_EQ(w.size, 8);
@@ -69,8 +80,10 @@ TEST(World, InconsistentValuesAreClearErrors) {
   EXPECT_THROW(discover_world(env_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}})), InvalidArgument);
   EXPECT_THROW(discover_world(env_of({{"RANK", "1"}})), InvalidArgument);
   EXPECT_THROW(discover_world(env_of({{"RANK", "x"}, {"WORLD_SIZE", "4"}})), InvalidArgument);
-  EXPECT_THROW(discover_world(env_of({{"TESSERA_RANK", "0"}, {"TESSERA_WORLD_SIZE", "2"},
-                                      {"TESSERA_LOCAL_RANK", "3"}, {"TESSERA_LOCAL_SIZE", "2"}})),
+  EXPECT_THROW(discover_world(env_of({{"TESSERA_RANK", "0"},
+                                      {"TESSERA_WORLD_SIZE", "2"},
+                                      {"TESSERA_LOCAL_RANK", "3"},
+                                      {"TESSERA_LOCAL_SIZE", "2"}})),
                InvalidArgument);
   try {
     discover_world(env_of({{"OMPI_COMM_WORLD_RANK", "9"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));

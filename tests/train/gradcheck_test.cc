@@ -128,7 +128,8 @@ TEST(GradCheck, CrossEntropy) {
   std::vector<float> loss(rows), scratch(3 * rows), work, tmp;
   auto f = [&]() {
     tmp = logits;
-    parallel::layers::vocab_parallel_cross_entropy(ps, tmp.data(), rows, v, v, 0, tgt.data(), false, 0, loss.data(), scratch.data());
+    parallel::layers::vocab_parallel_cross_entropy(ps, tmp.data(), rows, v, v, 0, tgt.data(), false, 0, loss.data(),
+                                                   scratch.data());
     double s = 0;
     for (float l : loss) s += l;
     return s;
@@ -140,7 +141,8 @@ TEST(GradCheck, CrossEntropy) {
   for (int j = 0; j < v; ++j) se += std::exp(logits[j] - m);
   EXPECT_NEAR(loss[0], std::log(se) + m - logits[0], 1e-5);
   work = logits;
-  parallel::layers::vocab_parallel_cross_entropy(ps, work.data(), rows, v, v, 0, tgt.data(), true, 1.f, loss.data(), scratch.data());
+  parallel::layers::vocab_parallel_cross_entropy(ps, work.data(), rows, v, v, 0, tgt.data(), true, 1.f, loss.data(),
+                                                 scratch.data());
   check_grad("cross-entropy", logits, f, work);
 }
 

@@ -21,12 +21,15 @@ namespace {
 struct Fixture {
   Device dev{DeviceSpec::preset("test-core")};
   parallel::layers::ParallelState ps = parallel::layers::serial_state(&dev);
-  parallel::layers::Parameter w = parallel::layers::make_parameter("w", {2}, -1, 1, 1, 0, parallel::layers::Init::Zeros, 0.02f, /*decay=*/true);
-  parallel::layers::Parameter b = parallel::layers::make_parameter("b", {1}, -1, 1, 1, 0, parallel::layers::Init::Zeros, 0.02f, /*decay=*/false);
+  parallel::layers::Parameter w =
+      parallel::layers::make_parameter("w", {2}, -1, 1, 1, 0, parallel::layers::Init::Zeros, 0.02f, /*decay=*/true);
+  parallel::layers::Parameter b =
+      parallel::layers::make_parameter("b", {1}, -1, 1, 1, 0, parallel::layers::Init::Zeros, 0.02f, /*decay=*/false);
   std::unique_ptr<parallel::optim::DistributedOptimizer> opt;
 
   explicit Fixture(parallel::optim::AdamWConfig cfg) {
-    opt = std::make_unique<parallel::optim::DistributedOptimizer>(ps, std::vector<parallel::layers::Parameter*>{&w, &b}, cfg);
+    opt = std::make_unique<parallel::optim::DistributedOptimizer>(ps, std::vector<parallel::layers::Parameter*>{&w, &b},
+                                                                  cfg);
     w.value[0] = 2.0f;
     w.value[1] = -1.0f;
     b.value[0] = 0.5f;

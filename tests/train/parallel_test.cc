@@ -153,42 +153,43 @@ RunResult run(const Layout& l) {
   std::vector<std::pair<std::string, int64_t>> sizes;
   for (const auto& [name, v] : serial(l.vocab).params) sizes.emplace_back(name, static_cast<int64_t>(v.size()));
   SharedResults shared(sizes, l.tp * l.dp);
-  auto res = collectives::test::run_ranks(l.tp * l.dp, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
-    Device dev(DeviceSpec::preset("test-core"), rank);
-    collectives::CommOptions co;
-    co.device = &dev;
-    auto world = collectives::Communicator::create(store, rank, size, co);
-    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
-    parallel::models::gpt::TrainOptions o = tiny_options(l.vocab);
-    o.tp = l.tp;
-    o.dp = l.dp;
-    o.sequence_parallel = l.sp;
-    o.adamw.zero1 = l.zero1;
-    parallel::models::gpt::Trainer t(o, ps, dataset());
-    t.init_random();
-    for (int s = 0; s < 3; ++s) {
-      auto r = t.step();
-      if (rank == 0) {
-        shared.head()[s] = r.loss;
-        shared.head()[3 + s] = r.grad_norm;
-      }
-    }
-    if (!l.export_path.empty()) t.export_hf(l.export_path);
-    if (rank == 0) shared.head()[6] = static_cast<double>(t.optimizer().optimizer_state_bytes());
-    // Every rank reports what it holds: its (gathered) parameters and its moments.
-    const int slot = ps.dp_rank * l.tp + ps.tp_rank;
-    for (parallel::layers::Parameter* p : t.model().parameters()) {
-      double* out = shared.at(slot, 0, p->name);
-      parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
-        if (gi >= 0) out[gi] = p->value[li];
+  auto res =
+      collectives::test::run_ranks(l.tp * l.dp, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+        Device dev(DeviceSpec::preset("test-core"), rank);
+        collectives::CommOptions co;
+        co.device = &dev;
+        auto world = collectives::Communicator::create(store, rank, size, co);
+        parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
+        parallel::models::gpt::TrainOptions o = tiny_options(l.vocab);
+        o.tp = l.tp;
+        o.dp = l.dp;
+        o.sequence_parallel = l.sp;
+        o.adamw.zero1 = l.zero1;
+        parallel::models::gpt::Trainer t(o, ps, dataset());
+        t.init_random();
+        for (int s = 0; s < 3; ++s) {
+          auto r = t.step();
+          if (rank == 0) {
+            shared.head()[s] = r.loss;
+            shared.head()[3 + s] = r.grad_norm;
+          }
+        }
+        if (!l.export_path.empty()) t.export_hf(l.export_path);
+        if (rank == 0) shared.head()[6] = static_cast<double>(t.optimizer().optimizer_state_bytes());
+        // Every rank reports what it holds: its (gathered) parameters and its moments.
+        const int slot = ps.dp_rank * l.tp + ps.tp_rank;
+        for (parallel::layers::Parameter* p : t.model().parameters()) {
+          double* out = shared.at(slot, 0, p->name);
+          parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
+            if (gi >= 0) out[gi] = p->value[li];
+          });
+        }
+        for_each_moment(t, [&](parallel::layers::Parameter& p, int64_t gi, float m, float v) {
+          shared.at(slot, 1, p.name)[gi] = m;
+          shared.at(slot, 2, p.name)[gi] = v;
+        });
+        world->barrier();
       });
-    }
-    for_each_moment(t, [&](parallel::layers::Parameter& p, int64_t gi, float m, float v) {
-      shared.at(slot, 1, p.name)[gi] = m;
-      shared.at(slot, 2, p.name)[gi] = v;
-    });
-    world->barrier();
-  });
   std::string f = collectives::test::failures(res);
   EXPECT_TRUE(f.empty()) << f;
   RunResult r;
@@ -406,7 +407,8 @@ TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
     collectives::CommOptions co;
     co.device = &dev;
     auto world = collectives::Communicator::create(store, rank, size, co);
-    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
+    parallel::layers::ParallelState ps =
+        parallel::layers::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
     parallel::models::gpt::TrainOptions o = tiny_options();
     o.tp = 2;
     o.dp = 2;
