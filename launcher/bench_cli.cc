@@ -262,9 +262,13 @@ int spawn_local(int n) {
       for (size_t r = 0; r < pids.size(); ++r)
         if (pids[r] == p) pids[r] = -1, --left, rank = static_cast<int>(r);
       int c = exit_code_of(status);
-      if (WIFSIGNALED(status) && !interrupted && !killed && rank >= 0)
-        std::cerr << "tessera bench: rank " << rank << " (pid " << p << ") killed by " << signal_name(WTERMSIG(status))
-                  << (WTERMSIG(status) == SIGKILL ? " (not by this launcher)" : "") << "\n";
+      if (WIFSIGNALED(status) && !interrupted && !killed && rank >= 0) {
+        std::cerr << "tessera bench: rank " << rank << " (pid " << p << ") ";
+        if (WTERMSIG(status) == SIGKILL)
+          std::cerr << explain_sigkill(oom_before) << "\n";
+        else
+          std::cerr << "killed by " << signal_name(WTERMSIG(status)) << "\n";
+      }
       if (c != 0 && code == 0) {
         code = c;
         if (grace_end == std::chrono::steady_clock::time_point::max())
