@@ -11,25 +11,16 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/checkpoint/test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int code;
-  std::string out;
-};
+using RunResult = tessera::testing::CommandResult;
 
 RunResult run(const std::string& args, const std::string& env = "") {
-  std::string cmd = env + " " + TESSERA_BIN + std::string(" ") + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, out};
+  return tessera::testing::run_command(env + " " + TESSERA_BIN + std::string(" ") + args);
 }
 
 class BenchCli : public ::testing::Test {

@@ -53,14 +53,8 @@ std::string shard_path(const std::string& dir, int tp, int pp) {
 }
 
 std::pair<int, std::string> run_out(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  auto r = tessera::testing::run_command(cmd);
+  return {r.code, r.out};
 }
 
 // `fn` throws FormatError whose message holds every one of `says`.

@@ -516,14 +516,8 @@ TEST(CkptCli, ExitCodes) {
 
 // Exit code and everything the command printed.
 std::pair<int, std::string> run_out(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  auto r = tessera::testing::run_command(cmd);
+  return {r.code, r.out};
 }
 
 // Bad manifests and values exit 2 and say, in words, what is wrong and where.

@@ -3,9 +3,11 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -53,6 +55,23 @@ inline std::string safetensors_bytes(const std::string& header, const std::strin
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
   return out + header + data;
+}
+
+// Runs `cmd` through the shell; its exit code (128 + N when signal N ended
+// it, -1 when it could not start) and everything it printed (stdout and stderr).
+struct CommandResult {
+  int code;
+  std::string out;
+};
+inline CommandResult run_command(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : (WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1), out};
 }
 
 }  // namespace tessera::testing

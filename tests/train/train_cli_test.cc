@@ -15,21 +15,10 @@ namespace {
 namespace fs = std::filesystem;
 using tessera::testing::TempDir;
 
-struct RunResult {
-  int code;
-  std::string out;
-};
+using RunResult = tessera::testing::CommandResult;
 
 RunResult run(const std::string& args) {
-  const std::string cmd = std::string("OPENBLAS_NUM_THREADS=1 ") + TRAIN_GPT_BIN + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return tessera::testing::run_command(std::string("OPENBLAS_NUM_THREADS=1 ") + TRAIN_GPT_BIN + " " + args);
 }
 
 // A model that trains a step in well under a second.
