@@ -9,6 +9,19 @@ macro(tessera_require_package name debs)
   endif()
 endmacro()
 
+# TESSERA_SANITIZER_ENV: the environment every test runs with (set it on any
+# add_test as ENVIRONMENT). Under ASan, OpenMPI's own allocations would be
+# reported as leaks; under TSan, Debian's gRPC, abseil, protobuf, spdlog and
+# OpenMPI are not instrumented, so their own synchronisation is invisible and
+# shows as races. Both suppression lists name third-party libraries only
+# (tests/sanitizers/). Processes a test starts inherit it (mpirun passes it to
+# its local ranks; the multihost rig into its namespaces).
+if(TESSERA_SANITIZE STREQUAL "thread")
+  set(TESSERA_SANITIZER_ENV "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan.supp")
+else()
+  set(TESSERA_SANITIZER_ENV "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/lsan.supp")
+endif()
+
 # tessera_add_test(<name> SOURCES a.cc b.cc LIBS lib1 lib2 [LABELS l1 l2] [TIMEOUT s])
 # One GoogleTest executable registered with ctest, one ctest entry per TEST().
 function(tessera_add_test name)
@@ -19,16 +32,7 @@ function(tessera_add_test name)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
-  # Under ASan, OpenMPI's own allocations would be reported as leaks; under
-  # TSan, Debian's gRPC, abseil, protobuf and OpenMPI are not instrumented, so
-  # their own synchronisation is invisible and shows as races. Both
-  # suppression lists name third-party libraries only (tests/sanitizers/).
-  if(TESSERA_SANITIZE STREQUAL "thread")
-    set(env "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan.supp")
-  else()
-    set(env "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/lsan.supp")
-  endif()
-  set(props TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${env}")
+  set(props TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${TESSERA_SANITIZER_ENV}")
   if(T_LABELS)
     # An empty LABELS value would vanish from the list and shift the pairs.
     list(APPEND props LABELS "${T_LABELS}")

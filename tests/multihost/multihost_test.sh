@@ -67,7 +67,7 @@ mpirun_on_hosts() {
     --mca oob_tcp_if_include "$RIG_SUBNET_PREFIX.0/24" --mca btl_tcp_if_include "$RIG_SUBNET_PREFIX.0/24" \
     --mca btl self,vader,tcp --bind-to none \
     -x OPENBLAS_NUM_THREADS -x TESSERA_CPU_ROTATION -x TESSERA_LOG_LEVEL -x TESSERA_TRANSPORT -x ASAN_OPTIONS \
-    -x LSAN_OPTIONS "$@"
+    -x LSAN_OPTIONS -x TSAN_OPTIONS "$@"
 }
 
 TOKEN="$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -123,7 +123,7 @@ s.bind(("0.0.0.0", 29599)); s.listen(1); c,a=s.accept(); print(a[0], c.recv(10).
       pass "tessera run: bench all_reduce across 2 hosts"
     else
       fail "tessera run bench: exit $(cat "$OUT/rc.0") / $(cat "$OUT/rc.1")"
-      tail -20 "$OUT/run.0" "$OUT/run.1"
+      tail -n 20 "$OUT/run.0" "$OUT/run.1"
     fi
     t="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["transport"])' "$OUT/bench_run.json" 2>&1)"
     [ "$t" = "shm+tcp" ] && pass "tessera run: world transport shm+tcp" || fail "tessera run: transport '$t'"
@@ -132,7 +132,7 @@ s.bind(("0.0.0.0", 29599)); s.listen(1); c,a=s.accept(); print(a[0], c.recv(10).
     rc=$?
     [ $rc = 0 ] && pass "mpirun: bench all_reduce across 2 hosts" || {
       fail "mpirun bench: exit $rc"
-      tail -30 "$OUT/mpi.out"
+      tail -n 30 "$OUT/mpi.out"
     }
     t="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["transport"])' "$OUT/bench_mpi.json" 2>&1)"
     [ "$t" = "shm+tcp" ] && pass "mpirun: world transport shm+tcp" || fail "mpirun: transport '$t'"
@@ -145,7 +145,7 @@ s.bind(("0.0.0.0", 29599)); s.listen(1); c,a=s.accept(); print(a[0], c.recv(10).
         pass "tessera run: $op across 2 hosts exact, 1 MiB served by hier"
       else
         fail "tessera run $op: exit $(cat "$OUT/rc.0") / $(cat "$OUT/rc.1"), algorithm and wrong: '$a'"
-        tail -20 "$OUT/run.0" "$OUT/run.1"
+        tail -n 20 "$OUT/run.0" "$OUT/run.1"
       fi
     done
     # tessera_hello: store, barrier and an all-reduce through the worker library.
@@ -154,7 +154,7 @@ s.bind(("0.0.0.0", 29599)); s.listen(1); c,a=s.accept(); print(a[0], c.recv(10).
     n="$(grep -c 'ok (round 0)' "$OUT/hello.out")"
     [ $rc = 0 ] && [ "$n" = 4 ] && pass "mpirun: tessera_hello --comm on 4 ranks" || {
       fail "mpirun hello: exit $rc, $n ok lines"
-      tail -20 "$OUT/hello.out"
+      tail -n 20 "$OUT/hello.out"
     }
     ;;
 
@@ -173,7 +173,7 @@ s.bind(("0.0.0.0", 29599)); s.listen(1); c,a=s.accept(); print(a[0], c.recv(10).
       pass "forced shm names the other host"
     else
       fail "forced shm: no message naming mh1"
-      tail -20 "$OUT/run.0"
+      tail -n 20 "$OUT/run.0"
     fi
     grep -q "/proc/.*/fd" "$OUT/run.0" "$OUT/run.1" && fail "forced shm tried to open another host's /proc"
     run_on_hosts 2 2 TESSERA_TRANSPORT=tcp -- "$BIN/tessera" bench all_reduce -b 8 -e 1M -f 16 -n 2 -w 1 \
@@ -196,7 +196,7 @@ s.bind(("0.0.0.0", 29599)); s.listen(1); c,a=s.accept(); print(a[0], c.recv(10).
     "$BIN/tessera" run --nproc-per-node 4 -- "$BIN/train_gpt" "${GPT[@]}" --log-json "$OUT/one_host.json" \
       >"$OUT/one_host.out" 2>&1 || {
       fail "single-host reference run failed"
-      tail -20 "$OUT/one_host.out"
+      tail -n 20 "$OUT/one_host.out"
     }
     rig_up 2 || exit 1
     run_on_hosts 2 2 TESSERA_LOG_LEVEL=debug -- "$BIN/train_gpt" "${GPT[@]}" --log-json "$OUT/run.json"
@@ -204,13 +204,13 @@ s.bind(("0.0.0.0", 29599)); s.listen(1); c,a=s.accept(); print(a[0], c.recv(10).
       pass "tessera run: train_gpt tp2 x dp2 across 2 hosts"
     else
       fail "tessera run train: exit $(cat "$OUT/rc.0") / $(cat "$OUT/rc.1")"
-      tail -20 "$OUT/run.0" "$OUT/run.1"
+      tail -n 20 "$OUT/run.0" "$OUT/run.1"
     fi
     mpirun_on_hosts 4 "$BIN/train_gpt" "${GPT[@]}" --log-json "$OUT/mpi.json" >"$OUT/mpi.out" 2>&1
     rc=$?
     [ $rc = 0 ] && pass "mpirun: train_gpt tp2 x dp2 across 2 hosts" || {
       fail "mpirun train: exit $rc"
-      tail -30 "$OUT/mpi.out"
+      tail -n 30 "$OUT/mpi.out"
     }
     # Which transport each group took (debug lines of the routed transport).
     grep -q "group 'world' rank 0 of 4: 2 host(s)" "$OUT/run.0" && pass "world spans 2 hosts" ||
@@ -325,7 +325,7 @@ PY
       pass "wrong token refused (exit $rb), right token joins and the job passes"
     else
       fail "token: wrong-token node exit $rb, job exits $r0 / $r1"
-      tail -5 "$OUT/tok.bad" "$OUT/tok.0"
+      tail -n 5 "$OUT/tok.bad" "$OUT/tok.0"
     fi
 
     # 3. A second launcher for node 1 with the job's own token (the host
@@ -354,7 +354,7 @@ PY
       pass "a second node 1 is refused (already joined round 0); the running job passes"
     else
       fail "second node 1: exit $rx, job $(cat "$OUT/rc.again.0") / $(cat "$OUT/rc.again.1")"
-      tail -3 "$OUT/again.extra"
+      tail -n 3 "$OUT/again.extra"
     fi
 
     # 4. Every process of mh1 killed mid-job (the host dies).
@@ -410,7 +410,7 @@ PY
       pass "mh0's ranks name mh1 in their error"
     else
       fail "no error naming mh1"
-      tail -20 "$OUT/mpi.out"
+      tail -n 20 "$OUT/mpi.out"
     fi
     ;;
   *)
