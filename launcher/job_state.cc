@@ -41,7 +41,7 @@ JobStatus check_key(const std::string& key) {
 }
 
 JobStatus check_cause(const RootCause& c) {
-  if (c.host.size() > kMaxHostBytes || c.reason.size() > 64 * 1024 || c.log_tail.size() > 64)
+  if (c.host.size() > kMaxHostBytes || c.reason.size() > kMaxReasonBytes || c.log_tail.size() > kMaxLogTailLines)
     return invalid("root cause report too large");
   return JobStatus::OK();
 }

@@ -290,7 +290,7 @@ TEST_P(WorldSize, OtherCollectives) {
     // Point to point: a ring of sends, odd ranks receive first.
     if (size > 1) {
       std::vector<int64_t> out(1000), in(1000);
-      for (size_t i = 0; i < out.size(); ++i) out[i] = rank * 1000 + static_cast<int64_t>(i);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = int64_t{rank} * 1000 + static_cast<int64_t>(i);
       const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
       if (rank % 2 == 0) {
         c->send(out.data(), out.size(), DType::I64, next, 7);
@@ -299,7 +299,8 @@ TEST_P(WorldSize, OtherCollectives) {
         c->recv(in.data(), in.size(), DType::I64, prev, 7);
         c->send(out.data(), out.size(), DType::I64, next, 7);
       }
-      for (size_t i = 0; i < in.size(); ++i) COLL_REQUIRE(in[i] == prev * 1000 + static_cast<int64_t>(i), "p2p ", i);
+      for (size_t i = 0; i < in.size(); ++i)
+        COLL_REQUIRE(in[i] == int64_t{prev} * 1000 + static_cast<int64_t>(i), "p2p ", i);
     }
     // Large: broadcast from an arena (direct) and the heap (tree), reduce-scatter.
     if (size > kLargeMaxRanks) return;
@@ -724,7 +725,7 @@ TEST(ModeledTime, HierarchicalUsesTwoLevels) {
   auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
     enter_host(rank / 2);
     const double a = 2e-6, bw = 48.0 * (1ull << 30), ae = 10e-6, be = 800e9 / 8 / 2;
-    const size_t count = 4 * 2 * 1000;
+    const size_t count = size_t{4} * 2 * 1000;
     const double n = static_cast<double>(count * 4);
     std::vector<float> buf(count, 1.0f);
     auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
@@ -757,7 +758,7 @@ TEST(ModeledTime, HierarchicalGatherScatterBroadcastUseTwoLevels) {
   auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
     enter_host(rank / 2);
     const double a = 2e-6, bw = 48.0 * (1ull << 30), ae = 10e-6, be = 800e9 / 8 / 2;
-    const size_t count = 2 * 1000;
+    const size_t count = size_t{2} * 1000;
     const double cb = static_cast<double>(count * 4);
     std::vector<float> in(count * size, 1.0f), out(count * size);
     auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
@@ -809,7 +810,7 @@ TEST(ModeledTime, HierarchicalGatherScatterBroadcastUseTwoLevels) {
 TEST(ModeledTime, SchedulesMatchClosedForms) {
   auto res = run_ranks(6, [](int rank, int size, std::shared_ptr<Store> store) {
     const double a = 1.5e-6, bw = 40e9;
-    const size_t count = 6 * 2 * 1000;  // divisible by 2p: every block equal
+    const size_t count = size_t{6} * 2 * 1000;  // divisible by 2p: every block equal
     const double n = static_cast<double>(count * 4);
     std::vector<float> buf(count, 1.0f);
     auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
