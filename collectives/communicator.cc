@@ -124,7 +124,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   // collective and ordered, so every member counts alike).
   const int64_t gen = store->add("tessera/comm/" + options.name + "/generation/" + std::to_string(rank), 1) - 1;
   auto prefixed =
-      std::make_shared<PrefixStore>(store, "tessera/comm/" + options.name + "/" + std::to_string(gen) + "/");
+      std::make_shared<PrefixStore>(std::move(store), "tessera/comm/" + options.name + "/" + std::to_string(gen) + "/");
   std::unique_ptr<Transport> transport;
   try {
     transport = make_transport(options.transport, prefixed, rank, size, options);

@@ -54,7 +54,7 @@ std::string describe(const RootCause& c) {
 
 }  // namespace
 
-JobState::JobState(JobStateOptions o) : opt_(std::move(o)) {
+JobState::JobState(JobStateOptions o) : opt_(o) {
   TESSERA_ARG_CHECK(opt_.num_nodes >= 0 && opt_.num_nodes <= kMaxRanks, "coordinator: bad node count ", opt_.num_nodes);
   TESSERA_ARG_CHECK(opt_.num_nodes > 0 || opt_.world_size > 0,
                     "coordinator: without rendezvous (0 nodes) the world size must be given");

@@ -398,7 +398,7 @@ TEST(CkptTool, ConsolidateChecksEveryRanksTensors) {
   shard_gpt2(src, base, {2, 1, 1, 0});
   const size_t per_rank = SafetensorsReader(shard_file(base, 1, 0)).entries().size();
   auto fresh = [&](const std::string& name) {
-    const std::string dir = d.file(name);
+    std::string dir = d.file(name);
     fs::copy(base, dir, fs::copy_options::recursive);
     return dir;
   };

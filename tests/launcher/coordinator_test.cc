@@ -308,7 +308,7 @@ TEST(Security, BoundsAndMalformedRequestsDoNotHurtTheCoordinator) {
     grpc::ByteBuffer req(&s, 1), rep;
     std::promise<grpc::Status> done;
     generic.UnaryCall(&ctx, "/tessera.launcher.proto.Coordinator/Set", grpc::StubOptions(), &req, &rep,
-                      [&](grpc::Status st) { done.set_value(st); });
+                      [&](grpc::Status st) { done.set_value(std::move(st)); });
     EXPECT_FALSE(done.get_future().get().ok());
   }
   // Still serving.

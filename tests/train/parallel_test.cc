@@ -158,7 +158,7 @@ RunResult run(const Layout& l) {
         Device dev(DeviceSpec::preset("test-core"), rank);
         collectives::CommOptions co;
         co.device = &dev;
-        auto world = collectives::Communicator::create(store, rank, size, co);
+        auto world = collectives::Communicator::create(std::move(store), rank, size, co);
         parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
         parallel::models::gpt::TrainOptions o = tiny_options(l.vocab);
         o.tp = l.tp;
@@ -406,7 +406,7 @@ TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
     Device dev(DeviceSpec::preset("test-core"), rank);
     collectives::CommOptions co;
     co.device = &dev;
-    auto world = collectives::Communicator::create(store, rank, size, co);
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
     parallel::layers::ParallelState ps =
         parallel::layers::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
     parallel::models::gpt::TrainOptions o = tiny_options();
