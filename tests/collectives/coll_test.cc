@@ -330,6 +330,7 @@ NetModel torus_for(int p) {
                           : p == 8 ? std::vector<int>{2, 2, 2}
                                    : std::vector<int>{p};
   std::vector<NetDim> d;
+  d.reserve(dims.size());
   for (int k : dims) d.push_back(NetDim{k, LinkKind::Ring, 50e9, 1e-6});
   return NetModel(d);
 }

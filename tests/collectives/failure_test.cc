@@ -571,6 +571,7 @@ TEST(Failure, ThreadsOfOneProcess) {
   auto store = make_memory_store();
   std::vector<std::thread> ts;
   std::atomic<int> ok{0};
+  ts.reserve(3);
   for (int r = 0; r < 3; ++r) {
     ts.emplace_back([&, r] {
       try {

@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
     // Store: every rank publishes, reads everyone, and counts itself in.
     ctx.store->set("hello/" + std::to_string(rank), std::to_string(rank * 7));
     std::vector<std::string> keys;
+    keys.reserve(size);
     for (int r = 0; r < size; ++r) keys.push_back("hello/" + std::to_string(r));
     ctx.store->wait(keys, std::chrono::seconds(60));
     for (int r = 0; r < size; ++r) {
