@@ -70,7 +70,7 @@ class JobStatus {
   };
   JobStatus() = default;
   JobStatus(Code code, std::string message) : code_(code), message_(std::move(message)) {}
-  static JobStatus OK() { return {}; }
+  static JobStatus success() { return {}; }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -301,6 +301,7 @@ std::string case_name(const FailCase& f) {
 }
 
 // gtest prints parameters in test listings (and so in ctest's names).
+// NOLINTNEXTLINE(readability-identifier-naming): gtest finds it by this name
 void PrintTo(const FailCase& f, std::ostream* os) { *os << case_name(f); }
 
 constexpr int kRanks = 4;  // a 2x2 torus for the torus algorithm
