@@ -55,9 +55,7 @@ void sleep_seconds(double s) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"tessera launcher test program"};
   int exit_code = 0, fail_rank = -1, fail_round = 1 << 30, throw_rank = -1, stop_rank = -1, kill_rank = -1;
   double sleep_s = 0, loop_s = 0;
@@ -141,4 +139,18 @@ int main(int argc, char** argv) {
     if (sleep_s > 0) sleep_seconds(sleep_s);
     return 0;
   });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // run_worker reports what the body throws; this catches the rest (options).
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hello: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "hello: error: unknown exception\n");
+  }
+  return 1;
 }
