@@ -183,8 +183,8 @@ TEST(GradCheck, GptEveryParameter) {
   const int batch = 2, seq = 5, tokens = batch * seq;
   std::vector<int32_t> in(tokens), tg(tokens);
   std::mt19937 g(3);
-  for (auto& t : in) t = g() % cfg.vocab;
-  for (auto& t : tg) t = g() % cfg.vocab;
+  for (auto& t : in) t = static_cast<int32_t>(g() % cfg.vocab);
+  for (auto& t : tg) t = static_cast<int32_t>(g() % cfg.vocab);
   const float scale = 1.0f / (batch * seq);
   opt.zero_grad();
   model.forward(in.data(), tg.data(), batch, seq, true, scale);
@@ -250,8 +250,8 @@ TEST(GradCheck, GptLongSequenceBlockedAttention) {
   const int seq = 150;
   std::vector<int32_t> in(seq), tg(seq);
   std::mt19937 g(5);
-  for (auto& t : in) t = g() % cfg.vocab;
-  for (auto& t : tg) t = g() % cfg.vocab;
+  for (auto& t : in) t = static_cast<int32_t>(g() % cfg.vocab);
+  for (auto& t : tg) t = static_cast<int32_t>(g() % cfg.vocab);
   const float scale = 1.0f / seq;
   opt.zero_grad();
   model.forward(in.data(), tg.data(), 1, seq, true, scale);
