@@ -323,7 +323,8 @@ TEST(CkptTool, BadInputIsRefusedAndWritesNothing) {
   EXPECT_THROW(shard_gpt2(src, d.file("full"), {2, 1, 1, 0}), InvalidArgument);
   EXPECT_TRUE(fs::exists(d.file("full/keep.txt")));
   // A truncated source names the file.
-  testing::write_bytes(d.file("bad.safetensors"), "\x10\0\0\0\0\0\0\0{\"a\":");
+  // A header length of 16 and then 5 of those 16 bytes (std::string: the NULs are data).
+  testing::write_bytes(d.file("bad.safetensors"), std::string("\x10\0\0\0\0\0\0\0{\"a\":", 13));
   try {
     shard_gpt2(d.file("bad.safetensors"), d.file("o"), {2, 1, 1, 0});
     ADD_FAILURE() << "no throw";
