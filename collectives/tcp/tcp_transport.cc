@@ -720,7 +720,8 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
       std::string missing;
       for (int j = rank + 1; j < size; ++j)
         if (linked(j) && !conns_[j]) missing += detail::concat(missing.empty() ? "" : ", ", j);
-      throw TransportError(Kind::Timeout, -1, where + ": ranks " + missing + " did not connect within the timeout");
+      throw TransportError(Kind::Timeout, -1,
+                           detail::concat(where, ": ranks ", missing, " did not connect within the timeout"));
     }
     auto conn = std::make_unique<Connection>(*this, -1);
     acceptor.accept(conn->socket(), ec);

@@ -85,6 +85,7 @@ parallel::models::gpt::GptConfig gpt_config(const Gpt2Config& c) {
 TEST(Gpt2Layout, ShardsLikeGptModelParameters) {
   for (int tp : {1, 2, 4}) {
     std::vector<std::vector<parallel::layers::Parameter>> layouts;
+    layouts.reserve(tp);
     for (int r = 0; r < tp; ++r) layouts.push_back(gpt2_tp_parameters(kCfg, tp, r));
     for (int r = 0; r < tp; ++r) {
       parallel::layers::ParallelState ps;
@@ -192,7 +193,7 @@ TEST(CkptTool, ExplicitStagesOverrideTheRule) {
   consolidate_gpt2(d.file("r"), d.file("back2.safetensors"));
   expect_same_tensors(src, d.file("back2.safetensors"));
   // Bad partitions are refused with nothing written.
-  for (std::vector<int> bad : {std::vector<int>{1, 1}, {3, 0}, {1, 1, 1}, {4, -1}}) {
+  for (const std::vector<int>& bad : {std::vector<int>{1, 1}, {3, 0}, {1, 1, 1}, {4, -1}}) {
     o.stages = bad;
     EXPECT_THROW(shard_gpt2(src, d.file("x"), o), InvalidArgument);
   }
