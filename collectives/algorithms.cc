@@ -670,11 +670,14 @@ class DirectAlgorithm final : public Algorithm {
     for (int j = 0; j < p; ++j) all = all && *static_cast<const uint8_t*>(shm.peer_inline(j)) == 1;
     if (!all) return false;
     for (int j = 0; j < p; ++j) {
-      ptrs[2 * j] = shm.peer_buffer(j, 0);
-      ptrs[2 * j + 1] = shm.peer_buffer(j, 1);
+      ptrs[slot(j, 0)] = shm.peer_buffer(j, 0);
+      ptrs[slot(j, 1)] = shm.peer_buffer(j, 1);
     }
     return true;
   }
+  // Index in exchange()'s ptrs of rank j's buffer b (0: a, 1: b).
+  static size_t slot(int j, int b) { return 2 * static_cast<size_t>(j) + static_cast<size_t>(b); }
+  static char* peer(void* const* ptrs, int j, int b) { return static_cast<char*>(ptrs[slot(j, b)]); }
 
   bool all_reduce(AlgoContext& c, SharedMemoryPeers& shm, const CollCall& k, size_t es) {
     const int p = c.size, r = c.rank;
@@ -691,15 +694,12 @@ class DirectAlgorithm final : public Algorithm {
       const size_t len = std::min(kPiece, mine.len - done), off = (mine.off + done) * es;
       // Own contribution first: in place, `out` is this rank's send block.
       const int first = (r + 1) % p;
-      reduce2(out + done * es, static_cast<char*>(ptrs[2 * r]) + off, static_cast<char*>(ptrs[2 * first]) + off, len,
-              k.dtype, k.op);
+      reduce2(out + done * es, peer(ptrs, r, 0) + off, peer(ptrs, first, 0) + off, len, k.dtype, k.op);
       for (int j = 2; j < p; ++j)
-        reduce2(out + done * es, out + done * es, static_cast<char*>(ptrs[2 * ((r + j) % p)]) + off, len, k.dtype,
-                k.op);
+        reduce2(out + done * es, out + done * es, peer(ptrs, (r + j) % p, 0) + off, len, k.dtype, k.op);
       // Only this rank touches block `mine` of any buffer, and it has read
       // the peers' inputs of this piece already, so in place is safe.
-      for (int j = 1; j < p; ++j)
-        std::memcpy(static_cast<char*>(ptrs[2 * ((r + j) % p) + 1]) + off, out + done * es, len * es);
+      for (int j = 1; j < p; ++j) std::memcpy(peer(ptrs, (r + j) % p, 1) + off, out + done * es, len * es);
     }
     shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every block reduced and delivered
     // Model: each rank pulls p-1 blocks from its peers, then pushes its
@@ -721,7 +721,7 @@ class DirectAlgorithm final : public Algorithm {
     const size_t bytes = k.count * es;
     void* ptrs[128];
     if (!exchange(shm, k.recv, bytes, nullptr, 0, ptrs, p)) return false;
-    if (r != k.root && bytes) std::memcpy(k.recv, ptrs[2 * k.root], bytes);
+    if (r != k.root && bytes) std::memcpy(k.recv, peer(ptrs, k.root, 0), bytes);
     shm.publish(nullptr, nullptr, 0, nullptr, 0);
     double worst = 0;
     for (int a = 0; a < p; ++a) worst = std::max(worst, c.links->time(k.root, a, static_cast<double>(bytes)));

@@ -169,8 +169,10 @@ class TransportCommunicator final : public Communicator {
     const int seq = split_seq_++;
     if (color < 0) return nullptr;
     std::vector<std::pair<int64_t, int>> members;
-    for (int r = 0; r < size_; ++r)
-      if (all[2 * r] == color) members.emplace_back(all[2 * r + 1], r);
+    for (int r = 0; r < size_; ++r) {
+      const size_t i = 2 * static_cast<size_t>(r);
+      if (all[i] == color) members.emplace_back(all[i + 1], r);
+    }
     std::sort(members.begin(), members.end());
     CommOptions sub = options_;
     sub.name = name.empty() ? options_.name + "/" + std::to_string(color) : name;

@@ -1,5 +1,6 @@
 #include "collectives/communicator.h"
 
+#include <cmath>
 #include <cstdlib>
 
 #include "collectives/comm_impl.h"
@@ -79,7 +80,7 @@ CommOptions apply_env_overrides(CommOptions options) {
     char* end = nullptr;
     double s = std::strtod(t, &end);
     TESSERA_ARG_CHECK(end && *end == '\0' && s > 0, "TESSERA_TIMEOUT_S='", t, "' is not a positive number of seconds");
-    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
+    options.timeout = std::chrono::milliseconds(std::llround(s * 1000.0));
   }
   if (const char* a = std::getenv("TESSERA_ALGO"); a && *a) options.algo = a;
   if (const char* t = std::getenv("TESSERA_TRANSPORT"); t && *t) {
@@ -124,7 +125,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   // collective and ordered, so every member counts alike).
   const int64_t gen = store->add("tessera/comm/" + options.name + "/generation/" + std::to_string(rank), 1) - 1;
   auto prefixed =
-      std::make_shared<PrefixStore>(store, "tessera/comm/" + options.name + "/" + std::to_string(gen) + "/");
+      std::make_shared<PrefixStore>(std::move(store), "tessera/comm/" + options.name + "/" + std::to_string(gen) + "/");
   std::unique_ptr<Transport> transport;
   try {
     transport = make_transport(options.transport, prefixed, rank, size, options);

@@ -69,6 +69,7 @@ HostMap exchange_hosts(Store& store, int rank, int size, std::chrono::millisecon
   store.set("host/" + std::to_string(rank), me.key + " " + me.name);
   // One deadline for all peers; on timeout, name the ranks that never came.
   std::vector<std::string> keys;
+  keys.reserve(size);
   for (int j = 0; j < size; ++j) keys.push_back("host/" + std::to_string(j));
   try {
     store.wait(keys, timeout);

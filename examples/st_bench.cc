@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
     double cps = best_of(reps, [&] { run("cp '" + file + "' '" + copy + "' && sync '" + copy + "'"); });
 
     std::vector<Tensor> dst;
+    dst.reserve(ts.size());
     for (const auto& nt : ts) dst.push_back(Tensor::empty(nt.second.shape(), DType::F32));
     double rget = best_of(reps, [&] {
       tessera::parallel::checkpoint::SafetensorsReader r(file);

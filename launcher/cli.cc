@@ -44,7 +44,7 @@ std::string num(double v) {
 
 // Returns "" when `text` is a finite number for which `ok` holds, else the message.
 CLI::Validator number_check(std::string kind, std::string tag, std::function<bool(double)> ok) {
-  auto check = [kind, ok](std::string& text) -> std::string {
+  auto check = [kind = std::move(kind), ok = std::move(ok)](std::string& text) -> std::string {
     errno = 0;
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
@@ -52,7 +52,7 @@ CLI::Validator number_check(std::string kind, std::string tag, std::function<boo
     if (number && ok(v)) return {};
     return "must be " + kind + ", got " + (number ? text : "'" + text + "'");
   };
-  return CLI::Validator(check, tag);
+  return CLI::Validator(std::move(check), std::move(tag));
 }
 
 }  // namespace

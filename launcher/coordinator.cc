@@ -218,7 +218,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
           ev.set_round(e.round);
           if (e.has_cause) to_proto(e.cause, ev.mutable_cause());
           if (!writer->Write(ev)) return JobStatus(JobStatus::Code::kCancelled, "watcher went away");
-          return JobStatus::OK();
+          return JobStatus::success();
         },
         /*stale_is_error=*/false);
   }
@@ -264,7 +264,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
           rep->set_nodes_done(s.nodes_done);
           rep->set_num_nodes(s.num_nodes);
           rep->set_nodes_left(s.nodes_left);
-          return JobStatus::OK();
+          return JobStatus::success();
         },
         /*stale_is_error=*/false);
   }

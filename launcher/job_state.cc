@@ -37,13 +37,13 @@ JobStatus invalid(Args&&... args) {
 JobStatus check_key(const std::string& key) {
   if (key.empty()) return invalid("empty key");
   if (key.size() > kMaxKeyBytes) return invalid("key longer than ", kMaxKeyBytes, " bytes");
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 JobStatus check_cause(const RootCause& c) {
-  if (c.host.size() > kMaxHostBytes || c.reason.size() > 64 * 1024 || c.log_tail.size() > 64)
+  if (c.host.size() > kMaxHostBytes || c.reason.size() > kMaxReasonBytes || c.log_tail.size() > kMaxLogTailLines)
     return invalid("root cause report too large");
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 std::string describe(const RootCause& c) {
@@ -54,7 +54,7 @@ std::string describe(const RootCause& c) {
 
 }  // namespace
 
-JobState::JobState(JobStateOptions o) : opt_(std::move(o)) {
+JobState::JobState(JobStateOptions o) : opt_(o) {
   TESSERA_ARG_CHECK(opt_.num_nodes >= 0 && opt_.num_nodes <= kMaxRanks, "coordinator: bad node count ", opt_.num_nodes);
   TESSERA_ARG_CHECK(opt_.num_nodes > 0 || opt_.world_size > 0,
                     "coordinator: without rendezvous (0 nodes) the world size must be given");
@@ -74,12 +74,12 @@ void JobState::shutdown() {
 }
 
 JobStatus JobState::admit(int round) const {
-  if (round < 0) return JobStatus::OK();
+  if (round < 0) return JobStatus::success();
   std::lock_guard<std::mutex> l(mu_);
   if (round != round_)
     return {Code::kFailedPrecondition,
             detail::concat("stale call from round ", round, " (the job is in round ", round_, ")")};
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 // Sleeps until pred() (OK), the deadline (DeadlineExceeded), an abort of
@@ -92,7 +92,7 @@ JobStatus JobState::block(std::unique_lock<std::mutex>& l, const Cancelled& canc
     if (stopping_) return {Code::kUnavailable, "coordinator is shutting down"};
     if (round >= 0 && (round != round_ || aborted_)) return aborted_status_locked(round);
     if (round < 0 && aborted_) return aborted_status_locked(round_);
-    if (pred()) return JobStatus::OK();
+    if (pred()) return JobStatus::success();
     if (cancelled && cancelled()) return {Code::kCancelled, "caller cancelled"};
     auto now = Clock::now();
     if (now >= deadline) return {Code::kDeadlineExceeded, "timed out"};
@@ -195,7 +195,7 @@ JobStatus JobState::join(int node_rank, const std::string& host, int nproc, int 
   result->world_size = world_size_;
   result->first_rank = joined_[node_rank].first_rank;
   result->nodes = layout_;
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 // ---- store -----------------------------------------------------------------------
@@ -213,7 +213,7 @@ JobStatus JobState::set(const std::string& key, const std::string& value) {
   kv_bytes_ = kv_bytes_ - old + add;
   kv_[key] = value;
   cv_.notify_all();
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 JobStatus JobState::get(const std::string& key, int round, std::chrono::milliseconds timeout,
@@ -226,7 +226,7 @@ JobStatus JobState::get(const std::string& key, int round, std::chrono::millisec
     return {Code::kDeadlineExceeded, detail::concat("store: key '", key, "' not set within ", timeout.count(), " ms")};
   if (!s.ok()) return s;
   *value = kv_[key];
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 JobStatus JobState::wait(const std::vector<std::string>& keys, int round, std::chrono::milliseconds timeout,
@@ -280,7 +280,7 @@ JobStatus JobState::add(const std::string& key, int64_t delta, int64_t* value) {
   kv_[key] = std::move(s);
   *value = v;
   cv_.notify_all();
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 // ---- barriers --------------------------------------------------------------------
@@ -304,7 +304,7 @@ JobStatus JobState::barrier(const std::string& name, int rank, int size, int rou
     ++b.generation;
     b.arrived.clear();
     cv_.notify_all();
-    return JobStatus::OK();
+    return JobStatus::success();
   }
   const uint64_t gen = b.generation;
   auto passed = [&] {
@@ -352,7 +352,7 @@ JobStatus JobState::heartbeat(const Heartbeat& beat, HeartbeatAnswer* answer, Cl
   }
   answer->round = round_;
   answer->aborted = aborted_;
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 bool JobState::check_heartbeats(Clock::time_point now) {
@@ -427,17 +427,17 @@ JobStatus JobState::abort(int round, const RootCause& cause, bool* root) {
   if (JobStatus s = check_cause(cause); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
   *root = abort_locked(round < 0 ? round_ : round, cause);
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 JobStatus JobState::report_exit(int round, const ExitReport& r) {
   if (r.host.size() > kMaxHostBytes || r.log_tail.size() > 64) return invalid("exit report too large");
   std::lock_guard<std::mutex> l(mu_);
-  if (round >= 0 && round != round_) return JobStatus::OK();  // a straggler of an old round
+  if (round >= 0 && round != round_) return JobStatus::success();  // a straggler of an old round
   if (exited_ranks_.size() < static_cast<size_t>(kMaxRanks)) exited_ranks_.insert(r.rank);
   rank_beats_.erase(r.rank);
-  if (r.exit_code == 0 && r.signal == 0) return JobStatus::OK();
-  if (r.after_stop && !aborted_) return JobStatus::OK();  // a consequence, never a cause
+  if (r.exit_code == 0 && r.signal == 0) return JobStatus::success();
+  if (r.after_stop && !aborted_) return JobStatus::success();  // a consequence, never a cause
   RootCause c;
   c.rank = r.rank;
   c.node_rank = r.node_rank;
@@ -460,7 +460,7 @@ JobStatus JobState::report_exit(int round, const ExitReport& r) {
       if (it->second.log_tail.empty()) it->second.log_tail = r.log_tail;
     }
   }
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 JobStatus JobState::node_done(int node_rank, bool success) {
@@ -468,7 +468,7 @@ JobStatus JobState::node_done(int node_rank, bool success) {
   std::lock_guard<std::mutex> l(mu_);
   if (success) nodes_done_.insert(node_rank);
   cv_.notify_all();
-  return JobStatus::OK();
+  return JobStatus::success();
 }
 
 JobSnapshot JobState::snapshot(int round) const {

@@ -47,6 +47,8 @@ inline constexpr size_t kMaxValueBytes = 1 << 20;
 inline constexpr size_t kMaxStoreBytes = 256u << 20;
 inline constexpr size_t kMaxWaitKeys = 16384;
 inline constexpr size_t kMaxHostBytes = 255;
+inline constexpr size_t kMaxReasonBytes = 64 << 10;  // RootCause::reason
+inline constexpr size_t kMaxLogTailLines = 64;       // RootCause::log_tail
 inline constexpr int kMaxRanks = 1 << 16;
 inline constexpr std::chrono::milliseconds kMaxWait{24LL * 3600 * 1000};
 
@@ -68,7 +70,7 @@ class JobStatus {
   };
   JobStatus() = default;
   JobStatus(Code code, std::string message) : code_(code), message_(std::move(message)) {}
-  static JobStatus OK() { return {}; }
+  static JobStatus success() { return {}; }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -103,7 +103,7 @@ bool set_by_tessera(const char* kv) {
   sigemptyset(&wake);
   sigaddset(&wake, SIGCHLD);
   sigaddset(&wake, SIGHUP);
-  const timespec tick{0, 500 * 1000 * 1000};
+  const timespec tick{0, 500L * 1000 * 1000};  // 500 ms
   for (;;) {
     int status = 0;
     pid_t r = waitpid(worker, &status, WNOHANG);

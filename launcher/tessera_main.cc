@@ -10,7 +10,9 @@
 #include "runtime/log.h"
 #include "tessera_version.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"tessera: a distributed training runtime on emulated accelerator cores", "tessera"};
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
   app.require_subcommand(1);
@@ -50,4 +52,19 @@ int main(int argc, char** argv) {
     std::cerr << "tessera: error: " << e.what() << "\n";
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Setting up the command line can throw too (e.g. std::bad_alloc): say so
+  // instead of std::terminate's abort.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "tessera: error: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "tessera: error: unknown exception\n";
+  }
+  return 1;
 }

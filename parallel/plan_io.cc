@@ -3,6 +3,7 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,7 +21,7 @@ void set_hops(tessera::plan::HopStats* out, const HopStats& h) {
   out->set_mean_hops(h.mean_hops);
   out->set_one_hop_fraction(h.one_hop_fraction);
 }
-uint64_t u64(double bytes) { return static_cast<uint64_t>(bytes + 0.5); }
+uint64_t u64(double bytes) { return static_cast<uint64_t>(std::round(bytes)); }
 
 // protobuf's JSON mapping writes 64-bit integers as strings ("1024"), which
 // jq and Python read as text. Turns them back into numbers, walking the

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -53,7 +54,7 @@ inline double seconds(double s) { return s * scale(); }
 template <typename Rep, typename Period>
 std::chrono::milliseconds scaled(std::chrono::duration<Rep, Period> d) {
   const double ms = std::chrono::duration<double, std::milli>(d).count() * scale();
-  return std::chrono::milliseconds(static_cast<int64_t>(ms + 0.5));
+  return std::chrono::milliseconds(std::llround(ms));
 }
 
 // Polls cond every `every` until it holds (true) or `timeout` passes (false).

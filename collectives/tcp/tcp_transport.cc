@@ -701,9 +701,8 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
       conn->socket().connect(peer_ep, ec);
       if (!ec) break;
       if (Clock::now() > deadline)
-        throw TransportError(
-            Kind::Timeout, j,
-            where + ": cannot connect to rank " + std::to_string(j) + " at " + ep + ": " + ec.message());
+        throw TransportError(Kind::Timeout, j,
+                             detail::concat(where, ": cannot connect to rank ", j, " at ", ep, ": ", ec.message()));
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     set_socket_options(conn->socket());
@@ -720,8 +719,9 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
     if (!poll_readable(acceptor.native_handle(), deadline)) {
       std::string missing;
       for (int j = rank + 1; j < size; ++j)
-        if (linked(j) && !conns_[j]) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
-      throw TransportError(Kind::Timeout, -1, where + ": ranks " + missing + " did not connect within the timeout");
+        if (linked(j) && !conns_[j]) missing += detail::concat(missing.empty() ? "" : ", ", j);
+      throw TransportError(Kind::Timeout, -1,
+                           detail::concat(where, ": ranks ", missing, " did not connect within the timeout"));
     }
     auto conn = std::make_unique<Connection>(*this, -1);
     acceptor.accept(conn->socket(), ec);

@@ -36,7 +36,9 @@ class TcpTransportTest : public ::testing::Test {
   std::string dir_;
 };
 
-uint8_t byte_of(int src, size_t i) { return static_cast<uint8_t>((src * 131 + i * 7 + (i >> 13)) & 0xff); }
+uint8_t byte_of(int src, size_t i) {
+  return static_cast<uint8_t>((static_cast<size_t>(src) * 131 + i * 7 + (i >> 13)) & 0xff);
+}
 
 TEST_F(TcpTransportTest, RingSendrecvDeliversExactBytes) {
   for (int n : {2, 3, 4}) {

@@ -111,7 +111,7 @@ TEST(CkptIntegrity, ManifestThatLiesFailsFastNamingTheField) {
   shard_gpt2(src, d.file("base"), {2, 1, 1, 0});
   int k = 0;
   auto edited = [&](const std::function<void(json&)>& edit) {
-    const std::string dir = d.file("m" + std::to_string(k++));
+    std::string dir = d.file("m" + std::to_string(k++));
     fs::copy(d.file("base"), dir, fs::copy_options::recursive);
     json j = read_json(dir + "/manifest.json");
     edit(j);

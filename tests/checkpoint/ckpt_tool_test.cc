@@ -85,6 +85,7 @@ parallel::models::gpt::GptConfig gpt_config(const Gpt2Config& c) {
 TEST(Gpt2Layout, ShardsLikeGptModelParameters) {
   for (int tp : {1, 2, 4}) {
     std::vector<std::vector<parallel::layers::Parameter>> layouts;
+    layouts.reserve(tp);
     for (int r = 0; r < tp; ++r) layouts.push_back(gpt2_tp_parameters(kCfg, tp, r));
     for (int r = 0; r < tp; ++r) {
       parallel::layers::ParallelState ps;
@@ -192,7 +193,7 @@ TEST(CkptTool, ExplicitStagesOverrideTheRule) {
   consolidate_gpt2(d.file("r"), d.file("back2.safetensors"));
   expect_same_tensors(src, d.file("back2.safetensors"));
   // Bad partitions are refused with nothing written.
-  for (std::vector<int> bad : {std::vector<int>{1, 1}, {3, 0}, {1, 1, 1}, {4, -1}}) {
+  for (const std::vector<int>& bad : {std::vector<int>{1, 1}, {3, 0}, {1, 1, 1}, {4, -1}}) {
     o.stages = bad;
     EXPECT_THROW(shard_gpt2(src, d.file("x"), o), InvalidArgument);
   }
@@ -323,7 +324,8 @@ TEST(CkptTool, BadInputIsRefusedAndWritesNothing) {
   EXPECT_THROW(shard_gpt2(src, d.file("full"), {2, 1, 1, 0}), InvalidArgument);
   EXPECT_TRUE(fs::exists(d.file("full/keep.txt")));
   // A truncated source names the file.
-  testing::write_bytes(d.file("bad.safetensors"), "\x10\0\0\0\0\0\0\0{\"a\":");
+  // A header length of 16 and then 5 of those 16 bytes (std::string: the NULs are data).
+  testing::write_bytes(d.file("bad.safetensors"), std::string("\x10\0\0\0\0\0\0\0{\"a\":", 13));
   try {
     shard_gpt2(d.file("bad.safetensors"), d.file("o"), {2, 1, 1, 0});
     ADD_FAILURE() << "no throw";
@@ -398,7 +400,7 @@ TEST(CkptTool, ConsolidateChecksEveryRanksTensors) {
   shard_gpt2(src, base, {2, 1, 1, 0});
   const size_t per_rank = SafetensorsReader(shard_file(base, 1, 0)).entries().size();
   auto fresh = [&](const std::string& name) {
-    const std::string dir = d.file(name);
+    std::string dir = d.file(name);
     fs::copy(base, dir, fs::copy_options::recursive);
     return dir;
   };

@@ -237,7 +237,7 @@ class WorldSize : public ::testing::TestWithParam<int> {};
 // Every dtype and op, counts 0, 1, 7, 1000, in-place and not.
 TEST_P(WorldSize, AllReduceEveryDtypeAndOp) {
   auto res = run_ranks(GetParam(), [](int rank, int size, std::shared_ptr<Store> store) {
-    auto c = Communicator::create(store, rank, size);
+    auto c = Communicator::create(std::move(store), rank, size);
     Buffers heap(false);
     int seed = 0;
     for (DType dt : kDTypes)
@@ -254,7 +254,7 @@ TEST_P(WorldSize, AllReduceLargeCount) {
   if (GetParam() > kLargeMaxRanks)
     GTEST_SKIP() << "sanitized build (about 10x slower): large counts run on up to " << kLargeMaxRanks << " ranks";
   auto res = run_ranks(GetParam(), [](int rank, int size, std::shared_ptr<Store> store) {
-    auto c = Communicator::create(store, rank, size);
+    auto c = Communicator::create(std::move(store), rank, size);
     Buffers arena(true), heap(false);
     const size_t n = (size_t{1} << 20) + 3;
     check_all_reduce(*c, arena, n, DType::F32, ReduceOp::Sum, false, 1);
@@ -268,7 +268,7 @@ TEST_P(WorldSize, AllReduceLargeCount) {
 
 TEST_P(WorldSize, OtherCollectives) {
   auto res = run_ranks(GetParam(), [](int rank, int size, std::shared_ptr<Store> store) {
-    auto c = Communicator::create(store, rank, size);
+    auto c = Communicator::create(std::move(store), rank, size);
     Buffers heap(false), arena(true);
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
       for (DType dt : kDTypes) {
@@ -290,7 +290,7 @@ TEST_P(WorldSize, OtherCollectives) {
     // Point to point: a ring of sends, odd ranks receive first.
     if (size > 1) {
       std::vector<int64_t> out(1000), in(1000);
-      for (size_t i = 0; i < out.size(); ++i) out[i] = rank * 1000 + static_cast<int64_t>(i);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = int64_t{rank} * 1000 + static_cast<int64_t>(i);
       const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
       if (rank % 2 == 0) {
         c->send(out.data(), out.size(), DType::I64, next, 7);
@@ -299,7 +299,8 @@ TEST_P(WorldSize, OtherCollectives) {
         c->recv(in.data(), in.size(), DType::I64, prev, 7);
         c->send(out.data(), out.size(), DType::I64, next, 7);
       }
-      for (size_t i = 0; i < in.size(); ++i) COLL_REQUIRE(in[i] == prev * 1000 + static_cast<int64_t>(i), "p2p ", i);
+      for (size_t i = 0; i < in.size(); ++i)
+        COLL_REQUIRE(in[i] == int64_t{prev} * 1000 + static_cast<int64_t>(i), "p2p ", i);
     }
     // Large: broadcast from an arena (direct) and the heap (tree), reduce-scatter.
     if (size > kLargeMaxRanks) return;
@@ -329,6 +330,7 @@ NetModel torus_for(int p) {
                           : p == 8 ? std::vector<int>{2, 2, 2}
                                    : std::vector<int>{p};
   std::vector<NetDim> d;
+  d.reserve(dims.size());
   for (int k : dims) d.push_back(NetDim{k, LinkKind::Ring, 50e9, 1e-6});
   return NetModel(d);
 }
@@ -341,7 +343,7 @@ TEST_P(ForcedAlgo, AllReduceMatchesReference) {
     CommOptions o;
     o.algo = f.algo;
     o.net = torus_for(size);
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     Buffers arena(true);
     int seed = 0;
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
@@ -413,7 +415,7 @@ TEST_P(SixteenBitAccumulation, MatchesDoubleOracleRoundedOnce) {
     CommOptions o;
     o.algo = algo;
     o.net = torus_for(size);
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     Buffers heap(false);
     const size_t n = 1000;  // oneshot serves up to 4 KiB of the f32 workspace
     for (DType dt : {DType::BF16, DType::F16}) {
@@ -460,7 +462,7 @@ INSTANTIATE_TEST_SUITE_P(Algos, SixteenBitAccumulation, ::testing::Values("", "r
 // ---------------------------------------------------------------- groups
 
 TEST(Collectives, SplitAndTwoCommunicatorsAtOnce) {
-  auto res = run_ranks(6, [](int rank, int size, std::shared_ptr<Store> store) {
+  auto res = run_ranks(6, [](int rank, int size, const std::shared_ptr<Store>& store) {
     auto world = Communicator::create(store, rank, size);
     CommOptions oo;
     oo.name = "other";
@@ -502,7 +504,7 @@ TEST(Collectives, SplitAndTwoCommunicatorsAtOnce) {
 
 TEST(Collectives, AsyncCompletesInOrder) {
   auto res = run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
-    auto c = Communicator::create(store, rank, size);
+    auto c = Communicator::create(std::move(store), rank, size);
     const size_t n = 20000;
     std::vector<std::vector<float>> bufs(8, std::vector<float>(n));
     std::vector<std::vector<float>> outs(8, std::vector<float>(n / size));
@@ -546,7 +548,8 @@ class Hosts : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
   const Layout l = GetParam();
-  auto res = run_ranks(static_cast<int>(l.host_of.size()), [&](int rank, int size, std::shared_ptr<Store> store) {
+  auto res = run_ranks(static_cast<int>(l.host_of.size()), [&](int rank, int size,
+                                                               const std::shared_ptr<Store>& store) {
     enter_host(l.host_of[rank]);
     auto c = Communicator::create(store, rank, size);
     // A rank with no peer on its host has only TCP links.
@@ -667,7 +670,7 @@ TEST(HostsForced, ShmAcrossHostsIsRefusedNamingTheHost) {
     o.transport = TransportKind::Shm;
     o.timeout = std::chrono::seconds(20);
     try {
-      auto c = Communicator::create(store, rank, size, o);
+      auto c = Communicator::create(std::move(store), rank, size, o);
     } catch (const CollectiveError& e) {
       const std::string w = e.what();
       const std::string other = rank < 2 ? "h1" : "h0";
@@ -689,7 +692,7 @@ TEST(HostsFaults, DeadRankOnAnotherHostFailsEveryoneNamingIt) {
     enter_host(rank / 2);
     CommOptions o;
     o.timeout = std::chrono::seconds(60);
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     std::vector<float> buf(1 << 16, 1.0f);
     c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
     if (rank == 3) ::_exit(0);  // dies without closing anything
@@ -721,10 +724,10 @@ TEST(HostsFaults, DeadRankOnAnotherHostFailsEveryoneNamingIt) {
 // between hosts. hier: 2(L-1) local steps of n/L and 2(H-1) cross steps of
 // n/(LH); a flat ring over 4 ranks pays the cross-host link at every step.
 TEST(ModeledTime, HierarchicalUsesTwoLevels) {
-  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+  auto res = run_ranks(4, [](int rank, int size, const std::shared_ptr<Store>& store) {
     enter_host(rank / 2);
     const double a = 2e-6, bw = 48.0 * (1ull << 30), ae = 10e-6, be = 800e9 / 8 / 2;
-    const size_t count = 4 * 2 * 1000;
+    const size_t count = size_t{4} * 2 * 1000;
     const double n = static_cast<double>(count * 4);
     std::vector<float> buf(count, 1.0f);
     auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
@@ -754,10 +757,10 @@ TEST(ModeledTime, HierarchicalUsesTwoLevels) {
 // root's host, one cross round of n/L, an all-gather step of n/L; the flat
 // binomial tree sends all n once inside the host and once across.
 TEST(ModeledTime, HierarchicalGatherScatterBroadcastUseTwoLevels) {
-  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+  auto res = run_ranks(4, [](int rank, int size, const std::shared_ptr<Store>& store) {
     enter_host(rank / 2);
     const double a = 2e-6, bw = 48.0 * (1ull << 30), ae = 10e-6, be = 800e9 / 8 / 2;
-    const size_t count = 2 * 1000;
+    const size_t count = size_t{2} * 1000;
     const double cb = static_cast<double>(count * 4);
     std::vector<float> in(count * size, 1.0f), out(count * size);
     auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
@@ -807,9 +810,9 @@ TEST(ModeledTime, HierarchicalGatherScatterBroadcastUseTwoLevels) {
 }
 
 TEST(ModeledTime, SchedulesMatchClosedForms) {
-  auto res = run_ranks(6, [](int rank, int size, std::shared_ptr<Store> store) {
+  auto res = run_ranks(6, [](int rank, int size, const std::shared_ptr<Store>& store) {
     const double a = 1.5e-6, bw = 40e9;
-    const size_t count = 6 * 2 * 1000;  // divisible by 2p: every block equal
+    const size_t count = size_t{6} * 2 * 1000;  // divisible by 2p: every block equal
     const double n = static_cast<double>(count * 4);
     std::vector<float> buf(count, 1.0f);
     auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };

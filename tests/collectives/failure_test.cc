@@ -44,7 +44,7 @@ size_t tessera_dev_shm_entries() {
 TEST(Failure, KilledPeerIsNoticedQuickly) {
   const size_t shm_before = tessera_dev_shm_entries();
   for (int killed_in_collective : {0, 1}) {
-    auto res = run_ranks(4, [&](int rank, int size, std::shared_ptr<Store> store) {
+    auto res = run_ranks(4, [&](int rank, int size, const std::shared_ptr<Store>& store) {
       CommOptions o;
       o.name = "victims";
       o.timeout = std::chrono::seconds(60);
@@ -104,7 +104,7 @@ TEST(Failure, KilledPeerIsNoticedQuickly) {
 // A peer that hangs (alive but silent) makes the others fail with the
 // timeout error after the configured time, naming the stuck rank.
 TEST(Failure, StuckPeerTimesOut) {
-  auto res = run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
+  auto res = run_ranks(3, [](int rank, int size, const std::shared_ptr<Store>& store) {
     CommOptions o;
     o.timeout = std::chrono::milliseconds(1500);
     auto c = Communicator::create(store, rank, size, o);
@@ -143,7 +143,7 @@ TEST(Failure, StuckPeerTimesOut) {
 TEST(Failure, TimeoutFromEnvironment) {
   ::setenv("TESSERA_TIMEOUT_S", "0.7", 1);
   auto res = run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
-    auto c = Communicator::create(store, rank, size);
+    auto c = Communicator::create(std::move(store), rank, size);
     COLL_REQUIRE(c->options().timeout == std::chrono::milliseconds(700), "timeout ", c->options().timeout.count());
     if (rank == 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2000));
@@ -169,7 +169,7 @@ TEST(Failure, AbortWakesWaiters) {
   auto res = run_ranks(2, [](int rank, int size, std::shared_ptr<Store> store) {
     CommOptions o;
     o.timeout = std::chrono::seconds(60);
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     c->barrier();
     std::vector<float> buf(100);
     const auto t0 = Clock::now();
@@ -214,7 +214,7 @@ TEST(Failure, AsyncWorkReportsFailure) {
   auto res = run_ranks(3, [](int rank, int size, std::shared_ptr<Store> store) {
     CommOptions o;
     o.timeout = std::chrono::seconds(60);
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     if (rank == 0) ::raise(SIGKILL);
     std::vector<float> buf(10000, 1.0f);
     auto w = c->all_reduce_async(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
@@ -241,7 +241,7 @@ TEST(Failure, TcpTellsADeadPeerFromAStuckOne) {
     o.transport = TransportKind::Tcp;
     o.name = "tcp-victims";
     o.timeout = std::chrono::seconds(60);
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     std::vector<float> buf(1 << 16, 1.0f);
     c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
     if (rank == 2) ::raise(SIGKILL);
@@ -263,7 +263,7 @@ TEST(Failure, TcpTellsADeadPeerFromAStuckOne) {
     CommOptions o;
     o.transport = TransportKind::Tcp;
     o.timeout = std::chrono::milliseconds(700);
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     int64_t v = 1;
     if (rank == 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2000));
@@ -301,6 +301,7 @@ std::string case_name(const FailCase& f) {
 }
 
 // gtest prints parameters in test listings (and so in ctest's names).
+// NOLINTNEXTLINE(readability-identifier-naming): gtest finds it by this name
 void PrintTo(const FailCase& f, std::ostream* os) { *os << case_name(f); }
 
 constexpr int kRanks = 4;  // a 2x2 torus for the torus algorithm
@@ -327,7 +328,7 @@ class FailureEveryAlgorithm : public ::testing::TestWithParam<FailCase> {};
 // whichever algorithm and transport carry the all-reduce; later calls fail at once.
 TEST_P(FailureEveryAlgorithm, AllReduce) {
   const FailCase f = GetParam();
-  auto res = run_ranks(kRanks, [f](int rank, int size, std::shared_ptr<Store> store) {
+  auto res = run_ranks(kRanks, [f](int rank, int size, const std::shared_ptr<Store>& store) {
     // Arena buffers: the shm direct algorithm reads them in place.
     Device dev(DeviceSpec::preset("test-core"), 0, make_shm_memory(16u << 20));
     auto c = Communicator::create(store, rank, size, fail_options(f, "victims"));
@@ -450,7 +451,7 @@ TEST_P(FailureTransport, MissingRankAtCreate) {
     o.timeout = 1000ms;
     const auto t0 = Clock::now();
     try {
-      auto c = Communicator::create(store, rank, size, o);
+      auto c = Communicator::create(std::move(store), rank, size, o);
       COLL_REQUIRE(false, "create succeeded without rank 2");
     } catch (const CollectiveError& e) {
       const double dt = since(t0);
@@ -471,7 +472,7 @@ TEST_P(FailureTransport, DeadRankAtSplit) {
     o.transport = t;
     o.name = "parent";
     o.timeout = 30000ms;
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     c->barrier();
     if (rank == 2) ::raise(SIGKILL);
     const auto t0 = Clock::now();
@@ -498,7 +499,7 @@ TEST_P(FailureTransport, StuckRankAtSplit) {
     o.transport = t;
     o.name = "parent";
     o.timeout = 1000ms;
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     c->barrier();
     if (rank == 1) {
       std::this_thread::sleep_for(2500ms);
@@ -524,7 +525,7 @@ TEST_P(FailureTransport, AllGatherAsyncReportsDeadPeer) {
     CommOptions o;
     o.transport = t;
     o.timeout = 30000ms;
-    auto c = Communicator::create(store, rank, size, o);
+    auto c = Communicator::create(std::move(store), rank, size, o);
     std::vector<float> in(10000, static_cast<float>(rank)), out(3 * in.size());
     c->all_gather_async(in.data(), out.data(), in.size(), DType::F32)->wait();
     COLL_REQUIRE(out[0] == 0.f && out[in.size()] == 1.f && out[2 * in.size()] == 2.f, "warm-up gather");
@@ -571,6 +572,7 @@ TEST(Failure, ThreadsOfOneProcess) {
   auto store = make_memory_store();
   std::vector<std::thread> ts;
   std::atomic<int> ok{0};
+  ts.reserve(3);
   for (int r = 0; r < 3; ++r) {
     ts.emplace_back([&, r] {
       try {
@@ -609,7 +611,7 @@ TEST(Store, FileStoreSetGetWaitAdd) {
     EXPECT_EQ(w.find("'a/b c'"), std::string::npos) << w;
   }
   // add from 4 processes, 50 times each: no increment lost.
-  auto res = run_ranks(4, [dir](int, int, std::shared_ptr<Store>) {
+  auto res = run_ranks(4, [dir](int, int, const std::shared_ptr<Store>&) {
     auto fs = make_file_store(dir);
     for (int i = 0; i < 50; ++i) fs->add("counter", 1);
   });
@@ -664,7 +666,7 @@ TEST(ShmArena, AllocatesReusesAndLocates) {
   // A peer process maps the arena and sees (and writes) the same bytes.
   std::memset(a, 7, 1000);
   const ShmLocation l = *la;
-  auto res = run_ranks(1, [l](int, int, std::shared_ptr<Store>) {
+  auto res = run_ranks(1, [l](int, int, const std::shared_ptr<Store>&) {
     auto seg = ShmSegment::open_peer(l.pid, l.fd, l.arena_bytes);
     char* p = static_cast<char*>(seg->data()) + l.offset;
     COLL_REQUIRE(p[0] == 7 && p[999] == 7, "peer view");

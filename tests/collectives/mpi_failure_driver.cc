@@ -53,9 +53,7 @@ bool fails_at_once(const char* what, const std::string& needle, F fn) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"MPI failure-path driver"};
   std::string mode;
   int timeout_ms = 1000;
@@ -113,4 +111,19 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "rank %d: the job was not ended\n", rank);
   return 6;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A call that throws where the mode expects none ends the whole job (as
+  // an uncaught exception's abort did), naming the error.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mpi_failure_driver: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "mpi_failure_driver: error: unknown exception\n");
+  }
+  mpi::abort(1);
 }

@@ -203,7 +203,7 @@ TEST(ByteDatasetDefault, CommonLicensesCorpus) {
   EXPECT_GT(ds.total_bytes(), 100000);
   EXPECT_TRUE(std::is_sorted(files.begin(), files.end()));
   for (const auto& f : files) EXPECT_FALSE(std::filesystem::is_symlink(f)) << f;
-  std::vector<int32_t> out(4 * 257);
+  std::vector<int32_t> out(size_t{4} * 257);
   ds.batch(Split::kVal, 0, 4, 256, 0, 4, out.data());
   for (int32_t t : out) ASSERT_TRUE(t >= 0 && t < ByteDataset::kVocab);
 }

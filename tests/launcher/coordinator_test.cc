@@ -200,6 +200,7 @@ TEST(Store, AddIsAtomic) {
   constexpr int kThreads = 8, kAdds = 150;
   std::vector<std::vector<int64_t>> seen(kThreads);
   std::vector<std::thread> ts;
+  ts.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t)
     ts.emplace_back([&, t] {
       auto c = job.client();
@@ -219,19 +220,20 @@ TEST(Store, AddIsAtomic) {
 }
 
 TEST(Barrier, NobodyPassesBeforeTheLastAndItIsReusable) {
-  constexpr int n = 6;
-  Job job(0, n);
+  constexpr int kRanks = 6;
+  Job job(0, kRanks);
   std::atomic<int> arrived{0};
   std::atomic<int> early{0};
   std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
+  ts.reserve(kRanks);
+  for (int r = 0; r < kRanks; ++r)
     ts.emplace_back([&, r] {
       auto c = job.client();
       for (int gen = 0; gen < 3; ++gen) {
-        if (r == n - 1) std::this_thread::sleep_for(50ms);  // the late one
+        if (r == kRanks - 1) std::this_thread::sleep_for(50ms);  // the late one
         arrived++;
-        c->barrier("b", r, n, 10s);
-        if (arrived.load() < n * (gen + 1)) early++;
+        c->barrier("b", r, kRanks, 10s);
+        if (arrived.load() < kRanks * (gen + 1)) early++;
       }
     });
   for (auto& t : ts) t.join();
@@ -308,7 +310,7 @@ TEST(Security, BoundsAndMalformedRequestsDoNotHurtTheCoordinator) {
     grpc::ByteBuffer req(&s, 1), rep;
     std::promise<grpc::Status> done;
     generic.UnaryCall(&ctx, "/tessera.launcher.proto.Coordinator/Set", grpc::StubOptions(), &req, &rep,
-                      [&](grpc::Status st) { done.set_value(st); });
+                      [&](grpc::Status st) { done.set_value(std::move(st)); });
     EXPECT_FALSE(done.get_future().get().ok());
   }
   // Still serving.

@@ -55,9 +55,7 @@ void sleep_seconds(double s) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"tessera launcher test program"};
   int exit_code = 0, fail_rank = -1, fail_round = 1 << 30, throw_rank = -1, stop_rank = -1, kill_rank = -1;
   double sleep_s = 0, loop_s = 0;
@@ -100,6 +98,7 @@ int main(int argc, char** argv) {
     // Store: every rank publishes, reads everyone, and counts itself in.
     ctx.store->set("hello/" + std::to_string(rank), std::to_string(rank * 7));
     std::vector<std::string> keys;
+    keys.reserve(size);
     for (int r = 0; r < size; ++r) keys.push_back("hello/" + std::to_string(r));
     ctx.store->wait(keys, std::chrono::seconds(60));
     for (int r = 0; r < size; ++r) {
@@ -140,4 +139,18 @@ int main(int argc, char** argv) {
     if (sleep_s > 0) sleep_seconds(sleep_s);
     return 0;
   });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // run_worker reports what the body throws; this catches the rest (options).
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hello: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "hello: error: unknown exception\n");
+  }
+  return 1;
 }

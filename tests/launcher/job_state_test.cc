@@ -103,6 +103,7 @@ TEST(JobStateStore, AddIsAtomicAndChecked) {
   constexpr int kThreads = 4, kAdds = 500;
   std::vector<std::vector<int64_t>> seen(kThreads);
   std::vector<std::thread> ts;
+  ts.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t)
     ts.emplace_back([&, t] {
       for (int i = 0; i < kAdds; ++i) {
@@ -234,18 +235,19 @@ TEST(JobStateRounds, NewRoundClearsTheStoreAndStaleCallsAreRefused) {
 }
 
 TEST(JobStateBarrier, CompletesWhenAllArriveAndIsReusable) {
-  constexpr int n = 5;
-  JobState st(mpirun_mode(n));
+  constexpr int kRanks = 5;
+  JobState st(mpirun_mode(kRanks));
   std::atomic<int> arrived{0};
   std::atomic<int> early{0};
   std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
+  ts.reserve(kRanks);
+  for (int r = 0; r < kRanks; ++r)
     ts.emplace_back([&, r] {
       for (int gen = 0; gen < 3; ++gen) {
         arrived++;
-        JobStatus s = st.barrier("b", r, n, 0, 30s, kNever);
+        JobStatus s = st.barrier("b", r, kRanks, 0, 30s, kNever);
         EXPECT_TRUE(s.ok()) << s.message();
-        if (arrived.load() < n * (gen + 1)) early++;
+        if (arrived.load() < kRanks * (gen + 1)) early++;
       }
     });
   for (auto& t : ts) t.join();

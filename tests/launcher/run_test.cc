@@ -6,6 +6,9 @@
 #include <sched.h>
 #include <sys/socket.h>
 
+#include <stdexcept>
+
+#include "runtime/error.h"
 #include "tests/launcher/subprocess.h"
 #include "tests/test_timeouts.h"
 
@@ -59,15 +62,16 @@ bool wait_for_lines(const std::string& file, const std::string& what, int n) {
 
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("free_port: socket failed");
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
   socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
   close(fd);
-  return port;
+  if (!ok) throw std::runtime_error("free_port: cannot bind a loopback port");
+  return ntohs(a.sin_port);
 }
 
 }  // namespace
@@ -91,16 +95,16 @@ TEST_P(RunWorld, EveryRankGetsItsEnvironmentAndPassesTheBarrier) {
   for (int r = 0; r < n; ++r) {
     const std::string pre = "[" + std::to_string(r) + "] ";
     const std::string R = std::to_string(r), N = std::to_string(n);
-    EXPECT_EQ(count(out, pre + "rank " + R + " of " + N + " ok (round 0)\n"), 1) << out;
+    EXPECT_EQ(count(out, tessera::detail::concat(pre, "rank ", R, " of ", N, " ok (round 0)\n")), 1) << out;
     for (const std::string& kv : std::vector<std::string>{
              "TESSERA_RANK=" + R, "TESSERA_WORLD_SIZE=" + N, "TESSERA_LOCAL_RANK=" + R, "TESSERA_LOCAL_SIZE=" + N,
              "TESSERA_NODE_RANK=0", "RANK=" + R, "WORLD_SIZE=" + N, "LOCAL_RANK=" + R, "LOCAL_WORLD_SIZE=" + N,
              "GROUP_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "TESSERA_COORDINATOR=127.0.0.1:" + port,
              "TORCHELASTIC_RESTART_COUNT=0", "TESSERA_JOB_TOKEN=set"})
-      EXPECT_EQ(count(out, pre + "env " + kv + "\n"), 1) << kv << "\n" << out;
+      EXPECT_EQ(count(out, tessera::detail::concat(pre, "env ", kv, "\n")), 1) << kv << "\n" << out;
     // One log file per rank, without the prefix.
     std::string log = read_file(d.path + "/logs/rank_" + R + ".log");
-    EXPECT_NE(log.find("rank " + R + " of " + N + " ok"), std::string::npos) << log;
+    EXPECT_NE(log.find(tessera::detail::concat("rank ", R, " of ", N, " ok")), std::string::npos) << log;
     EXPECT_EQ(log.find("[" + R + "]"), std::string::npos) << log;
   }
 }

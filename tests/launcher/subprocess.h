@@ -53,6 +53,7 @@ class Subprocess {
       dup2(o, 1);
       dup2(e, 2);
       std::vector<char*> args;
+      args.reserve(argv.size() + 1);
       for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);
       execvp(args[0], args.data());

@@ -58,7 +58,7 @@ TEST(CpuRotationPlan, SettingTurnsItOffOrSetsThePeriod) {
 
 TEST(CpuRotationSlot, LocalRanksNeverShareACpuAndEachVisitsEveryCpu) {
   for (int n = 1; n <= 5; ++n) {
-    for (int64_t k = 0; k < 3 * n; ++k) {
+    for (int64_t k = 0; k < int64_t{3} * n; ++k) {
       std::set<int> used;
       for (int r = 0; r < n; ++r) {
         int s = rotation_slot(r, k, n);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <utility>
 
 #include "runtime/error.h"
 
@@ -10,7 +11,7 @@ using namespace tessera;
 
 namespace {
 EnvLookup env_of(std::map<std::string, std::string> m) {
-  return [m](const std::string& k) -> std::optional<std::string> {
+  return [m = std::move(m)](const std::string& k) -> std::optional<std::string> {
     auto it = m.find(k);
     if (it == m.end()) return std::nullopt;
     return it->second;

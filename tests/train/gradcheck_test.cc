@@ -59,16 +59,16 @@ void check_grad(const std::string& what, std::vector<float>& x, const std::funct
 }
 
 TEST(GradCheck, LayerNorm) {
-  const int rows = 5, cols = 16;
-  auto x = randn(rows * cols, 1), gamma = randn(cols, 2), beta = randn(cols, 3), w = randn(rows * cols, 4);
-  std::vector<float> y(rows * cols), mean(rows), rstd(rows);
+  const int rows = 5, cols = 16, n = rows * cols;
+  auto x = randn(n, 1), gamma = randn(cols, 2), beta = randn(cols, 3), w = randn(n, 4);
+  std::vector<float> y(n), mean(rows), rstd(rows);
   auto f = [&]() {
     kern::layernorm_forward(nullptr, x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), rows,
                             cols, 1e-5f);
     return dot(y, w);
   };
   f();
-  std::vector<float> dx(rows * cols, 0.f), dg(cols, 0.f), db(cols, 0.f);
+  std::vector<float> dx(n, 0.f), dg(cols, 0.f), db(cols, 0.f);
   kern::layernorm_backward(nullptr, w.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dg.data(),
                            db.data(), rows, cols);
   check_grad("layernorm dx", x, f, dx);
@@ -93,9 +93,9 @@ TEST(GradCheck, Gelu) {
 }
 
 TEST(GradCheck, CausalSoftmax) {
-  const int t = 7;
-  auto s = randn(t * t, 7), w = randn(t * t, 8);
-  std::vector<float> p(t * t);
+  const int t = 7, n = t * t;
+  auto s = randn(n, 7), w = randn(n, 8);
+  std::vector<float> p(n);
   auto f = [&]() {
     p = s;
     kern::causal_softmax_forward(p.data(), t, t, 0.5f);
@@ -122,10 +122,10 @@ TEST(GradCheck, CausalSoftmax) {
 TEST(GradCheck, CrossEntropy) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  const int rows = 4, v = 11;
-  auto logits = randn(rows * v, 9, 3.f);
+  const int rows = 4, v = 11, n = rows * v;
+  auto logits = randn(n, 9, 3.f);
   std::vector<int32_t> tgt{0, 3, 10, 5};
-  std::vector<float> loss(rows), scratch(3 * rows), work, tmp;
+  std::vector<float> loss(rows), scratch(size_t{3} * rows), work, tmp;
   auto f = [&]() {
     tmp = logits;
     parallel::layers::vocab_parallel_cross_entropy(ps, tmp.data(), rows, v, v, 0, tgt.data(), false, 0, loss.data(),
@@ -180,11 +180,11 @@ TEST(GradCheck, GptEveryParameter) {
     auto r = randn(static_cast<size_t>(p->numel()), seed++, 0.3f);
     for (int64_t i = 0; i < p->numel(); ++i) p->value[i] = (gain ? 1.f : 0.f) + r[static_cast<size_t>(i)];
   }
-  const int batch = 2, seq = 5;
-  std::vector<int32_t> in(batch * seq), tg(batch * seq);
+  const int batch = 2, seq = 5, tokens = batch * seq;
+  std::vector<int32_t> in(tokens), tg(tokens);
   std::mt19937 g(3);
-  for (auto& t : in) t = g() % cfg.vocab;
-  for (auto& t : tg) t = g() % cfg.vocab;
+  for (auto& t : in) t = static_cast<int32_t>(g() % cfg.vocab);
+  for (auto& t : tg) t = static_cast<int32_t>(g() % cfg.vocab);
   const float scale = 1.0f / (batch * seq);
   opt.zero_grad();
   model.forward(in.data(), tg.data(), batch, seq, true, scale);
@@ -250,8 +250,8 @@ TEST(GradCheck, GptLongSequenceBlockedAttention) {
   const int seq = 150;
   std::vector<int32_t> in(seq), tg(seq);
   std::mt19937 g(5);
-  for (auto& t : in) t = g() % cfg.vocab;
-  for (auto& t : tg) t = g() % cfg.vocab;
+  for (auto& t : in) t = static_cast<int32_t>(g() % cfg.vocab);
+  for (auto& t : tg) t = static_cast<int32_t>(g() % cfg.vocab);
   const float scale = 1.0f / seq;
   opt.zero_grad();
   model.forward(in.data(), tg.data(), 1, seq, true, scale);

@@ -31,7 +31,7 @@ TEST(ParallelState, Tp2Pp2Dp2GroupsAreMegatrons) {
     Device dev(DeviceSpec::preset("test-core"), rank);
     collectives::CommOptions co;
     co.device = &dev;
-    auto world = collectives::Communicator::create(store, rank, size, co);
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
     parallel::layers::ParallelState ps =
         parallel::layers::make_parallel_state(world, /*tp=*/2, /*dp=*/2, &dev, /*sequence_parallel=*/false, /*pp=*/2);
     COLL_REQUIRE(ps.tp_size == 2 && ps.dp_size == 2 && ps.pp_size == 2);
@@ -63,7 +63,7 @@ TEST(ParallelState, Tp2Pp2Dp2GroupsAreMegatrons) {
 
 TEST(ParallelState, WorldSizeMustBeTpDpPp) {
   auto res = collectives::test::run_ranks(2, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
-    auto world = collectives::Communicator::create(store, rank, size, {});
+    auto world = collectives::Communicator::create(std::move(store), rank, size, {});
     bool threw = false;
     try {
       parallel::layers::make_parallel_state(world, 1, 1, nullptr, false, /*pp=*/4);

@@ -158,7 +158,7 @@ RunResult run(const Layout& l) {
         Device dev(DeviceSpec::preset("test-core"), rank);
         collectives::CommOptions co;
         co.device = &dev;
-        auto world = collectives::Communicator::create(store, rank, size, co);
+        auto world = collectives::Communicator::create(std::move(store), rank, size, co);
         parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
         parallel::models::gpt::TrainOptions o = tiny_options(l.vocab);
         o.tp = l.tp;
@@ -323,9 +323,10 @@ void expect_same_params(const Tensors& got_params, const Tensors& want_params, c
       }
       EXPECT_LE(std::sqrt(kg), 1e-3 * std::sqrt(all)) << what << " key bias of " << name;
       EXPECT_LE(std::sqrt(kw), 1e-3 * std::sqrt(all)) << "serial key bias of " << name;
-      std::fill(g.begin() + c, g.begin() + 2 * c, 0.f);
+      const auto key = static_cast<std::ptrdiff_t>(c);  // the key third: [c, 2c)
+      std::fill(g.begin() + key, g.begin() + 2 * key, 0.f);
       auto wq = w;
-      std::fill(wq.begin() + c, wq.begin() + 2 * c, 0.f);
+      std::fill(wq.begin() + key, wq.begin() + 2 * key, 0.f);
       double n = 0, d = 0;
       for (size_t i = 0; i < w.size(); ++i) {
         n += double(wq[i]) * wq[i];
@@ -406,7 +407,7 @@ TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
     Device dev(DeviceSpec::preset("test-core"), rank);
     collectives::CommOptions co;
     co.device = &dev;
-    auto world = collectives::Communicator::create(store, rank, size, co);
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
     parallel::layers::ParallelState ps =
         parallel::layers::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
     parallel::models::gpt::TrainOptions o = tiny_options();
