@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -21,6 +22,25 @@ int FileOps::rename(const char* from, const char* to) { return ::rename(from, to
 int FileOps::unlink(const char* path) { return ::unlink(path); }
 void FileOps::start_writeback(int fd, uint64_t offset, uint64_t bytes) {
   ::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
+}
+
+struct Sha256::Ctx {
+  EVP_MD_CTX* md;
+};
+
+Sha256::Sha256() : ctx_(new Ctx{EVP_MD_CTX_new()}) {
+  if (!ctx_->md || EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) != 1) {
+    EVP_MD_CTX_free(ctx_->md);
+    delete ctx_;
+    throw Error("SHA-256: cannot initialise libcrypto");
+  }
+}
+Sha256::~Sha256() {
+  EVP_MD_CTX_free(ctx_->md);
+  delete ctx_;
+}
+void Sha256::update(const void* p, size_t n) {
+  if (n && EVP_DigestUpdate(ctx_->md, p, n) != 1) throw Error("SHA-256: update failed");
 }
 
 FileOps& posix_file_ops() {
@@ -85,6 +105,7 @@ void FileSink::write(const void* data, size_t bytes) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail(path_, FileStep::Write, tmp_, errno);
     if (n == 0) fail(path_, FileStep::Write, tmp_, EIO);  // no progress: would loop forever
+    if (hash_) hash_->update(p, static_cast<size_t>(n));
     p += n;
     bytes -= static_cast<size_t>(n);
     written_ += static_cast<uint64_t>(n);
@@ -114,8 +135,10 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
     if (fd < 0 && (errno != EEXIST || attempt >= 100)) fail(path, FileStep::CreateTemp, tmp, errno);
   }
   try {
-    FileSink sink(ops, fd, path, tmp);
+    std::unique_ptr<Sha256> hash = options.sha256_hex ? std::make_unique<Sha256>() : nullptr;
+    FileSink sink(ops, fd, path, tmp, hash.get());
     fill(sink);
+    if (hash) *options.sha256_hex = hash->hex_digest();
     if (options.sync && ops.fsync(fd) != 0) fail(path, FileStep::SyncFile, tmp, errno);
     const int closed = ops.close(fd);
     fd = -1;  // closed even when close() reports an error (Linux)
@@ -136,6 +159,36 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
     fail(path, FileStep::SyncDir, dir, err);
   }
   ops.close(dfd);
+}
+
+namespace {
+
+void write_files_from(const std::vector<std::string>& paths, size_t k, std::vector<FileSink*>& sinks,
+                      const std::function<void(const std::vector<FileSink*>&)>& fill,
+                      std::vector<std::string>* sha256_hex, const AtomicWriteOptions& options) {
+  if (k == paths.size()) {
+    fill(sinks);
+    return;
+  }
+  AtomicWriteOptions o = options;
+  o.sha256_hex = sha256_hex ? &(*sha256_hex)[k] : nullptr;
+  write_file_atomic(
+      paths[k],
+      [&](FileSink& s) {
+        sinks[k] = &s;
+        write_files_from(paths, k + 1, sinks, fill, sha256_hex, options);
+      },
+      o);
+}
+
+}  // namespace
+
+void write_files_atomic(const std::vector<std::string>& paths,
+                        const std::function<void(const std::vector<FileSink*>&)>& fill,
+                        std::vector<std::string>* sha256_hex, const AtomicWriteOptions& options) {
+  std::vector<FileSink*> sinks(paths.size(), nullptr);
+  if (sha256_hex) sha256_hex->assign(paths.size(), std::string());
+  write_files_from(paths, 0, sinks, fill, sha256_hex, options);
 }
 
 void write_file_atomic(const std::string& path, std::string_view bytes, const AtomicWriteOptions& options) {
@@ -191,30 +244,14 @@ std::string hex(const unsigned char* d, unsigned n) {
   return s;
 }
 
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    if (!ctx_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1)
-      throw Error("SHA-256: cannot initialise libcrypto");
-  }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void update(const void* p, size_t n) {
-    if (EVP_DigestUpdate(ctx_, p, n) != 1) throw Error("SHA-256: update failed");
-  }
-  std::string hex_digest() {
-    unsigned char d[EVP_MAX_MD_SIZE];
-    unsigned n = 0;
-    if (EVP_DigestFinal_ex(ctx_, d, &n) != 1) throw Error("SHA-256: final failed");
-    return hex(d, n);
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
-
 }  // namespace
+
+std::string Sha256::hex_digest() {
+  unsigned char d[EVP_MAX_MD_SIZE];
+  unsigned n = 0;
+  if (EVP_DigestFinal_ex(ctx_->md, d, &n) != 1) throw Error("SHA-256: final failed");
+  return hex(d, n);
+}
 
 int open_regular_file(const std::string& path, uint64_t* size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
