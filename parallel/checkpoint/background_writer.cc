@@ -11,7 +11,7 @@ BackgroundWriter::BackgroundWriter(size_t buffers, size_t buffer_bytes) : cap_(s
   TESSERA_ARG_CHECK(buffers >= 1, "BackgroundWriter needs at least one buffer");
   for (size_t i = 0; i < buffers; ++i) {
     all_.push_back(std::make_unique<Buf>());
-    all_.back()->data.reset(new char[cap_]);
+    all_.back()->data = std::make_unique<char[]>(cap_);  // zeroed: the memory is resident from the start
     free_.push_back(all_.back().get());
   }
   thread_ = std::thread([this] { run(); });

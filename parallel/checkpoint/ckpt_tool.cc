@@ -109,7 +109,7 @@ json ranges_json(const parallel::layers::Parameter& p) {
 // Bytes are copied as stored: shards keep the source's dtype, so no
 // conversion happens anywhere (bit for bit, NaN payloads included).
 constexpr uint64_t kPieceBytes = uint64_t{8} << 20;
-constexpr size_t kOutBufferBytes = size_t{8} << 20;
+constexpr size_t kOutBufferBytes = size_t{2} << 20;  // FileOps::write splices 1 MiB at a time
 
 // Elements per piece of a tensor: whole rows (dim 0) up to kPieceBytes, at least one row.
 int64_t piece_elems(const Shape& full, DType dtype) {
