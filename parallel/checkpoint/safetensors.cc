@@ -572,15 +572,26 @@ void scan_nonfinite(const void* data, DType dtype, int64_t n, int64_t* count, in
   auto scan = [&](auto zero, uint32_t exp, uint32_t mant, uint32_t sign) {
     using U = decltype(zero);
     const auto* b = static_cast<const unsigned char*>(data);
-    for (int64_t i = 0; i < n; ++i) {
+    auto at = [&](int64_t i) {
       U u;
       std::memcpy(&u, b + i * static_cast<int64_t>(sizeof(U)), sizeof(U));
-      if ((u & exp) != exp) continue;
-      if ((*count)++ == 0) {
+      return u;
+    };
+    // A branch-free count first (vectorised; almost every piece has none),
+    // then the first one's index and kind only when there are any.
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += (at(i) & exp) == exp;
+    if (bad == 0) return;
+    if (*count == 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        const U u = at(i);
+        if ((u & exp) != exp) continue;
         *first = i;
         *first_kind = (u & mant) ? "nan" : ((u & sign) ? "-inf" : "inf");
+        break;
       }
     }
+    *count += bad;
   };
   switch (dtype) {
     case DType::F32:
