@@ -13,7 +13,7 @@
 // place: a failure leaves no partial output. Every command streams: tensors
 // are read in pieces of at most 8 MiB (pread) and written through fixed
 // buffers, each output file once, sequentially, its SHA-256 computed as it
-// is written, so peak memory does not grow with the model (under 128 MiB for
+// is written, so peak memory does not grow with the model (about 50 MiB for
 // tp 8). Bytes are copied as stored (no dtype conversion). Functions are
 // stateless and may run concurrently on different paths.
 #pragma once

@@ -503,8 +503,9 @@ ShardedSafetensorsReader::ShardedSafetensorsReader(const std::string& index_path
     fs::path fp(file);
     if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
         file.find('\0') != std::string::npos) {
-      fail(ip, detail::concat("weight_map['", it.key(), "'] = '", file,
-                              "' must be a plain file name in the index's directory (no '/' or '..')"));
+      fail(ip, detail::concat(
+                   "weight_map['", it.key(), "'] = '", file,
+                   "' must be a file name relative to the index's directory (a plain file name, no '/' or '..')"));
     }
     auto [sit, inserted] = shard_index.emplace(file, shards_.size());
     if (inserted) {
