@@ -24,7 +24,8 @@ struct CkptArgs {
   std::string path, out;
   int tp = 1, pp = 1, dp = 1;
   int64_t heads = 0;
-  std::string stages;  // "3,3,2,2"; empty: parallel::pipeline::stage_layers
+  std::string stages;          // "3,3,2,2"; empty: parallel::pipeline::stage_layers
+  std::string max_shard_size;  // consolidate: Hugging Face sharded form when set
   bool allow_nonfinite = false;
 };
 
@@ -157,13 +158,24 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   });
 
   auto* cons = ckpt->add_subcommand("consolidate", "Join a shard directory back into one HF GPT-2 file");
-  cons->add_option("--out", args->out, "Output .safetensors file")->required();
+  cons->add_option("--out", args->out, "Output .safetensors file (a directory with --max-shard-size)")->required();
+  cons->add_option("--max-shard-size", args->max_shard_size,
+                   "Write the Hugging Face sharded form into --out (model-0000K-of-0000N.safetensors and "
+                   "model.safetensors.index.json), at most this much tensor data per file, e.g. 500MB, 2GB, 1GiB");
   cons->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`)")->required();
   cons->add_flag("--allow-nonfinite", args->allow_nonfinite,
                  "Accept NaN/Inf weights (default: an error naming the tensors)");
   cons->callback([&action, args] {
     action = [args] {
       return guarded("consolidate", [&] {
+        if (!args->max_shard_size.empty()) {
+          const uint64_t max = parallel::checkpoint::parse_shard_size(args->max_shard_size);
+          std::vector<std::string> files =
+              parallel::checkpoint::consolidate_gpt2_sharded(args->path, args->out, max, args->allow_nonfinite);
+          std::printf("wrote %zu file%s%s to %s\n", files.size(), files.size() == 1 ? "" : "s",
+                      files.size() == 1 ? "" : " and model.safetensors.index.json", args->out.c_str());
+          return 0;
+        }
         cli::check_output_file("--out", args->out);
         parallel::checkpoint::consolidate_gpt2(args->path, args->out, args->allow_nonfinite);
         std::printf("wrote %s\n", args->out.c_str());
@@ -172,13 +184,14 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
     };
   });
 
-  auto* reshard = ckpt->add_subcommand("reshard", "Consolidate a shard directory and shard it for a new tp/pp");
+  auto* reshard = ckpt->add_subcommand("reshard", "Shard a shard directory (or an HF checkpoint) for a new tp/pp");
   add_layout_flags(reshard, args.get());
   reshard->add_option("--dp", args->dp, "Data-parallel degree (recorded)")
       ->capture_default_str()
       ->check(cli::positive(args->dp));
   reshard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
-  reshard->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`)")->required();
+  reshard->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`), or an HF file or sharded dir")
+      ->required();
   reshard->add_flag("--allow-nonfinite", args->allow_nonfinite,
                     "Accept NaN/Inf weights (default: an error naming the tensors)");
   reshard->callback([&action, args] {

@@ -35,10 +35,28 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/error.h"
 
 namespace tessera {
+
+// Incremental SHA-256 (OpenSSL's libcrypto, EVP). update() any number of
+// times, then hex_digest() once: 64 lowercase hex digits. One owner; not
+// shared between threads without a lock.
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* data, size_t bytes);
+  std::string hex_digest();
+
+ private:
+  struct Ctx;
+  Ctx* ctx_;
+};
 
 // The system calls the atomic write makes. Each returns what the POSIX call
 // of the same name returns and sets errno on failure. The default
@@ -84,6 +102,10 @@ struct AtomicWriteOptions {
   // the running job's (FileStore keys: 128 ranks rendezvousing on ext4 spent
   // most of their time in fsync).
   bool sync = true;
+  // When set, receives the SHA-256 (hex) of the bytes written, computed by
+  // the sink as they are written (no second read of the file); set only when
+  // the call succeeds.
+  std::string* sha256_hex = nullptr;
 };
 
 // Handed to a streaming writer: appends to the temp file. write() throws
@@ -97,12 +119,13 @@ class FileSink {
 
  private:
   friend void write_file_atomic(const std::string&, const std::function<void(FileSink&)>&, const AtomicWriteOptions&);
-  FileSink(FileOps& ops, int fd, const std::string& path, const std::string& tmp)
-      : ops_(ops), fd_(fd), path_(path), tmp_(tmp) {}
+  FileSink(FileOps& ops, int fd, const std::string& path, const std::string& tmp, Sha256* hash)
+      : ops_(ops), fd_(fd), path_(path), tmp_(tmp), hash_(hash) {}
   FileOps& ops_;
   int fd_;
   const std::string& path_;
   const std::string& tmp_;
+  Sha256* hash_;  // nullptr unless AtomicWriteOptions::sha256_hex is set
   uint64_t written_ = 0, kicked_ = 0;
 };
 
@@ -112,6 +135,16 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const At
 // tensor, without building the file in memory).
 void write_file_atomic(const std::string& path, const std::function<void(FileSink&)>& fill,
                        const AtomicWriteOptions& options = {});
+// Several files written at once (e.g. the TP ranks' shards of one tensor
+// stream), each under the contract above: `fill` gets one sink per path, in
+// order, and may interleave writes to them; each sink may be written from
+// one other thread at a time if `fill` waits for that thread before it
+// returns. Each file is atomic on its own, the set is not: when a later
+// step fails, files already renamed stay (callers write into a temp
+// directory). `sha256_hex`, when given, receives each file's SHA-256.
+void write_files_atomic(const std::vector<std::string>& paths,
+                        const std::function<void(const std::vector<FileSink*>&)>& fill,
+                        std::vector<std::string>* sha256_hex = nullptr, const AtomicWriteOptions& options = {});
 
 // ---- reading ----------------------------------------------------------------
 // Opens `path` read-only for a reader that expects a regular file: opens with

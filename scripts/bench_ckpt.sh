@@ -1,37 +1,76 @@
 #!/usr/bin/env bash
-# `tessera ckpt shard` against `cp` of the same file, in the same run
-# (docs/checkpoint.md). The source is a ~512 MB GPT-2-shaped f32 file
-# (vocab 50257, context 1024, width 1024, 6 layers, 16 heads) written by
-# `train_gpt --steps 0 --export`; it is generated once and kept in $DIR.
-# cp and every tessera command read the file from a warm page cache and end
-# with their output on disk (cp is followed by sync; tessera fsyncs).
-# Usage: scripts/bench_ckpt.sh [build dir] [work dir]
+# `tessera ckpt` against `cp` of the same bytes, in the same run
+# (docs/checkpoint.md).
+#
+#   scripts/bench_ckpt.sh [build dir] [work dir] [size] [reps]
+#
+# size 512m (default): a ~512 MB GPT-2-shaped f32 file (vocab 50257, context
+#   1024, width 1024, 6 layers, 16 heads) from `train_gpt --steps 0
+#   --export`, kept in the work dir.
+# size 2g: a 2.08 GiB one (width 2048, 9 layers) from build/bin/gpt2_random
+#   (random weights, streamed), deleted at the end.
+# Each rep times shard --tp 8, reshard tp 8 -> tp 4 pp 2 and consolidate,
+# each right after `cp SRC COPY && sync COPY` (the copy on disk, as tessera's
+# fsynced outputs are), with wall time, CPU time and peak RSS
+# (/usr/bin/time) and its ratio to that cp. The page cache is warm for
+# every reader.
 set -euo pipefail
 BUILD=${1:-build}
 DIR=${2:-/tmp/tessera_bench_ckpt}
+SIZE=${3:-512m}
+REPS=${4:-2}
 export OPENBLAS_NUM_THREADS=1
 mkdir -p "$DIR"
-SRC="$DIR/gpt2-1024x6.safetensors"
-if [ ! -f "$SRC" ]; then
-  "$BUILD/bin/train_gpt" --steps 0 --vocab 50257 --seq 1024 --hidden 1024 --layers 6 --heads 16 --micro-batch 1 \
-    --export "$SRC" >/dev/null
-fi
-echo "source: $SRC ($(stat -c %s "$SRC") bytes)  nproc=$(nproc)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
+case $SIZE in
+  512m)
+    SRC="$DIR/gpt2-1024x6.safetensors"
+    if [ ! -f "$SRC" ]; then
+      "$BUILD/bin/train_gpt" --steps 0 --vocab 50257 --seq 1024 --hidden 1024 --layers 6 --heads 16 --micro-batch 1 \
+        --export "$SRC" >/dev/null
+    fi
+    ;;
+  2g)
+    SRC="$DIR/gpt2-2048x9.safetensors"
+    trap 'rm -f "$SRC"' EXIT
+    [ -f "$SRC" ] || "$BUILD/bin/gpt2_random" --vocab 50257 --seq 1024 --hidden 2048 --layers 9 --heads 16 \
+      --out "$SRC" >/dev/null
+    ;;
+  *) echo "usage: $0 [build dir] [work dir] [512m|2g] [reps]" >&2; exit 2 ;;
+esac
+T="$BUILD/bin/tessera"
+echo "source: $SRC ($(stat -c %s "$SRC") bytes)  nproc=$(nproc)"
 cat "$SRC" >/dev/null  # warm the page cache
 
-t() {  # t LABEL CMD...: wall seconds of CMD
+CP=0
+t() {  # t LABEL CMD...: wall, CPU, peak RSS of CMD, and the ratio to this rep's cp
   local label=$1; shift
-  local s e
-  s=$(date +%s.%N); "$@" >/dev/null; e=$(date +%s.%N)
-  printf '  %-44s %7.3f s\n' "$label" "$(echo "$e - $s" | bc)"
+  local out
+  out=$( { /usr/bin/time -f '%e %U %S %M' "$@" >/dev/null; } 2>&1 | tail -1)
+  read -r wall user sys rss <<<"$out"
+  [ "$label" = cp ] && CP=$wall
+  printf '  %-34s %7.2f s  (user %5.2f sys %5.2f)  peak %6.1f MiB  %5.2fx cp   load %s\n' "$label" "$wall" "$user" \
+    "$sys" "$(echo "$rss / 1024" | bc -l)" "$(echo "$wall / $CP" | bc -l)" "$(cut -d' ' -f1 /proc/loadavg)"
 }
 clean() { rm -rf "$DIR/copy.safetensors" "$DIR"/out_* "$DIR/back.safetensors"; sync; }
 
-clean
-t "cp FILE COPY && sync" sh -c "cp '$SRC' '$DIR/copy.safetensors' && sync"
-t "tessera ckpt shard --tp 1" "$BUILD/bin/tessera" ckpt shard --tp 1 --out "$DIR/out_tp1" "$SRC"
-t "tessera ckpt shard --tp 4" "$BUILD/bin/tessera" ckpt shard --tp 4 --out "$DIR/out_tp4" "$SRC"
-t "tessera ckpt shard --tp 2 --pp 2" "$BUILD/bin/tessera" ckpt shard --tp 2 --pp 2 --out "$DIR/out_tp2pp2" "$SRC"
-t "tessera ckpt consolidate (tp 4)" "$BUILD/bin/tessera" ckpt consolidate --out "$DIR/back.safetensors" "$DIR/out_tp4"
-t "tessera ckpt reshard tp 4 -> tp 2 pp 2" "$BUILD/bin/tessera" ckpt reshard --tp 2 --pp 2 --out "$DIR/out_re" "$DIR/out_tp4"
+# Each command is paired with a cp of the source run just before it, with
+# the previous outputs it does not read deleted first: both then start from
+# the same page-cache state (on these VMs the kernel's cost of filling new
+# page-cache pages swings 5x with it, for cp as for tessera).
+pair() {  # pair LABEL CMD...
+  rm -f "$DIR/copy.safetensors"
+  t cp sh -c "cp '$SRC' '$DIR/copy.safetensors' && sync '$DIR/copy.safetensors'"
+  rm -f "$DIR/copy.safetensors"
+  t "$@"
+}
+for rep in $(seq 1 "$REPS"); do
+  echo "rep $rep:"
+  clean
+  pair "shard --tp 8" "$T" ckpt shard --tp 8 --out "$DIR/out_tp8" "$SRC"
+  pair "reshard tp 8 -> tp 4 pp 2" "$T" ckpt reshard --tp 4 --pp 2 --out "$DIR/out_tp4pp2" "$DIR/out_tp8"
+  rm -rf "$DIR/out_tp8"
+  pair "consolidate (tp 4 pp 2)" "$T" ckpt consolidate --out "$DIR/back.safetensors" "$DIR/out_tp4pp2"
+  cmp -s <(tail -c 100000000 "$SRC") <(tail -c 100000000 "$DIR/back.safetensors") ||
+    { echo "consolidated tensors differ from the source" >&2; exit 1; }
+done
 clean

@@ -2,16 +2,22 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "parallel/checkpoint/background_writer.h"
 #include "parallel/checkpoint/gpt2_layout.h"
 #include "parallel/pipeline/partition.h"
 #include "runtime/error.h"
@@ -96,56 +102,301 @@ json ranges_json(const parallel::layers::Parameter& p) {
   return r;
 }
 
-uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::string& out_dir,
-                      const ShardOptions& opt) {
+// ---- streaming -----------------------------------------------------------------
+// Every command streams: a tensor is read in pieces of whole rows of at most
+// kPieceBytes (one piece when it is smaller), each piece goes straight to the
+// output files' buffers (BackgroundWriter), and nothing is held per model.
+// Bytes are copied as stored: shards keep the source's dtype, so no
+// conversion happens anywhere (bit for bit, NaN payloads included).
+constexpr uint64_t kPieceBytes = uint64_t{8} << 20;
+constexpr size_t kOutBufferBytes = size_t{2} << 20;  // FileOps::write splices 1 MiB at a time
+
+// Elements per piece of a tensor: whole rows (dim 0) up to kPieceBytes, at least one row.
+int64_t piece_elems(const Shape& full, DType dtype) {
+  const int64_t numel = shape_numel(full);
+  const int64_t row = full.size() >= 2 && full[0] > 0 ? numel / full[0] : 1;
+  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(kPieceBytes / (row * dtype_size(dtype))));
+  return std::max<int64_t>(1, rows * row);
+}
+
+// Non-finite values found while streaming, by (file, tensor), reported as
+// check_finite does once the pass is over (before anything is committed).
+class NonFiniteLog {
+ public:
+  void scan(const std::string& file, const std::string& name, const void* data, DType dtype, int64_t n, int64_t base) {
+    int64_t count = 0, first = -1;
+    const char* kind = "";
+    scan_nonfinite(data, dtype, n, &count, &first, &kind);
+    if (!count) return;
+    auto [it, fresh] = index_.emplace(std::make_pair(file, name), hits_.size());
+    if (fresh) hits_.push_back({file, name, 0, base + first, kind});
+    hits_[it->second].count += count;
+  }
+  void throw_if_any(const std::string& top) const {
+    if (hits_.empty()) return;
+    std::string msg = top + ": non-finite weights:";
+    for (const Hit& h : hits_)
+      msg += detail::concat("\n  ", h.file, ": tensor '", h.name, "' holds ", h.count, " non-finite value",
+                            h.count == 1 ? "" : "s", " (first at flat index ", h.first, ": ", h.kind, ")");
+    msg += "\n(pass --allow-nonfinite to load them anyway)";
+    throw FormatError(msg);
+  }
+
+ private:
+  struct Hit {
+    std::string file, name;
+    int64_t count, first;
+    const char* kind;
+  };
+  std::vector<Hit> hits_;
+  std::map<std::pair<std::string, std::string>, size_t> index_;
+};
+
+// Full GPT-2 tensors (the layout's order, gpt2_tp_parameters), read as flat
+// element ranges of the row-major full tensor, in its stored dtype.
+class FullReader {
+ public:
+  virtual ~FullReader() = default;
+  virtual void read(size_t tensor, int64_t begin, int64_t count, uint8_t* dst) = 0;
+};
+
+// A Hugging Face file or sharded directory: one pread per piece.
+class HfReader : public FullReader {
+ public:
+  HfReader(const TensorSource& src, const std::vector<parallel::layers::Parameter>& layout, NonFiniteLog* nf)
+      : src_(src), nf_(nf) {
+    for (const parallel::layers::Parameter& p : layout) {
+      stored_.push_back(gpt2_stored_name(src, p.name));
+      dtypes_.push_back(src.entry(stored_.back()).dtype);
+    }
+  }
+  const std::vector<DType>& dtypes() const { return dtypes_; }
+  void read(size_t i, int64_t begin, int64_t count, uint8_t* dst) override {
+    const uint64_t es = dtype_size(dtypes_[i]);
+    src_.read_bytes(stored_[i], static_cast<uint64_t>(begin) * es, static_cast<uint64_t>(count) * es, dst);
+    if (nf_) nf_->scan(src_.file_of(stored_[i]), stored_[i], dst, dtypes_[i], count, begin);
+  }
+
+ private:
+  const TensorSource& src_;
+  NonFiniteLog* nf_;
+  std::vector<std::string> stored_;
+  std::vector<DType> dtypes_;
+};
+
+// Calls fn(local, full, count) for the parts of p's shard runs that fall in
+// full elements [begin, end) (padding runs are skipped), in local order.
+template <typename Fn>
+void clipped_runs(const parallel::layers::Parameter& p, int64_t begin, int64_t end, Fn fn) {
+  parallel::layers::for_each_shard_run(p, [&](int64_t local, int64_t full, int64_t count) {
+    if (full < 0) return;
+    const int64_t a = std::max(full, begin), b = std::min(full + count, end);
+    if (a < b) fn(local + (a - full), a, b - a);
+  });
+}
+
+// A shard directory whose manifest, sizes, hashes and headers were checked
+// (open_shard_dir) before any tensor byte is read.
+struct ShardDir {
+  std::string dir, mpath;
+  json manifest;
+  Gpt2Config config;
+  int tp = 1, pp = 1;
+  std::vector<int> part;
+  std::vector<std::vector<parallel::layers::Parameter>> ranks;  // [tp_rank][tensor]
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;      // [pp_rank * tp + tp_rank]
+  std::vector<DType> dtypes;                                    // per tensor
+  std::vector<int> stage;                                       // per tensor
+};
+
+// Gathers full pieces from the TP ranks' files of the tensor's stage: per
+// rank one pread of the local span the piece needs, then the runs copied
+// into place. Replicated tensors are read from tp rank 0 and compared with
+// every other rank's bytes.
+class ShardDirReader : public FullReader {
+ public:
+  ShardDirReader(const ShardDir& sd, NonFiniteLog* nf) : sd_(sd), nf_(nf), scratch_(kPieceBytes) {}
+  void read(size_t i, int64_t begin, int64_t count, uint8_t* dst) override {
+    const DType dt = sd_.dtypes[i];
+    const uint64_t es = dtype_size(dt);
+    const int64_t end = begin + count;
+    for (int r = 0; r < sd_.tp; ++r) {
+      const parallel::layers::Parameter& p = sd_.ranks[static_cast<size_t>(r)][i];
+      const SafetensorsReader& rd = *sd_.readers[static_cast<size_t>(sd_.stage[i]) * sd_.tp + r];
+      const SafetensorsEntry& e = rd.entry(p.name);
+      if (p.split_dim < 0) {
+        uint8_t* to = r == 0 ? dst : buffer(static_cast<uint64_t>(count) * es);
+        rd.read_bytes(e, static_cast<uint64_t>(begin) * es, static_cast<uint64_t>(count) * es, to);
+        if (r == 0 && nf_) nf_->scan(rd.path(), p.name, dst, dt, count, begin);
+        if (r > 0 && std::memcmp(to, dst, static_cast<size_t>(count) * es) != 0)
+          throw FormatError(detail::concat(rd.path(), ": replicated tensor ", p.name, " differs from tp rank 0's"));
+        continue;
+      }
+      int64_t lo = INT64_MAX, hi = -1;
+      clipped_runs(p, begin, end, [&](int64_t local, int64_t, int64_t n) {
+        lo = std::min(lo, local);
+        hi = std::max(hi, local + n);
+      });
+      if (hi < 0) continue;
+      uint8_t* span = buffer(static_cast<uint64_t>(hi - lo) * es);
+      rd.read_bytes(e, static_cast<uint64_t>(lo) * es, static_cast<uint64_t>(hi - lo) * es, span);
+      if (nf_) nf_->scan(rd.path(), p.name, span, dt, hi - lo, lo);
+      clipped_runs(p, begin, end, [&](int64_t local, int64_t full, int64_t n) {
+        std::memcpy(dst + static_cast<uint64_t>(full - begin) * es, span + static_cast<uint64_t>(local - lo) * es,
+                    static_cast<size_t>(n) * es);
+      });
+    }
+  }
+
+ private:
+  uint8_t* buffer(uint64_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+  const ShardDir& sd_;
+  NonFiniteLog* nf_;
+  std::vector<uint8_t> scratch_;
+};
+
+// Appends the piece [begin, begin + count) of a full tensor to each TP
+// rank's output: the rank's runs inside the piece, and its padding as soon
+// as everything before it is written. emitted[r]: local elements written.
+void scatter_piece(const std::vector<const parallel::layers::Parameter*>& ps, int64_t begin, int64_t count,
+                   const uint8_t* piece, uint64_t es, BackgroundWriter& bw, const std::vector<size_t>& outs,
+                   std::vector<int64_t>& emitted) {
+  const int64_t end = begin + count;
+  for (size_t r = 0; r < ps.size(); ++r) {
+    parallel::layers::for_each_shard_run(*ps[r], [&](int64_t local, int64_t full, int64_t n) {
+      if (full < 0) {
+        if (local == emitted[r]) {
+          bw.zeros(outs[r], static_cast<size_t>(n) * es);
+          emitted[r] += n;
+        }
+        return;
+      }
+      const int64_t a = std::max(full, begin), b = std::min(full + n, end);
+      if (a >= b) return;
+      TESSERA_CHECK(local + (a - full) == emitted[r], "shard stream out of order for ", ps[r]->name);
+      bw.write(outs[r], piece + static_cast<uint64_t>(a - begin) * es, static_cast<size_t>(b - a) * es);
+      emitted[r] += b - a;
+    });
+  }
+}
+
+// Writes every (tp, pp) rank's file of the layout into `tmp`, stage by
+// stage; the tp files of a stage are written at once (each sequentially),
+// so every source piece is read once. Returns the manifest's "files".
+json write_rank_files(FullReader& in, const std::vector<DType>& dtypes, int tp, int pp, const std::vector<int>& part,
+                      const std::vector<std::vector<parallel::layers::Parameter>>& ranks, const fs::path& tmp,
+                      uint64_t* bytes) {
+  const size_t n = ranks[0].size();
+  std::vector<uint8_t> piece(kPieceBytes);
+  json jfiles = json::array();
+  for (int s = 0; s < pp; ++s) {
+    std::vector<size_t> tensors;
+    for (size_t i = 0; i < n; ++i)
+      if (gpt2_pp_stage(part, ranks[0][i].name) == s) tensors.push_back(i);
+    std::vector<std::string> paths, files, headers;
+    std::vector<json> file_tensors;
+    for (int r = 0; r < tp; ++r) {
+      std::vector<TensorSpec> specs;
+      json jt = json::array();
+      for (size_t i : tensors) {
+        const parallel::layers::Parameter& p = ranks[static_cast<size_t>(r)][i];
+        specs.push_back({p.name, dtypes[i], p.shape});
+        *bytes += specs.back().nbytes();
+        jt.push_back({{"name", p.name},
+                      {"dtype", dtype_name(dtypes[i])},
+                      {"full_shape", shape_json(p.full_shape)},
+                      {"shape", shape_json(p.shape)},
+                      {"split_dim", p.split_dim},
+                      {"chunks", p.chunks},
+                      {"ranges", ranges_json(p)}});
+      }
+      files.push_back(rank_stem(0, r, s) + ".safetensors");
+      paths.push_back((tmp / files.back()).string());
+      headers.push_back(safetensors_header(specs, {{"format", "pt"},
+                                                   {"tp_rank", std::to_string(r)},
+                                                   {"tp_size", std::to_string(tp)},
+                                                   {"pp_rank", std::to_string(s)},
+                                                   {"pp_size", std::to_string(pp)}}));
+      file_tensors.push_back(std::move(jt));
+    }
+    std::vector<std::string> shas;
+    write_files_atomic(
+        paths,
+        [&](const std::vector<FileSink*>& sinks) {
+          BackgroundWriter bw(
+              static_cast<size_t>(tp) + 3,
+              std::clamp<size_t>((size_t{64} << 20) / static_cast<size_t>(tp), size_t{1} << 20, kOutBufferBytes));
+          std::vector<size_t> outs;
+          for (int r = 0; r < tp; ++r) {
+            outs.push_back(bw.add(sinks[static_cast<size_t>(r)]));
+            bw.write(outs.back(), headers[static_cast<size_t>(r)].data(), headers[static_cast<size_t>(r)].size());
+          }
+          for (size_t i : tensors) {
+            std::vector<const parallel::layers::Parameter*> ps;
+            for (int r = 0; r < tp; ++r) ps.push_back(&ranks[static_cast<size_t>(r)][i]);
+            const Shape& full = ranks[0][i].full_shape;
+            const uint64_t es = dtype_size(dtypes[i]);
+            const int64_t numel = shape_numel(full), step = piece_elems(full, dtypes[i]);
+            std::vector<int64_t> emitted(static_cast<size_t>(tp), 0);
+            for (int64_t b = 0; b < numel; b += step) {
+              const int64_t c = std::min(step, numel - b);
+              if (piece.size() < static_cast<uint64_t>(c) * es) piece.resize(static_cast<uint64_t>(c) * es);
+              in.read(i, b, c, piece.data());
+              scatter_piece(ps, b, c, piece.data(), es, bw, outs, emitted);
+            }
+            // Padding after the last run (or a shard of padding only).
+            scatter_piece(ps, numel, 0, piece.data(), es, bw, outs, emitted);
+            for (int r = 0; r < tp; ++r)
+              TESSERA_CHECK(emitted[static_cast<size_t>(r)] == ps[static_cast<size_t>(r)]->numel(), "shard stream of ",
+                            ps[static_cast<size_t>(r)]->name, " wrote ", emitted[static_cast<size_t>(r)], " of ",
+                            ps[static_cast<size_t>(r)]->numel(), " elements");
+          }
+          bw.drain();
+        },
+        &shas);
+    for (int r = 0; r < tp; ++r)
+      jfiles.push_back({{"file", files[static_cast<size_t>(r)]},
+                        {"tp_rank", r},
+                        {"pp_rank", s},
+                        {"bytes", fs::file_size(paths[static_cast<size_t>(r)])},
+                        {"sha256", shas[static_cast<size_t>(r)]},
+                        {"tensors", file_tensors[static_cast<size_t>(r)]}});
+  }
+  return jfiles;
+}
+
+void check_shard_options(const Gpt2Config& c, const ShardOptions& opt, const std::string& what) {
   TESSERA_ARG_CHECK(opt.tp >= 1 && opt.pp >= 1 && opt.dp >= 1, "--tp, --pp and --dp must be >= 1 (got tp ", opt.tp,
                     ", pp ", opt.pp, ", dp ", opt.dp, ")");
   TESSERA_ARG_CHECK(c.heads % opt.tp == 0, "--tp ", opt.tp, " does not divide the ", c.heads, " attention heads of ",
-                    src.path(), " (attention is split by heads)");
-  TESSERA_ARG_CHECK(c.layers >= opt.pp, "--pp ", opt.pp, " exceeds the ", c.layers, " layers of ", src.path(),
+                    what, " (attention is split by heads)");
+  TESSERA_ARG_CHECK(c.layers >= opt.pp, "--pp ", opt.pp, " exceeds the ", c.layers, " layers of ", what,
                     " (each stage needs a whole layer)");
+  gpt2_stages(c, opt.pp, opt.stages);  // throws InvalidArgument for a bad --stages
+}
+
+// Shards what `in` reads (config c, per-tensor dtypes) into out_dir. `nf`
+// (may be null) is checked after the pass, before the output is committed.
+uint64_t shard_stream(FullReader& in, const std::vector<DType>& dtypes, const Gpt2Config& c, const std::string& source,
+                      const std::string& out_dir, const ShardOptions& opt, const NonFiniteLog* nf,
+                      const std::string& nf_top) {
+  check_shard_options(c, opt, source);
   check_out_dir(out_dir);
   const int tp = opt.tp, pp = opt.pp;
   const std::vector<int> part = gpt2_stages(c, pp, opt.stages);
   std::vector<std::vector<parallel::layers::Parameter>> ranks;
   for (int r = 0; r < tp; ++r) ranks.push_back(gpt2_tp_parameters(c, tp, r));
-  const size_t n = ranks[0].size();
-
-  // files[pp_rank * tp + tp_rank]: the tensors of that rank, in HF order.
-  std::vector<std::vector<std::pair<std::string, Tensor>>> files(static_cast<size_t>(tp) * pp);
-  std::vector<json> file_tensors(files.size(), json::array());
-  Tensor full;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const std::string& name = ranks[0][i].name;
-    const DType dtype = src.entry(gpt2_stored_name(src, name)).dtype;
-    if (!full.defined() || full.shape() != ranks[0][i].full_shape)
-      full = Tensor::empty(ranks[0][i].full_shape, DType::F32);
-    read_gpt2_tensor(src, name, full);
-    const int stage = gpt2_pp_stage(part, name);
-    for (int r = 0; r < tp; ++r) {
-      parallel::layers::Parameter p = ranks[r][i];
-      Tensor shard = Tensor::empty(p.shape, DType::F32);
-      p.value = shard.data<float>();
-      parallel::layers::load_shard(p, full.data<float>());
-      if (dtype != DType::F32) shard = shard.to(dtype);
-      bytes += shard.nbytes();
-      const size_t f = static_cast<size_t>(stage) * tp + r;
-      files[f].emplace_back(name, shard);
-      file_tensors[f].push_back({{"name", name},
-                                 {"dtype", dtype_name(dtype)},
-                                 {"full_shape", shape_json(p.full_shape)},
-                                 {"shape", shape_json(p.shape)},
-                                 {"split_dim", p.split_dim},
-                                 {"chunks", p.chunks},
-                                 {"ranges", ranges_json(p)}});
-    }
-  }
 
   TempSibling tmp(out_dir);
+  uint64_t bytes = 0;
+  json jfiles = write_rank_files(in, dtypes, tp, pp, part, ranks, tmp.path(), &bytes);
+  if (nf) nf->throw_if_any(nf_top);
   json manifest = {{"format", kFormat},
                    {"version", kVersion},
-                   {"source", src.path()},
+                   {"source", source},
                    {"config", config_json(c)},
                    {"tp", tp},
                    {"pp", pp},
@@ -162,27 +413,6 @@ uint64_t shard_source(const TensorSource& src, const Gpt2Config& c, const std::s
                       {"embeddings", s == 0},
                       {"ln_f", s == pp - 1}});
   manifest["stages"] = stages;
-  json jfiles = json::array();
-  for (int s = 0; s < pp; ++s) {
-    for (int r = 0; r < tp; ++r) {
-      const size_t f = static_cast<size_t>(s) * tp + r;
-      const std::string file = rank_stem(0, r, s) + ".safetensors";
-      write_safetensors((tmp.path() / file).string(), files[f],
-                        {{"format", "pt"},
-                         {"tp_rank", std::to_string(r)},
-                         {"tp_size", std::to_string(tp)},
-                         {"pp_rank", std::to_string(s)},
-                         {"pp_size", std::to_string(pp)}});
-      files[f].clear();  // release the memory as we go
-      const std::string fpath = (tmp.path() / file).string();
-      jfiles.push_back({{"file", file},
-                        {"tp_rank", r},
-                        {"pp_rank", s},
-                        {"bytes", fs::file_size(fpath)},
-                        {"sha256", sha256_file_hex(fpath)},
-                        {"tensors", file_tensors[f]}});
-    }
-  }
   manifest["files"] = jfiles;
   write_file_atomic((tmp.path() / kManifestName).string(), manifest.dump(1) + "\n");
   tmp.commit();
@@ -272,6 +502,31 @@ std::vector<int> manifest_stages(const json& m, const Gpt2Config& c, int pp, con
 // config must fit in the files' real bytes (>= 2 bytes per element), so a
 // manifest that lies about the sizes fails here, before anything is allocated.
 // Returns the paths in pp_rank * tp + tp_rank order, and each entry's json.
+// SHA-256 of each file, on up to two threads (the checks before a
+// consolidate or reshard read every byte once; libcrypto runs ~2 GB/s per
+// core). An error names the file (sha256_file_hex's FormatError).
+std::vector<std::string> sha256_files(const std::vector<std::string>& paths) {
+  std::vector<std::string> out(paths.size());
+  std::vector<std::exception_ptr> err(paths.size());
+  auto work = [&](size_t first, size_t stride) {
+    for (size_t k = first; k < paths.size(); k += stride) {
+      try {
+        out[k] = sha256_file_hex(paths[k]);
+      } catch (...) {
+        err[k] = std::current_exception();
+      }
+    }
+  };
+  const size_t threads = std::min<size_t>({2, paths.size(), std::max(1u, std::thread::hardware_concurrency())});
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t, threads);
+  work(0, std::max<size_t>(threads, 1));
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : err)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
 struct ManifestFiles {
   std::vector<std::string> paths;
   std::vector<const json*> entries;
@@ -333,9 +588,10 @@ ManifestFiles check_manifest_files(const json& m, const Gpt2Config& c, const std
                        " bytes of tensor data, but the shard files hold ", static_cast<double>(total),
                        " bytes (config.n_layer, vocab_size, n_embd or n_positions is wrong)"));
   // Hashes last (they read every byte): a flipped byte, or two ranks' files swapped.
+  const std::vector<std::string> hashes = sha256_files(out.paths);
   for (size_t k = 0; k < n; ++k) {
     const std::string want = out.entries[k]->at("sha256").get<std::string>();
-    const std::string got = sha256_file_hex(out.paths[k]);
+    const std::string& got = hashes[k];
     if (got != want)
       throw FormatError(detail::concat(out.paths[k], ": SHA-256 ", got, " differs from ", want, " recorded in ", mpath,
                                        " (the file is damaged, or is another rank's or another checkpoint's file)"));
@@ -367,6 +623,118 @@ void check_manifest_tensor(const json& file_entry, size_t idx, const parallel::l
   }
 }
 
+// Everything consolidate and reshard check before reading a tensor byte:
+// the manifest, every file's size and SHA-256 (check_manifest_files), the
+// stage partition, each file's header (SafetensorsReader), that each file
+// holds exactly its rank's tensors with the shapes, dtypes and manifest
+// entries the layout gives.
+ShardDir open_shard_dir(const std::string& dir) {
+  ShardDir sd;
+  sd.dir = dir;
+  sd.mpath = (fs::path(dir) / kManifestName).string();
+  sd.manifest = read_manifest(dir);
+  const json& m = sd.manifest;
+  sd.config = manifest_config(m, sd.mpath);
+  const Gpt2Config& c = sd.config;
+  sd.tp = m.at("tp").get<int>();  // checked by read_manifest
+  sd.pp = m.at("pp").get<int>();
+  const int tp = sd.tp, pp = sd.pp;
+  const ManifestFiles mf = check_manifest_files(m, c, dir, sd.mpath);
+  sd.part = manifest_stages(m, c, pp, sd.mpath);
+  for (int r = 0; r < tp; ++r) sd.ranks.push_back(gpt2_tp_parameters(c, tp, r));
+  sd.readers.resize(static_cast<size_t>(tp) * pp);
+  for (size_t f = 0; f < sd.readers.size(); ++f) sd.readers[f] = std::make_unique<SafetensorsReader>(mf.paths[f]);
+  std::vector<size_t> expected(sd.readers.size(), 0), in_file(sd.readers.size(), 0);
+  for (const parallel::layers::Parameter& p : sd.ranks[0]) {
+    const int s = gpt2_pp_stage(sd.part, p.name);
+    for (int r = 0; r < tp; ++r) ++expected[static_cast<size_t>(s) * tp + r];
+  }
+  for (size_t f = 0; f < sd.readers.size(); ++f)
+    if (sd.readers[f]->entries().size() != expected[f])
+      throw FormatError(detail::concat(sd.readers[f]->path(), ": holds ", sd.readers[f]->entries().size(), " tensors, ",
+                                       expected[f], " expected for its rank under ", sd.mpath));
+  for (size_t i = 0; i < sd.ranks[0].size(); ++i) {
+    const std::string& name = sd.ranks[0][i].name;
+    const int s = gpt2_pp_stage(sd.part, name);
+    sd.stage.push_back(s);
+    DType dtype = DType::F32;
+    for (int r = 0; r < tp; ++r) {
+      const size_t f = static_cast<size_t>(s) * tp + r;
+      const SafetensorsReader& rd = *sd.readers[f];
+      const parallel::layers::Parameter& p = sd.ranks[static_cast<size_t>(r)][i];
+      if (!rd.contains(name)) throw FormatError(detail::concat(rd.path(), ": ", name, " missing"));
+      const SafetensorsEntry& e = rd.entry(name);
+      check_manifest_tensor(*mf.entries[f], in_file[f]++, p, e, sd.mpath);
+      if (e.shape != p.shape)
+        throw FormatError(detail::concat(rd.path(), ": ", name, " has shape ", shape_str(e.shape), ", expected ",
+                                         shape_str(p.shape), " for tp rank ", r, " of ", tp));
+      if (!is_floating(e.dtype))
+        throw FormatError(
+            detail::concat(rd.path(), ": ", name, " has dtype ", dtype_name(e.dtype), ", expected F32, BF16 or F16"));
+      if (r == 0) dtype = e.dtype;
+      if (e.dtype != dtype)
+        throw FormatError(
+            detail::concat(rd.path(), ": ", name, " is ", dtype_name(e.dtype), ", tp rank 0 has ", dtype_name(dtype)));
+    }
+    sd.dtypes.push_back(dtype);
+  }
+  return sd;
+}
+
+// The Hugging Face metadata consolidate writes (write_gpt2_safetensors's).
+std::map<std::string, std::string> hf_metadata(const Gpt2Config& c, const std::string& dir) {
+  return {{"tessera_consolidated_from", fs::path(dir).filename().string()},
+          {"format", "pt"},
+          {"n_embd", std::to_string(c.hidden)},
+          {"n_head", std::to_string(c.heads)},
+          {"n_layer", std::to_string(c.layers)},
+          {"n_positions", std::to_string(c.n_positions)},
+          {"vocab_size", std::to_string(c.vocab)}};
+}
+
+// Streams the tensors `idx` (indices into the layout) from `in` into one
+// Hugging Face safetensors file at `path`, in the order given.
+// `before_commit` runs after the last byte, before the file is renamed into place.
+void write_hf_file(FullReader& in, const ShardDir& sd, const std::vector<size_t>& idx,
+                   const std::map<std::string, std::string>& md, const std::string& path,
+                   const std::function<void()>& before_commit) {
+  std::vector<TensorSpec> specs;
+  for (size_t i : idx) specs.push_back({sd.ranks[0][i].name, sd.dtypes[i], sd.ranks[0][i].full_shape});
+  const std::string header = safetensors_header(specs, md);
+  write_file_atomic(path, [&](FileSink& sink) {
+    BackgroundWriter bw(3, kOutBufferBytes);
+    const size_t out = bw.add(&sink);
+    bw.write(out, header.data(), header.size());
+    std::vector<uint8_t> piece(kPieceBytes);
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const size_t i = idx[k];
+      const uint64_t es = dtype_size(sd.dtypes[i]);
+      const int64_t numel = shape_numel(specs[k].shape), step = piece_elems(specs[k].shape, sd.dtypes[i]);
+      for (int64_t b = 0; b < numel; b += step) {
+        const int64_t c = std::min(step, numel - b);
+        if (piece.size() < static_cast<uint64_t>(c) * es) piece.resize(static_cast<uint64_t>(c) * es);
+        in.read(i, b, c, piece.data());
+        bw.write(out, piece.data(), static_cast<size_t>(c) * es);
+      }
+    }
+    bw.drain();
+    before_commit();
+  });
+}
+
+// Layout indices in Hugging Face order (gpt2_tensor_names), as consolidate writes them.
+std::vector<size_t> hf_order(const ShardDir& sd) {
+  std::map<std::string, size_t> at;
+  for (size_t i = 0; i < sd.ranks[0].size(); ++i) at[sd.ranks[0][i].name] = i;
+  std::vector<size_t> out;
+  for (const std::string& n : gpt2_tensor_names(sd.config)) {
+    auto it = at.find(n);
+    TESSERA_CHECK(it != at.end(), "layout lacks ", n);
+    out.push_back(it->second);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string rank_stem(int dp_rank, int tp_rank, int pp_rank) {
@@ -379,8 +747,9 @@ uint64_t shard_gpt2(const std::string& src_path, const std::string& out_dir, con
   std::unique_ptr<TensorSource> src = open_safetensors(src_path);
   Gpt2Config c = infer_gpt2_config(*src, opt.heads);
   check_gpt2(*src, c);
-  if (!opt.allow_nonfinite) check_finite(*src);
-  return shard_source(*src, c, out_dir, opt);
+  NonFiniteLog nf;
+  HfReader in(*src, gpt2_tp_parameters(c, 1, 0), opt.allow_nonfinite ? nullptr : &nf);
+  return shard_stream(in, in.dtypes(), c, src->path(), out_dir, opt, &nf, src->path());
 }
 
 Gpt2Config read_manifest_config(const std::string& dir) {
@@ -399,85 +768,104 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file, bool 
   std::error_code ec;
   TESSERA_ARG_CHECK(!fs::exists(out_file, ec) && !fs::is_symlink(out_file, ec), "--out ", out_file,
                     " exists (refusing to overwrite)");
-  const std::string mpath = (fs::path(dir) / kManifestName).string();
-  const json m = read_manifest(dir);
-  const Gpt2Config c = manifest_config(m, mpath);
-  const int tp = m.at("tp").get<int>(), pp = m.at("pp").get<int>();  // checked by read_manifest
-  const ManifestFiles mf = check_manifest_files(m, c, dir, mpath);
+  const ShardDir sd = open_shard_dir(dir);
+  NonFiniteLog nf;
+  ShardDirReader in(sd, allow_nonfinite ? nullptr : &nf);
+  write_hf_file(in, sd, hf_order(sd), hf_metadata(sd.config, dir), out_file, [&] { nf.throw_if_any(dir); });
+}
 
-  const std::vector<int> part = manifest_stages(m, c, pp, mpath);
-
-  // Open every rank's file; each must hold exactly the tensors its rank holds.
-  std::vector<std::vector<parallel::layers::Parameter>> ranks;
-  for (int r = 0; r < tp; ++r) ranks.push_back(gpt2_tp_parameters(c, tp, r));
-  std::vector<std::unique_ptr<SafetensorsReader>> readers(static_cast<size_t>(tp) * pp);
-  std::vector<size_t> expected(readers.size(), 0);
-  for (int s = 0; s < pp; ++s)
-    for (int r = 0; r < tp; ++r)
-      readers[static_cast<size_t>(s) * tp + r] =
-          std::make_unique<SafetensorsReader>(mf.paths[static_cast<size_t>(s) * tp + r]);
-  for (const parallel::layers::Parameter& p : ranks[0]) {
-    const int s = gpt2_pp_stage(part, p.name);
-    for (int r = 0; r < tp; ++r) ++expected[static_cast<size_t>(s) * tp + r];
+uint64_t parse_shard_size(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  std::string unit = text.substr(i);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  static const std::map<std::string, uint64_t> kUnits = {{"", 1},
+                                                         {"B", 1},
+                                                         {"KB", 1000},
+                                                         {"MB", 1000 * 1000},
+                                                         {"GB", 1000ull * 1000 * 1000},
+                                                         {"TB", 1000ull * 1000 * 1000 * 1000},
+                                                         {"KIB", 1ull << 10},
+                                                         {"MIB", 1ull << 20},
+                                                         {"GIB", 1ull << 30},
+                                                         {"TIB", 1ull << 40}};
+  auto u = kUnits.find(unit);
+  uint64_t n = 0, bytes = 0;
+  bool ok = i > 0 && i <= 15 && u != kUnits.end();
+  if (ok) {
+    n = std::stoull(text.substr(0, i));
+    ok = n > 0 && !__builtin_mul_overflow(n, u->second, &bytes);
   }
-  for (size_t f = 0; f < readers.size(); ++f)
-    if (readers[f]->entries().size() != expected[f])
-      throw FormatError(detail::concat(readers[f]->path(), ": holds ", readers[f]->entries().size(), " tensors, ",
-                                       expected[f], " expected for its rank under ", mpath));
-  for (size_t f = 0; f < readers.size(); ++f)
-    if (!allow_nonfinite) check_finite(*readers[f]);
-  std::vector<size_t> in_file(readers.size(), 0);  // index of the next tensor in each file's manifest entry
+  TESSERA_ARG_CHECK(ok, "--max-shard-size '", text,
+                    "' is not a positive size (an integer with an optional unit B, KB, MB, GB, TB, KiB, MiB, GiB, "
+                    "TiB; e.g. 500MB or 2GB, as save_pretrained takes)");
+  return bytes;
+}
 
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (size_t i = 0; i < ranks[0].size(); ++i) {
-    const std::string& name = ranks[0][i].name;
-    const int s = gpt2_pp_stage(part, name);
-    Tensor full = Tensor::empty(ranks[0][i].full_shape, DType::F32);
-    DType dtype = DType::F32;
-    Tensor first;
-    for (int r = 0; r < tp; ++r) {
-      const SafetensorsReader& rd = *readers[static_cast<size_t>(s) * tp + r];
-      parallel::layers::Parameter p = ranks[r][i];
-      if (!rd.contains(name)) throw FormatError(detail::concat(rd.path(), ": ", name, " missing"));
-      const SafetensorsEntry& e = rd.entry(name);
-      const size_t f = static_cast<size_t>(s) * tp + r;
-      check_manifest_tensor(*mf.entries[f], in_file[f]++, p, e, mpath);
-      if (e.shape != p.shape)
-        throw FormatError(detail::concat(rd.path(), ": ", name, " has shape ", shape_str(e.shape), ", expected ",
-                                         shape_str(p.shape), " for tp rank ", r, " of ", tp));
-      if (r == 0) dtype = e.dtype;
-      if (e.dtype != dtype)
-        throw FormatError(
-            detail::concat(rd.path(), ": ", name, " is ", dtype_name(e.dtype), ", tp rank 0 has ", dtype_name(dtype)));
-      Tensor shard = rd.get(name);
-      if (p.split_dim < 0) {  // replicated: every rank must hold the same bytes
-        if (r == 0) {
-          first = shard;
-        } else if (std::memcmp(first.raw_data(), shard.raw_data(), shard.nbytes()) != 0) {
-          throw FormatError(detail::concat(rd.path(), ": replicated tensor ", name, " differs from tp rank 0's"));
-        }
-        if (r > 0) continue;
-      }
-      Tensor f32 = shard.to(DType::F32);
-      p.value = f32.data<float>();
-      parallel::layers::store_shard(p, full.data<float>());
+std::vector<std::string> consolidate_gpt2_sharded(const std::string& dir, const std::string& out_dir,
+                                                  uint64_t max_shard_bytes, bool allow_nonfinite) {
+  TESSERA_ARG_CHECK(max_shard_bytes > 0, "--max-shard-size must be positive");
+  check_out_dir(out_dir);
+  const ShardDir sd = open_shard_dir(dir);
+  NonFiniteLog nf;
+  ShardDirReader in(sd, allow_nonfinite ? nullptr : &nf);
+  // Hugging Face's rule (save_pretrained): tensors in order, a new shard
+  // when the next would take this one past the limit; a larger tensor gets
+  // a shard of its own.
+  std::vector<std::vector<size_t>> groups(1);
+  uint64_t in_group = 0, total = 0;
+  for (size_t i : hf_order(sd)) {
+    const uint64_t b = static_cast<uint64_t>(shape_numel(sd.ranks[0][i].full_shape)) * dtype_size(sd.dtypes[i]);
+    if (!groups.back().empty() && in_group + b > max_shard_bytes) {
+      groups.emplace_back();
+      in_group = 0;
     }
-    out.emplace_back(name, dtype == DType::F32 ? full : full.to(dtype));
+    groups.back().push_back(i);
+    in_group += b;
+    total += b;
   }
-  write_gpt2_safetensors(out_file, c, out, {{"tessera_consolidated_from", fs::path(dir).filename().string()}});
+  TempSibling tmp(out_dir);
+  const std::map<std::string, std::string> md = hf_metadata(sd.config, dir);
+  const int n = static_cast<int>(groups.size());
+  std::vector<std::string> files;
+  json weight_map = json::object();
+  for (int k = 0; k < n; ++k) {
+    // One shard: model.safetensors alone, as save_pretrained writes it.
+    files.push_back(n == 1 ? std::string("model.safetensors") : shard_file_name("model", k + 1, n));
+    write_hf_file(in, sd, groups[static_cast<size_t>(k)], md, (tmp.path() / files.back()).string(), [] {});
+    for (size_t i : groups[static_cast<size_t>(k)]) weight_map[sd.ranks[0][i].name] = files.back();
+  }
+  nf.throw_if_any(dir);
+  if (n > 1) {
+    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_file_atomic((tmp.path() / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+  }
+  tmp.commit();
+  return files;
 }
 
 uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const ShardOptions& opt) {
-  check_out_dir(out_dir);
-  // "out/" and "out" alike: the temp file goes beside out, never inside it.
-  fs::path target = fs::absolute(out_dir).lexically_normal();
-  if (target.filename().empty()) target = target.parent_path();
-  TempSibling tmp(target.string() + ".consolidated");
-  const std::string file = (tmp.path() / "model.safetensors").string();
-  consolidate_gpt2(dir, file, opt.allow_nonfinite);
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir) / kManifestName, ec)) {
+    // Not a shard directory: a Hugging Face file or sharded directory is sharded directly.
+    try {
+      open_safetensors(dir);
+    } catch (const FormatError& e) {
+      throw FormatError(
+          detail::concat(e.what(), "; nor is there a ", kManifestName, " (a `tessera ckpt shard` directory)"));
+    }
+    return shard_gpt2(dir, out_dir, opt);
+  }
+  // The cheap checks first (a bad --tp must not wait for every hash).
+  const Gpt2Config c = read_manifest_config(dir);
   ShardOptions o = opt;
-  o.heads = read_manifest_config(dir).heads;
-  return shard_gpt2(file, out_dir, o);
+  o.heads = c.heads;
+  check_shard_options(c, o, dir);
+  check_out_dir(out_dir);
+  const ShardDir sd = open_shard_dir(dir);
+  NonFiniteLog nf;
+  ShardDirReader in(sd, opt.allow_nonfinite ? nullptr : &nf);
+  return shard_stream(in, sd.dtypes, sd.config, dir, out_dir, o, &nf, dir);
 }
 
 }  // namespace tessera::parallel::checkpoint

@@ -10,8 +10,12 @@
 // is written (the manifest records dp).
 //
 // Writers build the whole directory in a temp sibling and rename it into
-// place: a failure leaves no partial output. Functions are stateless and
-// may run concurrently on different paths.
+// place: a failure leaves no partial output. Every command streams: tensors
+// are read in pieces of at most 8 MiB (pread) and written through fixed
+// buffers, each output file once, sequentially, its SHA-256 computed as it
+// is written, so peak memory does not grow with the model (about 50 MiB for
+// tp 8). Bytes are copied as stored (no dtype conversion). Functions are
+// stateless and may run concurrently on different paths.
 #pragma once
 
 #include <cstdint>
@@ -59,8 +63,26 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file, bool 
 // consolidate checks first); returns the config. FormatError naming the file.
 Gpt2Config verify_shard_dir(const std::string& dir);
 
-// consolidate_gpt2 into a temp file beside out_dir, then shard_gpt2 it
-// (heads come from the manifest).
+// consolidate_gpt2, written in the Hugging Face sharded form into `out_dir`
+// (must not exist or be empty; built in a temp sibling and renamed):
+// model-0000K-of-0000N.safetensors holding the tensors in order, a new file
+// whenever the next tensor would take this one past max_shard_bytes of
+// tensor data (a larger tensor gets a file of its own), and
+// model.safetensors.index.json {"metadata": {"total_size": data bytes},
+// "weight_map": {name: file}}; when everything fits in one file, only
+// model.safetensors (as transformers' save_pretrained). Returns the file
+// names. Same checks and errors as consolidate_gpt2.
+std::vector<std::string> consolidate_gpt2_sharded(const std::string& dir, const std::string& out_dir,
+                                                  uint64_t max_shard_bytes, bool allow_nonfinite = false);
+
+// "500MB", "2GB" (powers of 1000), "512MiB", "2GiB" (powers of 1024), a plain
+// byte count: save_pretrained's max_shard_size. Throws InvalidArgument.
+uint64_t parse_shard_size(const std::string& text);
+
+// The shards of `dir` streamed straight into the new layout (tensor by
+// tensor, in pieces; no consolidated copy), with every check consolidate
+// makes first; heads come from the manifest. A `dir` without a manifest
+// that is a Hugging Face file or sharded directory is sharded (shard_gpt2).
 uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const ShardOptions& opt);
 
 // The config recorded in a shard directory's manifest.

@@ -153,8 +153,7 @@ class Fd {
   int fd_;
 };
 
-std::string header_json(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+std::string header_json(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata) {
   // Built by hand (not through json objects) to keep the caller's tensor order
   // in the header, which makes the files byte-for-byte predictable.
   std::string h = "{";
@@ -165,16 +164,16 @@ std::string header_json(const std::vector<std::pair<std::string, Tensor>>& tenso
     first = false;
   }
   uint64_t at = 0;
-  for (const auto& [name, t] : tensors) {
+  for (const TensorSpec& t : tensors) {
     if (!first) h += ",";
     first = false;
-    h += json(name).dump();
+    h += json(t.name).dump();
     h += ":{\"dtype\":\"";
-    h += dtype_safetensors_name(t.dtype());
+    h += dtype_safetensors_name(t.dtype);
     h += "\",\"shape\":[";
-    for (size_t i = 0; i < t.shape().size(); ++i) {
+    for (size_t i = 0; i < t.shape.size(); ++i) {
       if (i) h += ",";
-      h += std::to_string(t.shape()[i]);
+      h += std::to_string(t.shape[i]);
     }
     uint64_t n = t.nbytes();
     h += detail::concat("],\"data_offsets\":[", at, ",", at + n, "]}");
@@ -187,16 +186,31 @@ std::string header_json(const std::vector<std::pair<std::string, Tensor>>& tenso
   return h;
 }
 
-void check_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+void check_names(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata) {
   std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
+  for (const TensorSpec& t : tensors) {
+    const std::string& name = t.name;
     TESSERA_ARG_CHECK(!name.empty(), "write_safetensors: empty tensor name");
     TESSERA_ARG_CHECK(valid_utf8(reinterpret_cast<const uint8_t*>(name.data()), name.size()),
                       "write_safetensors: tensor name is not valid UTF-8");
     TESSERA_ARG_CHECK(name != "__metadata__", "write_safetensors: '__metadata__' is reserved, not a tensor name");
     TESSERA_ARG_CHECK(seen.insert(name).second, "write_safetensors: tensor name '", name, "' given twice");
-    TESSERA_ARG_CHECK(t.defined(), "write_safetensors: tensor '", name, "' is undefined");
   }
+  for (const auto& [k, v] : metadata) {
+    TESSERA_ARG_CHECK(valid_utf8(reinterpret_cast<const uint8_t*>(k.data()), k.size()) &&
+                          valid_utf8(reinterpret_cast<const uint8_t*>(v.data()), v.size()),
+                      "write_safetensors: metadata '", k, "' is not valid UTF-8");
+  }
+}
+
+std::vector<TensorSpec> specs_of(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<TensorSpec> out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    TESSERA_ARG_CHECK(t.defined(), "write_safetensors: tensor '", name, "' is undefined");
+    out.push_back({name, t.dtype(), t.shape()});
+  }
+  return out;
 }
 
 }  // namespace
@@ -205,11 +219,19 @@ void check_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   uint64_t size = 0;
-  Fd fd(open_regular_file(path, &size));  // refuses FIFOs and devices without blocking
-  if (size < 8)
+  Fd fd(open_regular_file(path, &size));        // refuses FIFOs and devices without blocking
+  fd_ = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0);  // for read_bytes; the Fd closes the original
+  if (fd_ < 0) throw FormatError(os_error("cannot dup the descriptor of", path, errno));
+  if (size < 8) {
+    ::close(fd_);
     fail(path, detail::concat("file is ", size, " bytes, too short for the 8-byte header length (truncated)"));
+  }
   void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (m == MAP_FAILED) throw FormatError(os_error("cannot mmap", path, errno));
+  if (m == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd_);
+    throw FormatError(os_error("cannot mmap", path, err));
+  }
   map_ = static_cast<const uint8_t*>(m);
   map_size_ = size;
   try {
@@ -310,12 +332,35 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), map_size_);
+    ::close(fd_);
     throw;
   }
 }
 
 SafetensorsReader::~SafetensorsReader() {
   if (map_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsReader::read_bytes(const SafetensorsEntry& e, uint64_t offset, uint64_t bytes, void* dst) const {
+  TESSERA_ARG_CHECK(offset <= e.end - e.begin && bytes <= e.end - e.begin - offset, "read_bytes: [", offset, ", ",
+                    offset + bytes, ") is outside tensor '", e.name, "' (", e.end - e.begin, " bytes) of ", path_);
+  uint64_t at = 8 + header_size_ + e.begin + offset;
+  char* p = static_cast<char*>(dst);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd_, p, std::min<uint64_t>(bytes, uint64_t{1} << 30), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw FormatError(os_error("cannot read", path_, errno));
+    if (n == 0)
+      fail(path_, detail::concat("file ended at byte ", at, " while tensor '", e.name, "' was read (it shrank)"));
+    p += n;
+    at += static_cast<uint64_t>(n);
+    bytes -= static_cast<uint64_t>(n);
+  }
+}
+
+void SafetensorsReader::read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst) const {
+  read_bytes(entry(name), offset, bytes, dst);
 }
 
 std::vector<std::string> SafetensorsReader::names() const {
@@ -359,18 +404,20 @@ void SafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
 
 // ---- writer -------------------------------------------------------------------
 
+std::string safetensors_header(const std::vector<TensorSpec>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  check_names(tensors, metadata);
+  const std::string h = header_json(tensors, metadata);
+  const uint64_t n = h.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &n, 8);
+  return out + h;
+}
+
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  check_tensors(tensors);
-  for (const auto& [k, v] : metadata) {
-    TESSERA_ARG_CHECK(valid_utf8(reinterpret_cast<const uint8_t*>(k.data()), k.size()) &&
-                          valid_utf8(reinterpret_cast<const uint8_t*>(v.data()), v.size()),
-                      "write_safetensors: metadata '", k, "' is not valid UTF-8");
-  }
-  const std::string header = header_json(tensors, metadata);
+  const std::string header = safetensors_header(specs_of(tensors), metadata);
   write_file_atomic(path, [&](FileSink& out) {
-    uint64_t n = header.size();
-    out.write(&n, 8);
     out.write(header.data(), header.size());
     for (const auto& [name, t] : tensors) {
       if (t.numel() == 0) continue;
@@ -392,7 +439,7 @@ std::vector<std::string> write_sharded_safetensors(const std::string& dir,
                                                    const std::map<std::string, std::string>& metadata,
                                                    const std::string& prefix) {
   TESSERA_ARG_CHECK(max_shard_bytes > 0, "write_sharded_safetensors: max_shard_bytes must be positive");
-  check_tensors(tensors);
+  check_names(specs_of(tensors), metadata);
   std::vector<std::vector<std::pair<std::string, Tensor>>> groups(1);
   uint64_t in_group = 0, total = 0;
   for (const auto& nt : tensors) {
@@ -454,9 +501,11 @@ ShardedSafetensorsReader::ShardedSafetensorsReader(const std::string& index_path
     if (!it.value().is_string()) fail(ip, detail::concat("weight_map['", it.key(), "'] is not a file name"));
     const std::string file = it.value().get<std::string>();
     fs::path fp(file);
-    if (file.empty() || fp.is_absolute() || std::find(fp.begin(), fp.end(), "..") != fp.end()) {
-      fail(ip, detail::concat("weight_map['", it.key(), "'] = '", file,
-                              "' must be a file name relative to the index's directory"));
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+        file.find('\0') != std::string::npos) {
+      fail(ip, detail::concat(
+                   "weight_map['", it.key(), "'] = '", file,
+                   "' must be a file name relative to the index's directory (a plain file name, no '/' or '..')"));
     }
     auto [sit, inserted] = shard_index.emplace(file, shards_.size());
     if (inserted) {
@@ -510,32 +559,78 @@ Tensor ShardedSafetensorsReader::get(const std::string& name, Device* device) co
 void ShardedSafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
   shard_of(name).read_into(name, dst);
 }
+void ShardedSafetensorsReader::read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst) const {
+  shard_of(name).read_bytes(name, offset, bytes, dst);
+}
 const std::map<std::string, std::string>& ShardedSafetensorsReader::metadata() const {
   static const std::map<std::string, std::string> kEmpty;
   return shards_.empty() ? kEmpty : shards_.front()->metadata();
 }
 
-std::vector<std::string> nonfinite_problems(const TensorSource& src) {
-  std::vector<std::string> out;
-  for (const std::string& name : src.names()) {
-    const DType dt = src.entry(name).dtype;
-    if (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16) continue;
-    Tensor t = src.get(name);
-    if (dt != DType::F32) t = t.to(DType::F32);
-    const float* v = t.data<float>();
-    const int64_t n = t.numel();
-    int64_t bad = 0, first = -1;
-    for (int64_t i = 0; i < n; ++i) {
-      if (!std::isfinite(v[i])) {
-        if (first < 0) first = i;
-        ++bad;
+void scan_nonfinite(const void* data, DType dtype, int64_t n, int64_t* count, int64_t* first, const char** first_kind) {
+  // Exponent all ones: inf (mantissa 0) or nan. Read through memcpy: the
+  // bytes may sit at any alignment inside a file.
+  auto scan = [&](auto zero, uint32_t exp, uint32_t mant, uint32_t sign) {
+    using U = decltype(zero);
+    const auto* b = static_cast<const unsigned char*>(data);
+    auto at = [&](int64_t i) {
+      U u;
+      std::memcpy(&u, b + i * static_cast<int64_t>(sizeof(U)), sizeof(U));
+      return u;
+    };
+    // A branch-free count first (vectorised; almost every piece has none),
+    // then the first one's index and kind only when there are any.
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += (at(i) & exp) == exp;
+    if (bad == 0) return;
+    if (*count == 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        const U u = at(i);
+        if ((u & exp) != exp) continue;
+        *first = i;
+        *first_kind = (u & mant) ? "nan" : ((u & sign) ? "-inf" : "inf");
+        break;
       }
     }
+    *count += bad;
+  };
+  switch (dtype) {
+    case DType::F32:
+      scan(uint32_t{0}, 0x7f800000u, 0x007fffffu, 0x80000000u);
+      break;
+    case DType::BF16:
+      scan(uint16_t{0}, 0x7f80u, 0x007fu, 0x8000u);
+      break;
+    case DType::F16:
+      scan(uint16_t{0}, 0x7c00u, 0x03ffu, 0x8000u);
+      break;
+    default:
+      break;
+  }
+}
+
+std::vector<std::string> nonfinite_problems(const TensorSource& src) {
+  std::vector<std::string> out;
+  constexpr uint64_t kPiece = uint64_t{4} << 20;
+  std::vector<unsigned char> buf;
+  for (const std::string& name : src.names()) {
+    const SafetensorsEntry& e = src.entry(name);
+    if (e.dtype != DType::F32 && e.dtype != DType::BF16 && e.dtype != DType::F16) continue;
+    const uint64_t es = dtype_size(e.dtype), total = e.end - e.begin;
+    int64_t bad = 0, first = -1;
+    const char* kind = "";
+    for (uint64_t at = 0; at < total; at += kPiece) {
+      const uint64_t n = std::min(kPiece, total - at);
+      buf.resize(n);
+      src.read_bytes(name, at, n, buf.data());
+      int64_t c = bad, f = -1;
+      scan_nonfinite(buf.data(), e.dtype, static_cast<int64_t>(n / es), &c, &f, &kind);
+      if (bad == 0 && c > 0) first = static_cast<int64_t>(at / es) + f;
+      bad = c;
+    }
     if (bad) {
-      const float f = v[first];
       out.push_back(detail::concat(src.file_of(name), ": tensor '", name, "' holds ", bad, " non-finite value",
-                                   bad == 1 ? "" : "s", " (first at flat index ", first, ": ",
-                                   std::isnan(f) ? "nan" : (f > 0 ? "inf" : "-inf"), ")"));
+                                   bad == 1 ? "" : "s", " (first at flat index ", first, ": ", kind, ")"));
     }
   }
   return out;

@@ -40,6 +40,15 @@ struct SafetensorsEntry {
   uint64_t begin, end;
 };
 
+// A tensor's name, dtype and shape without its data: what a streaming
+// writer needs to lay out the header before the bytes exist.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t nbytes() const { return static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype); }
+};
+
 // Largest header Hugging Face's reader accepts.
 constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
 
@@ -64,6 +73,12 @@ class TensorSource {
   virtual void read_into(const std::string& name, Tensor& dst) const = 0;
   // The source's "__metadata__" (for sharded: the first shard's).
   virtual const std::map<std::string, std::string>& metadata() const = 0;
+  // Copies bytes [offset, offset + bytes) of tensor `name`'s stored data into
+  // `dst` with pread (no mapping is touched, so reading a large file in
+  // pieces keeps the resident memory at the size of the pieces). Throws
+  // InvalidArgument for a range outside the tensor, FormatError naming the
+  // file when the read fails or the file shrank.
+  virtual void read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst) const = 0;
 };
 
 class SafetensorsReader : public TensorSource {
@@ -87,6 +102,8 @@ class SafetensorsReader : public TensorSource {
   const std::string& file_of(const std::string&) const override { return path_; }
   Tensor get(const std::string& name, Device* device = nullptr) const override;
   void read_into(const std::string& name, Tensor& dst) const override;
+  void read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst) const override;
+  void read_bytes(const SafetensorsEntry& e, uint64_t offset, uint64_t bytes, void* dst) const;
 
   // The tensor's raw bytes inside the mapping (valid while the reader lives;
   // not necessarily aligned to the element size).
@@ -94,6 +111,7 @@ class SafetensorsReader : public TensorSource {
 
  private:
   std::string path_;
+  int fd_ = -1;                   // kept open for read_bytes
   const uint8_t* map_ = nullptr;  // whole file
   size_t map_size_ = 0;
   const uint8_t* data_ = nullptr;  // map_ + 8 + N
@@ -111,6 +129,13 @@ class SafetensorsReader : public TensorSource {
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// The bytes write_safetensors puts before the data for these tensors (the
+// 8-byte length and the padded JSON header), for writers that then stream
+// each tensor's bytes in the order given. Throws InvalidArgument as
+// write_safetensors does (names, metadata).
+std::string safetensors_header(const std::vector<TensorSpec>& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
+
 // ---- sharded layout ----------------------------------------------------------
 // <dir>/<prefix>-0000K-of-0000N.safetensors plus <dir>/<prefix>.safetensors.index.json:
 //   {"metadata": {"total_size": <sum of tensor bytes>}, "weight_map": {name: file}}
@@ -127,8 +152,10 @@ std::vector<std::string> write_sharded_safetensors(const std::string& dir,
 std::string shard_file_name(const std::string& prefix, int k, int n);
 
 // Opens an index.json and every shard it names, validating all of them up
-// front: each weight_map entry must exist in its shard, every shard tensor must
-// be in the weight_map (with that shard), no name in two shards. Throws
+// front: file names are plain names in the index's directory (no '/', no
+// '..'), each shard a regular file; each weight_map entry must exist in its
+// shard, every shard tensor must be in the weight_map (with that shard), no
+// name in two shards. Throws
 // FormatError naming the index or shard file and the problem.
 class ShardedSafetensorsReader : public TensorSource {
  public:
@@ -147,6 +174,7 @@ class ShardedSafetensorsReader : public TensorSource {
   Tensor get(const std::string& name, Device* device = nullptr) const override;
   void read_into(const std::string& name, Tensor& dst) const override;
   const std::map<std::string, std::string>& metadata() const override;
+  void read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst) const override;
 
  private:
   const SafetensorsReader& shard_of(const std::string& name) const;
@@ -157,9 +185,17 @@ class ShardedSafetensorsReader : public TensorSource {
   std::map<std::string, size_t> weight_map_;  // name -> shard index
 };
 
+// Counts the non-finite values (NaN, +-Inf) among `n` elements of dtype
+// `dtype` at `data` (F32, BF16, F16 by their exponent bits, no conversion;
+// other dtypes have none). Adds to *count; sets *first (index relative to
+// `data`) and *first_kind ("nan", "inf", "-inf") for the first one when
+// *count was 0.
+void scan_nonfinite(const void* data, DType dtype, int64_t n, int64_t* count, int64_t* first, const char** first_kind);
+
 // Non-finite values (NaN, +-Inf) of every float tensor of `src`, one line per
 // tensor that has any: "<file>: tensor '<name>' holds N non-finite values
-// (first at flat index i: nan)". Empty when all are finite.
+// (first at flat index i: nan)". Empty when all are finite. Reads in pieces
+// of a few MiB (read_bytes), so memory does not grow with the tensors.
 std::vector<std::string> nonfinite_problems(const TensorSource& src);
 // Throws FormatError listing nonfinite_problems when there are any (the
 // message ends with the hint to pass --allow-nonfinite).
