@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# A training-checkpoint save during training against `cp -r && sync` of the
+# same bytes, in the same run (docs/checkpoint.md, "Training checkpoints").
+# Each round trains 2 steps of a GPT (vocab 8192, width 512, 4 layers: 16.9M
+# parameters, ~194 MiB of parameters + AdamW m and v) with --save after step
+# 2; the save time is train_gpt's own "saved ... in X s" line (files written,
+# hashed, fsynced, renamed, marker). Then the saved directory is copied with
+# cp -r && sync (page cache warm, as the trainer's tensors are in memory).
+# The median of the per-round ratios is printed (the two measurements of a round are seconds apart).
+# Usage: scripts/bench_train_ckpt.sh [build dir] [rounds] [work dir] [extra train_gpt flags, e.g. "--dp 2" under LAUNCH]
+set -euo pipefail
+BUILD=${1:-build}
+ROUNDS=${2:-3}
+DIR=${3:-/tmp/tessera_bench_train_ckpt}
+EXTRA=${4:-}
+LAUNCH=${LAUNCH:-}
+export OPENBLAS_NUM_THREADS=1
+mkdir -p "$DIR"
+echo "nproc=$(nproc)  load: $(cut -d' ' -f1-3 /proc/loadavg)  launch: ${LAUNCH:-(one process)} $EXTRA"
+ratios=()
+for r in $(seq 1 "$ROUNDS"); do
+  rm -rf "$DIR/ck" "$DIR/copy"; sync
+  out=$($LAUNCH "$BUILD/bin/train_gpt" --vocab 8192 --seq 64 --hidden 512 --layers 4 --heads 8 --micro-batch 1 \
+    --steps 2 --device test-core --save "$DIR/ck" $EXTRA)
+  save=$(echo "$out" | sed -n 's/^saved .* in \([0-9.]*\) \(m\?s\))$/\1 \2/p' | tail -1)
+  secs=$(echo "$save" | awk '{ print ($2 == "ms") ? $1 / 1000 : $1 }')
+  bytes=$(du -sb "$DIR/ck/step_00000002" | cut -f1)
+  s=$(date +%s.%N); cp -r "$DIR/ck/step_00000002" "$DIR/copy" && sync; e=$(date +%s.%N)
+  cp_s=$(echo "$e - $s" | bc)
+  ratio=$(echo "scale=3; $secs / $cp_s" | bc)
+  ratios+=("$ratio")
+  printf '  round %d: save %.3f s, cp -r && sync %.3f s of %d bytes, ratio %.2f\n' "$r" "$secs" "$cp_s" "$bytes" "$ratio"
+done
+printf '  median save / (cp -r && sync): %s\n' "$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')"
+rm -rf "$DIR/ck" "$DIR/copy"
