@@ -4,6 +4,7 @@
 // Losses come from --log-json (full double precision), so "equal" is exact.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/checkpoint/safetensors.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace {
@@ -264,6 +266,58 @@ TEST_F(TrainCkptCli, ShardFromAnotherRunIsRefused) {
   fs::copy_file(other.file("ck") + "/step_00000004/dp_rank_00_tp_rank_00_pp_rank_00.safetensors",
                 d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors", fs::copy_options::overwrite_existing);
   expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors", "from run", d});
+}
+
+// consolidate writes the weights the run exported at the same step (every
+// tensor's bytes equal), and --with-optimizer adds both moments of each.
+TEST_F(TrainCkptCli, ConsolidateEqualsTheExportedWeights) {
+  CommandResult r = tessera_cmd("ckpt consolidate --out " + tmp_.file("c.safetensors") + " " + ckpt(6));
+  ASSERT_EQ(r.code, 0) << r.out;
+  tessera::parallel::checkpoint::SafetensorsReader got(tmp_.file("c.safetensors")), want(ref_->file("a.safetensors"));
+  ASSERT_EQ(got.names(), want.names());
+  for (const auto& e : want.entries()) {
+    const auto& g = got.entry(e.name);
+    ASSERT_EQ(g.end - g.begin, e.end - e.begin) << e.name;
+    EXPECT_EQ(std::memcmp(got.bytes(g), want.bytes(e), e.end - e.begin), 0) << e.name;
+  }
+  EXPECT_EQ(got.metadata().at("n_head"), "4");
+  r = tessera_cmd("ckpt consolidate --with-optimizer --out " + tmp_.file("o.safetensors") + " " + ckpt(6));
+  ASSERT_EQ(r.code, 0) << r.out;
+  tessera::parallel::checkpoint::SafetensorsReader opt(tmp_.file("o.safetensors"));
+  EXPECT_EQ(opt.names().size(), 3 * want.names().size());
+  for (const std::string& n : want.names()) {
+    EXPECT_TRUE(opt.contains("optimizer.exp_avg." + n)) << n;
+    EXPECT_EQ(opt.entry("optimizer.exp_avg_sq." + n).shape, want.entry(n).shape) << n;
+  }
+  // The consolidated file starts a run like the export does.
+  r = train("--steps 1 --init " + tmp_.file("c.safetensors") + " --log-json " + tmp_.file("i.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = train("--steps 1 --init " + ref_->file("a.safetensors") + " --log-json " + tmp_.file("j.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(losses(tmp_.file("i.json")), losses(tmp_.file("j.json")));
+  r = tessera_cmd("ckpt consolidate --out " + tmp_.file("c.safetensors") + " " + ckpt(6));
+  EXPECT_EQ(r.code, 2) << "overwrote an existing --out: " << r.out;
+}
+
+// An HF GPT-2 file, sharded by `tessera ckpt shard`, is trained from with
+// --resume (weights only, a fresh optimizer at step 0) exactly as with --init.
+TEST_F(TrainCkptCli, ResumeFromAShardDirectoryEqualsInit) {
+  CommandResult r = tessera_cmd("ckpt shard --tp 2 --out " + tmp_.file("shards") + " " + ref_->file("a.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = tessera_cmd("ckpt verify " + tmp_.file("shards"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = train("--steps 3 --resume " + tmp_.file("shards") + " --log-json " + tmp_.file("s.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from step 0"), std::string::npos) << r.out;
+  r = train("--steps 3 --init " + ref_->file("a.safetensors") + " --log-json " + tmp_.file("i.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto a = losses(tmp_.file("s.json")), b = losses(tmp_.file("i.json"));
+  EXPECT_EQ(a.size(), 3u);
+  EXPECT_EQ(a, b);
+  r = run_command(std::string(TRAIN_GPT_BIN) + " --device test-core --steps 1 --hidden 64 --resume " +
+                  tmp_.file("shards"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--hidden 64 does not match"), std::string::npos) << r.out;
 }
 
 // Across ranks under `tessera run`: tp2 dp2 saved, resumed as tp2 dp2 (bit
