@@ -21,7 +21,7 @@ ratios=()
 for r in $(seq 1 "$ROUNDS"); do
   rm -rf "$DIR/ck" "$DIR/copy"; sync
   out=$($LAUNCH "$BUILD/bin/train_gpt" --vocab 8192 --seq 64 --hidden 512 --layers 4 --heads 8 --micro-batch 1 \
-    --steps 2 --device test-core --save "$DIR/ck" $EXTRA)
+    --steps 2 --save "$DIR/ck" $EXTRA)
   save=$(echo "$out" | sed -n 's/^saved .* in \([0-9.]*\) \(m\?s\))$/\1 \2/p' | tail -1)
   secs=$(echo "$save" | awk '{ print ($2 == "ms") ? $1 / 1000 : $1 }')
   bytes=$(du -sb "$DIR/ck/step_00000002" | cut -f1)

@@ -249,7 +249,7 @@ SaveResult save_train_checkpoint(collectives::Communicator* world, const std::ve
   const bool zero = L.zero1 && L.dp > 1;
   for (const HeldTensor& h : held) {
     const Parameter& p = *h.param;
-    if (p.split_dim < 0 && spec.tp_rank != 0) continue;
+    if (!h.save || (p.split_dim < 0 && spec.tp_rank != 0)) continue;
     const int64_t n = p.numel();
     int64_t b = zero ? h.moment_begin : n * spec.dp_rank / L.dp;
     int64_t e = zero ? h.moment_end : n * (spec.dp_rank + 1) / L.dp;

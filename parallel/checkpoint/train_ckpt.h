@@ -72,6 +72,10 @@ struct HeldTensor {
   int64_t moment_begin = 0, moment_end = 0;
   float* m = nullptr;
   float* v = nullptr;
+  // false: a copy that another rank saves (for pipeline parallelism, the
+  // tied embedding a last stage holds besides stage 0), so that every element
+  // is stored exactly once.
+  bool save = true;
 };
 
 struct SaveSpec {

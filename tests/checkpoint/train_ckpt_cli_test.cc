@@ -258,6 +258,25 @@ TEST_F(TrainCkptCli, ManifestLyingAboutOffsetsIsRefused) {
   expect_refused(d, {"transformer.ln_f.bias", d});
 }
 
+TEST_F(TrainCkptCli, ManifestListingAnElementTwiceIsRefused) {
+  const std::string d = copy_of(4);
+  edit_manifest(
+      d,
+      [](json& m) {
+        json& pieces = m["files"][0]["pieces"];
+        for (const json& p : pieces)
+          if (p["tensor"] == "transformer.ln_f.bias" && p["kind"] == "param") {
+            json twin = p;
+            twin["key"] = "param/transformer.ln_f.bias.twin";
+            twin["range"] = {8, 9};
+            pieces.push_back(twin);
+            break;
+          }
+      },
+      true);
+  expect_refused(d, {"transformer.ln_f.bias (param): element 8 is in two pieces", d});
+}
+
 TEST_F(TrainCkptCli, ShardFromAnotherRunIsRefused) {
   TempDir other;
   CommandResult r = train("--steps 4 --seed 5 --save " + other.file("ck"));

@@ -176,7 +176,7 @@ std::vector<ckpt::HeldTensor> held_tensors(GptModel& model, parallel::optim::Dis
   std::vector<ckpt::HeldTensor> held;
   for (parallel::layers::Parameter* p : params) {
     by_offset[p->offset] = held.size();
-    held.push_back({p, 0, 0, nullptr, nullptr});
+    held.push_back({p, 0, 0, nullptr, nullptr, true});
   }
   opt.for_each_moment_run_mutable([&](int64_t off, int64_t n, float* m, float* v) {
     auto it = std::prev(by_offset.upper_bound(off));
