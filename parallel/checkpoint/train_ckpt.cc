@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -99,6 +100,24 @@ void fsync_dir(const std::string& dir) {
   int err = errno;
   ::close(fd);
   if (rc != 0) throw Error(concat(dir, ": cannot fsync the directory: ", std::strerror(err)));
+}
+
+void fsync_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error(concat(path, ": cannot open to fsync: ", std::strerror(errno)));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error(concat(path, ": cannot fsync: ", std::strerror(err)));
+}
+
+// Files inside the temp directory: atomic, then one fsync of the file; the
+// directory is fsynced once before it is renamed (not once per file).
+void write_in_temp_dir(const std::string& path, const std::function<void(FileSink&)>& fill) {
+  AtomicWriteOptions o;
+  o.sync = false;
+  write_file_atomic(path, fill, o);
+  fsync_file(path);
 }
 
 // Every rank's string, in rank order (alone: just ours).
@@ -292,7 +311,7 @@ SaveResult save_train_checkpoint(collectives::Communicator* world, const std::ve
     while ((8 + htext.size()) % 8 != 0) htext += ' ';
     Sha256 sha;
     uint64_t total = 0;
-    write_file_atomic((fs::path(tmp) / fname).string(), [&](FileSink& sink) {
+    write_in_temp_dir((fs::path(tmp) / fname).string(), [&](FileSink& sink) {
       unsigned char len[8];
       for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(htext.size()) >> (8 * i));
       auto put = [&](const void* d, size_t n) {
@@ -345,7 +364,7 @@ SaveResult save_train_checkpoint(collectives::Communicator* world, const std::ve
         files.push_back(j);
       }
       const std::string state_path = (fs::path(tmp) / kTrainerStateName).string();
-      write_file_atomic(state_path, spec.trainer_state);
+      write_in_temp_dir(state_path, [&](FileSink& sink) { sink.write(spec.trainer_state); });
       result.bytes += spec.trainer_state.size();
       json manifest = {
           {"format", kTrainFormat},
@@ -362,8 +381,9 @@ SaveResult save_train_checkpoint(collectives::Communicator* world, const std::ve
           {"tensors", tensors},
           {"files", files}};
       const std::string mtext = manifest.dump(1);
-      write_file_atomic((fs::path(tmp) / kTrainManifestName).string(), mtext);
+      write_in_temp_dir((fs::path(tmp) / kTrainManifestName).string(), [&](FileSink& sink) { sink.write(mtext); });
       result.bytes += mtext.size();
+      fsync_dir(tmp);  // every rank's file entry, before the rename makes them a checkpoint
       fault_point("before_rename", spec.world_rank, spec.step);
       const std::string old = (fs::path(root) / ("." + name + ".old")).string();
       std::error_code ec;
