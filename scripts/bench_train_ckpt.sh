@@ -22,14 +22,17 @@ for r in $(seq 1 "$ROUNDS"); do
   rm -rf "$DIR/ck" "$DIR/copy"; sync
   out=$($LAUNCH "$BUILD/bin/train_gpt" --vocab 8192 --seq 64 --hidden 512 --layers 4 --heads 8 --micro-batch 1 \
     --steps 2 --save "$DIR/ck" $EXTRA)
-  save=$(echo "$out" | sed -n 's/^saved .* in \([0-9.]*\) \(m\?s\))$/\1 \2/p' | tail -1)
+  save=$(echo "$out" | sed -n 's/^saved .* in \([0-9.]*\) \(m\?s\), cpu \([0-9.]*\) s)$/\1 \2 \3/p' | tail -1)
   secs=$(echo "$save" | awk '{ print ($2 == "ms") ? $1 / 1000 : $1 }')
+  cpu=$(echo "$save" | awk '{ print $3 }')
   bytes=$(du -sb "$DIR/ck/step_00000002" | cut -f1)
-  s=$(date +%s.%N); cp -r "$DIR/ck/step_00000002" "$DIR/copy" && sync; e=$(date +%s.%N)
-  cp_s=$(echo "$e - $s" | bc)
+  cp_t=$( { /usr/bin/time -f "%e %U %S" sh -c "cp -r '$DIR/ck/step_00000002' '$DIR/copy' && sync"; } 2>&1 | tail -1)
+  cp_s=$(echo "$cp_t" | awk '{ print $1 }')
+  cp_cpu=$(echo "$cp_t" | awk '{ print $2 + $3 }')
   ratio=$(echo "scale=3; $secs / $cp_s" | bc)
   ratios+=("$ratio")
-  printf '  round %d: save %.3f s, cp -r && sync %.3f s of %d bytes, ratio %.2f\n' "$r" "$secs" "$cp_s" "$bytes" "$ratio"
+  printf '  round %d: save %.3f s (cpu %.3f s), cp -r && sync %.3f s (cpu %.3f s) of %d bytes, wall ratio %.2f\n' \
+    "$r" "$secs" "$cpu" "$cp_s" "$cp_cpu" "$bytes" "$ratio"
 done
 printf '  median save / (cp -r && sync): %s\n' "$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')"
 rm -rf "$DIR/ck" "$DIR/copy"

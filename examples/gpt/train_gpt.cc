@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -198,10 +199,11 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
     }
     if (!f.save.empty() && ((f.save_every > 0 && r.step % f.save_every == 0) || r.step == o.steps)) {
       Stopwatch sw;
+      const std::clock_t cpu0 = std::clock();
       parallel::checkpoint::SaveResult saved = trainer.save_checkpoint(f.save, static_cast<int>(f.keep));
       if (lead) {
-        std::printf("saved %s (%s in %s)\n", saved.dir.c_str(), human_bytes(double(saved.bytes)).c_str(),
-                    human_time(sw.seconds()).c_str());
+        std::printf("saved %s (%s in %s, cpu %.3f s)\n", saved.dir.c_str(), human_bytes(double(saved.bytes)).c_str(),
+                    human_time(sw.seconds()).c_str(), double(std::clock() - cpu0) / CLOCKS_PER_SEC);
         std::fflush(stdout);
       }
     }

@@ -510,6 +510,14 @@ bool is_hex64(const std::string& s) {
 }  // namespace
 
 TrainCheckpoint::TrainCheckpoint(const std::string& dir_in) {
+  try {
+    open(dir_in);
+  } catch (const json::exception& e) {  // a field of an unexpected JSON type
+    throw FormatError(concat("checkpoint ", dir_in, ": manifest or marker: ", e.what()));
+  }
+}
+
+void TrainCheckpoint::open(const std::string& dir_in) {
   dir_ = fs::path(dir_in).lexically_normal().string();
   if (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   const std::string w = where();

@@ -173,6 +173,7 @@ class TrainCheckpoint {
   void read(const parallel::layers::Parameter& dest, StateKind kind, int64_t begin, int64_t end, float* dst) const;
 
  private:
+  void open(const std::string& dir);
   const SafetensorsReader& reader(size_t file) const;
   std::string where() const { return "checkpoint " + dir_; }
 
