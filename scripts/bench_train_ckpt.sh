@@ -17,9 +17,9 @@ LAUNCH=${LAUNCH:-}
 export OPENBLAS_NUM_THREADS=1
 mkdir -p "$DIR"
 echo "nproc=$(nproc)  load: $(cut -d' ' -f1-3 /proc/loadavg)  launch: ${LAUNCH:-(one process)} $EXTRA"
-ratios=()
+ratios=(); dd_ratios=()
 for r in $(seq 1 "$ROUNDS"); do
-  rm -rf "$DIR/ck" "$DIR/copy"; sync
+  rm -rf "$DIR/ck" "$DIR/copy" "$DIR/copy2"; sync
   out=$($LAUNCH "$BUILD/bin/train_gpt" --vocab 8192 --seq 64 --hidden 512 --layers 4 --heads 8 --micro-batch 1 \
     --steps 2 --save "$DIR/ck" $EXTRA)
   save=$(echo "$out" | sed -n 's/^saved .* in \([0-9.]*\) \(m\?s\), cpu \([0-9.]*\) s)$/\1 \2 \3/p' | tail -1)
@@ -29,10 +29,19 @@ for r in $(seq 1 "$ROUNDS"); do
   cp_t=$( { /usr/bin/time -f "%e %U %S" sh -c "cp -r '$DIR/ck/step_00000002' '$DIR/copy' && sync"; } 2>&1 | tail -1)
   cp_s=$(echo "$cp_t" | awk '{ print $1 }')
   cp_cpu=$(echo "$cp_t" | awk '{ print $2 + $3 }')
+  # The same bytes through user-space buffers (write(2) from memory, as the
+  # trainer must): cp and cat use copy_file_range, page cache to page cache.
+  rm -rf "$DIR/copy2"; mkdir "$DIR/copy2"
+  s=$(date +%s.%N)
+  for f in "$DIR/ck/step_00000002"/*; do dd if="$f" of="$DIR/copy2/$(basename "$f")" bs=16M status=none; done
+  sync; e=$(date +%s.%N)
+  dd_s=$(echo "$e - $s" | bc)
   ratio=$(echo "scale=3; $secs / $cp_s" | bc)
   ratios+=("$ratio")
-  printf '  round %d: save %.3f s (cpu %.3f s), cp -r && sync %.3f s (cpu %.3f s) of %d bytes, wall ratio %.2f\n' \
-    "$r" "$secs" "$cpu" "$cp_s" "$cp_cpu" "$bytes" "$ratio"
+  dd_ratios+=("$(echo "scale=3; $secs / $dd_s" | bc)")
+  printf '  round %d: save %.3f s (cpu %.3f s); cp -r && sync %.3f s (cpu %.3f s); dd bs=16M && sync %.3f s; %d bytes; save/cp %.2f, save/dd %.2f\n' \
+    "$r" "$secs" "$cpu" "$cp_s" "$cp_cpu" "$dd_s" "$bytes" "$ratio" "$(echo "scale=3; $secs / $dd_s" | bc)"
 done
-printf '  median save / (cp -r && sync): %s\n' "$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')"
-rm -rf "$DIR/ck" "$DIR/copy"
+med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+printf '  median save / (cp -r && sync): %s   median save / (dd && sync): %s\n' "$(med "${ratios[@]}")" "$(med "${dd_ratios[@]}")"
+rm -rf "$DIR/ck" "$DIR/copy" "$DIR/copy2"
