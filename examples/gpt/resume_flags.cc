@@ -1,5 +1,7 @@
 #include "examples/gpt/resume_flags.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -21,6 +23,13 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
                                const std::function<bool(const char*)>& given) {
   TESSERA_ARG_CHECK(save_every == 0 || !save.empty(), "--save-every needs --save DIR");
   TESSERA_ARG_CHECK(keep == 0 || !save.empty(), "--keep needs --save DIR");
+  if (!save.empty()) {
+    // A --save directory that cannot be written is exit 2 now, not an error after the first K steps.
+    std::error_code ec;
+    std::filesystem::create_directories(save, ec);
+    TESSERA_ARG_CHECK(std::filesystem::is_directory(save) && ::access(save.c_str(), W_OK | X_OK) == 0, "--save ", save,
+                      ": not a writable directory", ec ? " (" + ec.message() + ")" : std::string());
+  }
   if (resume.empty()) return "";
   TESSERA_ARG_CHECK(init.empty(), "--resume and --init exclude each other");
   std::string dir = resume;

@@ -144,6 +144,9 @@ TEST_F(TrainCkptCli, FlagsThatDisagreeWithTheCheckpointExitTwo) {
   EXPECT_NE(r.out.find("cannot resume under --tp 3: tensor transformer.h.0.attn.c_attn.weight"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("dp_rank_00_tp_rank_00_pp_rank_00.safetensors"), std::string::npos) << r.out;
+  r = train("--steps 6 --save /proc/no-such-dir");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--save /proc/no-such-dir: not a writable directory"), std::string::npos) << r.out;
   r = train("--steps 6 --resume latest");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--resume latest needs --save DIR"), std::string::npos) << r.out;
