@@ -183,6 +183,27 @@ TEST_F(TrainCkptCli, KillDuringSaveLeavesThePreviousCheckpoint) {
   }
 }
 
+// kill -9 of one rank of a two-rank job halfway through its file and after
+// it (the other rank waits in the barrier until the launcher stops it).
+TEST_F(TrainCkptCli, KillOfOneRankDuringSaveLeavesThePreviousCheckpoint) {
+  for (const char* point : {"mid_file", "file_written"}) {
+    SCOPED_TRACE(point);
+    TempDir t;
+    const std::string dir = t.file("ck");
+    const std::string cmd = std::string(TESSERA_BIN) + " run --nproc-per-node 2 -- " + TRAIN_GPT_BIN + kModel +
+                            " --dp 2 --steps 6 --save " + dir + " --save-every 2";
+    CommandResult r = run_command("OPENBLAS_NUM_THREADS=1 TESSERA_CKPT_FAULT=" + std::string(point) +
+                                  " TESSERA_CKPT_FAULT_RANK=1 TESSERA_CKPT_FAULT_STEP=4 " + cmd);
+    ASSERT_NE(r.code, 0) << r.out;
+    EXPECT_FALSE(fs::exists(dir + "/step_00000004/done")) << r.out;
+    CommandResult v = tessera_cmd("ckpt verify " + dir + "/step_00000002");
+    EXPECT_EQ(v.code, 0) << v.out;
+    r = run_command("OPENBLAS_NUM_THREADS=1 " + cmd + " --resume latest");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resumed from step 2"), std::string::npos) << r.out;
+  }
+}
+
 TEST_F(TrainCkptCli, FlippedDataByteIsRefused) {
   const std::string d = copy_of(4);
   const std::string f = d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors";
