@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "launcher/train_ckpt_cli.h"
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/pipeline/partition.h"
@@ -27,6 +28,7 @@ struct CkptArgs {
   std::string stages;          // "3,3,2,2"; empty: parallel::pipeline::stage_layers
   std::string max_shard_size;  // consolidate: Hugging Face sharded form when set
   bool allow_nonfinite = false;
+  bool with_optimizer = false;  // consolidate of a training checkpoint
 };
 
 std::vector<int> stages_of(const CkptArgs& a) {
@@ -51,6 +53,7 @@ uint64_t print_tensors(const parallel::checkpoint::TensorSource& src) {
 }
 
 int run_inspect(const CkptArgs& a) {
+  if (is_train_ckpt_path(a.path)) return run_train_inspect(a.path);
   if (fs::is_directory(a.path) && fs::exists(fs::path(a.path) / parallel::checkpoint::kManifestName)) {
     // Sizes and SHA-256 of every shard file first: a damaged directory is an error, not a listing.
     parallel::checkpoint::Gpt2Config c = parallel::checkpoint::verify_shard_dir(a.path);
@@ -165,6 +168,9 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cons->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`)")->required();
   cons->add_flag("--allow-nonfinite", args->allow_nonfinite,
                  "Accept NaN/Inf weights (default: an error naming the tensors)");
+  cons->add_flag(
+      "--with-optimizer", args->with_optimizer,
+      "Training checkpoint: also write the AdamW moments (optimizer.exp_avg.NAME, optimizer.exp_avg_sq.NAME)");
   cons->callback([&action, args] {
     action = [args] {
       return guarded("consolidate", [&] {
@@ -177,12 +183,15 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
           return 0;
         }
         cli::check_output_file("--out", args->out);
+        if (is_train_ckpt_path(args->path)) return run_train_consolidate(args->path, args->out, args->with_optimizer);
         parallel::checkpoint::consolidate_gpt2(args->path, args->out, args->allow_nonfinite);
         std::printf("wrote %s\n", args->out.c_str());
         return 0;
       });
     };
   });
+
+  add_ckpt_verify_command(ckpt, action);
 
   auto* reshard = ckpt->add_subcommand("reshard", "Shard a shard directory (or an HF checkpoint) for a new tp/pp");
   add_layout_flags(reshard, args.get());

@@ -2,10 +2,13 @@
 // parallelism. Runs alone, under `tessera run --nproc-per-node N -- train_gpt`
 // or `mpirun -np N train_gpt`; the world size must equal tp x dp.
 // docs/training.md describes the flags and the output.
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -14,10 +17,12 @@
 #include <vector>
 
 #include "examples/gpt/bootstrap.h"
+#include "examples/gpt/resume_flags.h"
 #include "examples/gpt/sgemm_bench.h"
 #include "launcher/cli.h"
 #include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/checkpoint/safetensors.h"
+#include "parallel/checkpoint/train_ckpt.h"
 #include "parallel/models/gpt/trainer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
@@ -39,6 +44,9 @@ struct Flags {
   int64_t val_every = 0, val_batches = 4;
   double bucket_mb = 4;
   bool bench_sgemm = false;
+  // Training checkpoints (docs/checkpoint.md): --save DIR --save-every K --keep N --resume DIR|latest.
+  std::string save, resume, resume_dir;  // resume_dir: the checkpoint --resume resolved to ("" : start at step 0)
+  int64_t save_every = 0, keep = 0;
 };
 
 std::string human_bytes(double b) {
@@ -86,6 +94,12 @@ void apply_init_config(Flags& f, const CLI::App& app) {
   if (!app.count("--seq")) f.t.seq = std::min<int64_t>(f.t.seq, c.n_positions);
 }
 
+// --save/--resume flags (examples/gpt/resume_flags.h).
+void apply_resume_config(Flags& f, const CLI::App& app) {
+  f.resume_dir = gpt::apply_resume_flags(f.t, f.resume, f.save, f.init, f.save_every, f.keep,
+                                         [&](const char* flag) { return app.count(flag) > 0; });
+}
+
 int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::ByteDataset>& dataset) {
   const bool lead = job.world.rank == 0;
   TESSERA_ARG_CHECK(job.world.size == f.t.tp * f.t.dp, "this job has ", job.world.size, " process(es) but --tp ",
@@ -97,8 +111,15 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   ps.sequence_parallel = f.t.sequence_parallel;
   models::gpt::Trainer trainer(f.t, ps, dataset);
   const models::gpt::TrainOptions& o = trainer.options();
-  if (f.init.empty()) {
+  if (!f.resume_dir.empty()) {
+    trainer.load_checkpoint(f.resume_dir);
+    if (lead)
+      std::printf("train_gpt: resumed from step %lld of %s\n", (long long)trainer.steps_done(), f.resume_dir.c_str());
+  } else if (f.init.empty()) {
     trainer.init_random();
+    if (lead && !f.resume.empty())
+      std::printf("train_gpt: --resume %s: no complete checkpoint in %s yet, starting at step 0\n", f.resume.c_str(),
+                  f.save.c_str());
   } else {
     trainer.load_hf(f.init);
   }
@@ -124,7 +145,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
     std::fflush(stdout);
   }
   std::vector<double> step_times, sgemm_between;
-  for (int64_t s = 0; s < o.steps; ++s) {
+  for (int64_t s = trainer.steps_done(); s < o.steps; ++s) {
     models::gpt::StepRecord r = trainer.step();
     step_times.push_back(r.wall_s);
     // Loss and gradient norm are reduced over every rank, so all ranks stop here together.
@@ -166,6 +187,23 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
       double v = trainer.validation_loss(f.val_batches);
       if (lead) {
         std::printf("val_loss %.4f step %lld\n", v, (long long)r.step);
+        std::fflush(stdout);
+      }
+    }
+    // Test hook for recovery: TESSERA_TEST_KILL_AT_STEP=S (TESSERA_TEST_KILL_RANK, default 0) SIGKILLs
+    // that rank after step S in the first round of `tessera run` only (TESSERA_RESTART_COUNT unset or 0).
+    if (const char* k = std::getenv("TESSERA_TEST_KILL_AT_STEP"); k && std::atoll(k) == r.step) {
+      const char* kr = std::getenv("TESSERA_TEST_KILL_RANK");
+      const char* rc = std::getenv("TESSERA_RESTART_COUNT");
+      if ((kr ? std::atoi(kr) : 0) == job.world.rank && (!rc || std::atoi(rc) == 0)) ::raise(SIGKILL);
+    }
+    if (!f.save.empty() && ((f.save_every > 0 && r.step % f.save_every == 0) || r.step == o.steps)) {
+      Stopwatch sw;
+      const std::clock_t cpu0 = std::clock();
+      parallel::checkpoint::SaveResult saved = trainer.save_checkpoint(f.save, static_cast<int>(f.keep));
+      if (lead) {
+        std::printf("saved %s (%s in %s, cpu %.3f s)\n", saved.dir.c_str(), human_bytes(double(saved.bytes)).c_str(),
+                    human_time(sw.seconds()).c_str(), double(std::clock() - cpu0) / CLOCKS_PER_SEC);
         std::fflush(stdout);
       }
     }
@@ -252,6 +290,13 @@ int main(int argc, char** argv) {
   app.add_option("--export", f.export_path, "write the final weights as Hugging Face GPT-2 safetensors");
   app.add_option("--data", f.t.data, "training text files (default: /usr/share/common-licenses/*)")
       ->check(CLI::ExistingFile);
+  app.add_option("--save", f.save,
+                 "write training checkpoints into DIR/step_NNNNNNNN (every --save-every, and at the end)");
+  app.add_option("--save-every", f.save_every, "save every K steps (0: only at the end)")
+      ->check(cli::non_negative(f.save_every));
+  app.add_option("--keep", f.keep, "keep only the newest N complete checkpoints (0: all)")
+      ->check(cli::non_negative(f.keep));
+  app.add_option("--resume", f.resume, "resume from a checkpoint DIR, a --save DIR's newest, or 'latest' (of --save)");
   app.add_flag("--bench-sgemm", f.bench_sgemm, "measure sgemm at the model's GEMM shapes and compare");
   try {
     app.parse(argc, argv);
@@ -268,6 +313,7 @@ int main(int argc, char** argv) {
   std::shared_ptr<parallel::data::ByteDataset> dataset;
   try {
     if (!f.init.empty()) apply_init_config(f, app);
+    apply_resume_config(f, app);
     f.t.normalize();
     if (discover_world().rank == 0) {
       if (!f.export_path.empty()) cli::check_output_file("--export", f.export_path);

@@ -116,6 +116,14 @@ void DistributedOptimizer::for_each_moment_run(
     fn(segment_src_[s], segments_[s].size, m + segments_[s].offset, v + segments_[s].offset);
 }
 
+void DistributedOptimizer::for_each_moment_run_mutable(
+    const std::function<void(int64_t, int64_t, float*, float*)>& fn) {
+  float* m = m_.data<float>();
+  float* v = v_.data<float>();
+  for (size_t s = 0; s < segments_.size(); ++s)
+    fn(segment_src_[s], segments_[s].size, m + segments_[s].offset, v + segments_[s].offset);
+}
+
 void DistributedOptimizer::zero_grad() {
   std::memset(grads(), 0, sizeof(float) * total_);
   kern::charge(ps_.device, 0, 4.0 * total_);

@@ -84,6 +84,8 @@ class DistributedOptimizer {
   // where [offset, offset + n) indexes values() and m[i], v[i] belong to
   // element offset + i. Padding is not included.
   void for_each_moment_run(const std::function<void(int64_t, int64_t, const float*, const float*)>& fn) const;
+  // The same runs, writable (loading a checkpoint).
+  void for_each_moment_run_mutable(const std::function<void(int64_t, int64_t, float*, float*)>& fn);
 
  private:
   struct Segment {  // a run of elements of one parameter

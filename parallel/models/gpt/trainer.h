@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/checkpoint/train_ckpt.h"
 #include "parallel/data/byte_dataset.h"
 #include "parallel/models/gpt/gpt_model.h"
 #include "parallel/optim/optimizer.h"
@@ -73,6 +74,18 @@ class Trainer {
   // only global rank 0 (dp 0, tp 0) writes.
   void export_hf(const std::string& path);
 
+  // Training checkpoints (parallel/checkpoint/train_ckpt.h, trainer_state.cc),
+  // collective over every rank. save_checkpoint writes the state after
+  // steps_done() into root/step_NNNNNNNN (keep > 0: then only the newest
+  // `keep` complete checkpoints remain). load_checkpoint reads one saved
+  // under any layout (parameters, AdamW moments, step, run id), after every
+  // file's size and SHA-256 and every tensor's shape are checked; or, from a
+  // `tessera ckpt shard` directory, the parameters only (step 0, fresh
+  // optimizer). Throws FormatError / InvalidArgument before changing anything.
+  parallel::checkpoint::SaveResult save_checkpoint(const std::string& root, int keep = 0);
+  void load_checkpoint(const std::string& dir);
+  const std::string& run_id() const { return run_id_; }
+
   // One optimizer step (steps count from 1).
   StepRecord step();
   int64_t steps_done() const { return step_; }
@@ -92,6 +105,7 @@ class Trainer {
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<parallel::optim::DistributedOptimizer> opt_;
   int64_t step_ = 0;
+  std::string run_id_;  // set by the first save or by a load
   std::vector<int32_t> rows_, inputs_, targets_;
 };
 

@@ -1,0 +1,300 @@
+// The Trainer's training checkpoints: TrainerState (cereal) and
+// Trainer::save_checkpoint / load_checkpoint over parallel/checkpoint/train_ckpt.h.
+#include "parallel/models/gpt/trainer_state.h"
+
+#include <cereal/archives/portable_binary.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "parallel/checkpoint/ckpt_tool.h"
+#include "parallel/checkpoint/gpt2_layout.h"
+#include "parallel/checkpoint/safetensors.h"
+#include "runtime/error.h"
+#include "runtime/files.h"
+
+namespace tessera::parallel::models::gpt {
+
+namespace ckpt = parallel::checkpoint;
+using detail::concat;
+
+TrainerState make_trainer_state(const TrainOptions& o, int64_t step, const std::string& run_id, int pp) {
+  TrainerState s;
+  s.step = step;
+  s.run_id = run_id;
+  s.seed = o.seed;
+  s.next_sample = step * o.global_batch;
+  s.vocab = o.model.vocab;
+  s.ctx = o.model.seq;
+  s.hidden = o.model.hidden;
+  s.layers = o.model.layers;
+  s.heads = o.model.heads;
+  s.ln_eps = o.model.ln_eps;
+  s.seq = o.seq;
+  s.micro_batch = o.micro_batch;
+  s.global_batch = o.global_batch;
+  s.steps = o.steps;
+  s.lr = o.lr;
+  s.min_lr = o.min_lr;
+  s.warmup = o.warmup;
+  s.decay_steps = o.adamw.lr.decay_steps;
+  s.beta1 = o.adamw.beta1;
+  s.beta2 = o.adamw.beta2;
+  s.eps = o.adamw.eps;
+  s.weight_decay = o.adamw.weight_decay;
+  s.clip_norm = o.adamw.clip_norm;
+  s.tp = o.tp;
+  s.dp = o.dp;
+  s.pp = pp;
+  s.zero1 = o.adamw.zero1;
+  s.sequence_parallel = o.sequence_parallel;
+  s.bucket_elems = o.adamw.bucket_elems;
+  s.data = o.data;
+  s.val_fraction = o.val_fraction;
+  return s;
+}
+
+TrainOptions options_of(const TrainerState& s) {
+  TrainOptions o;
+  o.model.vocab = s.vocab;
+  o.model.seq = s.ctx;
+  o.model.hidden = s.hidden;
+  o.model.layers = s.layers;
+  o.model.heads = s.heads;
+  o.model.ln_eps = s.ln_eps;
+  o.seq = s.seq;
+  o.tp = s.tp;
+  o.dp = s.dp;
+  o.sequence_parallel = s.sequence_parallel;
+  o.micro_batch = s.micro_batch;
+  o.global_batch = s.global_batch;
+  o.steps = s.steps;
+  o.lr = s.lr;
+  o.min_lr = s.min_lr;
+  o.warmup = s.warmup;
+  o.adamw.beta1 = s.beta1;
+  o.adamw.beta2 = s.beta2;
+  o.adamw.eps = s.eps;
+  o.adamw.weight_decay = s.weight_decay;
+  o.adamw.clip_norm = s.clip_norm;
+  o.adamw.zero1 = s.zero1;
+  o.adamw.bucket_elems = s.bucket_elems;
+  o.seed = s.seed;
+  o.data = s.data;
+  o.val_fraction = s.val_fraction;
+  return o;
+}
+
+std::string encode_trainer_state(const TrainerState& s) {
+  std::ostringstream out;
+  {
+    cereal::PortableBinaryOutputArchive a(out);
+    a(TrainerState::kVersion, s);
+  }
+  return out.str();
+}
+
+TrainerState decode_trainer_state(const std::string& bytes, const std::string& where) {
+  std::istringstream in(bytes);
+  TrainerState s;
+  uint32_t version = 0;
+  try {
+    cereal::PortableBinaryInputArchive a(in);
+    a(version);
+    if (version != TrainerState::kVersion)
+      throw FormatError(concat(where, ": trainer state version ", version, " is not supported (this build reads ",
+                               TrainerState::kVersion, ")"));
+    a(s);
+  } catch (const cereal::Exception& e) {
+    throw FormatError(concat(where, ": trainer state does not decode (", e.what(), ")"));
+  }
+  if (in.peek() != std::char_traits<char>::eof())
+    throw FormatError(concat(where, ": trainer state has trailing bytes"));
+  return s;
+}
+
+std::string resume_mismatches(const TrainerState& saved, const TrainOptions& now) {
+  const TrainerState n = make_trainer_state(now, saved.step, saved.run_id, saved.pp);
+  std::ostringstream out;
+  auto cmp = [&](const char* what, auto a, auto b) {
+    if (a != b) out << what << ": the checkpoint has " << a << ", this run " << b << "\n";
+  };
+  cmp("vocab", saved.vocab, n.vocab);
+  cmp("context (wpe rows)", saved.ctx, n.ctx);
+  cmp("hidden", saved.hidden, n.hidden);
+  cmp("layers", saved.layers, n.layers);
+  cmp("heads", saved.heads, n.heads);
+  cmp("seq", saved.seq, n.seq);
+  cmp("global batch", saved.global_batch, n.global_batch);
+  cmp("steps (the learning-rate schedule decays over them)", saved.decay_steps, n.decay_steps);
+  cmp("seed", saved.seed, n.seed);
+  cmp("lr", saved.lr, n.lr);
+  cmp("min lr", saved.min_lr, n.min_lr);
+  cmp("warmup", saved.warmup, n.warmup);
+  cmp("weight decay", saved.weight_decay, n.weight_decay);
+  cmp("clip norm", saved.clip_norm, n.clip_norm);
+  cmp("beta1", saved.beta1, n.beta1);
+  cmp("beta2", saved.beta2, n.beta2);
+  cmp("eps", saved.eps, n.eps);
+  cmp("validation fraction", saved.val_fraction, n.val_fraction);
+  if (saved.data != n.data) out << "data files differ\n";
+  return out.str();
+}
+
+namespace {
+
+// 128 random bits from world rank 0, the same on every rank.
+std::string new_run_id(collectives::Communicator* world) {
+  int32_t bits[4] = {0, 0, 0, 0};
+  if (world == nullptr || world->rank() == 0) {
+    std::random_device rd;
+    for (int32_t& b : bits) b = static_cast<int32_t>(rd());
+  }
+  if (world != nullptr && world->size() > 1) world->broadcast(bits, 4, DType::I32, 0);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", static_cast<uint32_t>(bits[0]), static_cast<uint32_t>(bits[1]),
+                static_cast<uint32_t>(bits[2]), static_cast<uint32_t>(bits[3]));
+  return buf;
+}
+
+std::map<std::string, int64_t> model_map(const GptConfig& m) {
+  return {{"vocab_size", m.vocab},
+          {"n_positions", m.seq},
+          {"n_embd", m.hidden},
+          {"n_layer", m.layers},
+          {"n_head", m.heads}};
+}
+
+// Each parameter with the range of its shard whose moments this rank holds.
+std::vector<ckpt::HeldTensor> held_tensors(GptModel& model, parallel::optim::DistributedOptimizer& opt) {
+  std::vector<parallel::layers::Parameter*> params = model.parameters();
+  std::map<int64_t, size_t> by_offset;
+  std::vector<ckpt::HeldTensor> held;
+  for (parallel::layers::Parameter* p : params) {
+    by_offset[p->offset] = held.size();
+    held.push_back({p, 0, 0, nullptr, nullptr, true});
+  }
+  opt.for_each_moment_run_mutable([&](int64_t off, int64_t n, float* m, float* v) {
+    auto it = std::prev(by_offset.upper_bound(off));
+    ckpt::HeldTensor& h = held[it->second];
+    TESSERA_CHECK(off + n <= h.param->offset + h.param->numel() && h.m == nullptr, "moment run at ", off,
+                  " is not inside one parameter");
+    h.moment_begin = off - h.param->offset;
+    h.moment_end = h.moment_begin + n;
+    h.m = m;
+    h.v = v;
+  });
+  return held;
+}
+
+// A `tessera ckpt shard` directory: every parameter from the TP shards of its
+// stage's files (sizes, hashes and layout checked first by verify_shard_dir),
+// one full tensor at a time.
+void load_shard_set(const std::string& dir, GptModel& model) {
+  const ckpt::Gpt2Config c = ckpt::verify_shard_dir(dir);
+  const GptConfig& m = model.config();
+  auto agree = [&](const char* what, int64_t model_v, int64_t file_v) {
+    TESSERA_ARG_CHECK(model_v == file_v, "shard directory ", dir, " has ", what, " ", file_v, ", the model ", model_v);
+  };
+  agree("vocab_size", m.vocab, c.vocab);
+  agree("n_positions", m.seq, c.n_positions);
+  agree("n_embd", m.hidden, c.hidden);
+  agree("n_layer", m.layers, c.layers);
+  agree("n_head", m.heads, c.heads);
+  const std::string mpath = (std::filesystem::path(dir) / ckpt::kManifestName).string();
+  const nlohmann::json j = nlohmann::json::parse(read_regular_file(mpath, uint64_t{1} << 30));
+  const int tp = j.at("tp").get<int>(), pp = j.at("pp").get<int>();
+  std::vector<int> layers;
+  for (const auto& st : j.at("stages")) layers.push_back(st.at("layers")[1].get<int>() - st.at("layers")[0].get<int>());
+  const std::vector<int> stages = ckpt::gpt2_stages(c, pp, layers);
+  std::vector<std::vector<parallel::layers::Parameter>> src;
+  for (int r = 0; r < tp; ++r) src.push_back(ckpt::gpt2_tp_parameters(c, tp, r));
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < src[0].size(); ++i) index[src[0][i].name] = i;
+  std::map<std::pair<int, int>, std::unique_ptr<ckpt::SafetensorsReader>> readers;
+  auto reader = [&](int r, int s) -> const ckpt::SafetensorsReader& {
+    auto& rd = readers[{r, s}];
+    if (!rd)
+      rd = std::make_unique<ckpt::SafetensorsReader>(
+          (std::filesystem::path(dir) / (ckpt::rank_stem(0, r, s) + ".safetensors")).string());
+    return *rd;
+  };
+  for (parallel::layers::Parameter* p : model.parameters()) {
+    auto it = index.find(p->name);
+    TESSERA_ARG_CHECK(it != index.end(), "shard directory ", dir, " has no tensor ", p->name);
+    Tensor full = Tensor::empty(p->full_shape, DType::F32);
+    const int s = ckpt::gpt2_pp_stage(stages, p->name);
+    const int ranks = src[0][it->second].split_dim < 0 ? 1 : tp;
+    for (int r = 0; r < ranks; ++r) {
+      parallel::layers::Parameter sp = src[static_cast<size_t>(r)][it->second];
+      Tensor shard = Tensor::empty(sp.shape, DType::F32);
+      reader(r, s).read_into(p->name, shard);
+      sp.value = shard.data<float>();
+      parallel::layers::store_shard(sp, full.data<float>());
+    }
+    parallel::layers::load_shard(*p, full.data<float>());
+  }
+}
+
+}  // namespace
+
+ckpt::SaveResult Trainer::save_checkpoint(const std::string& root, int keep) {
+  collectives::Communicator* world = ps_.world.get();
+  if (run_id_.empty()) run_id_ = new_run_id(world);
+  ckpt::SaveSpec spec;
+  spec.root = root;
+  spec.step = step_;
+  spec.run_id = run_id_;
+  spec.layout = {ps_.tp_size, ps_.dp_size, ps_.pp_size, opts_.adamw.zero1, ps_.sp()};
+  spec.tp_rank = ps_.tp_rank;
+  spec.dp_rank = ps_.dp_rank;
+  spec.pp_rank = ps_.pp_rank;
+  spec.world_rank = ps_.global_rank();
+  spec.model = model_map(opts_.model);
+  spec.trainer_state = encode_trainer_state(make_trainer_state(opts_, step_, run_id_, ps_.pp_size));
+  spec.keep = keep;
+  return ckpt::save_train_checkpoint(world, held_tensors(*model_, *opt_), spec);
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  collectives::Communicator* world = ps_.world.get();
+  if (!ckpt::is_train_checkpoint(dir) &&
+      std::filesystem::is_regular_file(std::filesystem::path(dir) / ckpt::kManifestName)) {
+    load_shard_set(dir, *model_);  // parameters only: a fresh optimizer at step 0
+    step_ = 0;
+    return;
+  }
+  ckpt::TrainCheckpoint ck(dir);
+  const TrainerState st = decode_trainer_state(ck.read_trainer_state(), "checkpoint " + ck.dir());
+  const std::string diff = resume_mismatches(st, opts_);
+  TESSERA_ARG_CHECK(diff.empty(), "checkpoint ", ck.dir(), " is of another run configuration:\n", diff);
+  TESSERA_CHECK(st.step == ck.step() && st.run_id == ck.run_id(), "checkpoint ", ck.dir(),
+                ": trainer state and manifest disagree on step or run");
+  std::vector<ckpt::HeldTensor> held = held_tensors(*model_, *opt_);
+  // Every shape is checked before the first byte is copied.
+  for (const ckpt::HeldTensor& h : held) {
+    const parallel::layers::Parameter& p = *h.param;
+    auto t = ck.tensors().find(p.name);
+    if (t == ck.tensors().end()) throw FormatError(concat("checkpoint ", ck.dir(), " has no tensor ", p.name));
+    TESSERA_ARG_CHECK(t->second.shape == p.full_shape, "checkpoint ", ck.dir(), ": tensor ", p.name, " has shape ",
+                      shape_str(t->second.shape), ", the model's is ", shape_str(p.full_shape));
+  }
+  TESSERA_ARG_CHECK(ck.has_kind(ckpt::StateKind::ExpAvg) && ck.has_kind(ckpt::StateKind::ExpAvgSq), "checkpoint ",
+                    ck.dir(), " holds no optimizer state");
+  ck.verify_collective(world);
+  for (const ckpt::HeldTensor& h : held) {
+    ck.read(*h.param, ckpt::StateKind::Param, 0, h.param->numel(), h.param->value);
+    if (h.moment_end > h.moment_begin) {
+      ck.read(*h.param, ckpt::StateKind::ExpAvg, h.moment_begin, h.moment_end, h.m);
+      ck.read(*h.param, ckpt::StateKind::ExpAvgSq, h.moment_begin, h.moment_end, h.v);
+    }
+  }
+  step_ = ck.step();
+  run_id_ = ck.run_id();
+}
+
+}  // namespace tessera::parallel::models::gpt

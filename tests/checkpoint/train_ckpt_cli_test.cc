@@ -1,0 +1,420 @@
+// Training checkpoints through the binaries: train_gpt --save/--resume, kill
+// -9 during a save, every kind of damage refused before anything is loaded,
+// recovery under `tessera run --max-restarts`, and `tessera ckpt` on them.
+// Losses come from --log-json (full double precision), so "equal" is exact.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "parallel/checkpoint/safetensors.h"
+#include "tests/checkpoint/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using tessera::testing::CommandResult;
+using tessera::testing::read_bytes;
+using tessera::testing::run_command;
+using tessera::testing::TempDir;
+using tessera::testing::write_bytes;
+
+const std::string kModel =
+    " --layers 2 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro-batch 2 --lr 3e-3 --warmup 1 --device test-core";
+
+CommandResult train(const std::string& args, const std::string& env = "") {
+  return run_command("OPENBLAS_NUM_THREADS=1 " + env + " " + TRAIN_GPT_BIN + kModel + " " + args);
+}
+
+CommandResult tessera_cmd(const std::string& args) { return run_command(std::string(TESSERA_BIN) + " " + args); }
+
+// step -> loss from a --log-json file.
+std::map<int64_t, double> losses(const std::string& path) {
+  std::map<int64_t, double> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) {
+      json j = json::parse(line);
+      out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    }
+  return out;
+}
+
+// Every file's bytes under dir (to check that a refused checkpoint was left as it was).
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_bytes(e.path().string());
+  return out;
+}
+
+class TrainCkptCli : public ::testing::Test {
+ protected:
+  // The uninterrupted 6-step run, saving every 2 steps.
+  static void SetUpTestSuite() {
+    ref_ = new TempDir;
+    CommandResult r = train("--steps 6 --save " + ref_->file("ck") + " --save-every 2 --log-json " +
+                            ref_->file("a.json") + " --export " + ref_->file("a.safetensors"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    ref_losses_ = losses(ref_->file("a.json"));
+    ASSERT_EQ(ref_losses_.size(), 6u);
+  }
+  static void TearDownTestSuite() { delete ref_; }
+  static std::string ckpt(int step) {
+    char b[32];
+    std::snprintf(b, sizeof b, "/step_%08d", step);
+    return ref_->file("ck") + b;
+  }
+  // A copy of the step-4 checkpoint to damage.
+  std::string copy_of(int step) {
+    const std::string d = tmp_.file("copy");
+    fs::copy(ckpt(step), d, fs::copy_options::recursive);
+    return d;
+  }
+  void expect_resume_equal(const std::map<int64_t, double>& got, int64_t from) {
+    for (int64_t s = from + 1; s <= 6; ++s) {
+      ASSERT_TRUE(got.count(s)) << "no step " << s;
+      EXPECT_EQ(got.at(s), ref_losses_.at(s)) << "step " << s;
+    }
+    EXPECT_EQ(got.count(from), 0u) << "step " << from << " was trained again";
+  }
+  // Damaged checkpoint `dir`: resume and verify fail naming `want`, leaving it as it was.
+  void expect_refused(const std::string& dir, const std::vector<std::string>& want) {
+    auto before = snapshot(dir);
+    CommandResult r = train("--steps 6 --resume " + dir + " --log-json " + tmp_.file("x.json"));
+    EXPECT_NE(r.code, 0) << r.out;
+    for (const std::string& w : want)
+      EXPECT_NE(r.out.find(w), std::string::npos) << "missing '" << w << "' in\n" << r.out;
+    EXPECT_EQ(r.out.find("step 5/6"), std::string::npos) << "trained on a damaged checkpoint:\n" << r.out;
+    CommandResult v = tessera_cmd("ckpt verify " + dir);
+    EXPECT_NE(v.code, 0) << v.out;
+    for (const std::string& w : want)
+      EXPECT_NE(v.out.find(w), std::string::npos) << "verify: missing '" << w << "' in\n" << v.out;
+    EXPECT_EQ(snapshot(dir), before) << "the checkpoint was changed";
+  }
+
+  static TempDir* ref_;
+  static std::map<int64_t, double> ref_losses_;
+  TempDir tmp_;
+};
+TempDir* TrainCkptCli::ref_ = nullptr;
+std::map<int64_t, double> TrainCkptCli::ref_losses_;
+
+TEST_F(TrainCkptCli, SavesEveryKAndAtTheEndWithMarkers) {
+  for (int s : {2, 4, 6}) {
+    EXPECT_TRUE(fs::is_regular_file(ckpt(s) + "/done")) << s;
+    EXPECT_TRUE(fs::is_regular_file(ckpt(s) + "/manifest.json")) << s;
+    EXPECT_TRUE(fs::is_regular_file(ckpt(s) + "/trainer_state.cereal")) << s;
+    EXPECT_TRUE(fs::is_regular_file(ckpt(s) + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors")) << s;
+  }
+  CommandResult v = tessera_cmd("ckpt verify " + ckpt(4));
+  EXPECT_EQ(v.code, 0) << v.out;
+  CommandResult i = tessera_cmd("ckpt inspect " + ckpt(4));
+  EXPECT_EQ(i.code, 0) << i.out;
+  EXPECT_NE(i.out.find("step 4"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("transformer.h.1.attn.c_attn.weight"), std::string::npos) << i.out;
+}
+
+TEST_F(TrainCkptCli, ResumeIsBitForBitWithTheUninterruptedRun) {
+  CommandResult r = train("--steps 6 --resume " + ckpt(2) + " --log-json " + tmp_.file("b.json") + " --export " +
+                          tmp_.file("b.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from step 2"), std::string::npos) << r.out;
+  expect_resume_equal(losses(tmp_.file("b.json")), 2);
+  EXPECT_EQ(read_bytes(tmp_.file("b.safetensors")), read_bytes(ref_->file("a.safetensors")))
+      << "final weights differ from the uninterrupted run";
+}
+
+TEST_F(TrainCkptCli, FlagsThatDisagreeWithTheCheckpointExitTwo) {
+  CommandResult r = train("--steps 6 --seed 99 --resume " + ckpt(2));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--seed 99 does not match checkpoint"), std::string::npos) << r.out;
+  r = train("--steps 6 --tp 3 --resume " + ckpt(2));  // 4 heads do not split over 3 ranks
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("cannot resume under --tp 3: tensor transformer.h.0.attn.c_attn.weight"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("dp_rank_00_tp_rank_00_pp_rank_00.safetensors"), std::string::npos) << r.out;
+  r = train("--steps 6 --save /proc/no-such-dir");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--save /proc/no-such-dir: not a writable directory"), std::string::npos) << r.out;
+  r = train("--steps 6 --resume latest");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--resume latest needs --save DIR"), std::string::npos) << r.out;
+}
+
+// kill -9 of the job at several points of the step-4 save: the step-2
+// checkpoint stays complete and loadable, and resuming latest ends with the
+// uninterrupted run's losses.
+TEST_F(TrainCkptCli, KillDuringSaveLeavesThePreviousCheckpoint) {
+  struct Case {
+    const char* point;
+    int latest;  // the newest complete checkpoint after the kill
+  };
+  for (Case c : {Case{"mid_file", 2}, Case{"file_written", 2}, Case{"before_rename", 2}, Case{"before_marker", 2},
+                 Case{"before_keep", 4}, Case{"mid_keep", 4}}) {
+    SCOPED_TRACE(c.point);
+    TempDir t;
+    const std::string dir = t.file("ck");
+    CommandResult r = train("--steps 6 --save " + dir + " --save-every 2 --keep 1",
+                            std::string("TESSERA_CKPT_FAULT=") + c.point + " TESSERA_CKPT_FAULT_STEP=4");
+    ASSERT_EQ(r.code, 128 + 9) << r.out;
+    char want[32];
+    std::snprintf(want, sizeof want, "step_%08d", c.latest);
+    CommandResult v = tessera_cmd("ckpt verify " + dir + "/" + want);
+    EXPECT_EQ(v.code, 0) << v.out;
+    r = train("--steps 6 --save " + dir + " --save-every 2 --keep 1 --resume latest --log-json " + t.file("b.json"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resumed from step " + std::to_string(c.latest)), std::string::npos) << r.out;
+    expect_resume_equal(losses(t.file("b.json")), c.latest);
+    // --keep 1: only step 6 remains, and nothing half-written.
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    EXPECT_EQ(names, std::vector<std::string>{"step_00000006"});
+  }
+}
+
+// kill -9 of one rank of a two-rank job halfway through its file and after
+// it (the other rank waits in the barrier until the launcher stops it).
+TEST_F(TrainCkptCli, KillOfOneRankDuringSaveLeavesThePreviousCheckpoint) {
+  for (const char* point : {"mid_file", "file_written"}) {
+    SCOPED_TRACE(point);
+    TempDir t;
+    const std::string dir = t.file("ck");
+    const std::string cmd = std::string(TESSERA_BIN) + " run --nproc-per-node 2 -- " + TRAIN_GPT_BIN + kModel +
+                            " --dp 2 --steps 6 --save " + dir + " --save-every 2";
+    CommandResult r = run_command("OPENBLAS_NUM_THREADS=1 TESSERA_CKPT_FAULT=" + std::string(point) +
+                                  " TESSERA_CKPT_FAULT_RANK=1 TESSERA_CKPT_FAULT_STEP=4 " + cmd);
+    ASSERT_NE(r.code, 0) << r.out;
+    EXPECT_FALSE(fs::exists(dir + "/step_00000004/done")) << r.out;
+    CommandResult v = tessera_cmd("ckpt verify " + dir + "/step_00000002");
+    EXPECT_EQ(v.code, 0) << v.out;
+    r = run_command("OPENBLAS_NUM_THREADS=1 " + cmd + " --resume latest");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resumed from step 2"), std::string::npos) << r.out;
+  }
+}
+
+TEST_F(TrainCkptCli, FlippedDataByteIsRefused) {
+  const std::string d = copy_of(4);
+  const std::string f = d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors";
+  std::string b = read_bytes(f);
+  b[b.size() - 10] ^= 0x01;
+  write_bytes(f, b);
+  expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors is damaged", "transformer.", d});
+}
+
+TEST_F(TrainCkptCli, TruncatedShardIsRefused) {
+  const std::string d = copy_of(4);
+  const std::string f = d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors";
+  std::string b = read_bytes(f);
+  write_bytes(f, b.substr(0, b.size() / 2));
+  expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors has", "(truncated)", d});
+}
+
+TEST_F(TrainCkptCli, MissingShardIsRefused) {
+  const std::string d = copy_of(4);
+  fs::remove(d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors");
+  expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors", d});
+}
+
+TEST_F(TrainCkptCli, CheckpointWithoutMarkerIsNeverLoaded) {
+  const std::string d = copy_of(4);
+  fs::remove(d + "/done");
+  expect_refused(d, {"no done marker", d});
+}
+
+// Rewrites the manifest with `edit` and, when `remark`, the marker to match
+// (a writer that lies consistently); otherwise the marker catches it.
+void edit_manifest(const std::string& d, const std::function<void(json&)>& edit, bool remark) {
+  json m = json::parse(read_bytes(d + "/manifest.json"));
+  edit(m);
+  const std::string text = m.dump(1);
+  write_bytes(d + "/manifest.json", text);
+  if (remark) {
+    CommandResult h = run_command("sha256sum " + d + "/manifest.json");
+    json marker = json::parse(read_bytes(d + "/done"));
+    marker["manifest_sha256"] = h.out.substr(0, 64);
+    write_bytes(d + "/done", marker.dump() + "\n");
+  }
+}
+
+TEST_F(TrainCkptCli, EditedManifestDoesNotMatchTheMarker) {
+  const std::string d = copy_of(4);
+  edit_manifest(
+      d,
+      [](json& m) {
+        m["tensors"]["transformer.wpe.weight"]["shape"] = {8, 32};
+      },
+      false);
+  expect_refused(d, {"does not match the done marker", d});
+}
+
+TEST_F(TrainCkptCli, ManifestLyingAboutShapesIsRefused) {
+  const std::string d = copy_of(4);
+  edit_manifest(
+      d,
+      [](json& m) {
+        m["tensors"]["transformer.wpe.weight"]["shape"] = {8, 32};
+      },
+      true);
+  expect_refused(d, {"transformer.wpe.weight", "dp_rank_00_tp_rank_00_pp_rank_00.safetensors", d});
+}
+
+TEST_F(TrainCkptCli, ManifestLyingAboutOffsetsIsRefused) {
+  const std::string d = copy_of(4);
+  edit_manifest(
+      d,
+      [](json& m) {
+        for (json& p : m["files"][0]["pieces"])
+          if (p["tensor"] == "transformer.ln_f.bias" && p["kind"] == "param") p["range"][1] = 16;
+      },
+      true);
+  expect_refused(d, {"transformer.ln_f.bias", d});
+}
+
+TEST_F(TrainCkptCli, ManifestListingAnElementTwiceIsRefused) {
+  const std::string d = copy_of(4);
+  edit_manifest(
+      d,
+      [](json& m) {
+        json& pieces = m["files"][0]["pieces"];
+        for (const json& p : pieces)
+          if (p["tensor"] == "transformer.ln_f.bias" && p["kind"] == "param") {
+            json twin = p;
+            twin["key"] = "param/transformer.ln_f.bias.twin";
+            twin["range"] = {8, 9};
+            pieces.push_back(twin);
+            break;
+          }
+      },
+      true);
+  expect_refused(d, {"transformer.ln_f.bias (param): element 8 is in two pieces", d});
+}
+
+TEST_F(TrainCkptCli, ShardFromAnotherRunIsRefused) {
+  TempDir other;
+  CommandResult r = train("--steps 4 --seed 5 --save " + other.file("ck"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string d = copy_of(4);
+  fs::copy_file(other.file("ck") + "/step_00000004/dp_rank_00_tp_rank_00_pp_rank_00.safetensors",
+                d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors", fs::copy_options::overwrite_existing);
+  expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors", "from run", d});
+}
+
+// consolidate writes the weights the run exported at the same step (every
+// tensor's bytes equal), and --with-optimizer adds both moments of each.
+TEST_F(TrainCkptCli, ConsolidateEqualsTheExportedWeights) {
+  CommandResult r = tessera_cmd("ckpt consolidate --out " + tmp_.file("c.safetensors") + " " + ckpt(6));
+  ASSERT_EQ(r.code, 0) << r.out;
+  tessera::parallel::checkpoint::SafetensorsReader got(tmp_.file("c.safetensors")), want(ref_->file("a.safetensors"));
+  ASSERT_EQ(got.names(), want.names());
+  for (const auto& e : want.entries()) {
+    const auto& g = got.entry(e.name);
+    ASSERT_EQ(g.end - g.begin, e.end - e.begin) << e.name;
+    EXPECT_EQ(std::memcmp(got.bytes(g), want.bytes(e), e.end - e.begin), 0) << e.name;
+  }
+  EXPECT_EQ(got.metadata().at("n_head"), "4");
+  r = tessera_cmd("ckpt consolidate --with-optimizer --out " + tmp_.file("o.safetensors") + " " + ckpt(6));
+  ASSERT_EQ(r.code, 0) << r.out;
+  tessera::parallel::checkpoint::SafetensorsReader opt(tmp_.file("o.safetensors"));
+  EXPECT_EQ(opt.names().size(), 3 * want.names().size());
+  for (const std::string& n : want.names()) {
+    EXPECT_TRUE(opt.contains("optimizer.exp_avg." + n)) << n;
+    EXPECT_EQ(opt.entry("optimizer.exp_avg_sq." + n).shape, want.entry(n).shape) << n;
+  }
+  // The consolidated file starts a run like the export does.
+  r = train("--steps 1 --init " + tmp_.file("c.safetensors") + " --log-json " + tmp_.file("i.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = train("--steps 1 --init " + ref_->file("a.safetensors") + " --log-json " + tmp_.file("j.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(losses(tmp_.file("i.json")), losses(tmp_.file("j.json")));
+  r = tessera_cmd("ckpt consolidate --out " + tmp_.file("c.safetensors") + " " + ckpt(6));
+  EXPECT_EQ(r.code, 2) << "overwrote an existing --out: " << r.out;
+}
+
+// An HF GPT-2 file, sharded by `tessera ckpt shard`, is trained from with
+// --resume (weights only, a fresh optimizer at step 0) exactly as with --init.
+TEST_F(TrainCkptCli, ResumeFromAShardDirectoryEqualsInit) {
+  CommandResult r = tessera_cmd("ckpt shard --tp 2 --out " + tmp_.file("shards") + " " + ref_->file("a.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = tessera_cmd("ckpt verify " + tmp_.file("shards"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = train("--steps 3 --resume " + tmp_.file("shards") + " --log-json " + tmp_.file("s.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from step 0"), std::string::npos) << r.out;
+  r = train("--steps 3 --init " + ref_->file("a.safetensors") + " --log-json " + tmp_.file("i.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto a = losses(tmp_.file("s.json")), b = losses(tmp_.file("i.json"));
+  EXPECT_EQ(a.size(), 3u);
+  EXPECT_EQ(a, b);
+  r = run_command(std::string(TRAIN_GPT_BIN) + " --device test-core --steps 1 --hidden 64 --resume " +
+                  tmp_.file("shards"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--hidden 64 does not match"), std::string::npos) << r.out;
+}
+
+// Across ranks under `tessera run`: tp2 dp2 saved, resumed as tp2 dp2 (bit
+// for bit) and as tp1 dp4 ZeRO-1 (within 1e-5).
+TEST_F(TrainCkptCli, MultiRankResumeSameAndOtherLayout) {
+  TempDir t;
+  const std::string run4 = std::string(TESSERA_BIN) + " run --nproc-per-node 4 -- ";
+  auto go = [&](const std::string& layout, const std::string& args) {
+    return run_command("OPENBLAS_NUM_THREADS=1 " + run4 + TRAIN_GPT_BIN + kModel + " --global-batch 8 " + layout + " " +
+                       args);
+  };
+  CommandResult r =
+      go("--tp 2 --dp 2", "--steps 4 --save " + t.file("ck") + " --save-every 2 --log-json " + t.file("a.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto a = losses(t.file("a.json"));
+  r = go("--tp 2 --dp 2", "--steps 4 --resume " + t.file("ck") + "/step_00000002 --log-json " + t.file("b.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto b = losses(t.file("b.json"));
+  for (int s : {3, 4}) EXPECT_EQ(b.at(s), a.at(s)) << s;
+  r = go("--tp 1 --dp 4 --zero1",
+         "--steps 4 --resume " + t.file("ck") + "/step_00000002 --log-json " + t.file("c.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto c = losses(t.file("c.json"));
+  for (int s : {3, 4}) EXPECT_NEAR(c.at(s), a.at(s), 1e-5 * a.at(s)) << s;
+}
+
+// A worker SIGKILLed at a random step: tessera run restarts the group, which
+// resumes from the newest complete checkpoint and ends with the
+// uninterrupted run's final loss.
+TEST_F(TrainCkptCli, RestartAfterSigkillResumesAndMatches) {
+  TempDir t;
+  std::mt19937 rng(std::random_device{}());
+  const int kill_step = 1 + static_cast<int>(rng() % 5);  // 1..5 of 6
+  const int kill_rank = static_cast<int>(rng() % 2);
+  SCOPED_TRACE("kill rank " + std::to_string(kill_rank) + " after step " + std::to_string(kill_step));
+  const std::string common = kModel + " --dp 2 --steps 6 --save-every 2 --resume latest --save ";
+  CommandResult a = run_command("OPENBLAS_NUM_THREADS=1 " + std::string(TESSERA_BIN) + " run --nproc-per-node 2 -- " +
+                                TRAIN_GPT_BIN + common + t.file("a") + " --log-json " + t.file("a.json"));
+  ASSERT_EQ(a.code, 0) << a.out;
+  CommandResult b = run_command("OPENBLAS_NUM_THREADS=1 TESSERA_TEST_KILL_AT_STEP=" + std::to_string(kill_step) +
+                                " TESSERA_TEST_KILL_RANK=" + std::to_string(kill_rank) + " " + TESSERA_BIN +
+                                " run --nproc-per-node 2 --max-restarts 2 -- " + TRAIN_GPT_BIN + common + t.file("b") +
+                                " --log-json " + t.file("b.json"));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("restarting"), std::string::npos) << b.out;
+  // The kill comes after the step and before its save: the newest complete checkpoint is the one before.
+  const int resumed = (kill_step - 1) / 2 * 2;
+  if (resumed > 0)
+    EXPECT_NE(b.out.find("resumed from step " + std::to_string(resumed)), std::string::npos) << b.out;
+  else
+    EXPECT_NE(b.out.find("starting at step 0"), std::string::npos) << b.out;
+  auto la = losses(t.file("a.json")), lb = losses(t.file("b.json"));
+  ASSERT_TRUE(la.count(6) && lb.count(6)) << b.out;
+  EXPECT_EQ(lb.at(6), la.at(6));
+}
+
+}  // namespace
