@@ -4,7 +4,7 @@
 #
 #   scripts/bench_sweep.sh [-o DIR] [-r "2 4 8"] [-p "all_reduce ..."] [-n REPS] [--crossovers] [--bin TESSERA]
 #
-# For every op x ranks x size (8 B to 64 MiB, powers of 4) it runs
+# For every op x ranks x size (8 B, 32 B, ... 32 MiB and 64 MiB) it runs
 # `tessera bench OP -r N --compare mpi` REPS times (default 3); every run
 # measures OpenMPI first (tessera_mpi_peer at its best settings), then
 # tessera. DIR (default sweep-out/) gets:
@@ -46,8 +46,9 @@ mkdir -p "$OUT"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# Size bands, each with enough calls to time it: "minbytes maxbytes iters warmup".
-BANDS=("8 32K 500 50" "128K 2M 40 5" "8M 64M 5 2")
+# Size bands, each with enough calls to time it: "minbytes maxbytes factor iters warmup"
+# (8 B, 32 B, ... 32 MiB, and 64 MiB).
+BANDS=("8 32K 4 500 50" "128K 2M 4 40 5" "8M 32M 4 5 2" "64M 64M 2 5 2")
 
 median_csv() {  # stdin: key,value lines -> key,median,count (numeric keys sorted)
   sort -t, -k1,1 -k2,2g | awk -F, '
@@ -94,9 +95,9 @@ for rep in $(seq "$REPS"); do
   for op in $OPS; do
     for n in $RANKS; do
       for band in "${BANDS[@]}"; do
-        read -r lo hi iters warm <<<"$band"
+        read -r lo hi factor iters warm <<<"$band"
         load="$(cut -d' ' -f1 /proc/loadavg)"
-        "$BIN" bench "$op" -r "$n" -b "$lo" -e "$hi" -f 4 -n "$iters" -w "$warm" -c 0 --compare mpi \
+        "$BIN" bench "$op" -r "$n" -b "$lo" -e "$hi" -f "$factor" -n "$iters" -w "$warm" -c 0 --compare mpi \
           --json "$tmp/s.json" >/dev/null
         jq -r --arg rep "$rep" --arg op "$op" --arg n "$n" --arg load "$load" \
           '.results[] | select(.count > 0) | [$rep, $op, $n, .size_bytes, .oop.time_us, .compare_time_us,
