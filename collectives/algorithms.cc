@@ -731,30 +731,73 @@ class DirectAlgorithm final : public Algorithm {
 };
 
 // ---------------------------------------------------------------- shm oneshot
-// Shared memory, small all-reduce: every rank copies its vector into its
-// publish slot; one round later each rank reduces all slots in rank order
-// (so every rank computes bitwise the same result).
+// Shared memory, small messages: one publish round with the data inline in
+// the round's slot (at most SharedMemoryPeers::kInlineBytes per rank). A
+// slot of round s is rewritten only in round s+2, which nobody can reach
+// before every rank published s+1, i.e. finished reading s.
+// - all-reduce: every rank publishes its vector and reduces all slots in
+//   rank order (so every rank computes bitwise the same result);
+// - all-gather: every rank publishes its block and copies the p blocks;
+// - reduce-scatter: every rank publishes its p blocks and reduces block r
+//   of every slot, in rank order;
+// - broadcast: the root publishes the buffer, the others copy it.
 class OneshotAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "oneshot"; }
   bool run(AlgoContext& c, const CollCall& k) override {
     SharedMemoryPeers* shm = c.transport->shared_memory();
+    if (!shm) return false;
+    const int p = c.size, r = c.rank;
     const size_t es = dtype_size(k.dtype), bytes = k.count * es;
-    if (!shm || k.kind != CollKind::AllReduce || bytes > SharedMemoryPeers::kInlineBytes) return false;
-    const int p = c.size;
-    shm->publish(nullptr, nullptr, 0, k.send, bytes);
-    if (p == 1) return copy_if_needed(k.recv, k.send, bytes), true;
-    reduce2(k.recv, shm->peer_inline(0), shm->peer_inline(1), k.count, k.dtype, k.op);
-    for (int j = 2; j < p; ++j) reduce2(k.recv, k.recv, shm->peer_inline(j), k.count, k.dtype, k.op);
-    double worst = 0;
-    for (int a = 0; a < p; ++a) {
-      double t = 0;
-      for (int j = 0; j < p; ++j)
-        if (j != a) t += c.links->time(j, a, static_cast<double>(bytes));
-      worst = std::max(worst, t);
+    const size_t published = k.kind == CollKind::ReduceScatter ? bytes * static_cast<size_t>(p) : bytes;
+    if (published > SharedMemoryPeers::kInlineBytes) return false;
+    // Model: rank a reads `per_peer` bytes from each peer j (one transfer each).
+    auto charge = [&](double per_peer) {
+      double worst = 0;
+      for (int a = 0; a < p; ++a) {
+        double t = 0;
+        for (int j = 0; j < p; ++j)
+          if (j != a) t += c.links->time(j, a, per_peer);
+        worst = std::max(worst, t);
+      }
+      c.model += worst;
+    };
+    auto in = [&](int j) { return static_cast<const char*>(shm->peer_inline(j)); };
+    switch (k.kind) {
+      case CollKind::AllReduce:
+        shm->publish(nullptr, nullptr, 0, k.send, bytes);
+        if (p == 1) return copy_if_needed(k.recv, k.send, bytes), true;
+        reduce2(k.recv, in(0), in(1), k.count, k.dtype, k.op);
+        for (int j = 2; j < p; ++j) reduce2(k.recv, k.recv, in(j), k.count, k.dtype, k.op);
+        charge(static_cast<double>(bytes));
+        return true;
+      case CollKind::AllGather:
+        shm->publish(nullptr, nullptr, 0, k.send, bytes);
+        for (int j = 0; j < p; ++j)
+          copy_if_needed(static_cast<char*>(k.recv) + static_cast<size_t>(j) * bytes, j == r ? k.send : in(j), bytes);
+        charge(static_cast<double>(bytes));
+        return true;
+      case CollKind::ReduceScatter: {
+        shm->publish(nullptr, nullptr, 0, k.send, published);
+        const size_t off = static_cast<size_t>(r) * bytes;
+        if (p == 1) return copy_if_needed(k.recv, k.send, bytes), true;
+        reduce2(k.recv, in(0) + off, in(1) + off, k.count, k.dtype, k.op);
+        for (int j = 2; j < p; ++j) reduce2(k.recv, k.recv, in(j) + off, k.count, k.dtype, k.op);
+        charge(static_cast<double>(bytes));
+        return true;
+      }
+      case CollKind::Broadcast: {
+        shm->publish(nullptr, nullptr, 0, k.recv, r == k.root ? bytes : 0);
+        if (r != k.root) copy_if_needed(k.recv, in(k.root), bytes);
+        double worst = 0;
+        for (int a = 0; a < p; ++a)
+          if (a != k.root) worst = std::max(worst, c.links->time(k.root, a, static_cast<double>(bytes)));
+        c.model += worst;
+        return true;
+      }
+      default:
+        return false;
     }
-    c.model += worst;
-    return true;
   }
 };
 
@@ -908,11 +951,13 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
       break;
     case CollKind::ReduceScatter:
     case CollKind::AllGather:
+      if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
       if (multi_host) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
       add(&g_ring);
       break;
     case CollKind::Broadcast:
+      if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
       if (bytes > (size_t{64} << 10)) add(&g_direct);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);
       add(&g_tree);

@@ -165,11 +165,18 @@ int exit_code_of(int status) {
   return 1;
 }
 
-// mpirun on ourselves: MPI has to start the processes it connects.
-int spawn_with_mpirun(int n) {
-  std::vector<std::string> args{"mpirun", "--oversubscribe", "-np", std::to_string(n), own_exe()};
-  auto mine = own_argv();
-  args.insert(args.end(), mine.begin() + 1, mine.end());
+// mpirun's flags for n ranks at OpenMPI's best: --oversubscribe only when
+// the ranks outnumber the CPUs (it also turns on mpi_yield_when_idle and
+// turns off binding, both of which slow ranks that have a core each).
+std::vector<std::string> mpirun_prefix(int n) {
+  std::vector<std::string> args{"mpirun"};
+  if (n > online_cpus()) args.push_back("--oversubscribe");
+  args.insert(args.end(), {"-np", std::to_string(n)});
+  return args;
+}
+
+// Runs argv (argv[0] looked up in PATH) and returns its exit code.
+int run_child(std::vector<std::string> args) {
   // mpirun refuses root unless told; the user asked us to start the ranks.
   if (geteuid() == 0) {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
@@ -180,14 +187,23 @@ int spawn_with_mpirun(int n) {
   if (pid < 0) throw Error("bench: fork failed");
   if (pid == 0) {
     auto cv = c_argv(args);
-    execvp("mpirun", cv.data());
-    std::perror("tessera bench: cannot run mpirun");
+    execvp(cv[0], cv.data());
+    std::perror(("tessera bench: cannot run " + args[0]).c_str());
     _exit(127);
   }
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   return exit_code_of(status);
+}
+
+// mpirun on ourselves: MPI has to start the processes it connects.
+int spawn_with_mpirun(int n) {
+  std::vector<std::string> args = mpirun_prefix(n);
+  args.push_back(own_exe());
+  auto mine = own_argv();
+  args.insert(args.end(), mine.begin() + 1, mine.end());
+  return run_child(args);
 }
 
 // "SIGKILL" for 9: the name users see in kill -l.
@@ -302,6 +318,71 @@ int spawn_local(int n) {
   return code;
 }
 
+// --compare mpi for ranks this process starts: MPI's side runs first, as
+// its own job of tessera_mpi_peer (a plain MPI program next to this binary:
+// no tessera threads polling beside MPI's, MPI_THREAD_SINGLE, buffers
+// allocated once and pre-faulted) under mpirun at its best settings for n
+// ranks; when the ranks outnumber the CPUs both yield modes
+// (mpi_yield_when_idle 0 and 1) are measured and the faster kept per size.
+// Then the tessera ranks run and rank 0 reads the figures
+// (TESSERA_BENCH_MPI_FIGURES, TESSERA_BENCH_MPI_SETTINGS).
+int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
+  const std::filesystem::path peer = std::filesystem::path(own_exe()).parent_path() / "tessera_mpi_peer";
+  if (access(peer.c_str(), X_OK) != 0)
+    throw Error("bench: --compare mpi needs " + peer.string() + " (build target tessera_mpi_peer)");
+  const std::string dir = bench::make_temp_dir();
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  const auto counts = bench::row_counts(cfg, n);
+  const bool over = n > online_cpus();
+  std::vector<std::string> modes = over ? std::vector<std::string>{"0", "1"} : std::vector<std::string>{""};
+  bench::CompareFigures best;
+  for (const std::string& y : modes) {
+    const std::string out = dir + "/mpi" + y + ".txt";
+    std::vector<std::string> args = mpirun_prefix(n);
+    if (!y.empty()) args.insert(args.end(), {"--mca", "mpi_yield_when_idle", y});
+    args.insert(args.end(), {peer.string(), "--out", out, "--budget", "2", bench::bench_op_name(cfg.op),
+                             dtype_name(cfg.dtype), bench::op_reduces(cfg.op) ? reduce_op_name(cfg.redop) : "none",
+                             std::to_string(cfg.root), std::to_string(cfg.iters), std::to_string(cfg.warmup)});
+    for (size_t c : counts) args.push_back(std::to_string(c));
+    if (int code = run_child(args); code != 0)
+      throw Error(detail::concat("bench: the MPI side of --compare mpi (", args[0], " ... ", peer.filename().string(),
+                                 ") exited with ", code));
+    auto figs = bench::read_compare_figures(out);
+    for (auto& [count, f] : figs) {
+      f.setting = (y.empty() ? "" : "yield_when_idle=" + y + " ") + f.setting;  // f.setting: "iters=N"
+      auto it = std::find_if(best.begin(), best.end(), [&](const auto& b) { return b.first == count; });
+      if (it == best.end())
+        best.emplace_back(count, f);
+      else if (f.time_us < it->second.time_us)
+        it->second = f;
+    }
+  }
+  std::string library;
+  {
+    std::ifstream in(dir + "/mpi" + modes[0] + ".txt");
+    std::string line;
+    if (std::getline(in, line) && line.rfind("# library ", 0) == 0) library = line.substr(10) + ", ";
+  }
+  const std::string figures = dir + "/mpi.txt";
+  bench::write_compare_figures(figures, best);
+  std::string settings = library + "tessera_mpi_peer run before tessera's ranks: mpirun";
+  for (size_t i = 1; i < mpirun_prefix(n).size(); ++i) settings += " " + mpirun_prefix(n)[i];
+  settings += over
+                  ? " (ranks > " + std::to_string(online_cpus()) +
+                        " CPUs), mpi_yield_when_idle 0 and 1 each measured, the faster kept per size"
+                  : " (ranks <= " + std::to_string(online_cpus()) + " CPUs: no --oversubscribe, MPI's default binding)";
+  settings += "; a size's timed calls capped at about 2 s (JSON compare_setting: iters)";
+  setenv("TESSERA_BENCH_MPI_FIGURES", figures.c_str(), 1);
+  setenv("TESSERA_BENCH_MPI_SETTINGS", settings.c_str(), 1);
+  return n > 1 ? spawn_local(n) : bench::run_rank(a, cfg, nullptr);
+}
+
 // Under `tessera run` a rank joins the job through the worker bootstrap: a
 // GrpcStore on the launcher's coordinator, heartbeats, abort on a failed peer.
 std::optional<bench::JoinedJob> join_tessera_run() {
@@ -330,10 +411,9 @@ int bench_main(const BenchArgs& a) {
   const bool launched =
       !env_or("TESSERA_RANK").empty() || !env_or("TESSERA_COORDINATOR").empty() || mpi::under_mpirun();
   if (!launched) check_fits(a, cfg, std::max(a.nworkers, 1));
-  if (!launched && a.nworkers > 1) {
-    if (kind == TransportKind::Mpi || a.compare == "mpi") return spawn_with_mpirun(a.nworkers);
-    return spawn_local(a.nworkers);
-  }
+  if (!launched && kind == TransportKind::Mpi && a.nworkers > 1) return spawn_with_mpirun(a.nworkers);
+  if (!launched && a.compare == "mpi") return compare_with_mpi(a, cfg, std::max(a.nworkers, 1));
+  if (!launched && a.nworkers > 1) return spawn_local(a.nworkers);
   return bench::run_rank(a, cfg, join_tessera_run);
 }
 

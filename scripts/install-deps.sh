@@ -15,7 +15,7 @@ PACKAGES=(
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libssl-dev
   clang libclang-rt-14-dev
-  gnuplot-nox
+  gnuplot-nox jq
   procps iproute2
   clang-format clang-tidy
 )

@@ -8,6 +8,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "runtime/error.h"
@@ -540,11 +542,62 @@ std::vector<Row> run_bench(Communicator& comm, const BenchConfig& cfg, Communica
     if (compare) {
       BenchConfig c2 = cfg;
       Measured mm = measure(*compare, c2, oop, row.count, false, recv_buf, nullptr);
-      row.compare_busbw_gbps = to_result(mm, row.size_bytes, factor).busbw_gbps;
+      const Result cr = to_result(mm, row.size_bytes, factor);
+      row.compare_busbw_gbps = cr.busbw_gbps;
+      row.compare_time_us = cr.time_us;
     }
     rows.push_back(row);
   }
   return rows;
+}
+
+std::vector<size_t> row_counts(const BenchConfig& cfg, int nranks) {
+  std::vector<size_t> out;
+  for (size_t size : cfg.sizes) {
+    const size_t c = row_count(cfg.op, size, cfg.dtype, nranks);
+    if (!out.empty() && out.back() == c) continue;  // as run_bench skips it
+    out.push_back(c);
+  }
+  return out;
+}
+
+CompareFigures read_compare_figures(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw FormatError("bench: cannot read MPI's figures from '" + path + "'");
+  CompareFigures out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream is(line);
+    size_t count = 0;
+    CompareFigure f;
+    if (!(is >> count >> f.time_us) || f.time_us < 0)
+      throw FormatError(
+          detail::concat("bench: ", path, " line ", n, ": expected 'COUNT TIME_US [SETTING]', got '", line, "'"));
+    std::getline(is >> std::ws, f.setting);
+    out.emplace_back(count, f);
+  }
+  return out;
+}
+
+void write_compare_figures(const std::string& path, const CompareFigures& f) {
+  std::ofstream out(path);
+  out << std::fixed << std::setprecision(6);
+  for (const auto& [count, fig] : f) out << count << ' ' << fig.time_us << ' ' << fig.setting << '\n';
+  if (!out.flush()) throw Error("bench: cannot write '" + path + "'");
+}
+
+void apply_compare_figures(Report& r, const CompareFigures& f, int nranks, BenchOp op) {
+  const double factor = bus_factor(op, nranks);
+  for (auto& row : r.rows) {
+    for (const auto& [count, fig] : f) {
+      if (count != row.count) continue;
+      row.compare_time_us = fig.time_us;
+      row.compare_busbw_gbps =
+          fig.time_us > 0 ? static_cast<double>(row.size_bytes) / (fig.time_us * 1e-6) / 1e9 * factor : 0.0;
+      row.compare_setting = fig.setting;
+    }
+  }
 }
 
 // ---- report formats ------------------------------------------------------------
@@ -601,9 +654,10 @@ std::string format_header(const Report& r) {
   extra2 = fmt("  %11s", "busbw");
   extra3 = fmt("  %11s", "(GB/s)");
   if (!r.compare.empty()) {
-    extra1 += fmt("  %9s  %6s", r.compare.c_str(), "");
-    extra2 += fmt("  %9s  %6s", "busbw", "ratio");
-    extra3 += fmt("  %9s  %6s", "(GB/s)", "");
+    extra1 += fmt("  %7s  %9s  %6s", r.compare.c_str(), r.compare.c_str(), "");
+    extra2 += fmt("  %7s  %9s  %6s", "time", "busbw", "ratio");
+    extra3 += fmt("  %7s  %9s  %6s", "(us)", "(GB/s)", "");
+    if (!r.compare_settings.empty()) os << "# " << r.compare << ": " << r.compare_settings << "\n#\n";
   }
   os << fmt("# %12s  %12s  %8s  %6s%33s%33s", "", "", "", "", "out-of-place", "in-place") << extra1 << "\n";
   os << fmt("# %12s  %12s  %8s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s", "size", "count", "type", "redop", "time",
@@ -628,6 +682,7 @@ std::string format_row(const Report& r, const Row& row) {
     s += fmt("  %11s", "N/A");
   if (!r.compare.empty()) {
     double c = row.compare_busbw_gbps.value_or(0);
+    s += row.compare_time_us ? fmt("  %7s", time_str(*row.compare_time_us).c_str()) : fmt("  %7s", "N/A");
     s += fmt("  %9.2f", c);
     if (c > 0)
       s += fmt("  %6.2f", row.oop.busbw_gbps / c);
@@ -675,6 +730,8 @@ nlohmann::json to_json(const Report& r) {
     if (!row.algorithm.empty()) o["algorithm"] = row.algorithm;
     if (row.compare_busbw_gbps) {
       o["compare_busbw_gbps"] = *row.compare_busbw_gbps;
+      if (row.compare_time_us) o["compare_time_us"] = *row.compare_time_us;
+      if (!row.compare_setting.empty()) o["compare_setting"] = row.compare_setting;
       o["compare_ratio"] =
           *row.compare_busbw_gbps > 0 ? json(row.oop.busbw_gbps / *row.compare_busbw_gbps) : json(nullptr);
     }
@@ -683,6 +740,7 @@ nlohmann::json to_json(const Report& r) {
   j["results"] = rows;
   j["avg_busbw_gbps"] = r.avg_busbw_gbps();
   if (!r.compare.empty()) j["compare"] = r.compare;
+  if (!r.compare_settings.empty()) j["compare_settings"] = r.compare_settings;
   if (r.memcpy_gbps || r.tcp_loopback_gbps) {
     json b = json::object();
     if (r.memcpy_gbps) b["memcpy_gbps"] = *r.memcpy_gbps;

@@ -65,6 +65,8 @@ struct Row {
   std::optional<Result> ip;  // absent when the op has no in-place form (sendrecv)
   double modeled_busbw_gbps = 0;
   std::optional<double> compare_busbw_gbps;  // --compare mpi: MPI's own, out-of-place
+  std::optional<double> compare_time_us;     // the same measurement as a time per call
+  std::string compare_setting;               // which MPI setting gave it, when several were tried
   std::string algorithm;                     // last_algorithm() of the timed calls (JSON only)
 };
 
@@ -73,7 +75,8 @@ struct Report {
   int ranks = 1;
   std::vector<Row> rows;
   std::optional<double> memcpy_gbps, tcp_loopback_gbps, tcp_loopback_unidir_gbps;
-  std::string compare;  // "mpi" or empty
+  std::string compare;           // "mpi" or empty
+  std::string compare_settings;  // how the compared library ran (a header line), e.g. mpirun's flags
 
   // Mean busbw over every measured out-of-place and in-place result (as nccl-tests).
   double avg_busbw_gbps() const;
@@ -121,10 +124,30 @@ struct BenchConfig {
 size_t bytes_needed(const BenchConfig& cfg, int nranks);
 
 // Runs the sweep on `comm` (every rank calls it). When `compare` is given,
-// each size also runs out-of-place through it (MPI's own collectives) and the
-// row records its busbw. Rows are complete on every rank.
+// each size also runs out-of-place through it (MPI's own collectives, in the
+// same processes: used under mpirun) and the row records its time and busbw.
+// Rows are complete on every rank.
 std::vector<Row> run_bench(Communicator& comm, const BenchConfig& cfg, Communicator* compare = nullptr,
                            void* send_buf = nullptr, void* recv_buf = nullptr);
+
+// The element counts of the rows run_bench() measures for `cfg` on `nranks`
+// ranks (sizes that round to the same count as the previous row are skipped).
+std::vector<size_t> row_counts(const BenchConfig& cfg, int nranks);
+
+// MPI's figures measured by tessera_mpi_peer (collectives/bench/mpi_peer.cc)
+// for --compare mpi: per element count, the time per call and which of the
+// settings tried gave it (the fastest is kept).
+struct CompareFigure {
+  double time_us = 0;
+  std::string setting;
+};
+using CompareFigures = std::vector<std::pair<size_t, CompareFigure>>;
+// Reads "COUNT TIME_US [SETTING]" lines ('#' lines skipped); throws
+// FormatError naming the file and line.
+CompareFigures read_compare_figures(const std::string& path);
+void write_compare_figures(const std::string& path, const CompareFigures& f);
+// Fills the rows' compare columns from `f` (by element count).
+void apply_compare_figures(Report& r, const CompareFigures& f, int nranks, BenchOp op);
 
 // Single-core memcpy bandwidth on pre-faulted buffers of `bytes` (GB/s,
 // counting the bytes copied once, as the busbw of a copy).

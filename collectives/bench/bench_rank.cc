@@ -52,7 +52,12 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
                           std::to_string(w.size));
   init_logging(w.size > 1 ? w.rank : -1);
   const TransportKind kind = parse_transport(a.transport);
-  const bool want_mpi = kind == TransportKind::Mpi || a.compare == "mpi";
+  // --compare mpi, started by `tessera bench -r N`: the front-end already ran
+  // MPI's side (tessera_mpi_peer) and left its figures in this file, so this
+  // process starts no MPI at all.
+  const std::string figures = env_or("TESSERA_BENCH_MPI_FIGURES");
+  const bool compare_in_process = a.compare == "mpi" && figures.empty();
+  const bool want_mpi = kind == TransportKind::Mpi || compare_in_process;
   const bool in_mpirun = mpi::under_mpirun();
   if (want_mpi || in_mpirun) {
     mpi::install();
@@ -91,7 +96,7 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
   opts.net = topology_model(a.topology, w.size);
   auto comm = Communicator::create(store, w.rank, w.size, opts);
   std::shared_ptr<Communicator> compare;
-  if (a.compare == "mpi") {
+  if (compare_in_process) {
     CommOptions o = opts;
     o.transport = TransportKind::Mpi;
     o.name = "bench-mpi";
@@ -122,6 +127,14 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
   rep.redop = op_reduces(cfg.op) ? reduce_op_name(cfg.redop) : "none";
   rep.compare = a.compare;
   rep.rows = run_bench(*comm, cfg, compare.get(), sbuf, rbuf);
+  if (a.compare == "mpi" && w.rank == 0) {
+    if (compare_in_process) {
+      rep.compare_settings = "MPI's collectives in these same processes (mpirun's settings), interleaved by size";
+    } else {
+      apply_compare_figures(rep, read_compare_figures(figures), w.size, cfg.op);
+      rep.compare_settings = env_or("TESSERA_BENCH_MPI_SETTINGS");
+    }
+  }
 
   if (a.baseline) {
     size_t bytes = std::max<size_t>(need, 1 << 20);

@@ -8,16 +8,20 @@
 // header does not hold TOKEN (128 random bits) is not the peer's. A segment
 // holds:
 //   - a control block: the segment's token, the doorbell (futex word the
-//     owner sleeps on), the owner's failed flag and reason, the publish
-//     rounds of SharedMemoryPeers;
+//     owner sleeps on in point-to-point waits), the owner's failed flag and
+//     reason, the publish rounds of SharedMemoryPeers; group rank 0's also
+//     holds the group's round counter and the bell of publish waits;
 //   - one inbound channel per peer: a single-producer single-consumer ring of
 //     kSlots fixed-size slots that the peer writes and the owner reads.
 // Whoever changes something another rank may wait for (a message posted, a
-// slot freed, a round published, a failure) bumps that rank's doorbell and
-// wakes it only if it sleeps. Waiting spins briefly, then yields, then sleeps
-// on the futex in slices of at most 100 ms, checking between slices the
-// abort flag, the peers' failed flags and the peers' liveness (pidfd), so an
-// exited peer is noticed well within a second.
+// slot freed, a failure) bumps that rank's doorbell and wakes it only if it
+// sleeps; the rank whose publish completes a round wakes every rank asleep
+// in that round with one FUTEX_WAKE on the group's round bell. With a core
+// per rank, waiting spins briefly, then yields; when ranks outnumber cores
+// it sleeps almost at once (docs/threads.md). Sleeps are futex waits of at
+// most 100 ms; at each wake-up the abort flag and the peers' failed flags
+// are checked, every 100 ms the peers' liveness (pidfd), so an exited peer
+// is noticed well within a second.
 #include "collectives/shm/shm_transport.h"
 
 #include <linux/futex.h>
@@ -64,13 +68,28 @@ static_assert(sizeof(SlotHeader) <= kSlotHeader);
 
 constexpr size_t kTokenBytes = 16;
 
+// A futex word and the number of ranks asleep on it. Whoever changes what a
+// sleeper waits for stores that change (seq_cst), then loads `sleepers` and
+// wakes only when it is non-zero; a sleeper increments `sleepers`, then
+// re-checks its condition before FUTEX_WAIT (Dekker-style: either the waker
+// sees the sleeper or the sleeper sees the change).
+struct alignas(64) Bell {
+  std::atomic<uint32_t> word;
+  std::atomic<uint32_t> sleepers;
+};
+
 struct alignas(64) Control {
   unsigned char token[kTokenBytes];  // written once before the endpoint is published
-  std::atomic<uint32_t> doorbell;
-  std::atomic<uint32_t> sleeping;
+  Bell doorbell;                     // the owner's point-to-point waits
   std::atomic<uint32_t> failed;
   std::atomic<uint32_t> closed;  // the owner destroyed its transport (a clean exit)
   char reason[kReasonBytes];
+  // Used in group rank 0's segment only: publish rounds of the whole group.
+  // `arrivals` counts every rank's publishes of every round, so round r is
+  // complete once it reaches r * size; the rank whose arrival completes it
+  // rings `round_bell` once for all the sleepers.
+  alignas(64) std::atomic<uint64_t> arrivals;
+  Bell round_bell;
 };
 
 struct PubSlot {
@@ -263,8 +282,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
 
   ~ShmTransport() override {
     ctl(rank_)->closed.store(1, std::memory_order_seq_cst);
-    for (int j = 0; j < size_; ++j)
-      if (j != rank_) ring(j);
+    ring_everyone();
     for (int fd : pidfds_)
       if (fd >= 0) ::close(fd);
   }
@@ -308,7 +326,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       aborted_.store(true);
     }
     mark_failed("aborted: " + reason);
-    ring(rank_);  // wake our own waiter
+    ring_everyone();  // our own waiter too, on whichever bell it sleeps
   }
   bool aborted() const override { return aborted_.load(); }
 
@@ -352,20 +370,24 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     fl.inline_bytes = static_cast<uint32_t>(inline_bytes);
     if (small && inline_bytes) std::memcpy(fl.data, inline_data, inline_bytes);
     fl.seq.store(round, std::memory_order_seq_cst);
-    for (int j = 0; j < size_; ++j)
-      if (j != rank_) ring(j);
-    int missing = -1;
+    // The round is complete once the group's counter holds every rank's
+    // arrival (each rank's slot is written before its arrival, so the acquire
+    // load below sees every slot). The counter, not the seqs, decides: a
+    // rank leaves round r only after every arrival of round r was counted,
+    // so the arrival that completes a round is unambiguous, and only that
+    // rank wakes the sleepers, with one FUTEX_WAKE for all of them.
+    Control* g = group_ctl();
+    const uint64_t target = round * static_cast<uint64_t>(size_);
+    if (g->arrivals.fetch_add(1, std::memory_order_seq_cst) + 1 == target) ring_bell(g->round_bell);
+    int missing = -1;  // blamed on timeout: a rank that has not published
     wait_until(
         [&] {
-          for (int j = 0; j < size_; ++j) {
-            if (j != rank_ && pub(j)->fast[round % 2].seq.load(std::memory_order_acquire) < round) {
-              missing = j;
-              return false;
-            }
-          }
-          return true;
+          if (g->arrivals.load(std::memory_order_acquire) >= target) return true;
+          for (int j = 0; j < size_; ++j)
+            if (j != rank_ && pub(j)->fast[round % 2].seq.load(std::memory_order_relaxed) < round) missing = j;
+          return false;
         },
-        -1, &missing);
+        -1, &missing, &g->round_bell);
     for (int j = 0; j < size_; ++j) {
       const FastLine& f = pub(j)->fast[round % 2];
       const PubSlot& ps = pub(j)->slots[round % 2];
@@ -436,16 +458,23 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
                       " of ", size_);
   }
 
-  // Called after a seq_cst store of the state `j` may wait for. Dekker-style
-  // with the waiter (which stores `sleeping` and then re-checks its state):
-  // either we see it asleep and wake it, or it sees our state change; so a
-  // busy peer costs only this load.
-  void ring(int j) {
-    Control* c = ctl(j);
-    if (c->sleeping.load(std::memory_order_seq_cst)) {
-      c->doorbell.fetch_add(1, std::memory_order_seq_cst);
-      futex(&c->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+  // Called after a seq_cst store of the state a sleeper on `b` may wait for.
+  // Dekker-style with the waiter (which increments `sleepers` and then
+  // re-checks its state): either we see it asleep and wake it, or it sees
+  // our state change; so a busy peer costs only this load.
+  static void ring_bell(Bell& b) {
+    if (b.sleepers.load(std::memory_order_seq_cst)) {
+      b.word.fetch_add(1, std::memory_order_seq_cst);
+      futex(&b.word, FUTEX_WAKE, INT_MAX, nullptr);
     }
+  }
+  void ring(int j) { ring_bell(ctl(j)->doorbell); }
+  // Group rank 0's segment holds the publish rounds' counter and bell.
+  Control* group_ctl() const { return ctl(0); }
+  // A failure, abort or close: every waiter of every rank must look again.
+  void ring_everyone() {
+    for (int j = 0; j < size_; ++j) ring(j);
+    ring_bell(group_ctl()->round_bell);
   }
 
   bool can_send(int peer) const {
@@ -526,8 +555,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     if (marked_.exchange(true)) return;  // one writer of the reason
     std::strncpy(c->reason, reason.c_str(), kReasonBytes - 1);
     c->failed.store(1, std::memory_order_seq_cst);
-    for (int j = 0; j < size_; ++j)
-      if (j != rank_) ring(j);
+    ring_everyone();
   }
 
   [[noreturn]] void fail(TransportError::Kind kind, int peer, const std::string& what) {
@@ -594,61 +622,74 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   }
 
   // Waits until ready(); `peer` (or *peer_ref when given) is blamed on timeout.
+  // Waits until ready(); `peer` (or *peer_ref when given) is blamed on
+  // timeout. Sleeps on `bell` (default: this rank's doorbell), which whoever
+  // makes ready() true rings.
   template <typename Ready>
-  void wait_until(Ready ready, int peer, const int* peer_ref = nullptr) {
-    for (int i = 0; i < 64; ++i) {
+  void wait_until(Ready ready, int peer, const int* peer_ref = nullptr, Bell* bell = nullptr) {
+    if (!bell) bell = &ctl(rank_)->doorbell;
+    for (int i = 0; i < polls_; ++i) {
       if (ready()) return;
       cpu_relax();
     }
     const auto start = Clock::now();
     const auto deadline = start + timeout_;
-    // Spin, then yield, for short windows: the peer usually answers within
-    // microseconds, and a futex sleep + wake costs far more than that. The
-    // windows are short enough that ranks outnumbering cores lose little.
-    for (int i = 0; Clock::now() - start < spin_; ++i) {
-      for (int k = 0; k < 16; ++k) {
-        if (ready()) return;
-        cpu_relax();
+    // With a core per rank: spin, then yield, for short windows, since the
+    // peer usually answers within microseconds and a sleep + wake costs more.
+    // When ranks outnumber cores both windows are 0: a waiter sleeps at once
+    // and so hands its core to a rank that can make progress (a yield would
+    // hand it to whatever else is runnable, e.g. another job, for a slice).
+    if (spin_.count() > 0) {
+      while (Clock::now() - start < spin_) {
+        for (int k = 0; k < 16; ++k) {
+          if (ready()) return;
+          cpu_relax();
+        }
       }
     }
-    while (Clock::now() - start < spin_ + yield_) {
-      if (ready()) return;
-      ::sched_yield();
+    if (yield_.count() > 0) {
+      while (Clock::now() - start < spin_ + yield_) {
+        if (ready()) return;
+        ::sched_yield();
+      }
     }
-    Control* me = ctl(rank_);
-    auto last_check = Clock::time_point{};
+    // Peers' processes (a system call each) are checked every 100 ms; their
+    // failed flags (plain loads) at every wake-up.
+    auto last_check = start;
+    const auto blame = [&] { return peer_ref ? *peer_ref : peer; };
     for (;;) {
-      const uint32_t bell = me->doorbell.load(std::memory_order_seq_cst);
-      me->sleeping.store(1, std::memory_order_seq_cst);
+      const uint32_t word = bell->word.load(std::memory_order_seq_cst);
+      bell->sleepers.fetch_add(1, std::memory_order_seq_cst);
       if (ready()) {
-        me->sleeping.store(0, std::memory_order_relaxed);
+        bell->sleepers.fetch_sub(1, std::memory_order_relaxed);
         return;
       }
       const auto now = Clock::now();
-      if (aborted_.load() || now - last_check > std::chrono::milliseconds(100) ||
-          me->failed.load(std::memory_order_relaxed)) {
-        last_check = now;
-        if (auto f = detect(peer_ref ? *peer_ref : peer, true)) {
-          me->sleeping.store(0, std::memory_order_relaxed);
-          // A peer may have delivered everything and then exited.
-          if (f->kind != TransportError::Kind::Aborted && ready()) return;
-          fail(f->kind, f->peer, f->what);
-        }
+      const bool processes = now - last_check >= std::chrono::milliseconds(100);
+      if (processes) last_check = now;
+      auto f = detect(blame(), processes);
+      // A peer failed: name the root cause if it is a process that died.
+      if (f && f->kind == TransportError::Kind::PeerFailed && !processes)
+        if (auto g = detect(blame(), true)) f = g;
+      if (f) {
+        bell->sleepers.fetch_sub(1, std::memory_order_relaxed);
+        // A peer may have delivered everything and then exited.
+        if (f->kind != TransportError::Kind::Aborted && ready()) return;
+        fail(f->kind, f->peer, f->what);
       }
       if (now >= deadline) {
-        me->sleeping.store(0, std::memory_order_relaxed);
-        const int blame = peer_ref ? *peer_ref : peer;
-        fail(TransportError::Kind::Timeout, blame,
+        bell->sleepers.fetch_sub(1, std::memory_order_relaxed);
+        fail(TransportError::Kind::Timeout, blame(),
              detail::concat("timed out after ", timeout_.count(), " ms waiting for ",
-                            blame >= 0 ? "rank " + label(blame) : std::string("the group")));
+                            blame() >= 0 ? "rank " + label(blame()) : std::string("the group")));
       }
       const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
       struct timespec ts {
         static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)
       };
-      futex(&me->doorbell, FUTEX_WAIT, bell, &ts);
-      me->sleeping.store(0, std::memory_order_relaxed);
+      futex(&bell->word, FUTEX_WAIT, word, &ts);
+      bell->sleepers.fetch_sub(1, std::memory_order_relaxed);
     }
   }
 
@@ -662,13 +703,17 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
 
   const int rank_, size_;
   const std::chrono::milliseconds timeout_;
-  // Busy windows before sleeping (TESSERA_SHM_SPIN_US, TESSERA_SHM_YIELD_US).
-  // With a core per rank, waiting busy for up to 2 ms avoids paying a wake-up
-  // (scheduler latency) whenever a peer is briefly preempted; when ranks
-  // outnumber cores the windows shrink so waiters give the cores away.
+  // Busy waiting before sleeping (TESSERA_SHM_SPIN_US, TESSERA_SHM_YIELD_US;
+  // docs/threads.md has the measurements behind the defaults). With a core
+  // per rank, waiting busy for up to 2 ms avoids paying a wake-up (scheduler
+  // latency) whenever a peer is briefly preempted. When ranks outnumber
+  // cores, every microsecond a waiter keeps its core delays the rank it
+  // waits for (a pause takes ~70 ns here, so the old 64 polls + 5 us spin
+  // cost ~10 us per wait), so it polls a few times and sleeps.
   const bool oversubscribed_ = size_ > online_cpus();
-  const std::chrono::microseconds spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed_ ? 5 : 50);
-  const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 100 : 2000);
+  const int polls_ = oversubscribed_ ? 4 : 64;
+  const std::chrono::microseconds spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed_ ? 0 : 50);
+  const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 0 : 2000);
   const std::string group_;
   const Layout layout_;
   std::vector<int> labels_;  // local rank -> rank named in messages
