@@ -279,27 +279,9 @@ std::vector<std::string> job_argv(const Scenario& s, const std::string& id, cons
       break;
     case Kind::Mpirun:
       // OpenMPI's shared memory goes to TMPDIR too, where the scenario checks it.
-      v.insert(v.end(), {"OMPI_MCA_btl_vader_backing_directory=" + tmp,
-                         "TESSERA_HEARTBEAT_TIMEOUT_MS=2000",
-                         kMpirun,
-                         "--oversubscribe",
-                         "--bind-to",
-                         "none",
-                         "-np",
-                         n,
-                         "-x",
-                         "TESSERA_JOB_ID",
-                         "-x",
-                         "TMPDIR",
-                         "-x",
-                         "TESSERA_HEARTBEAT_TIMEOUT_MS",
-                         "-x",
-                         "LSAN_OPTIONS",
-                         kWorker,
-                         "--seconds",
-                         "120",
-                         "--pid-dir",
-                         pids});
+      v.insert(v.end(), {"OMPI_MCA_btl_vader_backing_directory=" + tmp, "TESSERA_HEARTBEAT_TIMEOUT_MS=2000", kMpirun,
+                         "--oversubscribe", "--bind-to", "none", "-np", n, "-x", "TESSERA_JOB_ID", "-x", "TMPDIR", "-x",
+                         "TESSERA_HEARTBEAT_TIMEOUT_MS", kWorker, "--seconds", "120", "--pid-dir", pids});
       break;
   }
   return v;
