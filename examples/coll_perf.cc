@@ -27,6 +27,7 @@
 #include "collectives/communicator.h"
 #include "collectives/mpi/mpi_env.h"
 #include "runtime/device.h"
+#include "runtime/files.h"
 #include "runtime/shm_memory.h"
 
 using namespace tessera;
@@ -128,7 +129,9 @@ int main(int argc, char** argv) {
   // Rendezvous directory for tessera's store, chosen by rank 0.
   std::string dir;
   if (rank == 0) {
-    dir = (std::filesystem::temp_directory_path() / "coll_perf-XXXXXX").string();
+    // $TMPDIR/coll_perf-<pid>-XXXXXX; a killed run's is removed by the next (runtime/files.h).
+    remove_stale_temps(temp_directory(), "coll_perf-");
+    dir = temp_directory() + "/coll_perf-" + std::to_string(::getpid()) + "-XXXXXX";
     if (!::mkdtemp(dir.data())) {
       std::perror("mkdtemp");
       mpi::abort(1);

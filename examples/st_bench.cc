@@ -1,6 +1,8 @@
 // st_bench: safetensors write/read throughput against `cp` of the same file.
 //
-//   build/bin/st_bench [--mib 512] [--tensors 8] [--reps 3] [--dir /tmp]
+//   build/bin/st_bench [--mib 512] [--tensors 8] [--reps 3] [--dir DIR]
+//
+// Its files go to --dir (default $TMPDIR, else /tmp) as st_bench.<pid>.*.
 //
 // Writes --mib MiB of f32 tensors with write_safetensors (temp file, fsync,
 // rename), then reads them back three ways: get() into new host tensors,
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "parallel/checkpoint/safetensors.h"
+#include "runtime/files.h"
 
 namespace {
 
@@ -56,7 +59,7 @@ int usage(const char* argv0) {
 int main(int argc, char** argv) {
   int64_t mib = 512, ntensors = 8;
   int reps = 3;
-  std::string dir = "/tmp";
+  std::string dir = tessera::temp_directory();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) return usage(argv[0]);

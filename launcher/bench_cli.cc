@@ -63,6 +63,11 @@ struct BenchArgs : bench::RankOptions {
 // longer makes progress (-r 1000 on 2 cores: 363 ranks joined in 60 s).
 constexpr int kRanksPerCpu = 64;
 
+std::string env_or(const char* name, const std::string& dflt = "") {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : dflt;
+}
+
 long online_cpus() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
@@ -70,7 +75,10 @@ long online_cpus() {
 }
 
 // MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
+// TESSERA_TEST_MEM_AVAILABLE (bytes, or 2G-style) replaces it, for the tests
+// of the refusal only (docs/bench.md).
 uint64_t mem_available() {
+  if (const std::string v = env_or("TESSERA_TEST_MEM_AVAILABLE"); !v.empty()) return bench::parse_size(v);
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
   uint64_t kb = 0;
@@ -94,15 +102,11 @@ void check_fits(const BenchArgs& a, const bench::BenchConfig& cfg, int ranks) {
   const uint64_t need = per_rank * static_cast<uint64_t>(ranks);
   const uint64_t avail = mem_available();
   if (avail > 0 && need > avail)
-    throw InvalidArgument(detail::concat("the buffers do not fit in memory: ", ranks, " rank(s) x ", per_rank >> 20,
-                                         " MiB (send and receive buffer of ", bench::bytes_needed(cfg, ranks) >> 20,
-                                         " MiB each) = ", need >> 20, " MiB, but MemAvailable is ", avail >> 20,
-                                         " MiB; lower -e/--maxbytes or -r"));
-}
-
-std::string env_or(const char* name, const std::string& dflt = "") {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : dflt;
+    throw InvalidArgument(detail::concat(
+        "the buffers do not fit in memory: ", ranks, " rank(s) x ", per_rank >> 20, " MiB (send and receive buffer of ",
+        bench::bytes_needed(cfg, ranks) >> 20, " MiB each) = ", need >> 20, " MiB, but MemAvailable is ", avail >> 20,
+        " MiB", env_or("TESSERA_TEST_MEM_AVAILABLE").empty() ? "" : " (TESSERA_TEST_MEM_AVAILABLE)",
+        "; lower -e/--maxbytes or -r"));
 }
 
 bench::BenchConfig make_config(const BenchArgs& a) {
@@ -222,6 +226,8 @@ std::string signal_name(int sig) {
 int spawn_local(int n) {
   constexpr auto kGrace = std::chrono::seconds(5);
   const std::string dir = bench::make_temp_dir();
+  // Every rank inherits the job's id (the caller's TESSERA_JOB_ID, else bench-<pid>).
+  setenv("TESSERA_JOB_ID", ("bench-" + std::to_string(getpid())).c_str(), 0);
   const std::string exe = own_exe();
   auto args = own_argv();
   args[0] = exe;
@@ -265,7 +271,7 @@ int spawn_local(int n) {
   }
   // Wait for all. When one fails, the others notice within about a second
   // (the transports watch their peers); give them a grace period, then kill.
-  int code = 0;
+  int code = 0, signal_code = 0;
   int interrupted = 0;
   bool killed = false;  // this parent sent SIGKILL
   size_t left = pids.size();
@@ -285,6 +291,9 @@ int spawn_local(int n) {
         else
           std::cerr << "killed by " << signal_name(WTERMSIG(status)) << "\n";
       }
+      // A rank killed by a signal this parent did not send is the cause; a
+      // peer's exit 1 ("peer died"), often reaped first, is its consequence.
+      if (WIFSIGNALED(status) && !interrupted && !killed && signal_code == 0) signal_code = c;
       if (c != 0 && code == 0) {
         code = c;
         if (grace_end == std::chrono::steady_clock::time_point::max())
@@ -315,7 +324,7 @@ int spawn_local(int n) {
   }
   cleanup();
   if (interrupted) return 128 + interrupted;
-  return code;
+  return signal_code != 0 ? signal_code : code;
 }
 
 // --compare mpi for ranks this process starts: MPI's side runs first, as
@@ -455,6 +464,9 @@ void add_bench_command(CLI::App& root, tessera::launcher::cli::Action& action) {
       ->check(CLI::IsMember({"mpi"}));
   cmd->add_option("--timeout", a->timeout_s, "Seconds any wait may take (default 120)")
       ->check(cli::number_range(1e-3, 1e6));
+  cmd->footer(
+      "Temporary files: -r N makes a store directory $TMPDIR/tessera-bench-<pid>-XXXXXX (TMPDIR unset: /tmp), removed "
+      "when the run ends, by the next run when the parent was killed.");
   cmd->callback([&action, a] { action = [a] { return bench_main(*a); }; });
 }
 

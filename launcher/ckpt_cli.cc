@@ -127,6 +127,10 @@ void add_layout_flags(CLI::App* cmd, CkptArgs* a) {
 void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   auto* ckpt = root.add_subcommand("ckpt", "Inspect, shard, consolidate and reshard GPT-2 checkpoints");
   ckpt->require_subcommand(1);
+  ckpt->footer(
+      "Temporary files: shard and reshard build OUT in .OUT.tmp-<pid> next to it, consolidate in "
+      ".OUT.consolidated.tmp-<pid>; files inside go through .NAME.tmp.<pid>.XXXXXX. Removed when a run fails; "
+      "a killed run's by the next run writing the same OUT (its pid is dead).");
   auto args = std::make_shared<CkptArgs>();
 
   auto* inspect = ckpt->add_subcommand("inspect", "List tensors, metadata and the inferred GPT-2 config");

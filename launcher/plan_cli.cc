@@ -251,6 +251,8 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--link-latency", args->link_latency_us, "torus4d: microseconds per hop")
       ->check(cli::positive(args->link_latency_us));
   cmd->add_option("--device", args->device, "Device of each core (trn1-core, trn2-core, a100-80gb, test-core)");
+  cmd->footer(
+      "Temporary files: --json is written through .NAME.tmp.<pid>.XXXXXX next to the file, renamed into place.");
   cmd->callback([&action, args] {
     action = [args]() -> int {
       try {

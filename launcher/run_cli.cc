@@ -38,6 +38,9 @@ void add_run_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   // (`tessera run -n 2 prog --lr 1` as with torchrun, or after `--`).
   cmd->add_option("command", opts->command, "PROGRAM ARGS...");
   cmd->positionals_at_end();
+  cmd->footer(
+      "Temporary files: none of its own; workers inherit TMPDIR. Every process of the job inherits TESSERA_JOB_ID "
+      "(the launcher's, else the run id).");
   cmd->callback([opts, secs, cmd, &action] {
     auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0)); };
     opts->heartbeat_timeout = ms((*secs)[0]);

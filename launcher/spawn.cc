@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "runtime/error.h"
@@ -162,6 +163,10 @@ std::vector<std::string> worker_environment(const WorkerEnv& w) {
   add("TORCHELASTIC_RESTART_COUNT", rc);
   add("TORCHELASTIC_MAX_RESTARTS", std::to_string(w.max_restarts));
   add("TORCHELASTIC_RUN_ID", w.run_id);
+  // The job's id, which every process of the job inherits (tests find them
+  // by it in /proc/*/environ): the launcher's own when set, else the run id.
+  const char* job = std::getenv("TESSERA_JOB_ID");
+  if (!job || !*job) add("TESSERA_JOB_ID", w.run_id);
   return env;
 }
 

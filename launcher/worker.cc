@@ -1,14 +1,19 @@
 #include "launcher/worker.h"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
+#include "collectives/communicator.h"
 #include "collectives/mpi/mpi_env.h"
 #include "launcher/client.h"
 #include "launcher/coordinator.h"
@@ -79,8 +84,10 @@ std::string host_name() {
   return buf;
 }
 
-// The job was aborted: end this process now. Runs on the watch or heartbeat thread.
-void on_job_abort(const std::string& why) {
+// The job was aborted: end this process now. Runs on the watch or heartbeat
+// thread (or the launcher watch; then with_mpi_abort is false: MPI_Abort
+// needs the mpirun that is gone).
+void on_job_abort(const std::string& why, bool with_mpi_abort = true) {
   Runtime& r = rt();
   if (r.leaving.load()) return;
   spdlog::error("job aborted: {}", why);
@@ -99,8 +106,53 @@ void on_job_abort(const std::string& why) {
   spdlog::default_logger()->flush();
   std::fflush(stdout);
   std::fflush(stderr);
-  if (r.mode == BootstrapMode::Mpi) collectives::mpi::abort(kAbortedExitCode);  // from this thread: MPI_THREAD_MULTIPLE
+  if (r.mode == BootstrapMode::Mpi && with_mpi_abort)
+    collectives::mpi::abort(kAbortedExitCode);  // from this thread: MPI_THREAD_MULTIPLE
   _exit(kAbortedExitCode);
+}
+
+// Under mpirun: OpenMPI 4.1 leaves a rank running when mpirun (or the node's
+// orted) is SIGKILLed, and a rank inside MPI_Abort when mpirun is gone may
+// never return (both seen by the fault-injection suite). A detached thread
+// checks every 500 ms that the rank's parent is still the launcher that
+// started it and ends the job's process otherwise. Stops once the rank is
+// leaving; it only touches the never-destroyed Runtime.
+//
+// And the rank's own children: OpenMPI makes each rank lead a process group
+// but signals only the ranks, so a rank that dies leaves its children
+// running (a data loader, a shell's sleep). A sentinel process, forked into
+// the rank's group, SIGKILLs the group once the rank is gone, as `tessera
+// run`'s keeper does (launcher/spawn.cc). Only for a rank that leads its
+// group: never a group it does not own (a shell's job).
+void start_group_sentinel() {
+  if (getpgrp() != getpid()) return;
+  const pid_t rank = getpid();
+  const pid_t pid = fork();
+  if (pid != 0) return;  // the rank (or a failed fork: no sentinel)
+  // Only async-signal-safe calls: the rank has other threads.
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, nullptr);  // a SIGTERM to the group must not end the sentinel first
+  if (syscall(SYS_close_range, 0U, ~0U, 0) != 0)
+    for (int fd = 0; fd < 4096; ++fd) close(fd);
+  const timespec tick{0, 200 * 1000 * 1000};
+  while (getppid() == rank) nanosleep(&tick, nullptr);
+  kill(0, SIGKILL);  // the whole group, the sentinel last
+  _exit(0);
+}
+
+void watch_launcher() {
+  start_group_sentinel();
+  const pid_t launcher = getppid();
+  if (launcher <= 1) return;  // already orphaned: nothing to watch
+  std::thread([launcher] {
+    while (!rt().leaving.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      if (getppid() != launcher && !rt().leaving.load())
+        on_job_abort(detail::concat("the launcher (mpirun or orted, pid ", launcher, ") died"),
+                     /*with_mpi_abort=*/false);
+    }
+  }).detach();
 }
 
 // Under mpirun: rank 0 hosts the coordinator; its address and token reach
@@ -203,6 +255,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   ctx.client = r.client;
   ctx.store = std::make_shared<GrpcStore>(r.client);
 
+  if (r.mode == BootstrapMode::Mpi) watch_launcher();
   if (r.mode != BootstrapMode::Single) {
     pb::HeartbeatRequest beat;
     beat.set_role(pb::WORKER);
@@ -212,8 +265,9 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     // A first beat in this thread: a wrong token or a dead coordinator fails init, not a background thread.
     auto rep = r.client->heartbeat(beat, 10s);
     if (rep.aborted()) throw AbortedError("the job was aborted before this worker joined");
-    r.heartbeat = std::make_unique<Heartbeater>(r.client, beat, interval, std::max(10000ms, 5 * interval),
-                                                /*stop_on_abort=*/true, on_job_abort);
+    r.heartbeat =
+        std::make_unique<Heartbeater>(r.client, beat, interval, std::max(10000ms, 5 * interval),
+                                      /*stop_on_abort=*/true, [](const std::string& why) { on_job_abort(why); });
     pb::WatchRequest wr;
     wr.set_role(pb::WORKER);
     wr.set_id(ctx.world.rank);
@@ -289,6 +343,18 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
     code = body(ctx);
   } catch (const std::exception& e) {
     spdlog::error("fatal: {}", e.what());
+    // A peer that died is the job's root cause, and under `tessera run` its
+    // agent reports that exit (SIGCHLD, about 0.1 s). Reporting this
+    // consequence first would win the race for the root cause (seen by the
+    // fault-injection suite: a SIGTERMed rank blamed on a survivor's "peer
+    // died"). So wait up to kPeerDeathGrace for the job's ABORT, which ends
+    // this process through the watch thread, and report only if none comes.
+    const auto* ce = dynamic_cast<const collectives::CollectiveError*>(&e);
+    if (ce && ce->kind() == collectives::CollectiveError::Kind::PeerDead && ctx.mode == BootstrapMode::TesseraRun &&
+        ctx.world.size > 1) {
+      constexpr auto kPeerDeathGrace = std::chrono::seconds(2);
+      std::this_thread::sleep_for(kPeerDeathGrace);
+    }
     report_fatal(ctx, std::string("fatal error: ") + e.what());
     code = 1;
   }

@@ -1,14 +1,19 @@
 #include "runtime/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <vector>
@@ -214,8 +219,14 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
   TESSERA_ARG_CHECK(!name.empty() && name != "." && name != "..", "cannot write '", path, "': not a file name");
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   // The temp name stays within NAME_MAX however long the destination's name.
+  const std::string prefix = "." + name.substr(0, 200) + ".tmp.";
   const std::string stem =
-      (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "." + name.substr(0, 200) + ".tmp.";
+      (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + prefix + std::to_string(::getpid()) + ".";
+  // Leftovers of this file's earlier writers that died. Not for the
+  // FileStore's job-lifetime keys (sync off): one directory listing per key
+  // would make a large rendezvous quadratic, and its directory is removed
+  // as a whole.
+  if (options.sync) remove_stale_temps(dir, prefix);
 
   std::string tmp;
   int fd = -1;
@@ -224,6 +235,9 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
     fd = ops.open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options.mode);
     if (fd < 0 && (errno != EEXIST || attempt >= 100)) fail(path, FileStep::CreateTemp, tmp, errno);
   }
+  // Held while writing: remove_stale_temps leaves a locked temp alone even
+  // when its pid means nothing here (a writer in another PID namespace).
+  if (!options.ops) ::flock(fd, LOCK_EX | LOCK_NB);
   try {
     std::unique_ptr<Sha256> hash = options.sha256_hex ? std::make_unique<Sha256>() : nullptr;
     FileSink sink(ops, fd, path, tmp, hash.get());
@@ -284,6 +298,54 @@ void write_files_atomic(const std::vector<std::string>& paths,
 void write_file_atomic(const std::string& path, std::string_view bytes, const AtomicWriteOptions& options) {
   write_file_atomic(
       path, [bytes](FileSink& out) { out.write(bytes.data(), bytes.size()); }, options);
+}
+
+// ---- temporary files ---------------------------------------------------------
+
+std::string temp_directory() {
+  const char* t = std::getenv("TMPDIR");
+  return t && *t ? std::string(t) : std::string("/tmp");
+}
+
+bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+pid_t temp_owner(std::string_view name, std::string_view prefix) {
+  if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return 0;
+  size_t i = prefix.size();
+  int64_t pid = 0;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && pid <= 0x3fffffff; ++i)
+    pid = pid * 10 + (name[i] - '0');
+  if (i == prefix.size() || pid <= 0 || pid > 0x3fffffff) return 0;
+  if (i < name.size() && name[i] != '.' && name[i] != '-') return 0;
+  return static_cast<pid_t>(pid);
+}
+
+std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_view prefix) {
+  std::vector<std::string> removed;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return removed;
+  std::vector<std::string> candidates;
+  while (const dirent* e = ::readdir(d)) {
+    const pid_t pid = temp_owner(e->d_name, prefix);
+    if (pid != 0 && pid != ::getpid() && !process_alive(pid)) candidates.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  for (const std::string& name : candidates) {
+    const std::string p = dir + "/" + name;
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    if (S_ISREG(st.st_mode)) {
+      const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+      if (fd < 0) continue;
+      const bool locked = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+      if (!locked && ::unlink(p.c_str()) == 0) removed.push_back(p);
+      ::close(fd);
+    } else {
+      std::error_code ec;
+      if (std::filesystem::remove_all(p, ec) > 0 && !ec) removed.push_back(p);
+    }
+  }
+  return removed;
 }
 
 // ---- reading ----------------------------------------------------------------

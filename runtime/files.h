@@ -3,8 +3,10 @@
 //
 // Contract of write_file_atomic(path, ...):
 //  1. create a temp file with a unique name in path's directory
-//     (".<name>.tmp.XXXXXX", O_CREAT|O_EXCL, as mkstemp does; mode 0666
-//     less the umask unless AtomicWriteOptions::mode says otherwise);
+//     (".<name>.tmp.<pid>.XXXXXX", O_CREAT|O_EXCL, as mkstemp does; mode 0666
+//     less the umask unless AtomicWriteOptions::mode says otherwise), and
+//     hold an flock on it while writing; a durable write (sync) first removes
+//     the temps of `path` that a dead process left (remove_stale_temps);
 //  2. write the bytes (short writes are continued, EINTR retried);
 //  3. fsync the temp file, then close it;
 //  4. rename it over `path` (atomic on POSIX: a reader sees the old file or
@@ -19,7 +21,7 @@
 //
 // Errors: IoError (a tessera::Error) naming the path, the step that failed
 // and the OS error text, e.g. "/ckpt/a.safetensors: cannot fsync the temp
-// file /ckpt/.a.safetensors.tmp.Qx81Zp: No space left on device". An
+// file /ckpt/.a.safetensors.tmp.4711.Qx81Zp: No space left on device". An
 // exception thrown by a streaming writer's callback propagates unchanged
 // (after the temp file is removed).
 //
@@ -160,5 +162,33 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes);
 std::string sha256_file_hex(const std::string& path);
 // SHA-256 of `bytes` as 64 lowercase hex digits.
 std::string sha256_hex(std::string_view bytes);
+
+// ---- temporary files ---------------------------------------------------------
+// Every temporary file or directory tessera makes names its creator's pid
+// right after a fixed prefix, so a later run can tell what a dead process
+// left from what a live one is writing (docs/errors.md, "Temporary files"):
+//   write_file_atomic                  DIR/.NAME.tmp.<pid>.XXXXXX
+//   ckpt shard / reshard / consolidate OUT's parent/.OUT.tmp-<pid>
+//                                      (consolidate: .OUT.consolidated.tmp-<pid>)
+//   bench store directories            $TMPDIR/tessera-bench-<pid>[-<job id>]-XXXXXX
+// Shared memory is memfd (runtime/shm_memory.h): it has no name and goes
+// with the last process that maps it.
+
+// $TMPDIR when set and not empty, else /tmp (what std::filesystem's
+// temp_directory_path gives, without its exception).
+std::string temp_directory();
+// Whether process `pid` exists in this PID namespace (kill(pid, 0); EPERM,
+// another user's process, counts as alive). A zombie counts as alive.
+bool process_alive(pid_t pid);
+// The pid that `name` carries after `prefix` ("<prefix><digits>" followed by
+// the end of the name, '.' or '-'), or 0 when `name` is not of that form.
+pid_t temp_owner(std::string_view name, std::string_view prefix);
+// Removes the entries of `dir` named `prefix` + <pid> + ... whose pid is not
+// alive: files, or directories with their contents. Never removes one whose
+// pid is alive or is this process, nor a regular file whose flock another
+// process holds (a writer in another PID namespace sharing the directory),
+// nor an entry owned by another user. Returns the paths removed; errors (a
+// missing directory, a race with another cleaner) are ignored.
+std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_view prefix);
 
 }  // namespace tessera

@@ -1,7 +1,10 @@
 // One rank of `tessera bench` (bench_rank.h).
 #include "collectives/bench/bench_rank.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +17,7 @@
 #include "collectives/mpi/mpi_env.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 #include "runtime/log.h"
 #include "runtime/shm_memory.h"
 #include "runtime/topology.h"
@@ -29,7 +33,14 @@ std::string env_or(const char* name, const std::string& dflt = "") {
 }  // namespace
 
 std::string make_temp_dir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "tessera-bench-XXXXXX").string();
+  // tessera-bench-<pid>[-<job id>]-XXXXXX: a later bench removes the ones
+  // whose creator died (a parent killed by SIGKILL cannot remove its own).
+  const std::string tmp = temp_directory();
+  remove_stale_temps(tmp, "tessera-bench-");
+  std::string job;
+  for (char c : env_or("TESSERA_JOB_ID").substr(0, 32))
+    job += std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ? c : '_';
+  std::string tmpl = tmp + "/tessera-bench-" + std::to_string(::getpid()) + (job.empty() ? "" : "-" + job) + "-XXXXXX";
   if (!mkdtemp(tmpl.data())) throw Error("bench: cannot create a temporary store directory in " + tmpl);
   return tmpl;
 }

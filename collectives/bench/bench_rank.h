@@ -56,7 +56,8 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join);
 // InvalidArgument or FormatError naming the preset or the file.
 NetModel topology_model(const std::string& spec, int nranks);
 
-// A fresh directory for a FileStore (tessera-bench-XXXXXX under $TMPDIR).
+// A fresh directory for a FileStore ($TMPDIR/tessera-bench-<pid>[-<TESSERA_JOB_ID>]-XXXXXX;
+// runtime/files.h), after removing those that dead processes left.
 std::string make_temp_dir();
 
 }  // namespace tessera::collectives::bench

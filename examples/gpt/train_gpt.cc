@@ -251,6 +251,9 @@ int main(int argc, char** argv) {
   kern::default_blas_threads();
   Flags f;
   CLI::App app{"Train a GPT-2 over emulated cores with tensor and data parallelism", "train_gpt"};
+  app.footer(
+      "Temporary files: checkpoint files and --export go through .NAME.tmp.<pid>.XXXXXX next to the file, renamed "
+      "into place; a killed run's are removed by the next write of the same file.");
   app.add_option("--tp", f.t.tp, "tensor-parallel degree")->check(cli::positive(f.t.tp));
   app.add_option("--dp", f.t.dp, "data-parallel degree")->check(cli::positive(f.t.dp));
   app.add_flag("--sequence-parallel", f.t.sequence_parallel, "shard LayerNorm/residual activations over TP");

@@ -40,7 +40,10 @@ class TempSibling {
   explicit TempSibling(const std::string& target) : target_(fs::absolute(target).lexically_normal()) {
     if (target_.filename().empty()) target_ = target_.parent_path();  // "out/" is "out"
     TESSERA_ARG_CHECK(!target_.filename().empty(), "bad output path '", target, "'");
-    path_ = target_.parent_path() / ("." + target_.filename().string() + ".tmp-" + std::to_string(::getpid()));
+    const std::string prefix = "." + target_.filename().string() + ".tmp-";
+    path_ = target_.parent_path() / (prefix + std::to_string(::getpid()));
+    // What killed runs of this command left (their pid is dead; runtime/files.h).
+    remove_stale_temps(target_.parent_path().string(), prefix);
     std::error_code ec;
     fs::remove_all(path_, ec);
     // create_directory, not create_directories: a missing parent is an

@@ -4,7 +4,9 @@
 #include "parallel/checkpoint/ckpt_tool.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -309,6 +311,33 @@ TEST(CkptTool, ReshardEqualsDirectShard) {
   // No temp directories left beside the output.
   for (const auto& e : fs::directory_iterator(d.path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+// A killed shard or reshard leaves .OUT.tmp-PID behind; the next run writing
+// OUT removes it when PID is dead, never while PID lives.
+TEST(CkptTool, NextRunRemovesADeadRunsTempDirectoryAndKeepsALiveOnes) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_gpt2_file(src, kCfg, DType::F32, 4);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const pid_t live = ::fork();
+  if (live == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  const std::string dead_tmp = d.file(".out.tmp-" + std::to_string(dead));
+  const std::string live_tmp = d.file(".out.tmp-" + std::to_string(live));
+  fs::create_directory(dead_tmp);
+  fs::create_directory(live_tmp);
+  std::ofstream(dead_tmp + "/rank_tp0_pp0.safetensors") << "half written";
+  shard_gpt2(src, d.file("out"), {2, 1, 1, 0});
+  EXPECT_FALSE(fs::exists(dead_tmp));
+  EXPECT_TRUE(fs::exists(live_tmp));
+  EXPECT_TRUE(fs::exists(d.file("out/manifest.json")));
+  ::kill(live, SIGKILL);
+  ::waitpid(live, nullptr, 0);
 }
 
 TEST(CkptTool, BadInputIsRefusedAndWritesNothing) {

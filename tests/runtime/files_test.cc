@@ -5,7 +5,9 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -157,8 +159,10 @@ TEST(WriteFileAtomic, MakesTheCallsOfTheContractInOrder) {
   write_file_atomic(path, content('n'), o);
   EXPECT_EQ(read_file(path), content('n'));
   // The temp file was in the same directory, hidden, and named after the target.
-  EXPECT_EQ(ops.temp_path.rfind(d.file(".plan.json.tmp."), 0), 0u) << ops.temp_path;
-  EXPECT_EQ(ops.temp_path.size(), d.file(".plan.json.tmp.").size() + 6) << ops.temp_path;
+  // ".plan.json.tmp.<pid>.XXXXXX": the creator's pid, for remove_stale_temps.
+  const std::string stem = d.file(".plan.json.tmp." + std::to_string(::getpid()) + ".");
+  EXPECT_EQ(ops.temp_path.rfind(stem, 0), 0u) << ops.temp_path;
+  EXPECT_EQ(ops.temp_path.size(), stem.size() + 6) << ops.temp_path;
   const std::vector<std::string> want = {"open temp", "write",    "fsync temp", "close temp",
                                          "rename",    "open dir", "fsync dir",  "close dir"};
   EXPECT_EQ(ops.trace, want);
@@ -419,4 +423,131 @@ TEST(OpenRegularFile, RefusesFifosWithoutBlocking) {
 }
 
 }  // namespace
+// ---- stale temporaries (remove_stale_temps) ---------------------------------
+
+namespace {
+
+// A pid that was a process of ours a moment ago and is now dead (reaped).
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+// A live process other than this one: a child that sleeps until killed.
+struct LiveChild {
+  pid_t pid = ::fork();
+  LiveChild() {
+    if (pid == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+  }
+  ~LiveChild() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
+}  // namespace
+
+TEST(TempOwner, ReadsThePidAfterThePrefixOnly) {
+  EXPECT_EQ(temp_owner(".a.tmp.123.Qx81Zp", ".a.tmp."), 123);
+  EXPECT_EQ(temp_owner(".out.tmp-4711", ".out.tmp-"), 4711);
+  EXPECT_EQ(temp_owner("tessera-bench-99-job_1-AbCdEf", "tessera-bench-"), 99);
+  EXPECT_EQ(temp_owner(".a.tmp.Qx81Zp", ".a.tmp."), 0);      // the old name without a pid
+  EXPECT_EQ(temp_owner(".a.tmp.123x.Qx", ".a.tmp."), 0);     // digits must end at '.', '-' or the end
+  EXPECT_EQ(temp_owner(".a.tmp.", ".a.tmp."), 0);            // no pid at all
+  EXPECT_EQ(temp_owner(".b.tmp.123.Qx81Zp", ".a.tmp."), 0);  // another file's temp
+  EXPECT_EQ(temp_owner(".a.tmp.0.x", ".a.tmp."), 0);
+  EXPECT_EQ(temp_owner(".a.tmp.99999999999999999999.x", ".a.tmp."), 0);  // no such pid, and no overflow
+}
+
+TEST(RemoveStaleTemps, RemovesADeadProcesssTempsAndKeepsALiveOnes) {
+  TempDir d;
+  LiveChild live;
+  ASSERT_GT(live.pid, 0);
+  const pid_t dead = dead_pid();
+  ASSERT_FALSE(process_alive(dead));
+  ASSERT_TRUE(process_alive(live.pid));
+  const std::string dead_file = ".m.safetensors.tmp." + std::to_string(dead) + ".Qx81Zp";
+  const std::string live_file = ".m.safetensors.tmp." + std::to_string(live.pid) + ".Ab12Cd";
+  const std::string own_file = ".m.safetensors.tmp." + std::to_string(::getpid()) + ".Ef34Gh";
+  put(d.file(dead_file), "dead");
+  put(d.file(live_file), "live");
+  put(d.file(own_file), "own");
+  put(d.file("m.safetensors"), "final");
+  put(d.file(".m.safetensors.tmp.Qx81Zp"), "no pid");  // not of our form: left alone
+  // A directory of a dead process, with content (a killed `ckpt reshard`).
+  const std::string dead_dir = ".out.tmp-" + std::to_string(dead);
+  const std::string live_dir = ".out.tmp-" + std::to_string(live.pid);
+  ASSERT_TRUE(std::filesystem::create_directory(d.file(dead_dir)));
+  ASSERT_TRUE(std::filesystem::create_directory(d.file(live_dir)));
+  put(d.file(dead_dir + "/model.safetensors"), "half");
+
+  auto removed = remove_stale_temps(d.path(), ".m.safetensors.tmp.");
+  EXPECT_EQ(removed, std::vector<std::string>{d.file(dead_file)});
+  removed = remove_stale_temps(d.path(), ".out.tmp-");
+  EXPECT_EQ(removed, std::vector<std::string>{d.file(dead_dir)});
+  std::vector<std::string> want{".m.safetensors.tmp.Qx81Zp", live_dir, live_file, own_file, "m.safetensors"};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(d.entries(), want);
+  EXPECT_EQ(read_file(d.file(live_file)), "live");
+}
+
+TEST(RemoveStaleTemps, KeepsADeadPidsFileThatIsStillLocked) {
+  // A writer in another PID namespace: its pid means nothing here, but the
+  // flock write_file_atomic holds on its temp file does.
+  TempDir d;
+  const std::string name = ".f.tmp." + std::to_string(dead_pid()) + ".Qx81Zp";
+  put(d.file(name), "x");
+  const int fd = ::open(d.file(name).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  EXPECT_TRUE(remove_stale_temps(d.path(), ".f.tmp.").empty());
+  EXPECT_EQ(d.entries(), std::vector<std::string>{name});
+  ::close(fd);  // the lock goes with the last descriptor: now it is stale
+  EXPECT_EQ(remove_stale_temps(d.path(), ".f.tmp.").size(), 1u);
+  EXPECT_TRUE(d.entries().empty());
+}
+
+TEST(RemoveStaleTemps, MissingDirectoryIsNotAnError) {
+  EXPECT_TRUE(remove_stale_temps("/nonexistent/tessera-dir", ".x.tmp.").empty());
+}
+
+TEST(WriteFileAtomic, RemovesTheStaleTempsOfItsFileAndKeepsLiveOnes) {
+  TempDir d;
+  LiveChild live;
+  const std::string dead_tmp = ".plan.json.tmp." + std::to_string(dead_pid()) + ".Qx81Zp";
+  const std::string live_tmp = ".plan.json.tmp." + std::to_string(live.pid) + ".Ab12Cd";
+  const std::string other_dead = ".other.json.tmp." + std::to_string(dead_pid()) + ".Qx81Zp";
+  put(d.file(dead_tmp), "left by a killed writer");
+  put(d.file(live_tmp), "being written");
+  put(d.file(other_dead), "another file's: its own next write removes it");
+  write_file_atomic(d.file("plan.json"), "{}");
+  std::vector<std::string> want{live_tmp, other_dead, "plan.json"};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(d.entries(), want);
+  // The FileStore's keys (sync off) skip the listing.
+  const std::string dead_key = ".k.tmp." + std::to_string(dead_pid()) + ".Qx81Zp";
+  put(d.file(dead_key), "");
+  AtomicWriteOptions fast;
+  fast.sync = false;
+  write_file_atomic(d.file("k"), "v", fast);
+  EXPECT_TRUE(std::filesystem::exists(d.file(dead_key)));
+}
+
+TEST(TempDirectory, IsTmpdirOrTmp) {
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  ::setenv("TMPDIR", "/var/tmp/x", 1);
+  EXPECT_EQ(temp_directory(), "/var/tmp/x");
+  ::setenv("TMPDIR", "", 1);
+  EXPECT_EQ(temp_directory(), "/tmp");
+  ::unsetenv("TMPDIR");
+  EXPECT_EQ(temp_directory(), "/tmp");
+  if (old) ::setenv("TMPDIR", saved.c_str(), 1);
+}
+
 }  // namespace tessera
