@@ -1,6 +1,6 @@
-// train_gpt: trains a GPT-2 over emulated cores with tensor and data
-// parallelism. Runs alone, under `tessera run --nproc-per-node N -- train_gpt`
-// or `mpirun -np N train_gpt`; the world size must equal tp x dp.
+// train_gpt: trains a GPT-2 over emulated cores with tensor, pipeline and
+// data parallelism. Runs alone, under `tessera run --nproc-per-node N --
+// train_gpt` or `mpirun -np N train_gpt`; the world size must equal tp x pp x dp.
 // docs/training.md describes the flags and the output.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -19,6 +19,8 @@
 #include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/checkpoint/safetensors.h"
 #include "parallel/models/gpt/trainer.h"
+#include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/schedule.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 #include "runtime/log.h"
@@ -39,6 +41,7 @@ struct Flags {
   int64_t val_every = 0, val_batches = 4;
   double bucket_mb = 4;
   bool bench_sgemm = false;
+  std::string schedule = "1f1b", stages;
 };
 
 std::string human_bytes(double b) {
@@ -88,11 +91,12 @@ void apply_init_config(Flags& f, const CLI::App& app) {
 
 int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::ByteDataset>& dataset) {
   const bool lead = job.world.rank == 0;
-  TESSERA_ARG_CHECK(job.world.size == f.t.tp * f.t.dp, "this job has ", job.world.size, " process(es) but --tp ",
-                    f.t.tp, " x --dp ", f.t.dp, " = ", f.t.tp * f.t.dp, " are needed");
+  const int need = f.t.tp * f.t.dp * f.t.pp;
+  TESSERA_ARG_CHECK(job.world.size == need, "this job has ", job.world.size, " process(es) but --tp ", f.t.tp,
+                    " x --pp ", f.t.pp, " x --dp ", f.t.dp, " = ", need, " are needed");
   Device& dev = *job.device;
   parallel::layers::ParallelState ps =
-      job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
+      job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel, f.t.pp)
                : parallel::layers::serial_state(&dev);
   ps.sequence_parallel = f.t.sequence_parallel;
   models::gpt::Trainer trainer(f.t, ps, dataset);
@@ -114,13 +118,17 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   if (lead) {
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     std::printf(
-        "train_gpt: %d rank(s) tp=%d dp=%d%s%s | GPT-2 vocab=%lld ctx=%lld hidden=%lld layers=%lld heads=%lld "
+        "train_gpt: %d rank(s) tp=%d pp=%d dp=%d%s%s | GPT-2 vocab=%lld ctx=%lld hidden=%lld layers=%lld heads=%lld "
         "(%.2fM params) | seq=%lld micro-batch=%lld global-batch=%lld steps=%lld lr=%g | device %s | "
         "OPENBLAS_CORETYPE=%s\n",
-        job.world.size, o.tp, o.dp, o.sequence_parallel ? " sp" : "", o.adamw.zero1 ? " zero1" : "",
+        job.world.size, o.tp, o.pp, o.dp, o.sequence_parallel ? " sp" : "", o.adamw.zero1 ? " zero1" : "",
         (long long)o.model.vocab, (long long)o.model.seq, (long long)o.model.hidden, (long long)o.model.layers,
         (long long)o.model.heads, o.model.num_params() / 1e6, (long long)o.seq, (long long)o.micro_batch,
         (long long)o.global_batch, (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
+    if (o.pp > 1)
+      std::printf("pipeline: %d stages [%s] layers, schedule %s, %lld micro-batches per step per DP rank\n", o.pp,
+                  parallel::pipeline::stages_str(o.stages).c_str(), parallel::pipeline::schedule_name(o.schedule),
+                  (long long)o.micro_batches());
     std::fflush(stdout);
   }
   std::vector<double> step_times, sgemm_between;
@@ -182,7 +190,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   if (f.bench_sgemm && lead && step_times.size() >= 2) {
     double sgemm_after = gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 2.0);
     const double flops_per_step =
-        o.model.train_flops_per_token() * static_cast<double>(o.tokens_per_step()) / (o.tp * o.dp);
+        o.model.train_flops_per_token() * static_cast<double>(o.tokens_per_step()) / (o.tp * o.dp * o.pp);
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -212,9 +220,12 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
 int main(int argc, char** argv) {
   kern::default_blas_threads();
   Flags f;
-  CLI::App app{"Train a GPT-2 over emulated cores with tensor and data parallelism", "train_gpt"};
+  CLI::App app{"Train a GPT-2 over emulated cores with tensor, pipeline and data parallelism", "train_gpt"};
   app.add_option("--tp", f.t.tp, "tensor-parallel degree")->check(cli::positive(f.t.tp));
   app.add_option("--dp", f.t.dp, "data-parallel degree")->check(cli::positive(f.t.dp));
+  app.add_option("--pp", f.t.pp, "pipeline-parallel degree (stages)")->check(cli::positive(f.t.pp));
+  app.add_option("--schedule", f.schedule, "pipeline schedule: gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}));
+  app.add_option("--stages", f.stages, "layers per pipeline stage, e.g. 3,3,2,2 (default: even, leftover to later)");
   app.add_flag("--sequence-parallel", f.t.sequence_parallel, "shard LayerNorm/residual activations over TP");
   app.add_option("--layers", f.t.model.layers, "transformer blocks")->check(cli::positive(f.t.model.layers));
   app.add_option("--hidden", f.t.model.hidden, "model width")->check(cli::positive(f.t.model.hidden));
@@ -268,7 +279,12 @@ int main(int argc, char** argv) {
   std::shared_ptr<parallel::data::ByteDataset> dataset;
   try {
     if (!f.init.empty()) apply_init_config(f, app);
+    f.t.schedule = parallel::pipeline::parse_schedule(f.schedule);
+    if (!f.stages.empty()) f.t.stages = parallel::pipeline::parse_stages(f.stages);
+    TESSERA_ARG_CHECK(f.stages.empty() || app.count("--pp"), "--stages needs --pp (the number of stages)");
     f.t.normalize();
+    TESSERA_ARG_CHECK(f.t.pp == 1 || f.export_path.empty(), "--export with --pp ", f.t.pp,
+                      " is not supported yet (export from a run with --pp 1)");
     if (discover_world().rank == 0) {
       if (!f.export_path.empty()) cli::check_output_file("--export", f.export_path);
       if (!f.log_json.empty()) cli::check_output_file("--log-json", f.log_json);

@@ -78,7 +78,13 @@ ParallelState make_parallel_state(std::shared_ptr<collectives::Communicator> wor
   auto pp_comm = world->split(pp_group.front(), c.pp, "pp" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp));
   if (tp > 1) s.tp = tp_comm;
   if (dp > 1) s.dp = dp_comm;
-  if (pp > 1) s.pp = pp_comm;
+  if (pp > 1) {
+    s.pp = pp_comm;
+    // The embedding group: a fourth split, made only when pp > 1 (the same on every rank).
+    const bool ends = c.pp == 0 || c.pp == pp - 1;
+    s.embed =
+        world->split(ends ? pp_group.front() : -1, c.pp, "embed" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp));
+  }
   return s;
 }
 

@@ -33,6 +33,11 @@ struct ParallelState {
   // reduce-scatter + all-gather pairs.
   bool sequence_parallel = false;
   std::shared_ptr<collectives::Communicator> world, tp, dp, pp;  // tp/dp/pp null when of size 1
+  // Megatron's embedding group: the first and the last stage of this rank's
+  // PP group (same tp_rank and dp_rank), which hold the two copies of the tied
+  // token embedding and sum their gradients. Null unless pp_size > 1 and this
+  // rank is on the first or last stage.
+  std::shared_ptr<collectives::Communicator> embed;
 
   bool sp() const { return sequence_parallel && tp_size > 1; }
   int global_rank() const;  // through parallel/mesh.h (TP fastest, then DP, then PP)

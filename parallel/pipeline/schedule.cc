@@ -1,0 +1,69 @@
+#include "parallel/pipeline/schedule.h"
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace tessera::parallel::pipeline {
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kGpipe:
+      return "gpipe";
+    case Schedule::k1F1B:
+      return "1f1b";
+  }
+  return "?";
+}
+
+Schedule parse_schedule(const std::string& text) {
+  if (text == "gpipe") return Schedule::kGpipe;
+  if (text == "1f1b") return Schedule::k1F1B;
+  throw InvalidArgument("unknown pipeline schedule '" + text + "' (expected gpipe or 1f1b)");
+}
+
+std::vector<PipeOp> schedule_ops(Schedule s, int p, int m, int stage) {
+  TESSERA_ARG_CHECK(p >= 1 && stage >= 0 && stage < p, "pipeline stage ", stage, " out of range for ", p, " stages");
+  TESSERA_ARG_CHECK(m >= 1, "a pipeline step needs at least one micro-batch (got ", m, ")");
+  std::vector<PipeOp> ops;
+  auto f = [&](int i) { ops.push_back({PipeOp::kForward, i, 0}); };
+  auto b = [&](int i) { ops.push_back({PipeOp::kBackward, i, 0}); };
+  if (s == Schedule::kGpipe) {
+    for (int i = 0; i < m; ++i) f(i);
+    for (int i = 0; i < m; ++i) b(i);
+    return ops;
+  }
+  const int warmup = std::min(p - stage - 1, m);
+  for (int i = 0; i < warmup; ++i) f(i);
+  for (int i = 0; i < m - warmup; ++i) {
+    f(warmup + i);
+    b(i);
+  }
+  for (int i = m - warmup; i < m; ++i) b(i);
+  return ops;
+}
+
+std::string ops_str(const std::vector<PipeOp>& ops) {
+  const bool chunks = std::any_of(ops.begin(), ops.end(), [](const PipeOp& o) { return o.chunk != 0; });
+  std::string s;
+  for (const PipeOp& o : ops) {
+    if (!s.empty()) s += ' ';
+    s += o.kind == PipeOp::kForward ? 'F' : 'B';
+    s += std::to_string(o.micro);
+    if (chunks) s += "." + std::to_string(o.chunk);
+  }
+  return s;
+}
+
+int max_in_flight(const std::vector<PipeOp>& ops) {
+  int now = 0, peak = 0;
+  for (const PipeOp& o : ops) {
+    now += o.kind == PipeOp::kForward ? 1 : -1;
+    peak = std::max(peak, now);
+  }
+  return peak;
+}
+
+double bubble_fraction(int p, int m) { return static_cast<double>(p - 1) / static_cast<double>(m + p - 1); }
+
+}  // namespace tessera::parallel::pipeline
