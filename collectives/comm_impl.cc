@@ -181,6 +181,12 @@ class TransportCommunicator final : public Communicator {
     return submit(CollKind::AllGather, send, recv, count, dtype, ReduceOp::Sum);
   }
 
+  std::shared_ptr<Work> send_async(const void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
+    check_peer(peer, "send", tag);
+    check_buf(buf, count, "send");
+    return submit(CollKind::Barrier, buf, nullptr, count, dtype, ReduceOp::Sum, peer, tag);
+  }
+
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
     std::vector<int64_t> mine = {color, key}, all(2 * static_cast<size_t>(size_));
     blocking(CollKind::AllGather, mine.data(), all.data(), 2, DType::I64, ReduceOp::Sum, 0);
@@ -338,6 +344,12 @@ class TransportCommunicator final : public Communicator {
     check_buf(buf, count, coll);
     drain();
     std::lock_guard<std::mutex> lk(exec_mu_);
+    p2p_locked(is_send, buf, count, dtype, peer, tag);
+  }
+
+  // Under exec_mu_ (the calling thread's blocking p2p, or the progress thread's send_async).
+  void p2p_locked(bool is_send, void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
+    const char* coll = is_send ? "send" : "recv";
     guarded(coll, [&] {
       const size_t bytes = count * dtype_size(dtype);
       if (is_send)
@@ -357,14 +369,17 @@ class TransportCommunicator final : public Communicator {
     DType dtype;
     ReduceOp op;
     std::shared_ptr<AsyncWork> work;
+    int peer = -1;  // >= 0: a send_async to this peer (kind unused)
+    uint32_t tag = 0;
   };
 
-  std::shared_ptr<Work> submit(CollKind kind, const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  std::shared_ptr<Work> submit(CollKind kind, const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                               int peer = -1, uint32_t tag = 0) {
     auto w = std::make_shared<AsyncWork>();
     {
       std::lock_guard<std::mutex> lk(q_mu_);
       if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
-      queue_.push_back(Task{kind, send, recv, count, dtype, op, w});
+      queue_.push_back(Task{kind, send, recv, count, dtype, op, w, peer, tag});
       ++pending_;
     }
     q_cv_.notify_all();
@@ -385,11 +400,15 @@ class TransportCommunicator final : public Communicator {
       }
       std::exception_ptr err;
       if (stopping) {
-        err = std::make_exception_ptr(AbortedError(where(coll_kind_name(t.kind)) + ": communicator destroyed"));
+        err = std::make_exception_ptr(
+            AbortedError(where(t.peer >= 0 ? "send" : coll_kind_name(t.kind)) + ": communicator destroyed"));
       } else {
         try {
           std::lock_guard<std::mutex> lk(exec_mu_);
-          execute(t.kind, t.send, t.recv, t.count, t.dtype, t.op, 0);
+          if (t.peer >= 0)
+            p2p_locked(true, const_cast<void*>(t.send), t.count, t.dtype, t.peer, t.tag);
+          else
+            execute(t.kind, t.send, t.recv, t.count, t.dtype, t.op, 0);
         } catch (...) {
           err = std::current_exception();
         }

@@ -126,9 +126,12 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
         (long long)o.model.heads, o.model.num_params() / 1e6, (long long)o.seq, (long long)o.micro_batch,
         (long long)o.global_batch, (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
     if (o.pp > 1)
-      std::printf("pipeline: %d stages [%s] layers, schedule %s, %lld micro-batches per step per DP rank\n", o.pp,
-                  parallel::pipeline::stages_str(o.stages).c_str(), parallel::pipeline::schedule_name(o.schedule),
-                  (long long)o.micro_batches());
+      std::printf(
+          "pipeline: %d stages x %d virtual, [%s] layers per virtual stage, schedule %s, %lld micro-batches per step "
+          "per DP rank, bubble (p-1)/(v m+p-1) = %.1f%%\n",
+          o.pp, o.virtual_stages, parallel::pipeline::stages_str(o.stages).c_str(),
+          parallel::pipeline::schedule_name(o.schedule), (long long)o.micro_batches(),
+          100 * parallel::pipeline::bubble_fraction(o.pp, static_cast<int>(o.micro_batches()), o.virtual_stages));
     std::fflush(stdout);
   }
   std::vector<double> step_times, sgemm_between;
@@ -224,7 +227,10 @@ int main(int argc, char** argv) {
   app.add_option("--tp", f.t.tp, "tensor-parallel degree")->check(cli::positive(f.t.tp));
   app.add_option("--dp", f.t.dp, "data-parallel degree")->check(cli::positive(f.t.dp));
   app.add_option("--pp", f.t.pp, "pipeline-parallel degree (stages)")->check(cli::positive(f.t.pp));
-  app.add_option("--schedule", f.schedule, "pipeline schedule: gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}));
+  app.add_option("--schedule", f.schedule, "pipeline schedule: gpipe, 1f1b or interleaved")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--virtual-stages", f.t.virtual_stages, "model chunks per pipeline rank (interleaved schedule)")
+      ->check(cli::positive(f.t.virtual_stages));
   app.add_option("--stages", f.stages, "layers per pipeline stage, e.g. 3,3,2,2 (default: even, leftover to later)");
   app.add_flag("--sequence-parallel", f.t.sequence_parallel, "shard LayerNorm/residual activations over TP");
   app.add_option("--layers", f.t.model.layers, "transformer blocks")->check(cli::positive(f.t.model.layers));
@@ -282,6 +288,8 @@ int main(int argc, char** argv) {
     f.t.schedule = parallel::pipeline::parse_schedule(f.schedule);
     if (!f.stages.empty()) f.t.stages = parallel::pipeline::parse_stages(f.stages);
     TESSERA_ARG_CHECK(f.stages.empty() || app.count("--pp"), "--stages needs --pp (the number of stages)");
+    if (f.t.schedule == parallel::pipeline::Schedule::kInterleaved && !app.count("--virtual-stages"))
+      f.t.virtual_stages = 2;  // Megatron's usual choice when only the schedule is named
     f.t.normalize();
     TESSERA_ARG_CHECK(f.t.pp == 1 || f.export_path.empty(), "--export with --pp ", f.t.pp,
                       " is not supported yet (export from a run with --pp 1)");

@@ -1,27 +1,39 @@
 // PipelineExecutor: runs one stage's schedule (parallel/pipeline/schedule.h)
 // for one step, moving activations and their gradients between neighbouring
-// stages over the PP communicator (ParallelState::pp, a communicator of its
-// own: pipeline traffic never queues behind the DP buckets).
+// stages over ParallelState's pipeline links (a communicator per direction
+// and neighbour, never the DP communicator).
 //
-// Communication of an op on stage s of p (Megatron-core's p2p_communication):
-// a forward receives its input from s - 1 (unless s is first) and sends its
-// output to s + 1 (unless last); a backward receives the output gradient from
-// s + 1 (unless last) and sends the input gradient to s - 1 (unless first). A
-// send is issued right before the next op's receive: when both are with the
-// same peer they become one sendrecv (send_forward_recv_backward and
-// send_backward_recv_forward), which is what keeps 1F1B's steady state from
-// deadlocking; otherwise the send goes first. Every wait has the
-// communicator's timeout, so a dead or stuck stage ends the step with a
-// CollectiveError naming the peer.
+// Communication (Megatron-core's p2p_communication): chunk c of rank r is
+// virtual stage vs = c p + r of p v; a forward receives its input from vs - 1
+// (rank r - 1, or rank p - 1's chunk c - 1 when r is 0) unless vs is first,
+// and sends its output to vs + 1 unless last; a backward receives the output
+// gradient from vs + 1 unless last and sends its input gradient to vs - 1
+// unless first. Sends are asynchronous (Communicator::send_async on the
+// link's own communicator) and receives block right before the op that needs
+// them, so a stage only ever waits for data its op depends on: a valid
+// schedule (every op's inputs produced by ops earlier in their stages'
+// orders) cannot deadlock. Every wait has the communicator's timeout, so a
+// dead or stuck stage ends the step with a CollectiveError naming the peer.
+// Messages on a link come in the order both ends' schedules give (the same
+// micro-batch and chunk sequence on every rank), which the transports check
+// by size.
 //
-// Activation slots: a forward takes the lowest free slot, its backward frees
-// it, so a stage uses max_in_flight(ops) slots (1F1B: at most p, GPipe: m).
+// Buffers: a forward's output is sent straight from its activation slot
+// (which a slot's next forward can only reuse after the gradient for it came
+// back, i.e. after the send completed); input gradients are copied into one
+// buffer per (chunk, micro-batch) of the step, allocated in the first step
+// and reused. All sends are waited for before run() returns.
+//
+// Activation slots: a forward takes the lowest free slot of its chunk, its
+// backward frees it, so a chunk uses at most max_in_flight slots (1F1B: p -
+// stage, GPipe: m).
 //
 // One executor per rank, used by one thread; the ParallelState and the
 // StageModule must outlive run().
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "parallel/layers/parallel_state.h"
@@ -30,34 +42,40 @@
 
 namespace tessera::parallel::pipeline {
 
-// The compute of one stage, driven by the executor.
+// The compute of one rank's chunks, driven by the executor.
 class StageModule {
  public:
   virtual ~StageModule() = default;
   // Elements of the activation (and of its gradient) passed for one micro-batch.
   virtual int64_t activation_elems() const = 0;
-  // Forward of `micro` into activation slot `slot`. `in` is the previous
-  // stage's output (nullptr on the first stage). Returns this stage's output
-  // (nullptr on the last), valid until the slot's backward.
-  virtual const float* forward(int micro, int slot, const float* in) = 0;
-  // Backward of `micro` (in `slot`). `dout` is the next stage's gradient
-  // (nullptr on the last stage). Returns the gradient of this stage's input
-  // (nullptr on the first), valid until the next backward.
-  virtual const float* backward(int micro, int slot, const float* dout) = 0;
+  // Forward of `micro` through `chunk` into activation slot `slot` (of that
+  // chunk). `in` is the previous virtual stage's output (nullptr on the
+  // first). Returns this chunk's output (nullptr on the last virtual stage),
+  // valid until the slot's backward.
+  virtual const float* forward(int chunk, int micro, int slot, const float* in) = 0;
+  // Backward of `micro` through `chunk` (in `slot`). `dout` is the next
+  // virtual stage's gradient (nullptr on the last). Returns the gradient of
+  // the chunk's input (nullptr on the first virtual stage), valid until the
+  // next backward.
+  virtual const float* backward(int chunk, int micro, int slot, const float* dout) = 0;
 };
 
 class PipelineExecutor {
  public:
-  explicit PipelineExecutor(const parallel::layers::ParallelState& ps) : ps_(ps) {}
+  // v: model chunks per rank (virtual stages; 1 without interleaving).
+  PipelineExecutor(const parallel::layers::ParallelState& ps, int v = 1);
 
-  // Runs `ops` (this stage's schedule for m micro-batches). With
-  // forward_only (evaluation: `ops` has no backward) a forward's slot is
-  // free again as soon as its output is sent.
-  void run(const std::vector<PipeOp>& ops, StageModule& module, bool forward_only = false);
+  // Runs `ops` (this rank's schedule for m micro-batches). With forward_only
+  // (evaluation: `ops` has no backward) a forward's slot is free again at
+  // once (its output is copied for the send).
+  void run(const std::vector<PipeOp>& ops, int m, StageModule& module, bool forward_only = false);
 
  private:
   const parallel::layers::ParallelState& ps_;
-  Tensor act_in_, grad_in_;  // receive buffers, reused across steps
+  int v_;
+  Tensor act_in_, grad_in_;                 // receive buffers, reused across steps
+  std::vector<Tensor> grad_out_, act_out_;  // send buffers (see above), reused across steps
+  std::vector<std::shared_ptr<collectives::Work>> sends_;
 };
 
 }  // namespace tessera::parallel::pipeline

@@ -1,4 +1,4 @@
-// Communicator::sendrecv, the pipeline stages' exchange: exact values, both
+// Communicator::sendrecv and send_async, the pipeline stages' exchanges. sendrecv: exact values, both
 // halves at once with messages larger than the transports' buffering (so a
 // send-then-recv order on both sides would deadlock), one-sided halves, and a
 // sendrecv matched by a plain recv and send on the peer.
@@ -75,6 +75,48 @@ TEST_P(SendRecv, ExchangesExactValues) {
     }
     COLL_REQUIRE(threw, "sendrecv to itself accepted");
     c->barrier();
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+// send_async on a communicator per direction: both ranks send several large
+// messages before receiving any (blocking sends would wait for each other
+// forever); they arrive in order with exact values.
+TEST_P(SendRecv, SendAsyncOnOneCommunicatorPerDirection) {
+  const TransportKind kind = GetParam();
+  auto res = run_ranks(2, [kind](int rank, int size, std::shared_ptr<Store> store) {
+    CommOptions o;
+    o.transport = kind;
+    auto world = Communicator::create(store, rank, size, o);
+    // "up": 0 sends to 1; "down": 1 sends to 0 (sender first in each).
+    auto up = world->split(0, rank, "up");
+    auto down = world->split(0, 1 - rank, "down");
+    Communicator& out = rank == 0 ? *up : *down;
+    Communicator& in = rank == 0 ? *down : *up;
+    const int peer_in_out = out.rank() == 0 ? 1 : 0, peer_in_in = in.rank() == 0 ? 1 : 0;
+    std::vector<std::vector<float>> sent;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int k = 0; k < 3; ++k) {
+      sent.push_back(pattern(rank, kBig, 10 + k));
+      works.push_back(out.send_async(sent.back().data(), kBig, DType::F32, peer_in_out, 4));
+    }
+    std::vector<float> got(kBig);
+    for (int k = 0; k < 3; ++k) {
+      in.recv(got.data(), kBig, DType::F32, peer_in_in, 4);
+      expect_pattern(got, 1 - rank, 10 + k, "send_async message");
+    }
+    for (auto& w : works) {
+      w->wait();
+      COLL_REQUIRE(w->done(), "wait() returned but not done");
+    }
+    bool threw = false;
+    try {
+      out.send_async(got.data(), 1, DType::F32, out.rank(), 4);
+    } catch (const InvalidArgument&) {
+      threw = true;
+    }
+    COLL_REQUIRE(threw, "send_async to itself accepted");
+    world->barrier();
   });
   EXPECT_EQ(failures(res), "");
 }

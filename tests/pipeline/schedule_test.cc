@@ -4,12 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "runtime/error.h"
 
 namespace tessera::parallel::pipeline {
 namespace {
 
-std::string order(Schedule s, int p, int m, int stage) { return ops_str(schedule_ops(s, p, m, stage)); }
+std::string order(Schedule s, int p, int m, int stage, int v = 1) { return ops_str(schedule_ops(s, p, m, stage, v)); }
 
 TEST(Schedule, OneFOneBWarmsUpCoolsDown) {
   // p = 4, m = 6: stage s warms up with 3 - s forwards.
@@ -32,6 +34,35 @@ TEST(Schedule, GpipeAllForwardsThenAllBackwards) {
   EXPECT_EQ(order(Schedule::kGpipe, 2, 3, 0), "F0 F1 F2 B0 B1 B2");
   EXPECT_EQ(order(Schedule::kGpipe, 2, 3, 1), "F0 F1 F2 B0 B1 B2");
   EXPECT_EQ(order(Schedule::kGpipe, 4, 1, 3), "F0 B0");
+}
+
+// Megatron's interleaved order, p = 2, v = 2, m = 4: forward k is chunk
+// (k mod 4) / 2 of micro-batch (k / 4) 2 + k mod 2; warm-up 2 (p - s - 1) + (v - 1) p.
+TEST(Schedule, InterleavedIsMegatrons) {
+  EXPECT_EQ(order(Schedule::kInterleaved, 2, 4, 0, 2),
+            "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
+  EXPECT_EQ(order(Schedule::kInterleaved, 2, 4, 1, 2),
+            "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
+  // m == p: every forward first.
+  EXPECT_EQ(order(Schedule::kInterleaved, 2, 2, 1, 2), "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0");
+  // Every (chunk, micro-batch) exactly once each way.
+  for (int s = 0; s < 4; ++s) {
+    const auto ops = schedule_ops(Schedule::kInterleaved, 4, 8, s, 3);
+    EXPECT_EQ(ops.size(), 2u * 8 * 3) << s;
+    for (int c = 0; c < 3; ++c)
+      for (int i = 0; i < 8; ++i)
+        for (PipeOp::Kind k : {PipeOp::kForward, PipeOp::kBackward})
+          EXPECT_EQ(std::count(ops.begin(), ops.end(), PipeOp{k, i, c}), 1) << s << " " << i << "." << c;
+  }
+  EXPECT_DOUBLE_EQ(bubble_fraction(4, 8, 2), 3.0 / 19.0);
+}
+
+TEST(Schedule, InterleavedNeedsMegatronsConstraints) {
+  EXPECT_THROW(schedule_ops(Schedule::kInterleaved, 2, 3, 0, 2), InvalidArgument);  // m not a multiple of p
+  EXPECT_THROW(schedule_ops(Schedule::kInterleaved, 1, 4, 0, 2), InvalidArgument);  // one stage
+  EXPECT_THROW(schedule_ops(Schedule::kInterleaved, 2, 4, 0, 1), InvalidArgument);  // one chunk
+  EXPECT_THROW(schedule_ops(Schedule::k1F1B, 2, 4, 0, 2), InvalidArgument);         // chunks without interleaving
+  EXPECT_EQ(parse_schedule("interleaved"), Schedule::kInterleaved);
 }
 
 TEST(Schedule, ActivationsInFlight) {

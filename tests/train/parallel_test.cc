@@ -35,6 +35,7 @@ struct Layout {
   parallel::pipeline::Schedule schedule = parallel::pipeline::Schedule::k1F1B;
   std::vector<int> stages = {};
   int64_t layers = 2;
+  int virtual_stages = 1;
   int64_t global_batch = 8;
 };
 
@@ -114,7 +115,7 @@ class SharedResults {
 // Calls fn(parameter, full index, m, v) for every moment element the optimizer holds on this rank.
 void for_each_moment(parallel::models::gpt::Trainer& t,
                      const std::function<void(parallel::layers::Parameter&, int64_t, float, float)>& fn) {
-  std::vector<parallel::layers::Parameter*> params = t.model().parameters();
+  std::vector<parallel::layers::Parameter*> params = t.parameters();
   std::map<int64_t, parallel::layers::Parameter*> by_offset;
   std::map<parallel::layers::Parameter*, std::vector<int64_t>> global;
   for (parallel::layers::Parameter* p : params) {
@@ -191,6 +192,7 @@ RunResult run(const Layout& l) {
     o.dp = l.dp;
     o.pp = l.pp;
     o.schedule = l.schedule;
+    o.virtual_stages = l.virtual_stages;
     o.stages = l.stages;
     o.sequence_parallel = l.sp;
     o.adamw.zero1 = l.zero1;
@@ -209,9 +211,9 @@ RunResult run(const Layout& l) {
     const int slot = rank;
     const bool copy_stage = l.pp > 1 && ps.last_stage();
     auto key = [&](const parallel::layers::Parameter& p) {
-      return copy_stage && &p == t.model().wte() ? std::string(kWteCopy) : p.name;
+      return copy_stage && &p == t.tied_wte() ? std::string(kWteCopy) : p.name;
     };
-    for (parallel::layers::Parameter* p : t.model().parameters()) {
+    for (parallel::layers::Parameter* p : t.parameters()) {
       double* out = shared.at(slot, 0, key(*p));
       parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
         if (gi >= 0) out[gi] = p->value[li];
@@ -536,10 +538,13 @@ std::string pipeline_name(const Layout& l) {
   if (l.sp) n += "_sp";
   if (!l.stages.empty()) n += "_stages" + parallel::pipeline::stages_str(l.stages);
   if (l.global_batch != 8) n += "_gb" + std::to_string(l.global_batch);
+  if (l.virtual_stages != 1) n += "_v" + std::to_string(l.virtual_stages);
   for (char& c : n)
     if (c == ',') c = '_';
   return n;
 }
+
+void PrintTo(const Layout& l, std::ostream* os) { *os << pipeline_name(l); }
 
 TEST_P(Pipelines, MatchesSerial) {
   const Layout l = GetParam();
@@ -558,6 +563,17 @@ std::vector<Layout> pipeline_layouts() {
     l.layers = 4;
     return l;
   };
+  auto interleaved = [](int tp, int pp, int dp, int v, std::vector<int> stages = {}, int64_t global_batch = 8,
+                        int64_t layers = 4, bool zero1 = false, bool sp = false) {
+    Layout l{tp, dp, zero1, sp};
+    l.pp = pp;
+    l.schedule = Schedule::kInterleaved;
+    l.virtual_stages = v;
+    l.stages = std::move(stages);
+    l.global_batch = global_batch;
+    l.layers = layers;
+    return l;
+  };
   return {
       pipe(1, 2, 1, Schedule::kGpipe),  // 8 micro-batches
       pipe(1, 2, 1, Schedule::k1F1B),
@@ -570,6 +586,12 @@ std::vector<Layout> pipeline_layouts() {
       pipe(1, 4, 2, Schedule::k1F1B),                        // 4 micro-batches over 4 stages
       pipe(1, 4, 1, Schedule::k1F1B, false, false, {}, 6),   // m = 6, which 4 stages do not divide
       pipe(1, 4, 1, Schedule::k1F1B, false, false, {}, 3),   // m = 3 < p: warm-up cut short
+      interleaved(1, 2, 1, 2),                               // 8 micro-batches, 4 virtual stages of 1 layer
+      interleaved(1, 2, 1, 2, {}, 2),                        // m = p = 2: all forwards first (Megatron)
+      interleaved(1, 4, 1, 2, {}, 8, 8),                     // pp 4 x v 2 over 8 layers
+      interleaved(2, 2, 2, 2, {}, 8, 4, true),               // tp2 x pp2 x dp2, ZeRO-1
+      interleaved(2, 2, 1, 2, {}, 8, 4, false, true),        // with sequence parallelism
+      interleaved(1, 2, 1, 2, {2, 1, 1, 2}, 4, 6),           // uneven explicit virtual stages, m = 4
   };
 }
 
@@ -586,13 +608,19 @@ TEST(PipelineTraining, SteadyStateStepsAllocateNothingOnDevice) {
     co.device = &dev;
     auto world = collectives::Communicator::create(store, rank, size, co);
     parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 1, 1, &dev, false, 2);
-    parallel::models::gpt::TrainOptions o = tiny_options(256, 4);
-    o.pp = 2;
-    parallel::models::gpt::Trainer t(o, ps, dataset());
-    const std::string changes = steady_state_device_changes(t, dev);
-    TESSERA_CHECK(changes.empty(), "stage ", rank, " in steady steps: ", changes);
-    // 1F1B holds at most p - stage micro-batches (8 micro-batches in the step).
-    TESSERA_CHECK(t.model().num_slots() == 2 - rank, "stage ", rank, " used ", t.model().num_slots(), " slots");
+    for (auto s : {parallel::pipeline::Schedule::k1F1B, parallel::pipeline::Schedule::kInterleaved}) {
+      parallel::models::gpt::TrainOptions o = tiny_options(256, 4);
+      o.pp = 2;
+      o.schedule = s;
+      o.virtual_stages = s == parallel::pipeline::Schedule::kInterleaved ? 2 : 1;
+      parallel::models::gpt::Trainer t(o, ps, dataset());
+      const std::string changes = steady_state_device_changes(t, dev);
+      TESSERA_CHECK(changes.empty(), "stage ", rank, " in steady ", parallel::pipeline::schedule_name(s),
+                    " steps: ", changes);
+      // 1F1B holds at most p - stage micro-batches (8 micro-batches in the step).
+      if (o.virtual_stages == 1)
+        TESSERA_CHECK(t.model().num_slots() == 2 - rank, "stage ", rank, " used ", t.model().num_slots(), " slots");
+    }
     world->barrier();
   });
   std::string f = collectives::test::failures(res);

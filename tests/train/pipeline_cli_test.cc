@@ -1,6 +1,6 @@
 // train_gpt with pipeline parallelism as users start it: under `tessera run`
-// and under `mpirun`, tp1 x pp2 (1F1B, and GPipe with an explicit partition)
-// and tp2 x pp2 (1F1B), each against the serial run of the same model and
+// and under `mpirun`, tp1 x pp2 (1F1B, interleaved, and GPipe with an
+// explicit partition) and tp2 x pp2 (1F1B with SP), each against the serial run of the same model and
 // batch: the per-step losses (from --log-json) agree within 1e-5 relative.
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@ namespace {
 using tessera::testing::TempDir;
 
 const std::string kModel =
-    "--steps 3 --layers 3 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro-batch 1 --global-batch 4 --lr 1e-3 "
+    "--steps 3 --layers 4 --hidden 32 --heads 4 --seq 16 --vocab 256 --micro-batch 1 --global-batch 4 --lr 1e-3 "
     "--device test-core";
 
 std::vector<double> losses(const std::string& log) {
@@ -54,12 +54,14 @@ TEST(PipelineCli, TesseraRunMatchesSerial) {
   expect_close(run(kRun + "2 --", "--pp 2 --schedule 1f1b", d, "pp2"), serial, "tessera run pp2 1f1b");
   expect_close(run(kRun + "4 --", "--tp 2 --pp 2 --schedule 1f1b --sequence-parallel", d, "tp2pp2"), serial,
                "tessera run tp2 pp2 sp");
+  expect_close(run(kRun + "2 --", "--pp 2 --schedule interleaved --virtual-stages 2", d, "interleaved"), serial,
+               "tessera run pp2 interleaved v2");
 }
 
 TEST(PipelineCli, MpirunMatchesSerial) {
   TempDir d;
   const auto serial = run("", "", d, "serial");
-  expect_close(run(kMpirun + "2", "--pp 2 --schedule gpipe --stages 2,1", d, "pp2"), serial, "mpirun pp2 gpipe");
+  expect_close(run(kMpirun + "2", "--pp 2 --schedule gpipe --stages 3,1", d, "pp2"), serial, "mpirun pp2 gpipe");
 }
 
 }  // namespace

@@ -85,13 +85,18 @@ struct GptModel::Slot {
   bool have_grad = false;
 };
 
-GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages)
+GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages,
+                   int chunk, int chunks)
     : cfg_(cfg), ps_(ps) {
   cfg_.validate(ps.tp_size);
   TESSERA_ARG_CHECK(ps.pp_size >= 1 && ps.pp_rank >= 0 && ps.pp_rank < ps.pp_size, "bad pipeline stage ", ps.pp_rank,
                     " of ", ps.pp_size);
-  stages_ = parallel::pipeline::resolve_stages(stages, cfg.layers, ps.pp_size);
-  first_layer_ = parallel::pipeline::stage_first_layer(stages_, ps.pp_rank);
+  TESSERA_ARG_CHECK(chunks >= 1 && chunk >= 0 && chunk < chunks, "bad model chunk ", chunk, " of ", chunks);
+  stages_ = parallel::pipeline::resolve_stages(stages, cfg.layers, ps.pp_size * chunks);
+  vstage_ = chunk * ps.pp_size + ps.pp_rank;
+  embed_ = vstage_ == 0;
+  head_ = vstage_ == ps.pp_size * chunks - 1;
+  first_layer_ = parallel::pipeline::stage_first_layer(stages_, vstage_);
   if (has_embedding() || has_head())
     wte_ = std::make_unique<parallel::layers::VocabParallelEmbedding>("transformer.wte.weight", cfg.vocab, cfg.hidden,
                                                                       ps, 0.02f);
@@ -101,7 +106,7 @@ GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& 
   lnf_w_ = make_parameter("transformer.ln_f.weight", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Ones, 0, false);
   lnf_b_ = make_parameter("transformer.ln_f.bias", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Zeros, 0, false);
   lnf_w_.sp_partial = lnf_b_.sp_partial = ps.sp();
-  for (int64_t i = 0; i < stages_[static_cast<size_t>(ps.pp_rank)]; ++i)
+  for (int64_t i = 0; i < stages_[static_cast<size_t>(vstage_)]; ++i)
     blocks_.push_back(std::make_unique<Block>(first_layer_ + i, cfg, ps));
 }
 
@@ -265,7 +270,7 @@ void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
 
 double GptModel::forward(const int32_t* inputs, const int32_t* targets, int64_t batch, int64_t seq, bool want_grad,
                          float grad_scale) {
-  TESSERA_CHECK(ps_.pp_size == 1, "forward() runs the whole model; pipeline stages use forward_stage()");
+  TESSERA_CHECK(embed_ && head_, "forward() runs the whole model; pipeline stages use forward_stage()");
   return forward_stage(0, inputs, targets, nullptr, batch, seq, want_grad, grad_scale, nullptr);
 }
 
@@ -283,7 +288,7 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
     TESSERA_ARG_CHECK(!has_head() || (targets[i] >= 0 && targets[i] < cfg_.vocab), "target id ", targets[i],
                       " out of the vocabulary [0, ", cfg_.vocab, ") at position ", i);
   }
-  TESSERA_ARG_CHECK(has_embedding() || act_in != nullptr, "forward_stage: stage ", ps_.pp_rank,
+  TESSERA_ARG_CHECK(has_embedding() || act_in != nullptr, "forward_stage: virtual stage ", vstage_,
                     " needs the previous stage's activation");
   Device* dev = ps_.device;
   const int64_t nl = local_rows(n);
@@ -363,7 +368,7 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
 const float* GptModel::backward_stage(int si, const float* grad_out, const std::function<void(Parameter*)>& on_ready) {
   TESSERA_CHECK(si >= 0 && si < static_cast<int>(slots_.size()) && slots_[static_cast<size_t>(si)]->have_grad,
                 "backward needs a forward(..., want_grad = true) of the same slot first");
-  TESSERA_CHECK(has_head() || grad_out != nullptr, "backward_stage: stage ", ps_.pp_rank,
+  TESSERA_CHECK(has_head() || grad_out != nullptr, "backward_stage: virtual stage ", vstage_,
                 " needs the next stage's gradient");
   Slot& s = *slots_[static_cast<size_t>(si)];
   s.have_grad = false;

@@ -19,6 +19,10 @@
 // the last ln_f and a copy of wte for the tied LM head (the two copies start
 // equal and their gradients are summed over ps.embed before each update, so
 // they stay equal). Blocks keep their global names (transformer.h.<layer>).
+// With v virtual stages per rank (interleaved schedules) a rank holds v
+// models, one per chunk: chunk c of rank r is virtual stage c pp + r of
+// pp v, whose layers `stages` (pp v entries) gives; the embeddings belong to
+// virtual stage 0, the head to the last.
 // Stages run forward_stage()/backward_stage() per micro-batch under a
 // schedule (parallel/pipeline/executor.h); several micro-batches can be in
 // flight, each in its own activation slot. A slot is a copy of the stage's
@@ -54,8 +58,10 @@ struct GptConfig {
 
 class GptModel {
  public:
-  // stages: layers per pipeline stage (ps.pp_size entries; empty: stage_layers).
-  GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages = {});
+  // stages: layers per (virtual) pipeline stage (ps.pp_size x chunks
+  // entries; empty: stage_layers); this model is chunk `chunk` of `chunks`.
+  GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages = {},
+           int chunk = 0, int chunks = 1);
   ~GptModel();
 
   const GptConfig& config() const { return cfg_; }
@@ -66,8 +72,8 @@ class GptModel {
   const std::vector<int>& stages() const { return stages_; }
   int64_t first_layer() const { return first_layer_; }
   int64_t num_layers() const { return static_cast<int64_t>(blocks_.size()); }
-  bool has_embedding() const { return ps_.first_stage(); }
-  bool has_head() const { return ps_.last_stage(); }
+  bool has_embedding() const { return embed_; }
+  bool has_head() const { return head_; }
   // The token embedding (on the first stage) or its tied copy (on the last);
   // nullptr on the stages in between.
   parallel::layers::Parameter* wte();
@@ -129,6 +135,8 @@ class GptModel {
   const parallel::layers::ParallelState& ps_;
   std::vector<int> stages_;
   int64_t first_layer_ = 0;
+  int vstage_ = 0;
+  bool embed_ = true, head_ = true;
   std::unique_ptr<parallel::layers::VocabParallelEmbedding> wte_;  // first and last stage
   parallel::layers::Parameter wpe_, lnf_w_, lnf_b_;
   std::vector<std::unique_ptr<Block>> blocks_;  // slot 0's: they own the parameters

@@ -19,9 +19,12 @@ void TrainOptions::normalize() {
                     " is more than 2^24 ranks");
   TESSERA_ARG_CHECK(pp <= model.layers, "--pp ", pp, " is more than the model's ", model.layers,
                     " layers (each stage needs a whole layer)");
-  TESSERA_ARG_CHECK(stages.empty() || static_cast<int>(stages.size()) == pp, "--stages has ", stages.size(),
-                    " entries but --pp is ", pp);
-  stages = parallel::pipeline::resolve_stages(stages, model.layers, pp);
+  TESSERA_ARG_CHECK(virtual_stages >= 1, "--virtual-stages must be >= 1");
+  TESSERA_ARG_CHECK(int64_t{pp} * virtual_stages <= model.layers, "--pp ", pp, " x --virtual-stages ", virtual_stages,
+                    " is more than the model's ", model.layers, " layers (each virtual stage needs a whole layer)");
+  TESSERA_ARG_CHECK(stages.empty() || static_cast<int64_t>(stages.size()) == int64_t{pp} * virtual_stages,
+                    "--stages has ", stages.size(), " entries but --pp x --virtual-stages is ", pp * virtual_stages);
+  stages = parallel::pipeline::resolve_stages(stages, model.layers, pp * virtual_stages);
   TESSERA_ARG_CHECK(micro_batch <= (int64_t{1} << 24), "--micro-batch ", micro_batch, " is more than 2^24 sequences");
   TESSERA_ARG_CHECK(seq >= 1 && seq <= model.seq, "--seq ", seq, " must be in [1, ", model.seq,
                     "] (the model's context)");
@@ -35,6 +38,7 @@ void TrainOptions::normalize() {
                     "sequence parallelism needs micro-batch x seq (", micro_batch * seq, ") divisible by --tp ", tp);
   TESSERA_ARG_CHECK(pp == 1 || micro_batches() <= (int64_t{1} << 20), "--global-batch ", global_batch,
                     " makes more than 2^20 micro-batches per step");
+  parallel::pipeline::check_schedule(schedule, pp, static_cast<int>(micro_batches()), virtual_stages);
   TESSERA_ARG_CHECK(steps >= 0, "--steps must be >= 0");
   TESSERA_ARG_CHECK(lr > 0 && std::isfinite(lr), "--lr must be > 0");
   if (min_lr < 0) min_lr = lr / 10;
@@ -53,13 +57,21 @@ Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
                     ps.tp_size, " dp ", ps.dp_size, " pp ", ps.pp_size, " does not match the options tp ", opts_.tp,
                     " dp ", opts_.dp, " pp ", opts_.pp);
   TESSERA_ARG_CHECK(data_ != nullptr, "Trainer needs a dataset");
-  model_ = std::make_unique<GptModel>(opts_.model, ps, opts_.stages);
+  const int v = opts_.virtual_stages;
+  for (int c = 0; c < v; ++c) chunks_.push_back(std::make_unique<GptModel>(opts_.model, ps, opts_.stages, c, v));
+  model_ = chunks_[0].get();
+  // Gradient order: the later chunks finish first; the tied wte last of all.
+  std::vector<parallel::layers::Parameter*> order;
+  parallel::layers::Parameter* wte = tied_wte();
+  for (int c = v - 1; c >= 0; --c)
+    for (parallel::layers::Parameter* p : chunks_[static_cast<size_t>(c)]->parameters_in_grad_order())
+      if (p != wte) order.push_back(p);
+  if (wte) order.push_back(wte);
   // The last stage's copy of wte is the first stage's again: counted once in the norm.
   std::vector<const parallel::layers::Parameter*> copies;
-  if (ps.pp_size > 1 && model_->has_head()) copies.push_back(model_->wte());
-  opt_ = std::make_unique<parallel::optim::DistributedOptimizer>(ps, model_->parameters_in_grad_order(), opts_.adamw,
-                                                                 copies);
-  if (ps.pp_size > 1) pipe_ = std::make_unique<parallel::pipeline::PipelineExecutor>(ps);
+  if (ps.pp_size > 1 && wte && !chunks_[0]->has_embedding()) copies.push_back(wte);
+  opt_ = std::make_unique<parallel::optim::DistributedOptimizer>(ps, order, opts_.adamw, copies);
+  if (ps.pp_size > 1) pipe_ = std::make_unique<parallel::pipeline::PipelineExecutor>(ps, v);
   const int64_t mb = opts_.micro_batch, s = opts_.seq;
   rows_.resize(mb * (s + 1));
   inputs_.resize(mb * s);
@@ -68,14 +80,16 @@ Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
 
 Trainer::~Trainer() = default;
 
-void Trainer::init_random() { model_->init(opts_.seed); }
+void Trainer::init_random() {
+  for (auto& c : chunks_) c->init(opts_.seed);
+}
 
 void Trainer::load_hf(const std::string& path) {
   auto src = parallel::checkpoint::open_safetensors(path);
   const GptConfig& m = opts_.model;
   parallel::checkpoint::Gpt2Config c{m.vocab, m.seq, m.hidden, m.layers, m.heads};
   parallel::checkpoint::check_gpt2(*src, c);
-  for (parallel::layers::Parameter* p : model_->parameters()) {
+  for (parallel::layers::Parameter* p : parameters()) {
     Tensor full = Tensor::empty(p->full_shape, DType::F32);
     parallel::checkpoint::read_gpt2_tensor(*src, p->name, full);
     parallel::layers::load_shard(*p, full.data<float>());
@@ -122,46 +136,65 @@ double Trainer::forward_rows(const int32_t* rows, int64_t nrows, int64_t seq, bo
   return model_->forward(inputs_.data(), targets_.data(), nrows, seq, train, grad_scale);
 }
 
-// This rank's stage of the model under the executor: micro-batch i is rows
+// This rank's chunks of the model under the executor: micro-batch i is rows
 // [dp_rank * per_rank + i * mb, + mb) of the step's global batch.
 class Trainer::Stage final : public parallel::pipeline::StageModule {
  public:
-  Stage(Trainer& t, std::function<void(int64_t, int32_t*)> rows, bool train, float scale)
-      : t_(t), rows_(std::move(rows)), train_(train), scale_(scale) {}
+  Stage(Trainer& t, std::function<void(int64_t, int32_t*)> rows, bool train, float scale, int64_t m)
+      : t_(t), rows_(std::move(rows)), train_(train), scale_(scale), m_(m) {}
   int64_t activation_elems() const override { return t_.model_->activation_elems(t_.opts_.micro_batch, t_.opts_.seq); }
-  const float* forward(int micro, int slot, const float* in) override {
+  const float* forward(int chunk, int micro, int slot, const float* in) override {
     const int64_t mb = t_.opts_.micro_batch, s = t_.opts_.seq;
-    rows_(micro, t_.rows_.data());
-    for (int64_t r = 0; r < mb; ++r) {
-      std::memcpy(t_.inputs_.data() + r * s, t_.rows_.data() + r * (s + 1), sizeof(int32_t) * s);
-      std::memcpy(t_.targets_.data() + r * s, t_.rows_.data() + r * (s + 1) + 1, sizeof(int32_t) * s);
+    GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
+    if (model.has_embedding() || model.has_head()) {
+      rows_(micro, t_.rows_.data());
+      for (int64_t r = 0; r < mb; ++r) {
+        std::memcpy(t_.inputs_.data() + r * s, t_.rows_.data() + r * (s + 1), sizeof(int32_t) * s);
+        std::memcpy(t_.targets_.data() + r * s, t_.rows_.data() + r * (s + 1) + 1, sizeof(int32_t) * s);
+      }
     }
     const float* out = nullptr;
-    loss += t_.model_->forward_stage(slot, t_.inputs_.data(), t_.targets_.data(), in, mb, s, train_, scale_, &out);
-    if (on_forward) on_forward(micro);
+    loss += model.forward_stage(slot, t_.inputs_.data(), t_.targets_.data(), in, mb, s, train_, scale_, &out);
+    if (on_forward && model.has_head()) on_forward(micro, model);
     return out;
   }
-  const float* backward(int micro, int slot, const float* dout) override {
-    // The last micro-batch's backward finishes the gradients: report them to
-    // the optimizer (DP buckets), all but the tied embedding's.
-    const bool last = micro + 1 == t_.opts_.micro_batches();
-    parallel::layers::Parameter* wte = t_.model_->wte();
+  const float* backward(int chunk, int micro, int slot, const float* dout) override {
+    // A chunk's last backward (micro-batch m - 1 in every schedule) finishes
+    // its gradients: report them to the optimizer (DP buckets), all but the
+    // tied embedding's (reported after the embedding-group sum).
+    const bool last = micro + 1 == m_;
+    parallel::layers::Parameter* wte = t_.tied_wte();
     auto on_ready = [this, wte](parallel::layers::Parameter* p) {
       if (p != wte) t_.opt_->grad_ready(p);
     };
-    return t_.model_->backward_stage(slot, dout,
-                                     last ? std::function<void(parallel::layers::Parameter*)>(on_ready)
-                                          : std::function<void(parallel::layers::Parameter*)>());
+    return t_.chunks_[static_cast<size_t>(chunk)]->backward_stage(
+        slot, dout,
+        last ? std::function<void(parallel::layers::Parameter*)>(on_ready)
+             : std::function<void(parallel::layers::Parameter*)>());
   }
   double loss = 0;
-  std::function<void(int)> on_forward;
+  std::function<void(int, GptModel&)> on_forward;  // after a forward of the last virtual stage
 
  private:
   Trainer& t_;
   std::function<void(int64_t, int32_t*)> rows_;
   bool train_;
   float scale_;
+  int64_t m_;
 };
+
+parallel::layers::Parameter* Trainer::tied_wte() {
+  for (auto& c : chunks_)
+    if (c->wte()) return c->wte();
+  return nullptr;
+}
+
+std::vector<parallel::layers::Parameter*> Trainer::parameters() {
+  std::vector<parallel::layers::Parameter*> v;
+  for (auto& c : chunks_)
+    for (parallel::layers::Parameter* p : c->parameters()) v.push_back(p);
+  return v;
+}
 
 double Trainer::pipeline_step(float scale) {
   const int64_t g = opts_.global_batch, mb = opts_.micro_batch, s = opts_.seq;
@@ -172,14 +205,15 @@ double Trainer::pipeline_step(float scale) {
       [&](int64_t i, int32_t* rows) {
         data_->batch(parallel::data::Split::kTrain, step_ - 1, g, s, ps_.dp_rank * per_rank + i * mb, mb, rows);
       },
-      true, scale);
-  pipe_->run(parallel::pipeline::schedule_ops(opts_.schedule, ps_.pp_size, m, ps_.pp_rank), stage);
+      true, scale, m);
+  pipe_->run(parallel::pipeline::schedule_ops(opts_.schedule, ps_.pp_size, m, ps_.pp_rank, opts_.virtual_stages), m,
+             stage);
   reduce_tied_embedding();
   return stage.loss;
 }
 
 void Trainer::reduce_tied_embedding() {
-  parallel::layers::Parameter* wte = model_->wte();
+  parallel::layers::Parameter* wte = tied_wte();
   if (wte == nullptr) return;
   if (ps_.embed)
     ps_.embed->all_reduce(wte->grad, wte->grad, static_cast<size_t>(wte->numel()), DType::F32,
@@ -190,16 +224,17 @@ void Trainer::reduce_tied_embedding() {
 double Trainer::pipeline_eval(int64_t micro, const std::function<int64_t(int64_t, int32_t*)>& fill) {
   std::vector<int64_t> real(static_cast<size_t>(micro));
   Stage stage(
-      *this, [&](int64_t i, int32_t* rows) { real[static_cast<size_t>(i)] = fill(i, rows); }, false, 0.f);
+      *this, [&](int64_t i, int32_t* rows) { real[static_cast<size_t>(i)] = fill(i, rows); }, false, 0.f, micro);
   double sum = 0;
-  stage.on_forward = [&](int i) {
-    if (!model_->has_head()) return;
-    const float* tl = model_->token_losses();
+  stage.on_forward = [&](int i, GptModel& head) {
+    const float* tl = head.token_losses();
     for (int64_t k = 0; k < real[static_cast<size_t>(i)] * opts_.seq; ++k) sum += tl[k];
   };
+  // Micro-batch by micro-batch, each through this rank's chunks in order.
   std::vector<parallel::pipeline::PipeOp> ops;
-  for (int i = 0; i < micro; ++i) ops.push_back({parallel::pipeline::PipeOp::kForward, i, 0});
-  pipe_->run(ops, stage, /*forward_only=*/true);
+  for (int i = 0; i < micro; ++i)
+    for (int c = 0; c < opts_.virtual_stages; ++c) ops.push_back({parallel::pipeline::PipeOp::kForward, i, c});
+  pipe_->run(ops, static_cast<int>(micro), stage, /*forward_only=*/true);
   return sum;
 }
 

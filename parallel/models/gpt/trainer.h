@@ -40,7 +40,8 @@ struct TrainOptions {
   // `stages` (layers per stage) overrides the partition rule.
   int pp = 1;
   parallel::pipeline::Schedule schedule = parallel::pipeline::Schedule::k1F1B;
-  std::vector<int> stages;
+  int virtual_stages = 1;   // model chunks per rank (interleaved schedule)
+  std::vector<int> stages;  // pp x virtual_stages entries
   bool sequence_parallel = false;
   int64_t micro_batch = 8;
   int64_t global_batch = 0;  // 0: micro_batch * dp
@@ -78,7 +79,14 @@ class Trainer {
   ~Trainer();
 
   const TrainOptions& options() const { return opts_; }
+  // This rank's model (its first chunk with virtual stages).
   GptModel& model() { return *model_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  GptModel& chunk(int c) { return *chunks_.at(static_cast<size_t>(c)); }
+  // Every parameter of this rank, chunk by chunk (Hugging Face order within each).
+  std::vector<parallel::layers::Parameter*> parameters();
+  // The token embedding or its tied copy when this rank holds one, else nullptr.
+  parallel::layers::Parameter* tied_wte();
   parallel::optim::DistributedOptimizer& optimizer() { return *opt_; }
 
   // Random GPT-2 initialisation from opts.seed (identical for every layout).
@@ -114,7 +122,8 @@ class Trainer {
   TrainOptions opts_;
   const parallel::layers::ParallelState& ps_;
   std::shared_ptr<const parallel::data::ByteDataset> data_;
-  std::unique_ptr<GptModel> model_;
+  std::vector<std::unique_ptr<GptModel>> chunks_;
+  GptModel* model_ = nullptr;  // chunks_[0]
   std::unique_ptr<parallel::optim::DistributedOptimizer> opt_;
   std::unique_ptr<parallel::pipeline::PipelineExecutor> pipe_;
   int64_t step_ = 0;
