@@ -144,25 +144,6 @@ class TransportCommunicator final : public Communicator {
   void recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
     p2p(false, buf, count, dtype, peer, tag);
   }
-  void sendrecv(const void* sbuf, size_t scount, int to, void* rbuf, size_t rcount, int from, DType dtype,
-                uint32_t tag) override {
-    if (from < 0) return p2p(true, const_cast<void*>(sbuf), scount, dtype, to, tag);
-    if (to < 0) return p2p(false, rbuf, rcount, dtype, from, tag);
-    check_peer(to, "sendrecv", tag);
-    check_peer(from, "sendrecv", tag);
-    check_buf(sbuf, scount, "sendrecv send");
-    check_buf(rbuf, rcount, "sendrecv recv");
-    drain();
-    std::lock_guard<std::mutex> lk(exec_mu_);
-    guarded("sendrecv", [&] {
-      const size_t sb = scount * dtype_size(dtype), rb = rcount * dtype_size(dtype);
-      transport_->sendrecv(to, sbuf, sb, from, rbuf, rb, tag | kP2PTagBit);
-      // Both directions at once (links are full duplex): the slower one.
-      record("p2p", std::max(links_.time(rank_, to, static_cast<double>(sb)),
-                             links_.time(from, rank_, static_cast<double>(rb))));
-    });
-  }
-
   std::shared_ptr<Work> all_reduce_async(const void* send, void* recv, size_t count, DType dtype,
                                          ReduceOp op) override {
     check_buf(send, count, "all_reduce send");

@@ -135,14 +135,6 @@ class Communicator {
   virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
   virtual void send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0) = 0;
   virtual void recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0) = 0;
-  // Sends scount elements to `to` while receiving rcount from `from` (both
-  // with `tag`), returning when both are done: the pipeline's exchange with a
-  // neighbour stage (Megatron's send_forward_recv_backward). Never deadlocks
-  // against a peer that calls sendrecv, send or recv for the matching halves
-  // at the same time, whatever the message sizes. to/from may be the same
-  // peer; to (from) < 0 skips the send (receive) half.
-  virtual void sendrecv(const void* sbuf, size_t scount, int to, void* rbuf, size_t rcount, int from, DType dtype,
-                        uint32_t tag = 0) = 0;
   virtual void barrier() = 0;
 
   // Asynchronous all-reduce (gradient buckets); completes in issue order.

@@ -347,21 +347,6 @@ class MpiCommunicator final : public Communicator {
               "recv");
     model(net_.p2p_time(world(peer), world(rank_), bytes(count, dt)), "recv");
   }
-  void sendrecv(const void* sbuf, size_t scount, int to, void* rbuf, size_t rcount, int from, DType dt,
-                uint32_t tag) override {
-    if (from < 0) return send(sbuf, scount, dt, to, tag);
-    if (to < 0) return recv(rbuf, rcount, dt, from, tag);
-    Guard g(*this, "sendrecv");
-    check_root(to, "sendrecv");
-    check_root(from, "sendrecv");
-    const int t = static_cast<int>(tag & 0x7fff);
-    check_mpi(MPI_Sendrecv(sbuf, as_int(scount, "sendrecv"), mpi_type(dt), to, t, rbuf, as_int(rcount, "sendrecv"),
-                           mpi_type(dt), from, t, comm_, MPI_STATUS_IGNORE),
-              "sendrecv");
-    model(std::max(net_.p2p_time(world(rank_), world(to), bytes(scount, dt)),
-                   net_.p2p_time(world(from), world(rank_), bytes(rcount, dt))),
-          "sendrecv");
-  }
   std::shared_ptr<Work> send_async(const void* buf, size_t count, DType dt, int peer, uint32_t tag) override {
     Guard g(*this, "send");
     check_root(peer, "send");

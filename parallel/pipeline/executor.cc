@@ -4,6 +4,7 @@
 #include <map>
 
 #include "parallel/layers/buffer.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
 
 namespace tessera::parallel::pipeline {
@@ -31,6 +32,41 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   auto& pool = forward_only ? act_out_ : grad_out_;
   if (pool.size() < bufs) pool.resize(bufs);
   sends_.clear();
+  spans_.clear();
+  stamps_.assign(ops.size(), 0);  // at most one send per op; never reallocated during the run
+  now_ = 0;
+  size_t nstamp = 0;
+  auto ns = [](double s) { return static_cast<int64_t>(s * 1e9 + 0.5); };
+  // Sends `data` and then this rank's simulated time on `link`.
+  auto send = [&](collectives::Communicator& link, const float* data) {
+    sends_.push_back(link.send_async(data, count, DType::F32, 1, kPipeTag));
+    stamps_[nstamp] = ns(now_);
+    sends_.push_back(link.send_async(&stamps_[nstamp++], 1, DType::I64, 1, kPipeTag));
+  };
+  // Receives into `data`; waits on the emulated clock until it has arrived.
+  auto receive = [&](collectives::Communicator& link, float* data, const PipeOp& op) {
+    link.recv(data, count, DType::F32, 0, kPipeTag);
+    const double transfer = link.last_modeled_seconds();
+    int64_t sent = 0;
+    link.recv(&sent, 1, DType::I64, 0, kPipeTag);
+    const double arrive = static_cast<double>(sent) * 1e-9 + transfer;
+    if (arrive > now_) {
+      spans_.push_back({PipeSpan::kWait, op.micro, op.chunk, now_, arrive - now_});
+      now_ = arrive;
+    }
+  };
+  // The op's modeled time: the compute it charged and its blocking TP communication.
+  auto op_clock = [&] {
+    double t = ps_.device ? ps_.device->clock().totals().compute_s : 0;
+    if (ps_.tp) t += ps_.tp->total_modeled_seconds();
+    return t;
+  };
+  auto ran = [&](const PipeOp& op, double before) {
+    const double d = op_clock() - before;
+    spans_.push_back(
+        {op.kind == PipeOp::kForward ? PipeSpan::kForward : PipeSpan::kBackward, op.micro, op.chunk, now_, d});
+    now_ += d;
+  };
 
   std::vector<std::vector<bool>> busy(static_cast<size_t>(v_));
   std::map<std::pair<int, int>, int> slot_of;  // (chunk, micro) -> slot
@@ -42,7 +78,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
       const bool first = vs == 0, last = vs == nv - 1;
       const size_t buf = static_cast<size_t>(op.chunk) * static_cast<size_t>(m) + static_cast<size_t>(op.micro);
       if (op.kind == PipeOp::kForward) {
-        if (!first) ps_.act_prev->recv(act, count, DType::F32, 0, kPipeTag);
+        if (!first) receive(*ps_.act_prev, act, op);
         auto& b = busy[static_cast<size_t>(op.chunk)];
         int slot = 0;
         while (slot < static_cast<int>(b.size()) && b[static_cast<size_t>(slot)]) ++slot;
@@ -50,7 +86,9 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
         b[static_cast<size_t>(slot)] = true;
         TESSERA_CHECK(slot_of.emplace(std::make_pair(op.chunk, op.micro), slot).second, "micro-batch ", op.micro,
                       " of chunk ", op.chunk, " forwarded twice");
+        const double t0 = op_clock();
         const float* out = module.forward(op.chunk, op.micro, slot, first ? nullptr : act);
+        ran(op, t0);
         if (forward_only) {
           b[static_cast<size_t>(slot)] = false;
           slot_of.erase(std::make_pair(op.chunk, op.micro));
@@ -60,20 +98,22 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
             out = c;
           }
         }
-        if (!last) sends_.push_back(ps_.act_next->send_async(out, count, DType::F32, 1, kPipeTag));
+        if (!last) send(*ps_.act_next, out);
       } else {
         TESSERA_CHECK(!forward_only, "a backward in a forward-only run");
-        if (!last) ps_.grad_next->recv(grad, count, DType::F32, 0, kPipeTag);
+        if (!last) receive(*ps_.grad_next, grad, op);
         auto it = slot_of.find(std::make_pair(op.chunk, op.micro));
         TESSERA_CHECK(it != slot_of.end(), "backward of micro-batch ", op.micro, " of chunk ", op.chunk,
                       " before its forward");
+        const double t0 = op_clock();
         const float* din = module.backward(op.chunk, op.micro, it->second, last ? nullptr : grad);
+        ran(op, t0);
         busy[static_cast<size_t>(op.chunk)][static_cast<size_t>(it->second)] = false;
         slot_of.erase(it);
         if (!first) {
           float* c = parallel::layers::ensure_buffer(pool[buf], ps_.device, n);
           std::memcpy(c, din, sizeof(float) * count);
-          sends_.push_back(ps_.grad_prev->send_async(c, count, DType::F32, 1, kPipeTag));
+          send(*ps_.grad_prev, c);
         }
       }
     }
@@ -91,6 +131,13 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   for (auto& w : sends_) w->wait();
   sends_.clear();
   TESSERA_CHECK(slot_of.empty(), slot_of.size(), " micro-batch(es) forwarded without a backward");
+}
+
+double PipelineExecutor::bubble_fraction() const {
+  double wait = 0;
+  for (const PipeSpan& sp : spans_)
+    if (sp.kind == PipeSpan::kWait) wait += sp.dur;
+  return now_ > 0 ? wait / now_ : 0;
 }
 
 }  // namespace tessera::parallel::pipeline

@@ -24,6 +24,14 @@
 // buffer per (chunk, micro-batch) of the step, allocated in the first step
 // and reused. All sends are waited for before run() returns.
 //
+// Timeline: run() also keeps each rank's pipeline on the emulated clock.
+// Every message carries its sender's simulated send time (a second, one-
+// element message on the same link); a receive moves this rank's time to
+// max(now, sent + modeled link time), and the gap is a wait span (the
+// bubble). An op lasts the Device's modeled compute time it charged plus its
+// blocking TP communication. spans() holds the last run()'s forward,
+// backward and wait spans from the step's start.
+//
 // Activation slots: a forward takes the lowest free slot of its chunk, its
 // backward frees it, so a chunk uses at most max_in_flight slots (1F1B: p -
 // stage, GPipe: m).
@@ -60,6 +68,14 @@ class StageModule {
   virtual const float* backward(int chunk, int micro, int slot, const float* dout) = 0;
 };
 
+// One span of the last run() on the emulated clock (seconds from its start).
+struct PipeSpan {
+  enum Kind { kForward = 0, kBackward = 1, kWait = 2 };
+  Kind kind;
+  int micro, chunk;  // of the op (a wait: of the op it waited for)
+  double start, dur;
+};
+
 class PipelineExecutor {
  public:
   // v: model chunks per rank (virtual stages; 1 without interleaving).
@@ -70,12 +86,20 @@ class PipelineExecutor {
   // once (its output is copied for the send).
   void run(const std::vector<PipeOp>& ops, int m, StageModule& module, bool forward_only = false);
 
+  const std::vector<PipeSpan>& spans() const { return spans_; }
+  // Of the last run(): its length on the emulated clock, and the waits' share of it.
+  double timeline_s() const { return now_; }
+  double bubble_fraction() const;
+
  private:
   const parallel::layers::ParallelState& ps_;
   int v_;
   Tensor act_in_, grad_in_;                 // receive buffers, reused across steps
   std::vector<Tensor> grad_out_, act_out_;  // send buffers (see above), reused across steps
   std::vector<std::shared_ptr<collectives::Work>> sends_;
+  std::vector<int64_t> stamps_;  // send times (ns) of this run's messages, alive until the sends complete
+  std::vector<PipeSpan> spans_;
+  double now_ = 0;
 };
 
 }  // namespace tessera::parallel::pipeline

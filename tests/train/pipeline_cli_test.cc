@@ -65,3 +65,64 @@ TEST(PipelineCli, MpirunMatchesSerial) {
 }
 
 }  // namespace
+
+namespace {
+
+// The trace of the last step: one track (tid) per rank with every forward and
+// backward of the step once, and each rank's bubble (its idle share of the
+// pipeline's span, read from the events alone) near the schedule's
+// (p-1)/(v m+p-1): the stages are balanced (4 blocks each; the head and the
+// embeddings are small next to them), so only the pipeline fill is idle.
+struct TraceCase {
+  std::string args;
+  int ranks, p, v, m;
+};
+
+TEST(PipelineCli, TraceShowsEachRanksOpsAndTheScheduleBubble) {
+  TempDir d;
+  for (const TraceCase& c :
+       {TraceCase{"--pp 4 --schedule 1f1b", 4, 4, 1, 8}, TraceCase{"--pp 4 --schedule gpipe", 4, 4, 1, 8},
+        TraceCase{"--pp 2 --schedule interleaved --virtual-stages 2", 2, 2, 2, 8}}) {
+    SCOPED_TRACE(c.args);
+    const std::string trace = d.file("trace.json");
+    auto r = tessera::testing::run_command(
+        "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=60 " + kRun + std::to_string(c.ranks) + " -- " + TRAIN_GPT_BIN +
+        " --steps 2 --layers 16 --hidden 128 --heads 4 --seq 16 --vocab 256 --micro-batch 1 --global-batch 8 "
+        "--device test-core --trace " +
+        trace + " " + c.args);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("bubble stage 0:"), std::string::npos) << r.out;
+    std::ifstream f(trace);
+    nlohmann::json doc = nlohmann::json::parse(f);
+    std::vector<double> busy(static_cast<size_t>(c.ranks), 0);
+    std::vector<int> fwd(static_cast<size_t>(c.ranks), 0), bwd(static_cast<size_t>(c.ranks), 0);
+    std::vector<bool> named(static_cast<size_t>(c.ranks), false);
+    double end = 0;
+    for (const auto& e : doc.at("traceEvents")) {
+      const int tid = e.at("tid").get<int>();
+      ASSERT_TRUE(tid >= 0 && tid < c.ranks) << e.dump();
+      if (e.at("ph") == "M") {
+        named[static_cast<size_t>(tid)] = true;
+        continue;
+      }
+      ASSERT_EQ(e.at("ph"), "X") << e.dump();
+      const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+      ASSERT_GE(dur, 0) << e.dump();
+      end = std::max(end, ts + dur);
+      const std::string cat = e.at("cat");
+      if (cat == "bubble") continue;
+      busy[static_cast<size_t>(tid)] += dur;
+      (cat == "forward" ? fwd : bwd)[static_cast<size_t>(tid)]++;
+    }
+    const double want = static_cast<double>(c.p - 1) / (c.v * c.m + c.p - 1);
+    for (int t = 0; t < c.ranks; ++t) {
+      EXPECT_TRUE(named[static_cast<size_t>(t)]) << "rank " << t << " has no track name";
+      EXPECT_EQ(fwd[static_cast<size_t>(t)], c.m * c.v) << "rank " << t;
+      EXPECT_EQ(bwd[static_cast<size_t>(t)], c.m * c.v) << "rank " << t;
+      const double bubble = 1 - busy[static_cast<size_t>(t)] / end;
+      EXPECT_NEAR(bubble, want, 0.03) << "rank " << t << " bubble " << bubble << " schedule " << want;
+    }
+  }
+}
+
+}  // namespace

@@ -87,6 +87,8 @@ class Trainer {
   std::vector<parallel::layers::Parameter*> parameters();
   // The token embedding or its tied copy when this rank holds one, else nullptr.
   parallel::layers::Parameter* tied_wte();
+  // pp > 1: the executor, whose spans() are the last step's pipeline timeline; else nullptr.
+  const parallel::pipeline::PipelineExecutor* pipeline() const { return pipe_.get(); }
   parallel::optim::DistributedOptimizer& optimizer() { return *opt_; }
 
   // Random GPT-2 initialisation from opts.seed (identical for every layout).
