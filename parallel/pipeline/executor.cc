@@ -24,31 +24,33 @@ PipelineExecutor::PipelineExecutor(const parallel::layers::ParallelState& ps, in
 void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& module, bool forward_only) {
   const int p = ps_.pp_size, r = ps_.pp_rank, nv = p * v_;
   const int64_t n = module.activation_elems();
-  float* act = parallel::layers::ensure_buffer(act_in_, ps_.device, n);
-  float* grad = parallel::layers::ensure_buffer(grad_in_, ps_.device, n);
-  const size_t count = static_cast<size_t>(n);
-  // Send buffers: input gradients per (chunk, micro); forward-only outputs per micro.
+  // Every message is the n floats and, in the two floats after them, the
+  // sender's simulated send time (int64 ns, bit-copied).
+  const int64_t wire = n + 2;
+  const size_t count = static_cast<size_t>(wire);
+  float* act = parallel::layers::ensure_buffer(act_in_, ps_.device, wire);
+  float* grad = parallel::layers::ensure_buffer(grad_in_, ps_.device, wire);
+  // Send buffers, one per (chunk, micro-batch) and direction.
   const size_t bufs = static_cast<size_t>(m) * static_cast<size_t>(v_);
-  auto& pool = forward_only ? act_out_ : grad_out_;
-  if (pool.size() < bufs) pool.resize(bufs);
+  if (act_out_.size() < bufs) act_out_.resize(bufs);
+  if (grad_out_.size() < bufs) grad_out_.resize(bufs);
   sends_.clear();
   spans_.clear();
-  stamps_.assign(ops.size(), 0);  // at most one send per op; never reallocated during the run
   now_ = 0;
-  size_t nstamp = 0;
-  auto ns = [](double s) { return static_cast<int64_t>(s * 1e9 + 0.5); };
-  // Sends `data` and then this rank's simulated time on `link`.
-  auto send = [&](collectives::Communicator& link, const float* data) {
-    sends_.push_back(link.send_async(data, count, DType::F32, 1, kPipeTag));
-    stamps_[nstamp] = ns(now_);
-    sends_.push_back(link.send_async(&stamps_[nstamp++], 1, DType::I64, 1, kPipeTag));
+  // Sends a copy of `data` with this rank's simulated time on `link`.
+  auto send = [&](collectives::Communicator& link, Tensor& buf, const float* data) {
+    float* c = parallel::layers::ensure_buffer(buf, ps_.device, wire);
+    std::memcpy(c, data, sizeof(float) * static_cast<size_t>(n));
+    const int64_t stamp = static_cast<int64_t>(now_ * 1e9 + 0.5);
+    std::memcpy(c + n, &stamp, sizeof stamp);
+    sends_.push_back(link.send_async(c, count, DType::F32, 1, kPipeTag));
   };
   // Receives into `data`; waits on the emulated clock until it has arrived.
   auto receive = [&](collectives::Communicator& link, float* data, const PipeOp& op) {
     link.recv(data, count, DType::F32, 0, kPipeTag);
     const double transfer = link.last_modeled_seconds();
     int64_t sent = 0;
-    link.recv(&sent, 1, DType::I64, 0, kPipeTag);
+    std::memcpy(&sent, data + n, sizeof sent);
     const double arrive = static_cast<double>(sent) * 1e-9 + transfer;
     if (arrive > now_) {
       spans_.push_back({PipeSpan::kWait, op.micro, op.chunk, now_, arrive - now_});
@@ -92,13 +94,8 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
         if (forward_only) {
           b[static_cast<size_t>(slot)] = false;
           slot_of.erase(std::make_pair(op.chunk, op.micro));
-          if (!last) {  // the slot may be reused before the send completes: send a copy
-            float* c = parallel::layers::ensure_buffer(pool[buf], ps_.device, n);
-            std::memcpy(c, out, sizeof(float) * count);
-            out = c;
-          }
         }
-        if (!last) send(*ps_.act_next, out);
+        if (!last) send(*ps_.act_next, act_out_[buf], out);
       } else {
         TESSERA_CHECK(!forward_only, "a backward in a forward-only run");
         if (!last) receive(*ps_.grad_next, grad, op);
@@ -110,11 +107,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
         ran(op, t0);
         busy[static_cast<size_t>(op.chunk)][static_cast<size_t>(it->second)] = false;
         slot_of.erase(it);
-        if (!first) {
-          float* c = parallel::layers::ensure_buffer(pool[buf], ps_.device, n);
-          std::memcpy(c, din, sizeof(float) * count);
-          send(*ps_.grad_prev, c);
-        }
+        if (!first) send(*ps_.grad_prev, grad_out_[buf], din);
       }
     }
   } catch (...) {

@@ -18,15 +18,13 @@
 // micro-batch and chunk sequence on every rank), which the transports check
 // by size.
 //
-// Buffers: a forward's output is sent straight from its activation slot
-// (which a slot's next forward can only reuse after the gradient for it came
-// back, i.e. after the send completed); input gradients are copied into one
-// buffer per (chunk, micro-batch) of the step, allocated in the first step
-// and reused. All sends are waited for before run() returns.
+// Buffers: outputs and input gradients are copied, with the send time, into
+// one send buffer per (chunk, micro-batch) and direction, allocated in the
+// first step and reused. All sends are waited for before run() returns.
 //
 // Timeline: run() also keeps each rank's pipeline on the emulated clock.
-// Every message carries its sender's simulated send time (a second, one-
-// element message on the same link); a receive moves this rank's time to
+// Every message carries its sender's simulated send time (two floats after
+// the activation); a receive moves this rank's time to
 // max(now, sent + modeled link time), and the gap is a wait span (the
 // bubble). An op lasts the Device's modeled compute time it charged plus its
 // blocking TP communication. spans() holds the last run()'s forward,
@@ -83,7 +81,7 @@ class PipelineExecutor {
 
   // Runs `ops` (this rank's schedule for m micro-batches). With forward_only
   // (evaluation: `ops` has no backward) a forward's slot is free again at
-  // once (its output is copied for the send).
+  // once.
   void run(const std::vector<PipeOp>& ops, int m, StageModule& module, bool forward_only = false);
 
   const std::vector<PipeSpan>& spans() const { return spans_; }
@@ -97,7 +95,6 @@ class PipelineExecutor {
   Tensor act_in_, grad_in_;                 // receive buffers, reused across steps
   std::vector<Tensor> grad_out_, act_out_;  // send buffers (see above), reused across steps
   std::vector<std::shared_ptr<collectives::Work>> sends_;
-  std::vector<int64_t> stamps_;  // send times (ns) of this run's messages, alive until the sends complete
   std::vector<PipeSpan> spans_;
   double now_ = 0;
 };
