@@ -144,7 +144,6 @@ class TransportCommunicator final : public Communicator {
   void recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
     p2p(false, buf, count, dtype, peer, tag);
   }
-
   std::shared_ptr<Work> all_reduce_async(const void* send, void* recv, size_t count, DType dtype,
                                          ReduceOp op) override {
     check_buf(send, count, "all_reduce send");
@@ -161,6 +160,12 @@ class TransportCommunicator final : public Communicator {
     check_buf(send, count, "all_gather send");
     check_buf(recv, count, "all_gather recv");
     return submit(CollKind::AllGather, send, recv, count, dtype, ReduceOp::Sum);
+  }
+
+  std::shared_ptr<Work> send_async(const void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
+    check_peer(peer, "send", tag);
+    check_buf(buf, count, "send");
+    return submit(CollKind::Barrier, buf, nullptr, count, dtype, ReduceOp::Sum, peer, tag);
   }
 
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
@@ -310,14 +315,24 @@ class TransportCommunicator final : public Communicator {
     if (options_.device) options_.device->clock().charge_comm(model);
   }
 
-  void p2p(bool is_send, void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
-    const char* coll = is_send ? "send" : "recv";
+  void check_peer(int peer, const char* coll, uint32_t tag) const {
     TESSERA_ARG_CHECK(peer >= 0 && peer < size_ && peer != rank_, coll, ": peer ", peer, " invalid for rank ", rank_,
                       " of group '", options_.name, "' (size ", size_, ")");
     TESSERA_ARG_CHECK((tag & kP2PTagBit) == 0, coll, ": tag ", tag, " must be below 2^31");
+  }
+
+  void p2p(bool is_send, void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
+    const char* coll = is_send ? "send" : "recv";
+    check_peer(peer, coll, tag);
     check_buf(buf, count, coll);
     drain();
     std::lock_guard<std::mutex> lk(exec_mu_);
+    p2p_locked(is_send, buf, count, dtype, peer, tag);
+  }
+
+  // Under exec_mu_ (the calling thread's blocking p2p, or the progress thread's send_async).
+  void p2p_locked(bool is_send, void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
+    const char* coll = is_send ? "send" : "recv";
     guarded(coll, [&] {
       const size_t bytes = count * dtype_size(dtype);
       if (is_send)
@@ -337,14 +352,17 @@ class TransportCommunicator final : public Communicator {
     DType dtype;
     ReduceOp op;
     std::shared_ptr<AsyncWork> work;
+    int peer = -1;  // >= 0: a send_async to this peer (kind unused)
+    uint32_t tag = 0;
   };
 
-  std::shared_ptr<Work> submit(CollKind kind, const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  std::shared_ptr<Work> submit(CollKind kind, const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                               int peer = -1, uint32_t tag = 0) {
     auto w = std::make_shared<AsyncWork>();
     {
       std::lock_guard<std::mutex> lk(q_mu_);
       if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
-      queue_.push_back(Task{kind, send, recv, count, dtype, op, w});
+      queue_.push_back(Task{kind, send, recv, count, dtype, op, w, peer, tag});
       ++pending_;
     }
     q_cv_.notify_all();
@@ -365,11 +383,15 @@ class TransportCommunicator final : public Communicator {
       }
       std::exception_ptr err;
       if (stopping) {
-        err = std::make_exception_ptr(AbortedError(where(coll_kind_name(t.kind)) + ": communicator destroyed"));
+        err = std::make_exception_ptr(
+            AbortedError(where(t.peer >= 0 ? "send" : coll_kind_name(t.kind)) + ": communicator destroyed"));
       } else {
         try {
           std::lock_guard<std::mutex> lk(exec_mu_);
-          execute(t.kind, t.send, t.recv, t.count, t.dtype, t.op, 0);
+          if (t.peer >= 0)
+            p2p_locked(true, const_cast<void*>(t.send), t.count, t.dtype, t.peer, t.tag);
+          else
+            execute(t.kind, t.send, t.recv, t.count, t.dtype, t.op, 0);
         } catch (...) {
           err = std::current_exception();
         }

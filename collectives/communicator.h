@@ -143,6 +143,12 @@ class Communicator {
   virtual std::shared_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count, DType dtype,
                                                      ReduceOp op) = 0;
   virtual std::shared_ptr<Work> all_gather_async(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // Asynchronous send (pipeline stages): queued behind this communicator's
+  // other async calls, and a later blocking call on the same communicator
+  // waits for it first. So a peer's matching recv must not depend on what
+  // this rank does next on the same communicator: give each direction of a
+  // link its own communicator (ParallelState's pipeline links do).
+  virtual std::shared_ptr<Work> send_async(const void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0) = 0;
 
   // Ranks with the same color form a new communicator, ordered by (key, rank).
   // Collective over this communicator. color < 0: not a member (returns nullptr).

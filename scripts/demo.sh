@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, then trains a small GPT-2
 # over 8 emulated Trainium cores (tensor parallel 2 x data parallel 4) under
-# `tessera run`, and measures all-reduce bandwidth over 4 emulated cores.
+# `tessera run`, then the same model as a pipeline (tensor parallel 2 x
+# pipeline parallel 2 x data parallel 2, 1F1B) with its timeline, and
+# measures all-reduce bandwidth over 4 emulated cores.
 source "$(dirname "$0")/common.sh"
 tessera_build
 OUT="$ROOT/out/demo"
 mkdir -p "$OUT"
 BIN="$BUILD_DIR/bin"
 STEPS="${TESSERA_DEMO_STEPS:-150}"
+PP_STEPS="${TESSERA_DEMO_PP_STEPS:-20}"
 
 echo "== GPT-2 (4 layers, width 128, byte tokens) on 8 emulated trn1 cores: TP=2 x DP=4 =="
 "$BIN/tessera" run --nproc-per-node 8 --log-dir "$OUT/logs" -- \
@@ -15,6 +18,14 @@ echo "== GPT-2 (4 layers, width 128, byte tokens) on 8 emulated trn1 cores: TP=2
   --micro-batch 4 --steps "$STEPS" --lr 3e-3 --val-every 50 --device trn1-core \
   --log-json "$OUT/train_log.jsonl" --export "$OUT/gpt2_tp2_dp4.safetensors" \
   | tee "$OUT/train.txt"
+
+echo
+echo "== the same model on 8 emulated trn1 cores as a pipeline: TP=2 x PP=2 x DP=2, 1F1B, 4 micro-batches =="
+"$BIN/tessera" run --nproc-per-node 8 --log-dir "$OUT/logs_pp" -- \
+  "$BIN/train_gpt" --tp 2 --pp 2 --dp 2 --schedule 1f1b --zero1 --layers 4 --hidden 128 --heads 4 --seq 128 \
+  --micro-batch 2 --global-batch 16 --steps "$PP_STEPS" --lr 3e-3 --device trn1-core \
+  --log-json "$OUT/train_pp_log.jsonl" --trace "$OUT/pipeline_trace.json" \
+  | tee "$OUT/train_pp.txt"
 
 echo
 echo "== all-reduce bandwidth over 4 emulated cores (shared memory), modeled on trn1.32xlarge =="
@@ -27,4 +38,6 @@ echo "demo: results in $OUT/"
 echo "  train.txt, train_log.jsonl     per-step loss, grad norm, tokens/s, modeled step time, MFU, peak memory"
 echo "  logs/                          one log file per rank"
 echo "  gpt2_tp2_dp4.safetensors       the trained weights, Hugging Face GPT-2 layout"
+echo "  train_pp.txt, train_pp_log.jsonl, logs_pp/  the TP=2 x PP=2 x DP=2 pipeline run, with each stage's bubble"
+echo "  pipeline_trace.json            its last step per rank on the emulated clock (open in ui.perfetto.dev)"
 echo "  bench_all_reduce.{txt,json,png} all-reduce bandwidth table, JSON and plot"

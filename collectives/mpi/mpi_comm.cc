@@ -235,7 +235,25 @@ class Completed : public Work {
   bool done() const override { return true; }
 };
 
+class MpiCommunicator;
+
+// An MPI_Isend; wait() is MPI_Wait under the communicator's watchdog.
+class PendingSend : public Work {
+ public:
+  PendingSend(MpiCommunicator& c, MPI_Request req) : c_(c), req_(req) {}
+  ~PendingSend() override;
+  void wait() override;
+  bool done() const override;
+
+ private:
+  MpiCommunicator& c_;
+  mutable MPI_Request req_;
+  mutable bool done_ = false;
+};
+
 class MpiCommunicator final : public Communicator {
+  friend class PendingSend;
+
  public:
   MpiCommunicator(MPI_Comm comm, CommOptions options) : comm_(comm), options_(std::move(options)) {
     MPI_Comm_rank(comm_, &rank_);
@@ -329,6 +347,15 @@ class MpiCommunicator final : public Communicator {
               "recv");
     model(net_.p2p_time(world(peer), world(rank_), bytes(count, dt)), "recv");
   }
+  std::shared_ptr<Work> send_async(const void* buf, size_t count, DType dt, int peer, uint32_t tag) override {
+    Guard g(*this, "send");
+    check_root(peer, "send");
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(MPI_Isend(buf, as_int(count, "send"), mpi_type(dt), peer, static_cast<int>(tag & 0x7fff), comm_, &req),
+              "send");
+    model(net_.p2p_time(world(rank_), world(peer), bytes(count, dt)), "send");
+    return std::make_shared<PendingSend>(*this, req);
+  }
   void barrier() override {
     Guard g(*this, "barrier");
     check_mpi(MPI_Barrier(comm_), "barrier");
@@ -417,6 +444,26 @@ class MpiCommunicator final : public Communicator {
   std::string abort_reason_;  // under abort_mu_
   double last_modeled_ = 0, total_modeled_ = 0;
 };
+
+void PendingSend::wait() {
+  if (done_) return;
+  MpiCommunicator::Guard g(c_, "send");
+  check_mpi(MPI_Wait(&req_, MPI_STATUS_IGNORE), "send");
+  done_ = true;
+}
+
+bool PendingSend::done() const {
+  if (done_) return true;
+  int flag = 0;
+  check_mpi(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), "send");
+  done_ = flag != 0;
+  return done_;
+}
+
+PendingSend::~PendingSend() {
+  // The buffer's owner may free it after this: finish the send first.
+  if (!done_) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+}
 
 std::shared_ptr<Communicator> create(int rank, int size, const CommOptions& options) {
   init();

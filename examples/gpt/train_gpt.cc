@@ -1,6 +1,6 @@
-// train_gpt: trains a GPT-2 over emulated cores with tensor and data
-// parallelism. Runs alone, under `tessera run --nproc-per-node N -- train_gpt`
-// or `mpirun -np N train_gpt`; the world size must equal tp x dp.
+// train_gpt: trains a GPT-2 over emulated cores with tensor, pipeline and
+// data parallelism. Runs alone, under `tessera run --nproc-per-node N --
+// train_gpt` or `mpirun -np N train_gpt`; the world size must equal tp x pp x dp.
 // docs/training.md describes the flags and the output.
 #include <signal.h>
 
@@ -23,8 +23,12 @@
 #include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/checkpoint/safetensors.h"
 #include "parallel/checkpoint/train_ckpt.h"
+#include "parallel/mesh.h"
 #include "parallel/models/gpt/trainer.h"
+#include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/schedule.h"
 #include "runtime/device.h"
+#include "runtime/files.h"
 #include "runtime/kernels.h"
 #include "runtime/log.h"
 #include "runtime/world.h"
@@ -47,7 +51,93 @@ struct Flags {
   // Training checkpoints (docs/checkpoint.md): --save DIR --save-every K --keep N --resume DIR|latest.
   std::string save, resume, resume_dir;  // resume_dir: the checkpoint --resume resolved to ("" : start at step 0)
   int64_t save_every = 0, keep = 0;
+  std::string schedule = "1f1b", stages, trace;
 };
+
+// Pipeline timeline of the last step, every rank's spans gathered on rank 0
+// (collective over the world): prints each stage's bubble against the
+// schedule's (p-1)/(v m+p-1) and, with --trace, writes a Chrome/Perfetto
+// trace-event file (one track per rank, emulated-clock microseconds).
+std::string human_time(double s);
+
+void report_pipeline(const Flags& f, const gpt::Job& job, models::gpt::Trainer& trainer) {
+  const auto* pipe = trainer.pipeline();
+  if (pipe == nullptr) return;
+  const models::gpt::TrainOptions& o = trainer.options();
+  // Fixed size per rank: every op and at most one wait before it; kind -1 pads.
+  const size_t per_rank = 2 * 2 * static_cast<size_t>(o.micro_batches()) * static_cast<size_t>(o.virtual_stages) + 1;
+  std::vector<int64_t> mine(per_rank * 5, -1), all(mine.size() * static_cast<size_t>(job.world.size));
+  mine[0] = static_cast<int64_t>(pipe->timeline_s() * 1e9);
+  size_t k = 1;
+  for (const auto& sp : pipe->spans()) {
+    if (k >= per_rank) break;
+    int64_t* e = mine.data() + 5 * k++;
+    e[0] = sp.kind;
+    e[1] = sp.micro;
+    e[2] = sp.chunk;
+    e[3] = static_cast<int64_t>(sp.start * 1e9);
+    e[4] = static_cast<int64_t>(sp.dur * 1e9);
+  }
+  if (job.comm) {
+    job.comm->all_gather(mine.data(), all.data(), mine.size(), DType::I64);
+  } else {
+    all = mine;
+  }
+  if (job.world.rank != 0) return;
+  const int n = job.world.size;
+  int64_t end = 0;
+  for (int r = 0; r < n; ++r) end = std::max(end, all[static_cast<size_t>(r) * per_rank * 5]);
+  std::vector<double> busy(static_cast<size_t>(n), 0);
+  nlohmann::json events = nlohmann::json::array();
+  for (int r = 0; r < n; ++r) {
+    parallel::MeshCoord c = parallel::Mesh({.tp = o.tp, .dp = o.dp, .pp = o.pp}).coord(r);
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", r},
+                      {"args",
+                       {{"name", "rank " + std::to_string(r) + " (stage " + std::to_string(c.pp) + ", tp " +
+                                     std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ")"}}}});
+    for (size_t i = 1; i < per_rank; ++i) {
+      const int64_t* e = all.data() + (static_cast<size_t>(r) * per_rank + i) * 5;
+      if (e[0] < 0) continue;
+      const bool wait = e[0] == 2;
+      if (!wait) busy[static_cast<size_t>(r)] += static_cast<double>(e[4]);
+      std::string name = wait ? "wait" : std::string(e[0] == 0 ? "F" : "B") + std::to_string(e[1]);
+      if (o.virtual_stages > 1 && !wait) name += "." + std::to_string(e[2]);
+      events.push_back({{"name", name},
+                        {"cat", wait ? "bubble" : (e[0] == 0 ? "forward" : "backward")},
+                        {"ph", "X"},
+                        {"pid", 0},
+                        {"tid", r},
+                        {"ts", static_cast<double>(e[3]) / 1e3},
+                        {"dur", static_cast<double>(e[4]) / 1e3},
+                        {"args", {{"micro_batch", e[1]}, {"chunk", e[2]}}}});
+    }
+  }
+  const double formula =
+      parallel::pipeline::bubble_fraction(o.pp, static_cast<int>(o.micro_batches()), o.virtual_stages);
+  for (int s = 0; s < o.pp; ++s) {
+    const int r = parallel::Mesh({.tp = o.tp, .dp = o.dp, .pp = o.pp}).rank({.tp = 0, .dp = 0, .pp = s});
+    std::printf("bubble stage %d: %.1f%% of the last step's pipeline (%s on the emulated clock; %s: %.1f%%)\n", s,
+                end > 0 ? 100 * (1 - busy[static_cast<size_t>(r)] / static_cast<double>(end)) : 0.0,
+                human_time(static_cast<double>(end) * 1e-9).c_str(), parallel::pipeline::schedule_name(o.schedule),
+                100 * formula);
+  }
+  if (!f.trace.empty()) {
+    nlohmann::json doc{{"traceEvents", events},
+                       {"displayTimeUnit", "ns"},
+                       {"otherData",
+                        {{"clock", "emulated"},
+                         {"schedule", parallel::pipeline::schedule_name(o.schedule)},
+                         {"pp", o.pp},
+                         {"virtual_stages", o.virtual_stages},
+                         {"micro_batches", o.micro_batches()}}}};
+    write_file_atomic(f.trace, doc.dump());
+    std::printf("trace %s\n", f.trace.c_str());
+  }
+  std::fflush(stdout);
+}
 
 std::string human_bytes(double b) {
   char buf[64];
@@ -102,11 +192,12 @@ void apply_resume_config(Flags& f, const CLI::App& app) {
 
 int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::ByteDataset>& dataset) {
   const bool lead = job.world.rank == 0;
-  TESSERA_ARG_CHECK(job.world.size == f.t.tp * f.t.dp, "this job has ", job.world.size, " process(es) but --tp ",
-                    f.t.tp, " x --dp ", f.t.dp, " = ", f.t.tp * f.t.dp, " are needed");
+  const int need = f.t.tp * f.t.dp * f.t.pp;
+  TESSERA_ARG_CHECK(job.world.size == need, "this job has ", job.world.size, " process(es) but --tp ", f.t.tp,
+                    " x --pp ", f.t.pp, " x --dp ", f.t.dp, " = ", need, " are needed");
   Device& dev = *job.device;
   parallel::layers::ParallelState ps =
-      job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel)
+      job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel, f.t.pp)
                : parallel::layers::serial_state(&dev);
   ps.sequence_parallel = f.t.sequence_parallel;
   models::gpt::Trainer trainer(f.t, ps, dataset);
@@ -135,13 +226,20 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   if (lead) {
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     std::printf(
-        "train_gpt: %d rank(s) tp=%d dp=%d%s%s | GPT-2 vocab=%lld ctx=%lld hidden=%lld layers=%lld heads=%lld "
+        "train_gpt: %d rank(s) tp=%d pp=%d dp=%d%s%s | GPT-2 vocab=%lld ctx=%lld hidden=%lld layers=%lld heads=%lld "
         "(%.2fM params) | seq=%lld micro-batch=%lld global-batch=%lld steps=%lld lr=%g | device %s | "
         "OPENBLAS_CORETYPE=%s\n",
-        job.world.size, o.tp, o.dp, o.sequence_parallel ? " sp" : "", o.adamw.zero1 ? " zero1" : "",
+        job.world.size, o.tp, o.pp, o.dp, o.sequence_parallel ? " sp" : "", o.adamw.zero1 ? " zero1" : "",
         (long long)o.model.vocab, (long long)o.model.seq, (long long)o.model.hidden, (long long)o.model.layers,
         (long long)o.model.heads, o.model.num_params() / 1e6, (long long)o.seq, (long long)o.micro_batch,
         (long long)o.global_batch, (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
+    if (o.pp > 1)
+      std::printf(
+          "pipeline: %d stages x %d virtual, [%s] layers per virtual stage, schedule %s, %lld micro-batches per step "
+          "per DP rank, bubble (p-1)/(v m+p-1) = %.1f%%\n",
+          o.pp, o.virtual_stages, parallel::pipeline::stages_str(o.stages).c_str(),
+          parallel::pipeline::schedule_name(o.schedule), (long long)o.micro_batches(),
+          100 * parallel::pipeline::bubble_fraction(o.pp, static_cast<int>(o.micro_batches()), o.virtual_stages));
     std::fflush(stdout);
   }
   std::vector<double> step_times, sgemm_between;
@@ -208,6 +306,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
       }
     }
   }
+  if (o.steps > 0) report_pipeline(f, job, trainer);
   if (!f.eval_text.empty()) {
     std::vector<int32_t> windows;
     int64_t n = parallel::data::eval_windows(f.eval_text, o.seq, f.eval_windows, &windows);
@@ -220,7 +319,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   if (f.bench_sgemm && lead && step_times.size() >= 2) {
     double sgemm_after = gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 2.0);
     const double flops_per_step =
-        o.model.train_flops_per_token() * static_cast<double>(o.tokens_per_step()) / (o.tp * o.dp);
+        o.model.train_flops_per_token() * static_cast<double>(o.tokens_per_step()) / (o.tp * o.dp * o.pp);
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -250,12 +349,20 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
 int main(int argc, char** argv) {
   kern::default_blas_threads();
   Flags f;
-  CLI::App app{"Train a GPT-2 over emulated cores with tensor and data parallelism", "train_gpt"};
+  CLI::App app{"Train a GPT-2 over emulated cores with tensor, pipeline and data parallelism", "train_gpt"};
   app.footer(
       "Temporary files: checkpoint files and --export go through .NAME.tmp.<pid>.XXXXXX next to the file, renamed "
       "into place; a killed run's are removed by the next write of the same file.");
   app.add_option("--tp", f.t.tp, "tensor-parallel degree")->check(cli::positive(f.t.tp));
   app.add_option("--dp", f.t.dp, "data-parallel degree")->check(cli::positive(f.t.dp));
+  app.add_option("--pp", f.t.pp, "pipeline-parallel degree (stages)")->check(cli::positive(f.t.pp));
+  app.add_option("--schedule", f.schedule, "pipeline schedule: gpipe, 1f1b or interleaved")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--virtual-stages", f.t.virtual_stages, "model chunks per pipeline rank (interleaved schedule)")
+      ->check(cli::positive(f.t.virtual_stages));
+  app.add_option("--trace", f.trace,
+                 "pipeline runs: write the last step's timeline (Chrome/Perfetto trace-event JSON) to FILE");
+  app.add_option("--stages", f.stages, "layers per pipeline stage, e.g. 3,3,2,2 (default: even, leftover to later)");
   app.add_flag("--sequence-parallel", f.t.sequence_parallel, "shard LayerNorm/residual activations over TP");
   app.add_option("--layers", f.t.model.layers, "transformer blocks")->check(cli::positive(f.t.model.layers));
   app.add_option("--hidden", f.t.model.hidden, "model width")->check(cli::positive(f.t.model.hidden));
@@ -316,11 +423,20 @@ int main(int argc, char** argv) {
   std::shared_ptr<parallel::data::ByteDataset> dataset;
   try {
     if (!f.init.empty()) apply_init_config(f, app);
+    f.t.schedule = parallel::pipeline::parse_schedule(f.schedule);
+    if (!f.stages.empty()) f.t.stages = parallel::pipeline::parse_stages(f.stages);
+    TESSERA_ARG_CHECK(f.stages.empty() || app.count("--pp"), "--stages needs --pp (the number of stages)");
+    if (f.t.schedule == parallel::pipeline::Schedule::kInterleaved && !app.count("--virtual-stages"))
+      f.t.virtual_stages = 2;  // Megatron's usual choice when only the schedule is named
     apply_resume_config(f, app);
     f.t.normalize();
+    TESSERA_ARG_CHECK(f.trace.empty() || f.t.pp > 1, "--trace needs a pipeline (--pp > 1)");
+    TESSERA_ARG_CHECK(f.t.pp == 1 || f.export_path.empty(), "--export with --pp ", f.t.pp,
+                      " is not supported yet (export from a run with --pp 1)");
     if (discover_world().rank == 0) {
       if (!f.export_path.empty()) cli::check_output_file("--export", f.export_path);
       if (!f.log_json.empty()) cli::check_output_file("--log-json", f.log_json);
+      if (!f.trace.empty()) cli::check_output_file("--trace", f.trace);
     }
     dataset = std::make_shared<parallel::data::ByteDataset>(
         f.t.data.empty() ? parallel::data::ByteDataset::default_files() : f.t.data, f.t.val_fraction, f.t.seed);

@@ -78,7 +78,29 @@ ParallelState make_parallel_state(std::shared_ptr<collectives::Communicator> wor
   auto pp_comm = world->split(pp_group.front(), c.pp, "pp" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp));
   if (tp > 1) s.tp = tp_comm;
   if (dp > 1) s.dp = dp_comm;
-  if (pp > 1) s.pp = pp_comm;
+  if (pp > 1) {
+    s.pp = pp_comm;
+    // The embedding group: a fourth split, made only when pp > 1 (the same on every rank).
+    const bool ends = c.pp == 0 || c.pp == pp - 1;
+    s.embed =
+        world->split(ends ? pp_group.front() : -1, c.pp, "embed" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp));
+    // Links: for each direction and stage i, the pair (sender, receiver) =
+    // (i, i + 1) for activations, (i + 1, i) for gradients (mod pp), split
+    // from the PP communicator (collective over it, same order everywhere).
+    const std::string group = "_tp" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp);
+    for (int dir = 0; dir < 2; ++dir) {
+      for (int i = 0; i < pp; ++i) {
+        const int a = dir == 0 ? i : (i + 1) % pp, b = dir == 0 ? (i + 1) % pp : i;  // sender, receiver
+        const bool member = c.pp == a || c.pp == b;
+        auto link = pp_comm->split(member ? 0 : -1, c.pp == a ? 0 : 1,
+                                   (dir == 0 ? "act" : "grad") + std::to_string(a) + "to" + std::to_string(b) + group);
+        if (dir == 0 && c.pp == a) s.act_next = link;
+        if (dir == 0 && c.pp == b) s.act_prev = link;
+        if (dir == 1 && c.pp == a) s.grad_prev = link;
+        if (dir == 1 && c.pp == b) s.grad_next = link;
+      }
+    }
+  }
   return s;
 }
 

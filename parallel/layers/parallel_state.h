@@ -33,6 +33,20 @@ struct ParallelState {
   // reduce-scatter + all-gather pairs.
   bool sequence_parallel = false;
   std::shared_ptr<collectives::Communicator> world, tp, dp, pp;  // tp/dp/pp null when of size 1
+  // Megatron's embedding group: the first and the last stage of this rank's
+  // PP group (same tp_rank and dp_rank), which hold the two copies of the tied
+  // token embedding and sum their gradients. Null unless pp_size > 1 and this
+  // rank is on the first or last stage.
+  std::shared_ptr<collectives::Communicator> embed;
+  // Pipeline links (pp_size > 1): a two-member communicator per direction
+  // between neighbouring stages, the sender its rank 0, so an asynchronous
+  // send never queues behind a receive (Communicator::send_async). The
+  // stages form a ring (stage pp-1's next is stage 0, for interleaved
+  // schedules): act_next sends activations to the next stage, act_prev
+  // receives them from the previous one, grad_prev sends gradients to the
+  // previous stage, grad_next receives them from the next. With pp_size == 2
+  // the two neighbours are one rank, on separate communicators.
+  std::shared_ptr<collectives::Communicator> act_next, act_prev, grad_prev, grad_next;
 
   bool sp() const { return sequence_parallel && tp_size > 1; }
   int global_rank() const;  // through parallel/mesh.h (TP fastest, then DP, then PP)

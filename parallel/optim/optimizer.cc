@@ -1,5 +1,6 @@
 #include "parallel/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -10,7 +11,8 @@
 namespace tessera::parallel::optim {
 
 DistributedOptimizer::DistributedOptimizer(const parallel::layers::ParallelState& ps,
-                                           std::vector<parallel::layers::Parameter*> params, AdamWConfig config)
+                                           std::vector<parallel::layers::Parameter*> params, AdamWConfig config,
+                                           const std::vector<const parallel::layers::Parameter*>& copies)
     : ps_(ps), cfg_(config), params_(std::move(params)) {
   TESSERA_ARG_CHECK(!params_.empty(), "optimizer: no parameters");
   TESSERA_ARG_CHECK(cfg_.bucket_elems > 0, "optimizer: bucket size must be > 0");
@@ -81,7 +83,8 @@ DistributedOptimizer::DistributedOptimizer(const parallel::layers::ParallelState
       const parallel::layers::Parameter* p = params_[i];
       int64_t s = std::max(lo, p->offset), e = std::min(hi, p->offset + p->numel());
       if (s >= e) continue;
-      bool count = p->tp_sharded() || ps_.tp_rank == 0;
+      const bool copy = std::find(copies.begin(), copies.end(), p) != copies.end();
+      bool count = (p->tp_sharded() || ps_.tp_rank == 0) && !copy;
       segments_.push_back({state + (s - lo), e - s, p->decay, count});
       segment_src_.push_back(s);
     }
@@ -204,6 +207,7 @@ StepStats DistributedOptimizer::step(int64_t step) {
   float sq = static_cast<float>(local);
   if (shard) ps_.dp->all_reduce(&sq, &sq, 1, DType::F32, collectives::ReduceOp::Sum);
   ps_.tp_all_reduce(&sq, 1);
+  if (ps_.pp_size > 1) ps_.pp->all_reduce(&sq, &sq, 1, DType::F32, collectives::ReduceOp::Sum);
   StepStats st;
   st.wait_s = wait_s;
   st.grad_norm = std::sqrt(static_cast<double>(sq));

@@ -16,7 +16,8 @@
 // when a bucket is complete, launches its DP reduction asynchronously:
 // all_reduce (plain DP) or reduce_scatter into this rank's shard (ZeRO-1).
 // step() waits for them, computes the global norm over every shard (TP
-// sharded parameters counted once per TP rank, replicated ones once), scales
+// sharded parameters counted once per TP rank, replicated ones once, summed
+// over DP shards, TP and pipeline stages; copies counted once), scales
 // gradients by min(1, clip / norm), applies AdamW (decoupled weight decay,
 // none on parameters with decay == false) to the full buffer (plain DP) or to
 // this rank's shard of every bucket (ZeRO-1, which then all-gathers the
@@ -59,8 +60,12 @@ struct StepStats {
 
 class DistributedOptimizer {
  public:
+  // `copies`: parameters (among params_in_grad_order) that are copies of a
+  // parameter another pipeline stage holds (the last stage's tied wte): kept
+  // equal by the caller, left out of the gradient norm so it counts them once.
   DistributedOptimizer(const parallel::layers::ParallelState& ps,
-                       std::vector<parallel::layers::Parameter*> params_in_grad_order, AdamWConfig config);
+                       std::vector<parallel::layers::Parameter*> params_in_grad_order, AdamWConfig config,
+                       const std::vector<const parallel::layers::Parameter*>& copies = {});
   ~DistributedOptimizer();
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;

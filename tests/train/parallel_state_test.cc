@@ -61,6 +61,28 @@ TEST(ParallelState, Tp2Pp2Dp2GroupsAreMegatrons) {
   EXPECT_TRUE(f.empty()) << f;
 }
 
+// Megatron's embedding group: the first and last stage of each PP group.
+// tp2 pp4 on 8 ranks: PP groups [0,2,4,6] and [1,3,5,7]; embedding groups
+// [0,6] and [1,7]; the middle stages have none.
+TEST(ParallelState, EmbeddingGroupIsFirstAndLastStage) {
+  auto res = collectives::test::run_ranks(8, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    auto world = collectives::Communicator::create(store, rank, size, {});
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 2, 1, nullptr, false, 4);
+    const bool ends = rank / 2 == 0 || rank / 2 == 3;
+    COLL_REQUIRE((ps.embed != nullptr) == ends, "rank ", rank, " embedding group ", ps.embed != nullptr);
+    if (ps.embed) {
+      COLL_REQUIRE(ps.embed->size() == 2 && ps.embed->rank() == (rank / 2 == 3 ? 1 : 0), "rank ", rank);
+      float mine = static_cast<float>(rank), got[2] = {-1, -1};
+      ps.embed->all_gather(&mine, got, 1, DType::F32);
+      COLL_REQUIRE(got[0] == static_cast<float>(rank % 2) && got[1] == static_cast<float>(6 + rank % 2), "rank ", rank,
+                   " embedding group holds ", got[0], ",", got[1]);
+    }
+    world->barrier();
+  });
+  std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+}
+
 TEST(ParallelState, WorldSizeMustBeTpDpPp) {
   auto res = collectives::test::run_ranks(2, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
     auto world = collectives::Communicator::create(std::move(store), rank, size, {});

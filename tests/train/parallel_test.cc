@@ -14,8 +14,11 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "parallel/models/gpt/trainer.h"
+#include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/schedule.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 #include "tests/collectives/fork_harness.h"
@@ -28,7 +31,17 @@ struct Layout {
   bool zero1, sp;
   int64_t vocab = 256;
   std::string export_path = "";  // rank 0 exports the trained model there
+  int pp = 1;
+  parallel::pipeline::Schedule schedule = parallel::pipeline::Schedule::k1F1B;
+  std::vector<int> stages = {};
+  int64_t layers = 2;
+  int virtual_stages = 1;
+  int64_t global_batch = 8;
 };
+
+// The last stage's copy of the tied embedding, reported under its own name
+// and compared with the serial wte.
+const char* const kWteCopy = "wte_copy (last stage)";
 
 using Tensors = std::map<std::string, std::vector<double>>;  // full tensors by name
 
@@ -40,16 +53,16 @@ struct RunResult {
   std::vector<Tensors> replicas;     // every DP replica's parameters (parallel runs)
 };
 
-parallel::models::gpt::TrainOptions tiny_options(int64_t vocab = 256) {
+parallel::models::gpt::TrainOptions tiny_options(int64_t vocab = 256, int64_t layers = 2, int64_t global_batch = 8) {
   parallel::models::gpt::TrainOptions o;
   o.model.vocab = vocab;
   o.model.seq = 16;
   o.model.hidden = 32;
   o.model.heads = 8;
-  o.model.layers = 2;
+  o.model.layers = layers;
   o.seq = 16;
   o.micro_batch = 1;
-  o.global_batch = 8;
+  o.global_batch = global_batch;
   o.steps = 3;
   o.lr = 3e-4;
   o.warmup = 1;
@@ -63,7 +76,7 @@ std::shared_ptr<const parallel::data::ByteDataset> dataset() {
   return ds;
 }
 
-const RunResult& serial(int64_t vocab = 256);
+const RunResult& serial(int64_t vocab = 256, int64_t layers = 2, int64_t global_batch = 8);
 
 // Results come back through a shared anonymous mapping made before fork:
 // losses and grad norms (rank 0), then one block per rank holding its view of
@@ -102,7 +115,7 @@ class SharedResults {
 // Calls fn(parameter, full index, m, v) for every moment element the optimizer holds on this rank.
 void for_each_moment(parallel::models::gpt::Trainer& t,
                      const std::function<void(parallel::layers::Parameter&, int64_t, float, float)>& fn) {
-  std::vector<parallel::layers::Parameter*> params = t.model().parameters();
+  std::vector<parallel::layers::Parameter*> params = t.parameters();
   std::map<int64_t, parallel::layers::Parameter*> by_offset;
   std::map<parallel::layers::Parameter*, std::vector<int64_t>> global;
   for (parallel::layers::Parameter* p : params) {
@@ -122,10 +135,10 @@ void for_each_moment(parallel::models::gpt::Trainer& t,
   });
 }
 
-RunResult run_serial(int64_t vocab) {
+RunResult run_serial(int64_t vocab, int64_t layers, int64_t global_batch) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  parallel::models::gpt::Trainer t(tiny_options(vocab), ps, dataset());
+  parallel::models::gpt::Trainer t(tiny_options(vocab, layers, global_batch), ps, dataset());
   t.init_random();
   RunResult r;
   for (int s = 0; s < 3; ++s) {
@@ -147,49 +160,71 @@ RunResult run_serial(int64_t vocab) {
   return r;
 }
 
-// Runs the layout as tp * dp forked processes over the real communicator.
+// The serial result with the wte copy a pipeline's last stage holds (equal to wte).
+RunResult with_wte_copy(RunResult r) {
+  const std::string wte = "transformer.wte.weight";
+  r.params[kWteCopy] = r.params.at(wte);
+  r.exp_avg[kWteCopy] = r.exp_avg.at(wte);
+  r.exp_avg_sq[kWteCopy] = r.exp_avg_sq.at(wte);
+  return r;
+}
+
+// Runs the layout as tp * dp * pp forked processes over the real communicator.
 RunResult run(const Layout& l) {
   kern::default_blas_threads();
   std::vector<std::pair<std::string, int64_t>> sizes;
-  for (const auto& [name, v] : serial(l.vocab).params) sizes.emplace_back(name, static_cast<int64_t>(v.size()));
-  SharedResults shared(sizes, l.tp * l.dp);
-  auto res =
-      collectives::test::run_ranks(l.tp * l.dp, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
-        Device dev(DeviceSpec::preset("test-core"), rank);
-        collectives::CommOptions co;
-        co.device = &dev;
-        auto world = collectives::Communicator::create(std::move(store), rank, size, co);
-        parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp);
-        parallel::models::gpt::TrainOptions o = tiny_options(l.vocab);
-        o.tp = l.tp;
-        o.dp = l.dp;
-        o.sequence_parallel = l.sp;
-        o.adamw.zero1 = l.zero1;
-        parallel::models::gpt::Trainer t(o, ps, dataset());
-        t.init_random();
-        for (int s = 0; s < 3; ++s) {
-          auto r = t.step();
-          if (rank == 0) {
-            shared.head()[s] = r.loss;
-            shared.head()[3 + s] = r.grad_norm;
-          }
-        }
-        if (!l.export_path.empty()) t.export_hf(l.export_path);
-        if (rank == 0) shared.head()[6] = static_cast<double>(t.optimizer().optimizer_state_bytes());
-        // Every rank reports what it holds: its (gathered) parameters and its moments.
-        const int slot = ps.dp_rank * l.tp + ps.tp_rank;
-        for (parallel::layers::Parameter* p : t.model().parameters()) {
-          double* out = shared.at(slot, 0, p->name);
-          parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
-            if (gi >= 0) out[gi] = p->value[li];
-          });
-        }
-        for_each_moment(t, [&](parallel::layers::Parameter& p, int64_t gi, float m, float v) {
-          shared.at(slot, 1, p.name)[gi] = m;
-          shared.at(slot, 2, p.name)[gi] = v;
-        });
-        world->barrier();
+  for (const auto& [name, v] : serial(l.vocab, l.layers, l.global_batch).params)
+    sizes.emplace_back(name, static_cast<int64_t>(v.size()));
+  if (l.pp > 1)
+    sizes.emplace_back(
+        kWteCopy,
+        static_cast<int64_t>(serial(l.vocab, l.layers, l.global_batch).params.at("transformer.wte.weight").size()));
+  const int ranks = l.tp * l.dp * l.pp;
+  SharedResults shared(sizes, ranks);
+  auto res = collectives::test::run_ranks(ranks, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    collectives::CommOptions co;
+    co.device = &dev;
+    auto world = collectives::Communicator::create(store, rank, size, co);
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp, l.pp);
+    parallel::models::gpt::TrainOptions o = tiny_options(l.vocab, l.layers, l.global_batch);
+    o.tp = l.tp;
+    o.dp = l.dp;
+    o.pp = l.pp;
+    o.schedule = l.schedule;
+    o.virtual_stages = l.virtual_stages;
+    o.stages = l.stages;
+    o.sequence_parallel = l.sp;
+    o.adamw.zero1 = l.zero1;
+    parallel::models::gpt::Trainer t(o, ps, dataset());
+    t.init_random();
+    for (int s = 0; s < 3; ++s) {
+      auto r = t.step();
+      if (rank == 0) {
+        shared.head()[s] = r.loss;
+        shared.head()[3 + s] = r.grad_norm;
+      }
+    }
+    if (!l.export_path.empty()) t.export_hf(l.export_path);
+    if (rank == 0) shared.head()[6] = static_cast<double>(t.optimizer().optimizer_state_bytes());
+    // Every rank reports what it holds: its (gathered) parameters and its moments.
+    const int slot = rank;
+    const bool copy_stage = l.pp > 1 && ps.last_stage();
+    auto key = [&](const parallel::layers::Parameter& p) {
+      return copy_stage && &p == t.tied_wte() ? std::string(kWteCopy) : p.name;
+    };
+    for (parallel::layers::Parameter* p : t.parameters()) {
+      double* out = shared.at(slot, 0, key(*p));
+      parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
+        if (gi >= 0) out[gi] = p->value[li];
       });
+    }
+    for_each_moment(t, [&](parallel::layers::Parameter& p, int64_t gi, float m, float v) {
+      shared.at(slot, 1, key(p))[gi] = m;
+      shared.at(slot, 2, key(p))[gi] = v;
+    });
+    world->barrier();
+  });
   std::string f = collectives::test::failures(res);
   EXPECT_TRUE(f.empty()) << f;
   RunResult r;
@@ -198,15 +233,16 @@ RunResult run(const Layout& l) {
     r.grad_norms.push_back(shared.head()[3 + s]);
   }
   r.optimizer_state_bytes = shared.head()[6];
-  // Slot = dp_rank * tp + tp_rank. Replica d is the
-  // union of its TP ranks' views; a replicated tensor must be the same on all
-  // of them, and every element must be held by some TP rank.
+  // Slot = global rank = tp_rank + dp_rank * tp + pp_rank * tp * dp. Replica
+  // d is the union of its TP ranks' and stages' views; a replicated tensor
+  // must be the same on all of them, and every element must be held by some rank.
   r.replicas.resize(static_cast<size_t>(l.dp));
   for (int d = 0; d < l.dp; ++d) {
     for (const auto& [name, n] : sizes) {
       std::vector<double> full(static_cast<size_t>(n), std::nan(""));
-      for (int tp = 0; tp < l.tp; ++tp) {
-        const double* src = shared.at(d * l.tp + tp, 0, name);
+      for (int tpp = 0; tpp < l.tp * l.pp; ++tpp) {
+        const int tp = tpp % l.tp, pp = tpp / l.tp;
+        const double* src = shared.at(tp + d * l.tp + pp * l.tp * l.dp, 0, name);
         for (int64_t i = 0; i < n; ++i) {
           if (std::isnan(src[i])) continue;
           if (!std::isnan(full[i]) && full[i] != src[i]) {
@@ -232,7 +268,7 @@ RunResult run(const Layout& l) {
     Tensors& out = what == 1 ? r.exp_avg : r.exp_avg_sq;
     for (const auto& [name, n] : sizes) {
       std::vector<double> full(static_cast<size_t>(n), std::nan(""));
-      for (int rank = 0; rank < l.tp * l.dp; ++rank) {
+      for (int rank = 0; rank < ranks; ++rank) {
         const double* src = shared.at(rank, what, name);
         for (int64_t i = 0; i < n; ++i) {
           if (std::isnan(src[i])) continue;
@@ -250,10 +286,11 @@ RunResult run(const Layout& l) {
   return r;
 }
 
-const RunResult& serial(int64_t vocab) {
-  static std::map<int64_t, RunResult> cache;
-  auto it = cache.find(vocab);
-  if (it == cache.end()) it = cache.emplace(vocab, run_serial(vocab)).first;
+const RunResult& serial(int64_t vocab, int64_t layers, int64_t global_batch) {
+  static std::map<std::tuple<int64_t, int64_t, int64_t>, RunResult> cache;
+  const auto key = std::make_tuple(vocab, layers, global_batch);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, run_serial(vocab, layers, global_batch)).first;
   return it->second;
 }
 
@@ -323,10 +360,9 @@ void expect_same_params(const Tensors& got_params, const Tensors& want_params, c
       }
       EXPECT_LE(std::sqrt(kg), 1e-3 * std::sqrt(all)) << what << " key bias of " << name;
       EXPECT_LE(std::sqrt(kw), 1e-3 * std::sqrt(all)) << "serial key bias of " << name;
-      const auto key = static_cast<std::ptrdiff_t>(c);  // the key third: [c, 2c)
-      std::fill(g.begin() + key, g.begin() + 2 * key, 0.f);
+      std::fill(g.begin() + c, g.begin() + 2 * c, 0.f);
       auto wq = w;
-      std::fill(wq.begin() + key, wq.begin() + 2 * key, 0.f);
+      std::fill(wq.begin() + c, wq.begin() + 2 * c, 0.f);
       double n = 0, d = 0;
       for (size_t i = 0; i < w.size(); ++i) {
         n += double(wq[i]) * wq[i];
@@ -407,7 +443,7 @@ TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
     Device dev(DeviceSpec::preset("test-core"), rank);
     collectives::CommOptions co;
     co.device = &dev;
-    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
+    auto world = collectives::Communicator::create(store, rank, size, co);
     parallel::layers::ParallelState ps =
         parallel::layers::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
     parallel::models::gpt::TrainOptions o = tiny_options();
@@ -487,6 +523,131 @@ INSTANTIATE_TEST_SUITE_P(AllTpDp, Layouts, ::testing::ValuesIn(all_layouts()),
                            return "tp" + std::to_string(i.param.tp) + "_dp" + std::to_string(i.param.dp) +
                                   (i.param.zero1 ? "_zero1" : "") + (i.param.sp ? "_sp" : "");
                          });
+
+// ---- pipeline parallelism ----
+// Every stage's parameters (and the last stage's wte copy) and the AdamW
+// moments after 3 steps equal the serial 4-layer model's, for each schedule
+// over 2 and 4 stages, mixed with TP (and SP), DP and ZeRO-1, with uneven
+// and explicit partitions and micro-batch counts the stages do not divide.
+class Pipelines : public ::testing::TestWithParam<Layout> {};
+
+std::string pipeline_name(const Layout& l) {
+  std::string n = "tp" + std::to_string(l.tp) + "_pp" + std::to_string(l.pp) + "_dp" + std::to_string(l.dp) + "_" +
+                  parallel::pipeline::schedule_name(l.schedule);
+  if (l.zero1) n += "_zero1";
+  if (l.sp) n += "_sp";
+  if (!l.stages.empty()) n += "_stages" + parallel::pipeline::stages_str(l.stages);
+  if (l.global_batch != 8) n += "_gb" + std::to_string(l.global_batch);
+  if (l.virtual_stages != 1) n += "_v" + std::to_string(l.virtual_stages);
+  for (char& c : n)
+    if (c == ',') c = '_';
+  return n;
+}
+
+void PrintTo(const Layout& l, std::ostream* os) { *os << pipeline_name(l); }
+
+TEST_P(Pipelines, MatchesSerial) {
+  const Layout l = GetParam();
+  expect_same(run(l), with_wte_copy(serial(l.vocab, l.layers, l.global_batch)), pipeline_name(l));
+}
+
+std::vector<Layout> pipeline_layouts() {
+  using parallel::pipeline::Schedule;
+  auto pipe = [](int tp, int pp, int dp, Schedule s, bool zero1 = false, bool sp = false, std::vector<int> stages = {},
+                 int64_t global_batch = 8) {
+    Layout l{tp, dp, zero1, sp};
+    l.global_batch = global_batch;
+    l.pp = pp;
+    l.schedule = s;
+    l.stages = std::move(stages);
+    l.layers = 4;
+    return l;
+  };
+  auto interleaved = [](int tp, int pp, int dp, int v, std::vector<int> stages = {}, int64_t global_batch = 8,
+                        int64_t layers = 4, bool zero1 = false, bool sp = false) {
+    Layout l{tp, dp, zero1, sp};
+    l.pp = pp;
+    l.schedule = Schedule::kInterleaved;
+    l.virtual_stages = v;
+    l.stages = std::move(stages);
+    l.global_batch = global_batch;
+    l.layers = layers;
+    return l;
+  };
+  return {
+      pipe(1, 2, 1, Schedule::kGpipe),  // 8 micro-batches
+      pipe(1, 2, 1, Schedule::k1F1B),
+      pipe(1, 4, 1, Schedule::kGpipe),  // pp equal to the layer count
+      pipe(1, 4, 1, Schedule::k1F1B),
+      pipe(1, 2, 1, Schedule::k1F1B, false, false, {3, 1}),  // uneven, explicit
+      pipe(2, 2, 2, Schedule::k1F1B, true),                  // tp2 x pp2 x dp2, ZeRO-1
+      pipe(2, 2, 2, Schedule::kGpipe, false, true),          // with sequence parallelism
+      pipe(1, 2, 4, Schedule::k1F1B, true),                  // 2 micro-batches per DP rank: m = p
+      pipe(1, 4, 2, Schedule::k1F1B),                        // 4 micro-batches over 4 stages
+      pipe(1, 4, 1, Schedule::k1F1B, false, false, {}, 6),   // m = 6, which 4 stages do not divide
+      pipe(1, 4, 1, Schedule::k1F1B, false, false, {}, 3),   // m = 3 < p: warm-up cut short
+      interleaved(1, 2, 1, 2),                               // 8 micro-batches, 4 virtual stages of 1 layer
+      interleaved(1, 2, 1, 2, {}, 2),                        // m = p = 2: all forwards first (Megatron)
+      interleaved(1, 4, 1, 2, {}, 8, 8),                     // pp 4 x v 2 over 8 layers
+      interleaved(2, 2, 2, 2, {}, 8, 4, true),               // tp2 x pp2 x dp2, ZeRO-1
+      interleaved(2, 2, 1, 2, {}, 8, 4, false, true),        // with sequence parallelism
+      interleaved(1, 2, 1, 2, {2, 1, 1, 2}, 4, 6),           // uneven explicit virtual stages, m = 4
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Pipelines, ::testing::ValuesIn(pipeline_layouts()),
+                         [](const ::testing::TestParamInfo<Layout>& i) { return pipeline_name(i.param); });
+
+// With 1F1B, a pipeline stage's later steps allocate nothing on its device
+// either (the activation slots, receive buffers and buckets come from step 1).
+TEST(PipelineTraining, SteadyStateStepsAllocateNothingOnDevice) {
+  kern::default_blas_threads();
+  auto res = collectives::test::run_ranks(2, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    collectives::CommOptions co;
+    co.device = &dev;
+    auto world = collectives::Communicator::create(store, rank, size, co);
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 1, 1, &dev, false, 2);
+    for (auto s : {parallel::pipeline::Schedule::k1F1B, parallel::pipeline::Schedule::kInterleaved}) {
+      parallel::models::gpt::TrainOptions o = tiny_options(256, 4);
+      o.pp = 2;
+      o.schedule = s;
+      o.virtual_stages = s == parallel::pipeline::Schedule::kInterleaved ? 2 : 1;
+      parallel::models::gpt::Trainer t(o, ps, dataset());
+      const std::string changes = steady_state_device_changes(t, dev);
+      TESSERA_CHECK(changes.empty(), "stage ", rank, " in steady ", parallel::pipeline::schedule_name(s),
+                    " steps: ", changes);
+      // 1F1B holds at most p - stage micro-batches (8 micro-batches in the step).
+      if (o.virtual_stages == 1)
+        TESSERA_CHECK(t.model().num_slots() == 2 - rank, "stage ", rank, " used ", t.model().num_slots(), " slots");
+    }
+    world->barrier();
+  });
+  std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+}
+
+// GPipe holds every micro-batch of the step at once.
+TEST(PipelineTraining, GpipeHoldsEveryMicroBatch) {
+  kern::default_blas_threads();
+  auto res = collectives::test::run_ranks(2, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    collectives::CommOptions co;
+    co.device = &dev;
+    auto world = collectives::Communicator::create(store, rank, size, co);
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 1, 1, &dev, false, 2);
+    parallel::models::gpt::TrainOptions o = tiny_options(256, 2);
+    o.pp = 2;
+    o.schedule = parallel::pipeline::Schedule::kGpipe;
+    parallel::models::gpt::Trainer t(o, ps, dataset());
+    t.init_random();
+    t.step();
+    TESSERA_CHECK(t.model().num_slots() == 8, "stage ", rank, " used ", t.model().num_slots(), " slots");
+    world->barrier();
+  });
+  std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+}
 
 }  // namespace
 }  // namespace tessera

@@ -23,6 +23,8 @@ RunResult run(const std::string& args) {
 
 // A model that trains a step in well under a second.
 const std::string kTiny = "--steps 1 --layers 1 --hidden 32 --heads 2 --seq 16 --vocab 256 --micro-batch 1";
+// The same with two layers, for pipeline flags.
+const std::string kTiny2 = "--steps 1 --layers 2 --hidden 32 --heads 2 --seq 16 --vocab 256 --micro-batch 1";
 
 TEST(TrainGptCli, TinyRunTrains) {  // the baseline the cases below differ from
   TempDir d;
@@ -41,6 +43,7 @@ TEST(TrainGptCli, BadInputExitsTwoBeforeTraining) {
   struct Case {
     std::string args, says;
     bool before_training = true;
+    const std::string* base = &kTiny;
   };
   for (const Case& c : {
            Case{"--tp 0", "--tp: must be a positive integer, got 0"},
@@ -48,7 +51,25 @@ TEST(TrainGptCli, BadInputExitsTwoBeforeTraining) {
            Case{"--steps 9223372036854775808",
                 "--steps: must be a non-negative integer no larger than 9223372036854775807"},
            Case{"--lr 0", "--lr: must be a positive number, got 0"},
-           Case{"--dp 2147483647", "--tp 1 x --dp 2147483647 is more than 2^24 ranks"},
+           Case{"--dp 2147483647", "--tp 1 x --dp 2147483647 x --pp 1 is more than 2^24 ranks"},
+           Case{"--pp 2", "--pp 2 is more than the model's 1 layers"},
+           Case{"--pp 0", "--pp: must be a positive integer, got 0"},
+           Case{"--schedule zigzag", "--schedule: zigzag not in {gpipe,1f1b,interleaved}"},
+           Case{"--pp 2 --stages 2,1", "--stages 2,1 sums to 3, the model has 2 layers", true, &kTiny2},
+           Case{"--pp 2 --stages 1,x", "--stages '1,x' is not a comma-separated list", true, &kTiny2},
+           Case{"--stages 1,1", "--stages needs --pp", true, &kTiny2},
+           Case{"--pp 2 --stages 1,1,0", "--stages has 3 entries but --pp x --virtual-stages is 2", true, &kTiny2},
+           Case{"--virtual-stages 2", "--virtual-stages 2 needs --schedule interleaved", true, &kTiny2},
+           Case{"--trace " + d.file("t.json"), "--trace needs a pipeline (--pp > 1)"},
+           Case{"--pp 2 --trace " + d.file("no/such/t.json"), "--trace: cannot write '" + d.file("no/such/t.json"),
+                true, &kTiny2},
+           Case{"--pp 2 --schedule interleaved", "--pp 2 x --virtual-stages 2 is more than the model's 2 layers", true,
+                &kTiny2},
+           Case{"--pp 2 --schedule interleaved --virtual-stages 1", "needs --virtual-stages >= 2", true, &kTiny2},
+           Case{"--pp 2 --export " + d.file("m.safetensors"), "--export with --pp 2 is not supported yet", true,
+                &kTiny2},
+           // One process for a tp1 x pp2 job: refused as the job starts.
+           Case{"--pp 2", "this job has 1 process(es) but --tp 1 x --pp 2 x --dp 1 = 2 are needed", false, &kTiny2},
            Case{"--seed -1", "--seed: must be a non-negative integer, got '-1'"},
            Case{"--data " + d.file("empty.txt"), "data file '" + d.file("empty.txt") + "' is empty"},
            // Three bytes are read, then found too short for one window once training sets up.
@@ -61,7 +82,7 @@ TEST(TrainGptCli, BadInputExitsTwoBeforeTraining) {
            Case{"--log-json " + d.file("no/such/log.json"), "--log-json: cannot write '" + d.file("no/such/log.json")},
        }) {
     SCOPED_TRACE(c.args);
-    RunResult r = run(kTiny + " " + c.args);
+    RunResult r = run(*c.base + " " + c.args);
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("0.000000"), std::string::npos) << r.out;

@@ -5,6 +5,7 @@
 
 #include "parallel/layers/buffer.h"
 #include "parallel/layers/cross_entropy.h"
+#include "parallel/pipeline/partition.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
 
@@ -60,6 +61,11 @@ struct GptModel::Block {
     ln2_w = ln(".ln_2.weight", Init::Ones);
     ln2_b = ln(".ln_2.bias", Init::Zeros);
   }
+  // Every parameter of the block, in a fixed order (slots alias them by position).
+  std::vector<Parameter*> params() {
+    return {&ln1_w, &ln1_b, &qkv.weight(), &qkv.bias(), &proj.weight(),  &proj.bias(),
+            &ln2_w, &ln2_b, &fc.weight(),  &fc.bias(),  &mproj.weight(), &mproj.bias()};
+  }
   Parameter ln1_w, ln1_b, ln2_w, ln2_b;
   parallel::layers::ColumnParallelLinear qkv;
   parallel::layers::RowParallelLinear proj;
@@ -69,18 +75,67 @@ struct GptModel::Block {
   Tensor x_in, ln1_out, ln1_mean, ln1_rstd, qkv_out, probs, attn_y, x_mid, ln2_out, ln2_mean, ln2_rstd, fc_pre, fc_act;
 };
 
-GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps) : cfg_(cfg), ps_(ps) {
+// One micro-batch's activations: the stage's blocks (slot 0: the model's
+// own; later slots: copies whose Parameters alias slot 0's) and the head's.
+struct GptModel::Slot {
+  std::vector<Block*> blocks;
+  std::vector<std::unique_ptr<Block>> own;
+  Tensor x_out, hf, hf_full, lnf_mean, lnf_rstd, logits, loss, tokens;
+  int64_t batch = 0, seq = 0;
+  bool have_grad = false;
+};
+
+GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages,
+                   int chunk, int chunks)
+    : cfg_(cfg), ps_(ps) {
   cfg_.validate(ps.tp_size);
-  wte_ = std::make_unique<parallel::layers::VocabParallelEmbedding>("transformer.wte.weight", cfg.vocab, cfg.hidden, ps,
-                                                                    0.02f);
+  TESSERA_ARG_CHECK(ps.pp_size >= 1 && ps.pp_rank >= 0 && ps.pp_rank < ps.pp_size, "bad pipeline stage ", ps.pp_rank,
+                    " of ", ps.pp_size);
+  TESSERA_ARG_CHECK(chunks >= 1 && chunk >= 0 && chunk < chunks, "bad model chunk ", chunk, " of ", chunks);
+  stages_ = parallel::pipeline::resolve_stages(stages, cfg.layers, ps.pp_size * chunks);
+  vstage_ = chunk * ps.pp_size + ps.pp_rank;
+  embed_ = vstage_ == 0;
+  head_ = vstage_ == ps.pp_size * chunks - 1;
+  first_layer_ = parallel::pipeline::stage_first_layer(stages_, vstage_);
+  if (has_embedding() || has_head())
+    wte_ = std::make_unique<parallel::layers::VocabParallelEmbedding>("transformer.wte.weight", cfg.vocab, cfg.hidden,
+                                                                      ps, 0.02f);
   wpe_ = make_parameter("transformer.wpe.weight", {cfg.seq, cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Normal,
                         0.02f, true);
   wpe_.sp_partial = ps.sp();
   lnf_w_ = make_parameter("transformer.ln_f.weight", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Ones, 0, false);
   lnf_b_ = make_parameter("transformer.ln_f.bias", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Zeros, 0, false);
   lnf_w_.sp_partial = lnf_b_.sp_partial = ps.sp();
-  for (int64_t i = 0; i < cfg.layers; ++i) blocks_.push_back(std::make_unique<Block>(i, cfg, ps));
+  for (int64_t i = 0; i < stages_[static_cast<size_t>(vstage_)]; ++i)
+    blocks_.push_back(std::make_unique<Block>(first_layer_ + i, cfg, ps));
 }
+
+GptModel::Slot& GptModel::slot(int i) {
+  TESSERA_CHECK(i >= 0 && i <= 1024, "activation slot ", i, " out of range");
+  while (static_cast<int>(slots_.size()) <= i) {
+    auto s = std::make_unique<Slot>();
+    if (slots_.empty()) {
+      for (auto& b : blocks_) s->blocks.push_back(b.get());
+    } else {
+      for (size_t l = 0; l < blocks_.size(); ++l) {
+        s->own.push_back(std::make_unique<Block>(first_layer_ + static_cast<int64_t>(l), cfg_, ps_));
+        std::vector<Parameter*> mine = s->own.back()->params(), base = blocks_[l]->params();
+        for (size_t k = 0; k < mine.size(); ++k) {
+          TESSERA_CHECK(base[k]->value != nullptr, "activation slots need bound parameters (", base[k]->name, ")");
+          mine[k]->value = base[k]->value;
+          mine[k]->grad = base[k]->grad;
+          mine[k]->offset = base[k]->offset;
+          mine[k]->index = base[k]->index;
+        }
+        s->blocks.push_back(s->own.back().get());
+      }
+    }
+    slots_.push_back(std::move(s));
+  }
+  return *slots_[static_cast<size_t>(i)];
+}
+
+Parameter* GptModel::wte() { return wte_ ? &wte_->weight() : nullptr; }
 
 GptModel::~GptModel() = default;
 
@@ -97,27 +152,31 @@ std::vector<Parameter> GptModel::parameter_layout(const GptConfig& cfg, int tp, 
 }
 
 std::vector<Parameter*> GptModel::parameters() {
-  std::vector<Parameter*> v{&wte_->weight(), &wpe_};
-  for (auto& b : blocks_) {
-    for (Parameter* p : {&b->ln1_w, &b->ln1_b, &b->qkv.weight(), &b->qkv.bias(), &b->proj.weight(), &b->proj.bias(),
-                         &b->ln2_w, &b->ln2_b, &b->fc.weight(), &b->fc.bias(), &b->mproj.weight(), &b->mproj.bias()})
-      v.push_back(p);
+  std::vector<Parameter*> v;
+  if (wte_) v.push_back(&wte_->weight());
+  if (has_embedding()) v.push_back(&wpe_);
+  for (auto& b : blocks_)
+    for (Parameter* p : b->params()) v.push_back(p);
+  if (has_head()) {
+    v.push_back(&lnf_w_);
+    v.push_back(&lnf_b_);
   }
-  v.push_back(&lnf_w_);
-  v.push_back(&lnf_b_);
   return v;
 }
 
 std::vector<Parameter*> GptModel::parameters_in_grad_order() {
-  std::vector<Parameter*> v{&lnf_w_, &lnf_b_};
+  std::vector<Parameter*> v;
+  if (has_head()) v = {&lnf_w_, &lnf_b_};
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     Block& b = **it;
     for (Parameter* p : {&b.mproj.weight(), &b.mproj.bias(), &b.fc.weight(), &b.fc.bias(), &b.ln2_w, &b.ln2_b,
                          &b.proj.weight(), &b.proj.bias(), &b.qkv.weight(), &b.qkv.bias(), &b.ln1_w, &b.ln1_b})
       v.push_back(p);
   }
-  v.push_back(&wpe_);
-  v.push_back(&wte_->weight());
+  if (has_embedding()) v.push_back(&wpe_);
+  // Last also on the last stage: the tied copy's gradient is final only once
+  // summed with the first stage's (the trainer reports it after that).
+  if (wte_) v.push_back(&wte_->weight());
   return v;
 }
 
@@ -125,7 +184,10 @@ void GptModel::init(uint64_t seed) {
   for (Parameter* p : parameters()) parallel::layers::init_parameter(*p, seed);
 }
 
-const float* GptModel::token_losses() const { return loss_.data<float>(); }
+const float* GptModel::token_losses() const {
+  TESSERA_CHECK(has_head() && !slots_.empty(), "token_losses: no forward on the last stage yet");
+  return slots_[static_cast<size_t>(last_slot_)]->loss.data<float>();
+}
 
 void GptModel::attention_forward(Block& b, int64_t batch, int64_t seq) {
   Device* dev = ps_.device;
@@ -208,39 +270,56 @@ void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
 
 double GptModel::forward(const int32_t* inputs, const int32_t* targets, int64_t batch, int64_t seq, bool want_grad,
                          float grad_scale) {
+  TESSERA_CHECK(embed_ && head_, "forward() runs the whole model; pipeline stages use forward_stage()");
+  return forward_stage(0, inputs, targets, nullptr, batch, seq, want_grad, grad_scale, nullptr);
+}
+
+void GptModel::backward(const std::function<void(Parameter*)>& on_ready) { backward_stage(0, nullptr, on_ready); }
+
+double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* targets, const float* act_in,
+                               int64_t batch, int64_t seq, bool want_grad, float grad_scale, const float** act_out) {
   TESSERA_ARG_CHECK(seq >= 1 && seq <= cfg_.seq, "sequence length ", seq, " exceeds the model context ", cfg_.seq);
   const int64_t n = batch * seq, c = cfg_.hidden;
   TESSERA_ARG_CHECK(!ps_.sp() || n % ps_.tp_size == 0, "sequence parallelism needs batch*seq (", n,
                     ") divisible by tp ", ps_.tp_size);
   for (int64_t i = 0; i < n; ++i) {
-    TESSERA_ARG_CHECK(inputs[i] >= 0 && inputs[i] < cfg_.vocab && targets[i] >= 0 && targets[i] < cfg_.vocab,
-                      "token id out of the vocabulary [0, ", cfg_.vocab, ") at position ", i);
+    TESSERA_ARG_CHECK(!has_embedding() || (inputs[i] >= 0 && inputs[i] < cfg_.vocab), "token id ", inputs[i],
+                      " out of the vocabulary [0, ", cfg_.vocab, ") at position ", i);
+    TESSERA_ARG_CHECK(!has_head() || (targets[i] >= 0 && targets[i] < cfg_.vocab), "target id ", targets[i],
+                      " out of the vocabulary [0, ", cfg_.vocab, ") at position ", i);
   }
+  TESSERA_ARG_CHECK(has_embedding() || act_in != nullptr, "forward_stage: virtual stage ", vstage_,
+                    " needs the previous stage's activation");
   Device* dev = ps_.device;
   const int64_t nl = local_rows(n);
-  batch_ = batch;
-  seq_ = seq;
-  have_grad_ = want_grad;
-  // Keep our own copy of the inputs: backward needs them after the caller moved on.
-  int32_t* tok = nullptr;
-  if (!tokens_in_.defined() || tokens_in_.numel() < n) tokens_in_ = Tensor::empty({n}, DType::I32, dev);
-  tok = tokens_in_.data<int32_t>();
-  std::memcpy(tok, inputs, sizeof(int32_t) * n);
-  inputs_ = tok;
+  Slot& s = slot(si);
+  last_slot_ = si;
+  s.batch = batch;
+  s.seq = seq;
+  s.have_grad = want_grad;
 
-  // Embeddings: token (vocab-parallel) + position (replicated).
-  float* x = ensure_buffer(blocks_[0]->x_in, dev, nl * c);
-  wte_->forward(tok, n, x);
-  const int64_t row0 = ps_.sp() ? ps_.tp_rank * nl : 0;
-  for (int64_t r = 0; r < nl; ++r) {
-    const float* pe = wpe_.value + ((row0 + r) % seq) * c;
-    float* xr = x + r * c;
-    for (int64_t j = 0; j < c; ++j) xr[j] += pe[j];
+  float* x = ensure_buffer(s.blocks[0]->x_in, dev, nl * c);
+  if (has_embedding()) {
+    // Keep our own copy of the inputs: backward needs them after the caller moved on.
+    if (!s.tokens.defined() || s.tokens.numel() < n) s.tokens = Tensor::empty({n}, DType::I32, dev);
+    int32_t* tok = s.tokens.data<int32_t>();
+    std::memcpy(tok, inputs, sizeof(int32_t) * n);
+    // Embeddings: token (vocab-parallel) + position (replicated).
+    wte_->forward(tok, n, x);
+    const int64_t row0 = ps_.sp() ? ps_.tp_rank * nl : 0;
+    for (int64_t r = 0; r < nl; ++r) {
+      const float* pe = wpe_.value + ((row0 + r) % seq) * c;
+      float* xr = x + r * c;
+      for (int64_t j = 0; j < c; ++j) xr[j] += pe[j];
+    }
+    kern::charge(dev, double(nl) * c, 12.0 * nl * c);
+  } else {
+    // The received activation (a device would receive it in place: not charged).
+    std::memcpy(x, act_in, sizeof(float) * nl * c);
   }
-  kern::charge(dev, double(nl) * c, 12.0 * nl * c);
 
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    Block& b = *blocks_[l];
+  for (size_t l = 0; l < s.blocks.size(); ++l) {
+    Block& b = *s.blocks[l];
     const float* xin = b.x_in.data<float>();
     float* ln1 = ensure_buffer(b.ln1_out, dev, nl * c);
     kern::layernorm_forward(dev, xin, b.ln1_w.value, b.ln1_b.value, ln1, ensure_buffer(b.ln1_mean, dev, nl),
@@ -257,23 +336,28 @@ double GptModel::forward(const int32_t* inputs, const int32_t* targets, int64_t 
     b.fc.forward(ln2, n, pre);
     float* act = ensure_buffer(b.fc_act, dev, n * f);
     kern::gelu_forward(dev, pre, act, n * f);
-    Tensor& out = (l + 1 < blocks_.size()) ? blocks_[l + 1]->x_in : x_final_;
+    Tensor& out = (l + 1 < s.blocks.size()) ? s.blocks[l + 1]->x_in : s.x_out;
     b.mproj.forward(act, n, xm, ensure_buffer(out, dev, nl * c));
   }
+  if (!has_head()) {
+    if (act_out) *act_out = s.x_out.data<float>();
+    return 0;
+  }
+  if (act_out) *act_out = nullptr;
 
   // Final LayerNorm and the tied, vocab-parallel LM head.
-  float* hf = ensure_buffer(hf_, dev, nl * c);
-  kern::layernorm_forward(dev, x_final_.data<float>(), lnf_w_.value, lnf_b_.value, hf,
-                          ensure_buffer(lnf_mean_, dev, nl), ensure_buffer(lnf_rstd_, dev, nl), nl, c, cfg_.ln_eps);
+  float* hf = ensure_buffer(s.hf, dev, nl * c);
+  kern::layernorm_forward(dev, s.x_out.data<float>(), lnf_w_.value, lnf_b_.value, hf,
+                          ensure_buffer(s.lnf_mean, dev, nl), ensure_buffer(s.lnf_rstd, dev, nl), nl, c, cfg_.ln_eps);
   float* hfull = hf;
   if (ps_.sp()) {
-    hfull = ensure_buffer(hf_full_, dev, n * c);
+    hfull = ensure_buffer(s.hf_full, dev, n * c);
     ps_.tp_all_gather(hf, hfull, nl * c);
   }
   const int64_t vv = wte_->vocab_valid();
-  float* logits = ensure_buffer(logits_, dev, n * std::max<int64_t>(vv, 1));
+  float* logits = ensure_buffer(s.logits, dev, n * std::max<int64_t>(vv, 1));
   kern::gemm(dev, false, true, n, vv, c, 1.f, hfull, c, wte_->weight().value, c, 0.f, logits, vv);
-  float* loss = ensure_buffer(loss_, dev, n);
+  float* loss = ensure_buffer(s.loss, dev, n);
   parallel::layers::vocab_parallel_cross_entropy(ps_, logits, n, vv, vv, wte_->vocab_start(), targets, want_grad,
                                                  grad_scale, loss, ensure_buffer(ce_scratch_, dev, 3 * n));
   double total = 0;
@@ -281,76 +365,87 @@ double GptModel::forward(const int32_t* inputs, const int32_t* targets, int64_t 
   return total;
 }
 
-void GptModel::backward(const std::function<void(Parameter*)>& on_ready) {
-  TESSERA_CHECK(have_grad_, "backward() needs a forward(..., want_grad = true) first");
-  have_grad_ = false;
+const float* GptModel::backward_stage(int si, const float* grad_out, const std::function<void(Parameter*)>& on_ready) {
+  TESSERA_CHECK(si >= 0 && si < static_cast<int>(slots_.size()) && slots_[static_cast<size_t>(si)]->have_grad,
+                "backward needs a forward(..., want_grad = true) of the same slot first");
+  TESSERA_CHECK(has_head() || grad_out != nullptr, "backward_stage: virtual stage ", vstage_,
+                " needs the next stage's gradient");
+  Slot& s = *slots_[static_cast<size_t>(si)];
+  s.have_grad = false;
   auto ready = [&](Parameter& p) {
     if (on_ready) on_ready(&p);
   };
   Device* dev = ps_.device;
-  const int64_t n = batch_ * seq_, c = cfg_.hidden, nl = local_rows(n);
-  const int64_t vv = wte_->vocab_valid();
-  const float* hfull = ps_.sp() ? hf_full_.data<float>() : hf_.data<float>();
-  const float* dlogits = logits_.data<float>();
-  Parameter& wte = wte_->weight();
-
-  float* dhf_full = ensure_buffer(dhf_full_, dev, n * c);
-  kern::gemm(dev, false, false, n, c, vv, 1.f, dlogits, vv, wte.value, c, 0.f, dhf_full, c);
-  kern::gemm(dev, true, false, vv, c, n, 1.f, dlogits, vv, hfull, c, 1.f, wte.grad, c);
-  float* dhf = dhf_full;
-  if (ps_.sp()) {
-    dhf = ensure_buffer(dhf_, dev, nl * c);
-    ps_.tp_reduce_scatter(dhf_full, dhf, nl * c);
-  } else {
-    ps_.tp_all_reduce(dhf_full, n * c);
-  }
+  const int64_t n = s.batch * s.seq, c = cfg_.hidden, nl = local_rows(n);
   float* dres = ensure_buffer(dres_, dev, nl * c);
-  std::memset(dres, 0, sizeof(float) * nl * c);
-  kern::layernorm_backward(dev, dhf, x_final_.data<float>(), lnf_w_.value, lnf_mean_.data<float>(),
-                           lnf_rstd_.data<float>(), dres, lnf_w_.grad, lnf_b_.grad, nl, c);
-  ready(lnf_w_);
-  ready(lnf_b_);
+
+  if (has_head()) {
+    const int64_t vv = wte_->vocab_valid();
+    const float* hfull = ps_.sp() ? s.hf_full.data<float>() : s.hf.data<float>();
+    const float* dlogits = s.logits.data<float>();
+    Parameter& wte = wte_->weight();
+    float* dhf_full = ensure_buffer(dhf_full_, dev, n * c);
+    kern::gemm(dev, false, false, n, c, vv, 1.f, dlogits, vv, wte.value, c, 0.f, dhf_full, c);
+    kern::gemm(dev, true, false, vv, c, n, 1.f, dlogits, vv, hfull, c, 1.f, wte.grad, c);
+    float* dhf = dhf_full;
+    if (ps_.sp()) {
+      dhf = ensure_buffer(dhf_, dev, nl * c);
+      ps_.tp_reduce_scatter(dhf_full, dhf, nl * c);
+    } else {
+      ps_.tp_all_reduce(dhf_full, n * c);
+    }
+    std::memset(dres, 0, sizeof(float) * nl * c);
+    kern::layernorm_backward(dev, dhf, s.x_out.data<float>(), lnf_w_.value, s.lnf_mean.data<float>(),
+                             s.lnf_rstd.data<float>(), dres, lnf_w_.grad, lnf_b_.grad, nl, c);
+    ready(lnf_w_);
+    ready(lnf_b_);
+  } else {
+    std::memcpy(dres, grad_out, sizeof(float) * nl * c);
+  }
 
   float* dln = ensure_buffer(dln_, dev, nl * c);
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
-    Block& b = **it;
+  for (size_t l = s.blocks.size(); l-- > 0;) {
+    Block& b = *s.blocks[l];
+    Block& own = *blocks_[l];  // whose Parameters the optimizer knows
     const int64_t f = b.fc.out_local();
     float* dfc = ensure_buffer(dfc_, dev, n * f);
     b.mproj.backward(dres, n, dfc);
-    ready(b.mproj.weight());
-    ready(b.mproj.bias());
+    ready(own.mproj.weight());
+    ready(own.mproj.bias());
     kern::gelu_backward(dev, dfc, b.fc_pre.data<float>(), dfc, n * f);
     b.fc.backward(dfc, n, dln);
-    ready(b.fc.weight());
-    ready(b.fc.bias());
+    ready(own.fc.weight());
+    ready(own.fc.bias());
     kern::layernorm_backward(dev, dln, b.x_mid.data<float>(), b.ln2_w.value, b.ln2_mean.data<float>(),
                              b.ln2_rstd.data<float>(), dres, b.ln2_w.grad, b.ln2_b.grad, nl, c);
-    ready(b.ln2_w);
-    ready(b.ln2_b);
+    ready(own.ln2_w);
+    ready(own.ln2_b);
     float* dattn = ensure_buffer(dattn_, dev, n * b.proj.in_local());
     b.proj.backward(dres, n, dattn);
-    ready(b.proj.weight());
-    ready(b.proj.bias());
-    attention_backward(b, batch_, seq_);
+    ready(own.proj.weight());
+    ready(own.proj.bias());
+    attention_backward(b, s.batch, s.seq);
     b.qkv.backward(dqkv_.data<float>(), n, dln);
-    ready(b.qkv.weight());
-    ready(b.qkv.bias());
+    ready(own.qkv.weight());
+    ready(own.qkv.bias());
     kern::layernorm_backward(dev, dln, b.x_in.data<float>(), b.ln1_w.value, b.ln1_mean.data<float>(),
                              b.ln1_rstd.data<float>(), dres, b.ln1_w.grad, b.ln1_b.grad, nl, c);
-    ready(b.ln1_w);
-    ready(b.ln1_b);
+    ready(own.ln1_w);
+    ready(own.ln1_b);
   }
+  if (!has_embedding()) return dres;
 
   const int64_t row0 = ps_.sp() ? ps_.tp_rank * nl : 0;
   for (int64_t r = 0; r < nl; ++r) {
-    float* g = wpe_.grad + ((row0 + r) % seq_) * c;
+    float* g = wpe_.grad + ((row0 + r) % s.seq) * c;
     const float* d = dres + r * c;
     for (int64_t j = 0; j < c; ++j) g[j] += d[j];
   }
   kern::charge(dev, double(nl) * c, 12.0 * nl * c);
   ready(wpe_);
-  wte_->backward(inputs_, n, dres);
-  ready(wte);
+  wte_->backward(s.tokens.data<int32_t>(), n, dres);
+  ready(wte_->weight());
+  return nullptr;
 }
 
 }  // namespace tessera::parallel::models::gpt

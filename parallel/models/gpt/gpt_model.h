@@ -12,6 +12,22 @@
 // Use: construct, bind the parameters (DistributedOptimizer or ParamBinder),
 // init(seed) or load; then per micro-batch forward() and backward().
 // Not thread-safe. The ParallelState must outlive the model.
+//
+// Pipeline parallelism (ps.pp_size > 1): the model holds only its stage. The
+// blocks split into pp stages by parallel/pipeline/partition.h (resolve_stages:
+// `stages` when given, else stage_layers); the first stage holds wte and wpe,
+// the last ln_f and a copy of wte for the tied LM head (the two copies start
+// equal and their gradients are summed over ps.embed before each update, so
+// they stay equal). Blocks keep their global names (transformer.h.<layer>).
+// With v virtual stages per rank (interleaved schedules) a rank holds v
+// models, one per chunk: chunk c of rank r is virtual stage c pp + r of
+// pp v, whose layers `stages` (pp v entries) gives; the embeddings belong to
+// virtual stage 0, the head to the last.
+// Stages run forward_stage()/backward_stage() per micro-batch under a
+// schedule (parallel/pipeline/executor.h); several micro-batches can be in
+// flight, each in its own activation slot. A slot is a copy of the stage's
+// layers whose Parameters alias slot 0's values and gradients (bound by the
+// optimizer before the first forward), created on first use and reused.
 #pragma once
 
 #include <cstdint>
@@ -42,12 +58,25 @@ struct GptConfig {
 
 class GptModel {
  public:
-  GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps);
+  // stages: layers per (virtual) pipeline stage (ps.pp_size x chunks
+  // entries; empty: stage_layers); this model is chunk `chunk` of `chunks`.
+  GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages = {},
+           int chunk = 0, int chunks = 1);
   ~GptModel();
 
   const GptConfig& config() const { return cfg_; }
-  // Every parameter in Hugging Face order.
+  // Every parameter this stage holds, in Hugging Face order (the whole
+  // model when pp_size == 1).
   std::vector<parallel::layers::Parameter*> parameters();
+  // Layers per stage and this stage's layers [first_layer, first_layer + num_layers).
+  const std::vector<int>& stages() const { return stages_; }
+  int64_t first_layer() const { return first_layer_; }
+  int64_t num_layers() const { return static_cast<int64_t>(blocks_.size()); }
+  bool has_embedding() const { return embed_; }
+  bool has_head() const { return head_; }
+  // The token embedding (on the first stage) or its tied copy (on the last);
+  // nullptr on the stages in between.
+  parallel::layers::Parameter* wte();
   // Every parameter TP rank `tp_rank` of `tp` holds, in parameters() order,
   // unbound (value == nullptr): name, full shape, shard shape, split dim and
   // chunks as this model's layers build them. The checkpoint layout
@@ -73,25 +102,49 @@ class GptModel {
   // Per-token losses of the last forward, [batch * seq] row-major.
   const float* token_losses() const;
 
+  // ---- pipeline stages ----
+  // Elements of the activation passed between stages (and of its gradient)
+  // for a micro-batch of batch x seq tokens: rows (rows / tp under SP) x hidden.
+  int64_t activation_elems(int64_t batch, int64_t seq) const { return local_rows(batch * seq) * cfg_.hidden; }
+  // Forward of one micro-batch in activation slot `slot`. inputs (first
+  // stage) and targets (last stage) are [batch, seq] token ids; `act_in` is
+  // the previous stage's output (ignored on the first stage). Returns the sum
+  // of the per-token losses on the last stage (0 elsewhere); *act_out (when
+  // not null) gets this stage's output (nullptr on the last stage), valid
+  // until the slot's next forward.
+  double forward_stage(int slot, const int32_t* inputs, const int32_t* targets, const float* act_in, int64_t batch,
+                       int64_t seq, bool want_grad, float grad_scale, const float** act_out);
+  // Backward of the micro-batch in `slot`; `grad_out` is the gradient of this
+  // stage's output from the next stage (ignored on the last stage). Returns
+  // the gradient of this stage's input (nullptr on the first stage), valid
+  // until the next backward_stage. on_ready as backward()'s, with slot 0's
+  // Parameters.
+  const float* backward_stage(int slot, const float* grad_out,
+                              const std::function<void(parallel::layers::Parameter*)>& on_ready);
+  int num_slots() const { return static_cast<int>(slots_.size()); }
+
  private:
   struct Block;
+  struct Slot;
+  Slot& slot(int i);
   void attention_forward(Block& b, int64_t batch, int64_t seq);
   void attention_backward(Block& b, int64_t batch, int64_t seq);
   int64_t local_rows(int64_t rows) const { return ps_.sp() ? rows / ps_.tp_size : rows; }
 
   GptConfig cfg_;
   const parallel::layers::ParallelState& ps_;
-  std::unique_ptr<parallel::layers::VocabParallelEmbedding> wte_;
+  std::vector<int> stages_;
+  int64_t first_layer_ = 0;
+  int vstage_ = 0;
+  bool embed_ = true, head_ = true;
+  std::unique_ptr<parallel::layers::VocabParallelEmbedding> wte_;  // first and last stage
   parallel::layers::Parameter wpe_, lnf_w_, lnf_b_;
-  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<std::unique_ptr<Block>> blocks_;  // slot 0's: they own the parameters
+  std::vector<std::unique_ptr<Slot>> slots_;
+  int last_slot_ = 0;  // of the last forward (token_losses)
 
-  int64_t batch_ = 0, seq_ = 0;
-  const int32_t* inputs_ = nullptr;
-  bool have_grad_ = false;
-  // Activations and scratch (grown on demand, then reused).
-  Tensor x_final_, hf_, hf_full_, lnf_mean_, lnf_rstd_, logits_, loss_, ce_scratch_;
-  Tensor dres_, dln_, dhf_full_, dhf_, dqkv_, dattn_, dfc_, dprobs_;
-  Tensor tokens_in_;
+  // Scratch shared by the slots (grown on demand, then reused).
+  Tensor ce_scratch_, dres_, dln_, dhf_full_, dhf_, dqkv_, dattn_, dfc_, dprobs_;
 };
 
 }  // namespace tessera::parallel::models::gpt

@@ -13,9 +13,18 @@ namespace tessera::parallel::models::gpt {
 
 void TrainOptions::normalize() {
   model.validate(tp);
-  TESSERA_ARG_CHECK(tp >= 1 && dp >= 1, "--tp and --dp must be >= 1");
+  TESSERA_ARG_CHECK(tp >= 1 && dp >= 1 && pp >= 1, "--tp, --dp and --pp must be >= 1");
   // Bounds that keep the products below (ranks, rows per step) from overflowing.
-  TESSERA_ARG_CHECK(int64_t{tp} * dp <= (int64_t{1} << 24), "--tp ", tp, " x --dp ", dp, " is more than 2^24 ranks");
+  TESSERA_ARG_CHECK(int64_t{tp} * dp * pp <= (int64_t{1} << 24), "--tp ", tp, " x --dp ", dp, " x --pp ", pp,
+                    " is more than 2^24 ranks");
+  TESSERA_ARG_CHECK(pp <= model.layers, "--pp ", pp, " is more than the model's ", model.layers,
+                    " layers (each stage needs a whole layer)");
+  TESSERA_ARG_CHECK(virtual_stages >= 1, "--virtual-stages must be >= 1");
+  TESSERA_ARG_CHECK(int64_t{pp} * virtual_stages <= model.layers, "--pp ", pp, " x --virtual-stages ", virtual_stages,
+                    " is more than the model's ", model.layers, " layers (each virtual stage needs a whole layer)");
+  TESSERA_ARG_CHECK(stages.empty() || static_cast<int64_t>(stages.size()) == int64_t{pp} * virtual_stages,
+                    "--stages has ", stages.size(), " entries but --pp x --virtual-stages is ", pp * virtual_stages);
+  stages = parallel::pipeline::resolve_stages(stages, model.layers, pp * virtual_stages);
   TESSERA_ARG_CHECK(micro_batch <= (int64_t{1} << 24), "--micro-batch ", micro_batch, " is more than 2^24 sequences");
   TESSERA_ARG_CHECK(seq >= 1 && seq <= model.seq, "--seq ", seq, " must be in [1, ", model.seq,
                     "] (the model's context)");
@@ -27,6 +36,9 @@ void TrainOptions::normalize() {
                     " must be a multiple of --micro-batch x --dp = ", micro_batch * dp);
   TESSERA_ARG_CHECK(!sequence_parallel || (micro_batch * seq) % tp == 0,
                     "sequence parallelism needs micro-batch x seq (", micro_batch * seq, ") divisible by --tp ", tp);
+  TESSERA_ARG_CHECK(pp == 1 || micro_batches() <= (int64_t{1} << 20), "--global-batch ", global_batch,
+                    " makes more than 2^20 micro-batches per step");
+  parallel::pipeline::check_schedule(schedule, pp, static_cast<int>(micro_batches()), virtual_stages);
   TESSERA_ARG_CHECK(steps >= 0, "--steps must be >= 0");
   TESSERA_ARG_CHECK(lr > 0 && std::isfinite(lr), "--lr must be > 0");
   if (min_lr < 0) min_lr = lr / 10;
@@ -41,11 +53,25 @@ Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
                  std::shared_ptr<const parallel::data::ByteDataset> dataset)
     : opts_(std::move(opts)), ps_(ps), data_(std::move(dataset)) {
   opts_.normalize();
-  TESSERA_ARG_CHECK(ps.tp_size == opts_.tp && ps.dp_size == opts_.dp, "parallel state tp ", ps.tp_size, " dp ",
-                    ps.dp_size, " does not match the options tp ", opts_.tp, " dp ", opts_.dp);
+  TESSERA_ARG_CHECK(ps.tp_size == opts_.tp && ps.dp_size == opts_.dp && ps.pp_size == opts_.pp, "parallel state tp ",
+                    ps.tp_size, " dp ", ps.dp_size, " pp ", ps.pp_size, " does not match the options tp ", opts_.tp,
+                    " dp ", opts_.dp, " pp ", opts_.pp);
   TESSERA_ARG_CHECK(data_ != nullptr, "Trainer needs a dataset");
-  model_ = std::make_unique<GptModel>(opts_.model, ps);
-  opt_ = std::make_unique<parallel::optim::DistributedOptimizer>(ps, model_->parameters_in_grad_order(), opts_.adamw);
+  const int v = opts_.virtual_stages;
+  for (int c = 0; c < v; ++c) chunks_.push_back(std::make_unique<GptModel>(opts_.model, ps, opts_.stages, c, v));
+  model_ = chunks_[0].get();
+  // Gradient order: the later chunks finish first; the tied wte last of all.
+  std::vector<parallel::layers::Parameter*> order;
+  parallel::layers::Parameter* wte = tied_wte();
+  for (int c = v - 1; c >= 0; --c)
+    for (parallel::layers::Parameter* p : chunks_[static_cast<size_t>(c)]->parameters_in_grad_order())
+      if (p != wte) order.push_back(p);
+  if (wte) order.push_back(wte);
+  // The last stage's copy of wte is the first stage's again: counted once in the norm.
+  std::vector<const parallel::layers::Parameter*> copies;
+  if (ps.pp_size > 1 && wte && !chunks_[0]->has_embedding()) copies.push_back(wte);
+  opt_ = std::make_unique<parallel::optim::DistributedOptimizer>(ps, order, opts_.adamw, copies);
+  if (ps.pp_size > 1) pipe_ = std::make_unique<parallel::pipeline::PipelineExecutor>(ps, v);
   const int64_t mb = opts_.micro_batch, s = opts_.seq;
   rows_.resize(mb * (s + 1));
   inputs_.resize(mb * s);
@@ -54,14 +80,16 @@ Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
 
 Trainer::~Trainer() = default;
 
-void Trainer::init_random() { model_->init(opts_.seed); }
+void Trainer::init_random() {
+  for (auto& c : chunks_) c->init(opts_.seed);
+}
 
 void Trainer::load_hf(const std::string& path) {
   auto src = parallel::checkpoint::open_safetensors(path);
   const GptConfig& m = opts_.model;
   parallel::checkpoint::Gpt2Config c{m.vocab, m.seq, m.hidden, m.layers, m.heads};
   parallel::checkpoint::check_gpt2(*src, c);
-  for (parallel::layers::Parameter* p : model_->parameters()) {
+  for (parallel::layers::Parameter* p : parameters()) {
     Tensor full = Tensor::empty(p->full_shape, DType::F32);
     parallel::checkpoint::read_gpt2_tensor(*src, p->name, full);
     parallel::layers::load_shard(*p, full.data<float>());
@@ -69,6 +97,8 @@ void Trainer::load_hf(const std::string& path) {
 }
 
 void Trainer::export_hf(const std::string& path) {
+  TESSERA_ARG_CHECK(ps_.pp_size == 1, "exporting a pipeline-parallel model (--pp ", ps_.pp_size,
+                    ") is not supported yet");
   const GptConfig& m = opts_.model;
   const bool writer = ps_.global_rank() == 0;
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -106,6 +136,112 @@ double Trainer::forward_rows(const int32_t* rows, int64_t nrows, int64_t seq, bo
   return model_->forward(inputs_.data(), targets_.data(), nrows, seq, train, grad_scale);
 }
 
+// This rank's chunks of the model under the executor: micro-batch i is rows
+// [dp_rank * per_rank + i * mb, + mb) of the step's global batch.
+class Trainer::Stage final : public parallel::pipeline::StageModule {
+ public:
+  Stage(Trainer& t, std::function<void(int64_t, int32_t*)> rows, bool train, float scale, int64_t m)
+      : t_(t), rows_(std::move(rows)), train_(train), scale_(scale), m_(m) {}
+  int64_t activation_elems() const override { return t_.model_->activation_elems(t_.opts_.micro_batch, t_.opts_.seq); }
+  const float* forward(int chunk, int micro, int slot, const float* in) override {
+    const int64_t mb = t_.opts_.micro_batch, s = t_.opts_.seq;
+    GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
+    if (model.has_embedding() || model.has_head()) {
+      rows_(micro, t_.rows_.data());
+      for (int64_t r = 0; r < mb; ++r) {
+        std::memcpy(t_.inputs_.data() + r * s, t_.rows_.data() + r * (s + 1), sizeof(int32_t) * s);
+        std::memcpy(t_.targets_.data() + r * s, t_.rows_.data() + r * (s + 1) + 1, sizeof(int32_t) * s);
+      }
+    }
+    const float* out = nullptr;
+    loss += model.forward_stage(slot, t_.inputs_.data(), t_.targets_.data(), in, mb, s, train_, scale_, &out);
+    if (on_forward && model.has_head()) on_forward(micro, model);
+    return out;
+  }
+  const float* backward(int chunk, int micro, int slot, const float* dout) override {
+    // A chunk's last backward (micro-batch m - 1 in every schedule) finishes
+    // its gradients: report them to the optimizer (DP buckets), all but the
+    // tied embedding's (reported after the embedding-group sum).
+    const bool last = micro + 1 == m_;
+    parallel::layers::Parameter* wte = t_.tied_wte();
+    auto on_ready = [this, wte](parallel::layers::Parameter* p) {
+      if (p != wte) t_.opt_->grad_ready(p);
+    };
+    return t_.chunks_[static_cast<size_t>(chunk)]->backward_stage(
+        slot, dout,
+        last ? std::function<void(parallel::layers::Parameter*)>(on_ready)
+             : std::function<void(parallel::layers::Parameter*)>());
+  }
+  double loss = 0;
+  std::function<void(int, GptModel&)> on_forward;  // after a forward of the last virtual stage
+
+ private:
+  Trainer& t_;
+  std::function<void(int64_t, int32_t*)> rows_;
+  bool train_;
+  float scale_;
+  int64_t m_;
+};
+
+parallel::layers::Parameter* Trainer::tied_wte() {
+  for (auto& c : chunks_)
+    if (c->wte()) return c->wte();
+  return nullptr;
+}
+
+parallel::layers::Parameter* Trainer::tied_copy() {
+  return ps_.pp_size > 1 && ps_.pp_rank == ps_.pp_size - 1 ? tied_wte() : nullptr;
+}
+
+std::vector<parallel::layers::Parameter*> Trainer::parameters() {
+  std::vector<parallel::layers::Parameter*> v;
+  for (auto& c : chunks_)
+    for (parallel::layers::Parameter* p : c->parameters()) v.push_back(p);
+  return v;
+}
+
+double Trainer::pipeline_step(float scale) {
+  const int64_t g = opts_.global_batch, mb = opts_.micro_batch, s = opts_.seq;
+  const int64_t per_rank = g / ps_.dp_size;
+  const int m = static_cast<int>(opts_.micro_batches());
+  Stage stage(
+      *this,
+      [&](int64_t i, int32_t* rows) {
+        data_->batch(parallel::data::Split::kTrain, step_ - 1, g, s, ps_.dp_rank * per_rank + i * mb, mb, rows);
+      },
+      true, scale, m);
+  pipe_->run(parallel::pipeline::schedule_ops(opts_.schedule, ps_.pp_size, m, ps_.pp_rank, opts_.virtual_stages), m,
+             stage);
+  reduce_tied_embedding();
+  return stage.loss;
+}
+
+void Trainer::reduce_tied_embedding() {
+  parallel::layers::Parameter* wte = tied_wte();
+  if (wte == nullptr) return;
+  if (ps_.embed)
+    ps_.embed->all_reduce(wte->grad, wte->grad, static_cast<size_t>(wte->numel()), DType::F32,
+                          collectives::ReduceOp::Sum);
+  opt_->grad_ready(wte);
+}
+
+double Trainer::pipeline_eval(int64_t micro, const std::function<int64_t(int64_t, int32_t*)>& fill) {
+  std::vector<int64_t> real(static_cast<size_t>(micro));
+  Stage stage(
+      *this, [&](int64_t i, int32_t* rows) { real[static_cast<size_t>(i)] = fill(i, rows); }, false, 0.f, micro);
+  double sum = 0;
+  stage.on_forward = [&](int i, GptModel& head) {
+    const float* tl = head.token_losses();
+    for (int64_t k = 0; k < real[static_cast<size_t>(i)] * opts_.seq; ++k) sum += tl[k];
+  };
+  // Micro-batch by micro-batch, each through this rank's chunks in order.
+  std::vector<parallel::pipeline::PipeOp> ops;
+  for (int i = 0; i < micro; ++i)
+    for (int c = 0; c < opts_.virtual_stages; ++c) ops.push_back({parallel::pipeline::PipeOp::kForward, i, c});
+  pipe_->run(ops, static_cast<int>(micro), stage, /*forward_only=*/true);
+  return sum;
+}
+
 StepRecord Trainer::step() {
   ++step_;
   Device* dev = ps_.device;
@@ -117,7 +253,8 @@ StepRecord Trainer::step() {
   opt_->zero_grad();
   double loss = 0;
   auto on_ready = [this](parallel::layers::Parameter* p) { opt_->grad_ready(p); };
-  for (int64_t i = 0; i < micro; ++i) {
+  if (pipe_) loss = pipeline_step(scale);
+  for (int64_t i = 0; i < (pipe_ ? 0 : micro); ++i) {
     data_->batch(parallel::data::Split::kTrain, step_ - 1, g, s, ps_.dp_rank * per_rank + i * mb, mb, rows_.data());
     loss += forward_rows(rows_.data(), mb, s, true, scale);
     if (i + 1 == micro) {
@@ -130,6 +267,8 @@ StepRecord Trainer::step() {
   // The loss and the gradient wait, summed over DP in one call.
   float sums[2] = {static_cast<float>(loss * scale), static_cast<float>(st.wait_s)};
   if (ps_.dp_size > 1) ps_.dp->all_reduce(sums, sums, 2, DType::F32, collectives::ReduceOp::Sum);
+  // Only the last stage has a loss: the sum over stages gives it to all.
+  if (ps_.pp_size > 1) ps_.pp->all_reduce(sums, sums, 2, DType::F32, collectives::ReduceOp::Sum);
   const float mean = sums[0];
 
   StepRecord rec;
@@ -137,14 +276,14 @@ StepRecord Trainer::step() {
   rec.loss = mean;
   rec.grad_norm = st.grad_norm;
   rec.lr = st.lr;
-  rec.grad_wait_s = sums[1] / ps_.dp_size;
+  rec.grad_wait_s = sums[1] / (ps_.dp_size * ps_.pp_size);
   rec.wall_s = sw.seconds();
   rec.tokens_per_s = static_cast<double>(g * s) / rec.wall_s;
   const ClockTotals c1 = dev->clock().totals();
   rec.modeled_compute_s = c1.compute_s - c0.compute_s;
   rec.modeled_comm_s = c1.comm_s - c0.comm_s;
   rec.modeled_step_s = rec.modeled_compute_s + rec.modeled_comm_s;
-  const double peak = dev->spec().peak_flops(DType::F32) * ps_.tp_size * ps_.dp_size;
+  const double peak = dev->spec().peak_flops(DType::F32) * ps_.tp_size * ps_.dp_size * ps_.pp_size;
   if (rec.modeled_step_s > 0 && peak > 0)
     rec.mfu = opts_.model.train_flops_per_token() * static_cast<double>(g * s) / (peak * rec.modeled_step_s);
   rec.peak_mem_bytes = dev->memory_stats().peak;
@@ -157,7 +296,19 @@ double Trainer::eval_windows(const std::vector<int32_t>& windows, int64_t count,
   const int64_t mb = opts_.micro_batch;
   double sum = 0;
   const int64_t nb = (count + mb - 1) / mb;
-  for (int64_t b = ps_.dp_rank; b < nb; b += ps_.dp_size) {
+  if (pipe_) {
+    // Batch b goes to DP rank b % dp as below; every stage runs them in order.
+    const int64_t mine = nb > ps_.dp_rank ? (nb - ps_.dp_rank + ps_.dp_size - 1) / ps_.dp_size : 0;
+    sum = pipeline_eval(mine, [&](int64_t i, int32_t* rows) {
+      const int64_t b = ps_.dp_rank + i * ps_.dp_size, first = b * mb, real = std::min(mb, count - first);
+      for (int64_t r = 0; r < mb; ++r) {
+        const int64_t w = first + (r < real ? r : 0);
+        std::memcpy(rows + r * (seq + 1), windows.data() + w * (seq + 1), sizeof(int32_t) * (seq + 1));
+      }
+      return real;
+    });
+  }
+  for (int64_t b = ps_.dp_rank; b < (pipe_ ? 0 : nb); b += ps_.dp_size) {
     const int64_t first = b * mb, real = std::min(mb, count - first);
     // Pad a short last batch with copies of its first window (their losses are not counted).
     for (int64_t r = 0; r < mb; ++r) {
@@ -170,6 +321,7 @@ double Trainer::eval_windows(const std::vector<int32_t>& windows, int64_t count,
   }
   float total = static_cast<float>(sum);
   if (ps_.dp_size > 1) ps_.dp->all_reduce(&total, &total, 1, DType::F32, collectives::ReduceOp::Sum);
+  if (ps_.pp_size > 1) ps_.pp->all_reduce(&total, &total, 1, DType::F32, collectives::ReduceOp::Sum);
   return count > 0 ? total / static_cast<double>(count * seq) : std::nan("");
 }
 
@@ -177,14 +329,22 @@ double Trainer::validation_loss(int64_t batches) {
   const int64_t g = opts_.global_batch, mb = opts_.micro_batch, s = opts_.seq;
   const int64_t per_rank = g / ps_.dp_size;
   double sum = 0;
-  for (int64_t k = 0; k < batches; ++k) {
-    for (int64_t i = 0; i < per_rank / mb; ++i) {
+  const int64_t m = per_rank / mb;
+  if (pipe_) {
+    sum = pipeline_eval(batches * m, [&](int64_t i, int32_t* rows) {
+      data_->batch(parallel::data::Split::kVal, i / m, g, s, ps_.dp_rank * per_rank + i % m * mb, mb, rows);
+      return mb;
+    });
+  }
+  for (int64_t k = 0; k < (pipe_ ? 0 : batches); ++k) {
+    for (int64_t i = 0; i < m; ++i) {
       data_->batch(parallel::data::Split::kVal, k, g, s, ps_.dp_rank * per_rank + i * mb, mb, rows_.data());
       sum += forward_rows(rows_.data(), mb, s, false, 0.f);
     }
   }
   float total = static_cast<float>(sum);
   if (ps_.dp_size > 1) ps_.dp->all_reduce(&total, &total, 1, DType::F32, collectives::ReduceOp::Sum);
+  if (ps_.pp_size > 1) ps_.pp->all_reduce(&total, &total, 1, DType::F32, collectives::ReduceOp::Sum);
   return total / static_cast<double>(batches * g * s);
 }
 

@@ -7,11 +7,16 @@
 // batch size only, never on the layout), and runs synchronous steps: each DP
 // rank takes its global_batch / dp rows in micro-batches, the last
 // micro-batch's backward launches the DP bucket reductions, then the
-// optimizer clips and updates. Every rank of the job must make the same
-// calls in the same order (they are collective). Not thread-safe.
+// optimizer clips and updates. With pp > 1 each rank holds its stage of the
+// model (gpt_model.h) and runs the micro-batches under opts.schedule
+// (parallel/pipeline/executor.h); the tied embedding's two copies sum their
+// gradients over ps.embed, the loss comes from the last stage. Every rank of
+// the job must make the same calls in the same order (they are collective).
+// Not thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +26,9 @@
 #include "parallel/data/byte_dataset.h"
 #include "parallel/models/gpt/gpt_model.h"
 #include "parallel/optim/optimizer.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace tessera::parallel::models::gpt {
 
@@ -28,6 +36,13 @@ struct TrainOptions {
   GptConfig model;    // model.seq is the context (wpe rows)
   int64_t seq = 256;  // training sequence length (<= model.seq)
   int tp = 1, dp = 1;
+  // Pipeline parallelism: pp stages running `schedule` over the step's
+  // micro-batches (global_batch / dp / micro_batch of them per DP rank);
+  // `stages` (layers per stage) overrides the partition rule.
+  int pp = 1;
+  parallel::pipeline::Schedule schedule = parallel::pipeline::Schedule::k1F1B;
+  int virtual_stages = 1;   // model chunks per rank (interleaved schedule)
+  std::vector<int> stages;  // pp x virtual_stages entries
   bool sequence_parallel = false;
   int64_t micro_batch = 8;
   int64_t global_batch = 0;  // 0: micro_batch * dp
@@ -39,9 +54,11 @@ struct TrainOptions {
   std::vector<std::string> data;  // empty: the default corpus
   double val_fraction = 0.05;
 
-  // Fills defaults and checks everything against tp/dp; throws InvalidArgument.
+  // Fills defaults and checks everything against tp/dp/pp; throws InvalidArgument.
   void normalize();
   int64_t tokens_per_step() const { return global_batch * seq; }
+  // Micro-batches per DP rank and step.
+  int64_t micro_batches() const { return global_batch / dp / micro_batch; }
 };
 
 struct StepRecord {
@@ -63,7 +80,19 @@ class Trainer {
   ~Trainer();
 
   const TrainOptions& options() const { return opts_; }
+  // This rank's model (its first chunk with virtual stages).
   GptModel& model() { return *model_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  GptModel& chunk(int c) { return *chunks_.at(static_cast<size_t>(c)); }
+  // Every parameter of this rank, chunk by chunk (Hugging Face order within each).
+  std::vector<parallel::layers::Parameter*> parameters();
+  // The token embedding or its tied copy when this rank holds one, else nullptr.
+  parallel::layers::Parameter* tied_wte();
+  // The last pipeline stage's copy of the tied embedding (nullptr when
+  // pp == 1): kept equal to the first stage's wte, loaded but never saved.
+  parallel::layers::Parameter* tied_copy();
+  // pp > 1: the executor, whose spans() are the last step's pipeline timeline; else nullptr.
+  const parallel::pipeline::PipelineExecutor* pipeline() const { return pipe_.get(); }
   parallel::optim::DistributedOptimizer& optimizer() { return *opt_; }
 
   // Random GPT-2 initialisation from opts.seed (identical for every layout).
@@ -98,12 +127,23 @@ class Trainer {
 
  private:
   double forward_rows(const int32_t* rows, int64_t nrows, int64_t seq, bool train, float grad_scale);
+  class Stage;
+  // pp > 1: one step's micro-batches through the pipeline; returns this
+  // stage's loss sum (0 except on the last stage).
+  double pipeline_step(float scale);
+  // pp > 1: sum over `count` (<= micro_batch x micro-batches) rows of the
+  // token losses of forward-only micro-batches filled by `fill(i, rows)`.
+  double pipeline_eval(int64_t micro, const std::function<int64_t(int64_t, int32_t*)>& fill);
+  // pp > 1: the tied embedding's two copies sum their gradients.
+  void reduce_tied_embedding();
 
   TrainOptions opts_;
   const parallel::layers::ParallelState& ps_;
   std::shared_ptr<const parallel::data::ByteDataset> data_;
-  std::unique_ptr<GptModel> model_;
+  std::vector<std::unique_ptr<GptModel>> chunks_;
+  GptModel* model_ = nullptr;  // chunks_[0]
   std::unique_ptr<parallel::optim::DistributedOptimizer> opt_;
+  std::unique_ptr<parallel::pipeline::PipelineExecutor> pipe_;
   int64_t step_ = 0;
   std::string run_id_;  // set by the first save or by a load
   std::vector<int32_t> rows_, inputs_, targets_;

@@ -169,14 +169,19 @@ std::map<std::string, int64_t> model_map(const GptConfig& m) {
           {"n_head", m.heads}};
 }
 
-// Each parameter with the range of its shard whose moments this rank holds.
-std::vector<ckpt::HeldTensor> held_tensors(GptModel& model, parallel::optim::DistributedOptimizer& opt) {
-  std::vector<parallel::layers::Parameter*> params = model.parameters();
+// Each parameter of every model chunk this rank holds, with the range of its
+// shard whose moments it holds. `tied_copy` (the last pipeline stage's copy of
+// the tied embedding, kept equal to the first stage's) is loaded like the
+// original but not saved, so every element is stored once.
+std::vector<ckpt::HeldTensor> held_tensors(const std::vector<parallel::layers::Parameter*>& params,
+                                           parallel::optim::DistributedOptimizer& opt,
+                                           const parallel::layers::Parameter* tied_copy) {
   std::map<int64_t, size_t> by_offset;
   std::vector<ckpt::HeldTensor> held;
+  held.reserve(params.size());
   for (parallel::layers::Parameter* p : params) {
     by_offset[p->offset] = held.size();
-    held.push_back({p, 0, 0, nullptr, nullptr, true});
+    held.push_back({p, 0, 0, nullptr, nullptr, p != tied_copy});
   }
   opt.for_each_moment_run_mutable([&](int64_t off, int64_t n, float* m, float* v) {
     auto it = std::prev(by_offset.upper_bound(off));
@@ -194,9 +199,9 @@ std::vector<ckpt::HeldTensor> held_tensors(GptModel& model, parallel::optim::Dis
 // A `tessera ckpt shard` directory: every parameter from the TP shards of its
 // stage's files (sizes, hashes and layout checked first by verify_shard_dir),
 // one full tensor at a time.
-void load_shard_set(const std::string& dir, GptModel& model) {
+void load_shard_set(const std::string& dir, const GptConfig& m,
+                    const std::vector<parallel::layers::Parameter*>& params) {
   const ckpt::Gpt2Config c = ckpt::verify_shard_dir(dir);
-  const GptConfig& m = model.config();
   auto agree = [&](const char* what, int64_t model_v, int64_t file_v) {
     TESSERA_ARG_CHECK(model_v == file_v, "shard directory ", dir, " has ", what, " ", file_v, ", the model ", model_v);
   };
@@ -223,7 +228,7 @@ void load_shard_set(const std::string& dir, GptModel& model) {
           (std::filesystem::path(dir) / (ckpt::rank_stem(0, r, s) + ".safetensors")).string());
     return *rd;
   };
-  for (parallel::layers::Parameter* p : model.parameters()) {
+  for (parallel::layers::Parameter* p : params) {
     auto it = index.find(p->name);
     TESSERA_ARG_CHECK(it != index.end(), "shard directory ", dir, " has no tensor ", p->name);
     Tensor full = Tensor::empty(p->full_shape, DType::F32);
@@ -257,14 +262,14 @@ ckpt::SaveResult Trainer::save_checkpoint(const std::string& root, int keep) {
   spec.model = model_map(opts_.model);
   spec.trainer_state = encode_trainer_state(make_trainer_state(opts_, step_, run_id_, ps_.pp_size));
   spec.keep = keep;
-  return ckpt::save_train_checkpoint(world, held_tensors(*model_, *opt_), spec);
+  return ckpt::save_train_checkpoint(world, held_tensors(parameters(), *opt_, tied_copy()), spec);
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
   collectives::Communicator* world = ps_.world.get();
   if (!ckpt::is_train_checkpoint(dir) &&
       std::filesystem::is_regular_file(std::filesystem::path(dir) / ckpt::kManifestName)) {
-    load_shard_set(dir, *model_);  // parameters only: a fresh optimizer at step 0
+    load_shard_set(dir, opts_.model, parameters());  // parameters only: a fresh optimizer at step 0
     step_ = 0;
     return;
   }
@@ -274,7 +279,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   TESSERA_ARG_CHECK(diff.empty(), "checkpoint ", ck.dir(), " is of another run configuration:\n", diff);
   TESSERA_CHECK(st.step == ck.step() && st.run_id == ck.run_id(), "checkpoint ", ck.dir(),
                 ": trainer state and manifest disagree on step or run");
-  std::vector<ckpt::HeldTensor> held = held_tensors(*model_, *opt_);
+  std::vector<ckpt::HeldTensor> held = held_tensors(parameters(), *opt_, tied_copy());
   // Every shape is checked before the first byte is copied.
   for (const ckpt::HeldTensor& h : held) {
     const parallel::layers::Parameter& p = *h.param;
