@@ -395,6 +395,7 @@ class HierAlgorithm final : public Algorithm {
     const size_t es = dtype_size(k.dtype);
     char* buf = static_cast<char*>(k.recv);
     auto local_blk = [&](int i) { return part(k.count, L, i); };
+    if (in_place_inside_host(c, k)) return true;
     // 1. Inside the host: this rank ends with the host's sum of its block.
     c.model += ring_reduce_scatter(c, h.local.data(), L, h.local_pos, local_blk, static_cast<const char*>(k.send), buf,
                                    k.dtype, k.op);
@@ -409,6 +410,64 @@ class HierAlgorithm final : public Algorithm {
     c.model += ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
     // 3. Inside the host: everyone gets every block.
     c.model += ring_all_gather(c, h.local.data(), L, h.local_pos, local_blk, buf, es);
+    return true;
+  }
+
+ private:
+  // The same three phases with the host's phases done in place in shared
+  // memory (host_shared_memory(), buffers in a shared arena): no fragment
+  // hand-offs through slots, which on a loaded machine cost a scheduler
+  // wake-up each. Round 1 publishes (send, recv); rank l sums block l of
+  // every host-mate's send into its recv; the cross-host all-reduce of block
+  // l runs over TCP as above; rank l then writes its final block into every
+  // host-mate's recv; round 2 says all blocks are delivered. Only rank l
+  // touches block l of any buffer, so in place is safe. Returns false
+  // (before any data moved, alike on every rank: the flags are published)
+  // when some host-mate's buffers are outside the arena.
+  static bool in_place_inside_host(AlgoContext& c, const CollCall& k) {
+    SharedMemoryPeers* shm = c.transport->host_shared_memory();
+    const HostLevels& h = *c.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size()), l = h.local_pos;
+    if (!shm || L > 64) return false;
+    const size_t es = dtype_size(k.dtype), bytes = k.count * es;
+    const uint8_t ok = shm->is_shared(k.send, bytes) && shm->is_shared(k.recv, bytes);
+    const void* bufs[2] = {k.send, k.recv};
+    const size_t sizes[2] = {bytes, bytes};
+    shm->publish(bufs, sizes, ok ? 2 : 0, &ok, 1);
+    for (int j = 0; j < L; ++j)
+      if (*static_cast<const uint8_t*>(shm->peer_inline(j)) != 1) return false;
+    auto local_blk = [&](int i) { return part(k.count, L, i); };
+    const Range mine = local_blk(l);
+    char* out = static_cast<char*>(k.recv) + mine.off * es;
+    auto send_of = [&](int j) { return static_cast<const char*>(shm->peer_buffer(j, 0)) + mine.off * es; };
+    // 1. Own contribution first (in place, `out` is this rank's send block).
+    if (L >= 2) reduce2(out, send_of(l), send_of((l + 1) % L), mine.len, k.dtype, k.op);
+    for (int j = 2; j < L; ++j) reduce2(out, out, send_of((l + j) % L), mine.len, k.dtype, k.op);
+    // 2. Across hosts, on block l of recv.
+    auto cross_blk = [&](int j) {
+      Range b = part(mine.len, H, j);
+      b.off += mine.off;
+      return b;
+    };
+    char* buf = static_cast<char*>(k.recv);
+    c.model += ring_reduce_scatter(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, buf, k.dtype, k.op);
+    c.model += ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
+    // 3. Push block l into every host-mate's recv.
+    for (int j = 1; j < L; ++j)
+      std::memcpy(static_cast<char*>(shm->peer_buffer((l + j) % L, 1)) + mine.off * es, out, mine.len * es);
+    shm->publish(nullptr, nullptr, 0, nullptr, 0);
+    // Model: each rank pulls L-1 blocks from its host-mates, then pushes its
+    // block to L-1 of them (the link traffic of the ring phases it replaces).
+    double worst = 0;
+    size_t maxb = 0;
+    for (int i = 0; i < L; ++i) maxb = std::max(maxb, local_blk(i).len * es);
+    for (int a = 0; a < L; ++a) {
+      double t = 0;
+      for (int j = 0; j < L; ++j)
+        if (j != a) t += c.links->time(h.local[j], h.local[a], static_cast<double>(maxb));
+      worst = std::max(worst, t);
+    }
+    c.model += 2 * worst;
     return true;
   }
 };

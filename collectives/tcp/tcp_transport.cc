@@ -605,6 +605,8 @@ void Connection::fail(Kind kind, const std::string& what) {
   if (had_op) t_.shutdown_all();
 }
 
+}  // namespace
+
 // ---- TcpTransport ------------------------------------------------------------------
 
 // The address peers connect to: TESSERA_TCP_ADDR; else loopback when the
@@ -634,11 +636,18 @@ std::string advertised_address(bool spans_hosts) {
 void set_socket_options(tcp::socket& s) {
   s.set_option(tcp::no_delay(true));
   // Larger kernel buffers let the sender run ahead of the reader by a few
-  // chunks (the kernel caps these at net.core.{w,r}mem_max).
+  // chunks (the kernel caps these at net.core.{w,r}mem_max). Setting them
+  // turns the kernel's buffer autotuning off for the socket;
+  // TESSERA_TCP_SOCKBUF=0 leaves it on (to compare), N sets N bytes.
+  int bytes = 4 << 20;
+  if (const char* e = std::getenv("TESSERA_TCP_SOCKBUF"); e && *e) bytes = std::atoi(e);
+  if (bytes <= 0) return;
   boost::system::error_code ec;
-  s.set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
-  s.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
+  s.set_option(asio::socket_base::send_buffer_size(bytes), ec);
+  s.set_option(asio::socket_base::receive_buffer_size(bytes), ec);
 }
+
+namespace {
 
 // Waits for `fd` to become readable, bounded by `deadline`.
 bool poll_readable(int fd, Clock::time_point deadline) {
