@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <new>
 #include <set>
+#include <utility>
 
 #include "collectives/reduce.h"
 
@@ -472,6 +474,46 @@ class HierAlgorithm final : public Algorithm {
   }
 };
 
+// ---------------------------------------------------------------- hier_rd
+// Small all-reduce for a group spanning hosts: recursive doubling among the
+// L host-mates (shared memory), then recursive doubling among the H ranks of
+// the same local index (one per host, TCP): log2(L) + log2(H) exchanges of
+// the whole vector, the fewest steps (and cross-host steps) of any
+// algorithm here. Each exchange sends a copy of the current vector and
+// reduces the partner's into it on arrival; every combine is of two values
+// and commutative, so all ranks end bitwise equal. Declines unless L and H
+// are powers of two.
+class HierRdAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "hier_rd"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    if (k.kind != CollKind::AllReduce || !c.hosts || !c.hosts->valid) return false;
+    const HostLevels& h = *c.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    if ((L & (L - 1)) != 0 || (H & (H - 1)) != 0) return false;
+    const size_t bytes = k.count * dtype_size(k.dtype);
+    char* buf = static_cast<char*>(k.recv);
+    copy_if_needed(buf, k.send, bytes);
+    char* ws = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
+    auto level = [&](const std::vector<int>& members, int pos, int m) {
+      for (int mask = 1; mask < m; mask <<= 1) {
+        const int partner = members[static_cast<size_t>(pos ^ mask)];
+        if (bytes) std::memcpy(ws, buf, bytes);
+        ReduceSink sink(buf, ws, k.dtype, k.op);
+        c.transport->sendrecv_sink(partner, ws, bytes, partner, bytes, sink, c.tag);
+        double t = 0;
+        for (int a = 0; a < m; ++a)
+          t = std::max(t, c.links->time(members[static_cast<size_t>(a)], members[static_cast<size_t>(a ^ mask)],
+                                        static_cast<double>(bytes)));
+        c.model += t;
+      }
+    };
+    level(h.local, h.local_pos, L);
+    level(h.cross, h.cross_pos, H);
+    return true;
+  }
+};
+
 // ---------------------------------------------------------------- rhd
 // Rabenseifner: recursive-halving reduce-scatter then recursive-doubling
 // all-gather among the largest power of two p' <= p; the first 2(p-p')
@@ -918,6 +960,7 @@ class DisseminationAlgorithm final : public Algorithm {
 RingAlgorithm g_ring;
 HierAlgorithm g_hier;
 RhdAlgorithm g_rhd;
+HierRdAlgorithm g_hier_rd;
 TorusAlgorithm g_torus;
 DirectAlgorithm g_direct;
 OneshotAlgorithm g_oneshot;
@@ -925,8 +968,48 @@ TreeAlgorithm g_tree;
 PairwiseAlgorithm g_pairwise;
 DisseminationAlgorithm g_dissemination;
 
-Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus,    &g_hier,         &g_rhd,
-                           &g_ring,    &g_tree,   &g_pairwise, &g_dissemination};
+Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier,     &g_hier_rd,
+                           &g_rhd,     &g_ring,   &g_tree,  &g_pairwise, &g_dissemination};
+
+bool pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+int log2i(int x) {
+  int l = 0;
+  while ((1 << (l + 1)) <= x) ++l;
+  return l;
+}
+
+// Modeled seconds of an all-reduce of `bytes` over a group spanning hosts,
+// by closed form on the group's link costs (docs/algorithms.md): one link
+// inside a host (local indices 0 and 1 of host 0) and one between hosts
+// (local index 0 of hosts 0 and 1) stand for all, so every rank computes the
+// same figures. Negative: the algorithm cannot serve the group.
+struct TwoLevelPrediction {
+  double hier = -1, hier_rd = -1, rhd = -1, ring = -1;
+};
+TwoLevelPrediction predict_two_level(const AlgoContext& c, double n) {
+  const HostLevels& h = *c.hosts;
+  const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size()), p = L * H;
+  const int a0 = h.by_local[0], a1 = h.by_local[static_cast<size_t>(H)], b1 = h.by_local[1];
+  auto tl = [&](double b) { return c.links->time(a0, a1, b); };  // inside a host
+  auto tx = [&](double b) { return c.links->time(a0, b1, b); };  // between hosts
+  TwoLevelPrediction r;
+  r.hier = 2 * (L - 1) * tl(n / L) + 2 * (H - 1) * tx(n / p);
+  if (pow2(L) && pow2(H)) r.hier_rd = log2i(L) * tl(n) + log2i(H) * tx(n);
+  r.ring = 2 * (p - 1) * tx(n / p);  // every ring step has a cross-host pair
+  // rhd: p' = 2^floor(log2 p); the level at distance d costs the link of
+  // (renumbered) ranks 0 and d, twice (halving and doubling); folding adds
+  // two steps of n.
+  const int pp = 1 << log2i(p), rem = p - pp;
+  auto real = [&](int v) { return v < rem ? 2 * v + 1 : v + rem; };
+  double t = rem > 0 ? 2 * tx(n) : 0;
+  double part = n;
+  for (int d = pp / 2; d >= 1; d /= 2) {
+    part /= 2;
+    t += 2 * c.links->time(real(0), real(d), part);
+  }
+  r.rhd = t;
+  return r;
+}
 
 }  // namespace
 
@@ -937,7 +1020,7 @@ std::vector<std::string> algorithm_names() {
 }
 
 int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
-                         Algorithm** out) {
+                         Algorithm** out, const AlgoContext* model) {
   int n = 0;
   auto add = [&](Algorithm* a) {
     for (int i = 0; i < n; ++i)
@@ -958,6 +1041,20 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
   }
   switch (kind) {
     case CollKind::AllReduce:
+      if (multi_host && model && model->hosts && model->hosts->valid && model->links) {
+        // A group spanning hosts: the two-level cost model orders the
+        // algorithms that can serve it (cheapest first); ring stays last as
+        // the fallback that serves everything.
+        const TwoLevelPrediction t = predict_two_level(*model, static_cast<double>(bytes));
+        std::pair<double, Algorithm*> by_time[] = {{t.hier, &g_hier}, {t.hier_rd, &g_hier_rd}, {t.rhd, &g_rhd}};
+        std::stable_sort(std::begin(by_time), std::end(by_time),
+                         [](const auto& x, const auto& y) { return x.first < y.first; });
+        for (const auto& [sec, a] : by_time)
+          if (sec >= 0 && sec <= t.ring) add(a);
+        if (multi_dim_torus) add(&g_torus);
+        add(&g_ring);
+        break;
+      }
       if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
       add(&g_direct);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);

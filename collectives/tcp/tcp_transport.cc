@@ -68,6 +68,10 @@ constexpr size_t kMaxAbortReason = 2048;
 // Sink fragments: small enough to stay in cache between the read and the
 // reduction, large enough to amortise the hand-off.
 constexpr size_t kSinkChunk = size_t{256} << 10;
+// Staging buffers per connection: the io thread reads up to this many
+// fragments ahead of the caller's reduction, so a caller that is scheduled
+// late (a loaded machine) does not stall the socket after every fragment.
+constexpr int kStages = 16;
 
 struct Header {
   uint32_t kind = 0;
@@ -180,12 +184,12 @@ class Connection {
   Op send_op_, recv_op_;
   std::atomic<bool> dead_{false};
 
-  // Sink receives: two staging buffers, filled by the io thread and consumed
+  // Sink receives: kStages staging buffers, filled by the io thread and consumed
   // by the caller, so the caller reduces fragment k while k+1 is read.
   // Allocated (and pre-faulted) on first use, then reused. Flags under mu_.
-  std::vector<unsigned char> stage_[2];
-  bool stage_full_[2] = {false, false};
-  size_t stage_len_[2] = {0, 0}, stage_off_[2] = {0, 0};
+  std::vector<unsigned char> stage_[kStages];
+  bool stage_full_[kStages] = {};
+  size_t stage_len_[kStages] = {}, stage_off_[kStages] = {};
   bool io_paused_ = false;  // the io thread waits for a free stage
   int fill_idx_ = 0;        // io thread only
   HandlerMemory mem_resume_;
@@ -349,7 +353,7 @@ class TcpTransport final : public Transport {
       c.recv_op_.tag = tag;
       c.recv_op_.sink = sink;
       c.recv_op_.active = true;
-      c.stage_full_[0] = c.stage_full_[1] = false;
+      for (bool& f : c.stage_full_) f = false;
       c.io_paused_ = false;
     }
     c.post_recv();
@@ -523,7 +527,7 @@ void Connection::post_resume() {
 // caller has consumed everything (TcpTransport::sendrecv_sink).
 void Connection::read_payload_sink() {
   Op& op = recv_op_;
-  const int k = fill_idx_ % 2;
+  const int k = fill_idx_ % kStages;
   {
     std::lock_guard<std::mutex> lk(t_.mu_);
     if (op.done == op.bytes || op.failed || !op.active) return;
@@ -798,7 +802,7 @@ void TcpTransport::consume_all(Connection& c, RecvSink& sink) {
       c.io_paused_ = false;
       c.post_resume();
     }
-    k ^= 1;
+    k = (k + 1) % kStages;
   }
   op.complete = true;
   op.active = false;
