@@ -10,14 +10,16 @@
 // kChunk pieces so a send and a receive on one connection interleave and
 // neither direction starves the other.
 //
-// Threads: each connection has its own io_context run by its own thread; all
-// socket operations of that connection happen there (so a connection is its
-// own implicit strand). The calling thread hands an operation to the
+// Threads: each connection has two io_contexts, each run by its own thread:
+// the reading side (header and payload reads) and the writing side (writes
+// and the abort message, on a dup of the socket), so both directions stream
+// at once and each Asio socket object is used by one thread only (each side
+// is its own implicit strand). The calling thread hands an operation to the
 // connection by filling the connection's send or receive slot and posting a
-// handler, then sleeps on a condition variable until the io thread completes
-// it, with the communicator's timeout. The io thread always has a header read
-// outstanding, so a peer that exits (EOF/RST) or aborts is noticed at once,
-// even when no receive is posted.
+// handler to that side, then sleeps on a condition variable until it
+// completes, with the communicator's timeout. The reading side always has a
+// header read outstanding, so a peer that exits (EOF/RST) or aborts is
+// noticed at once, even when no receive is posted.
 //
 // Allocation: none per message. Each connection owns fixed handler-memory
 // blocks that every Asio operation of that connection allocates from (the
@@ -40,6 +42,7 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -176,9 +179,16 @@ class Connection {
 
   TcpTransport& t_;
   int peer_;  // set before start()
+  // The reading side: header and payload reads (socket_ on io_, thread_).
   asio::io_context io_;
   tcp::socket socket_;
   std::thread thread_;
+  // The writing side: a dup of the socket on its own io_context and thread,
+  // so sending and receiving proceed at once (as two blocking streams would)
+  // and each Asio socket object is only ever used by one thread.
+  asio::io_context wio_;
+  tcp::socket wsocket_{wio_};
+  std::thread wthread_;
 
   // Under TcpTransport::mu_.
   Op send_op_, recv_op_;
@@ -195,12 +205,13 @@ class Connection {
   HandlerMemory mem_resume_;
   void post_resume();
 
-  // io thread only.
+  // Reading thread only: in_hdr_, abort_in_, header_pending_; writing thread
+  // only: out_hdr_, abort_out_, writing_.
   Header out_hdr_{}, in_hdr_{};
   std::string abort_out_, abort_in_;
   bool header_pending_ = false;  // a data header was read; its payload waits for a recv
   bool writing_ = false;
-  HandlerMemory mem_post_send_, mem_post_recv_, mem_write_, mem_read_, mem_misc_;
+  HandlerMemory mem_post_send_, mem_post_recv_, mem_write_, mem_read_, mem_misc_, mem_wmisc_;
 
  private:
   void read_header();
@@ -210,7 +221,7 @@ class Connection {
   void read_payload_sink();
   void write_header();
   void write_payload();
-  void fail(Kind kind, const std::string& what);
+  void fail(Kind kind, const std::string& what, bool writer = false);
 };
 
 class TcpTransport final : public Transport {
@@ -379,32 +390,58 @@ class TcpTransport final : public Transport {
 // ---- Connection (io thread unless noted) ----------------------------------------
 
 void Connection::start() {
+  const int wfd = ::dup(socket_.native_handle());
+  if (wfd < 0)
+    throw TransportError(
+        Kind::PeerDead, peer_,
+        "tcp: cannot duplicate the socket of rank " + std::to_string(peer_) + ": " + std::strerror(errno));
+  boost::system::error_code ec;
+  wsocket_.assign(socket_.local_endpoint().protocol(), wfd, ec);
+  if (ec) {
+    ::close(wfd);
+    throw TransportError(Kind::PeerDead, peer_, "tcp: socket of rank " + std::to_string(peer_) + ": " + ec.message());
+  }
   read_header();
+  // Handlers report through error codes; run() only throws on a bug, which
+  // must not escape the thread.
   thread_ = std::thread([this] {
     auto guard = asio::make_work_guard(io_);
-    // Handlers report through error codes; run() only throws on a bug, which
-    // must not escape the thread.
     try {
       io_.run();
     } catch (const std::exception& e) {
       fail(Kind::Protocol, std::string("tcp io thread: ") + e.what());
     }
   });
+  wthread_ = std::thread([this] {
+    auto guard = asio::make_work_guard(wio_);
+    try {
+      wio_.run();
+    } catch (const std::exception& e) {
+      fail(Kind::Protocol, std::string("tcp writer thread: ") + e.what(), true);
+    }
+  });
 }
 
 void Connection::stop() {
+  asio::post(wio_, bind_slot(mem_wmisc_, [this] {
+               boost::system::error_code ec;
+               wsocket_.shutdown(tcp::socket::shutdown_both, ec);
+               wsocket_.close(ec);
+               wio_.stop();
+             }));
   asio::post(io_, bind_slot(mem_misc_, [this] {
                boost::system::error_code ec;
                socket_.shutdown(tcp::socket::shutdown_both, ec);
                socket_.close(ec);
                io_.stop();
              }));
+  if (wthread_.joinable()) wthread_.join();
   if (thread_.joinable()) thread_.join();
 }
 
-// Called from the calling thread: the slot is filled, the io thread starts it.
+// Called from the calling thread: the slot is filled, the writing thread starts it.
 void Connection::post_send() {
-  asio::post(io_, bind_slot(mem_post_send_, [this] {
+  asio::post(wio_, bind_slot(mem_post_send_, [this] {
                out_hdr_ = Header{kData, send_op_.tag, send_op_.bytes};
                write_header();
              }));
@@ -415,7 +452,7 @@ void Connection::post_recv() {
 }
 
 void Connection::post_abort() {
-  asio::post(io_, bind_slot(mem_misc_, [this] {
+  asio::post(wio_, bind_slot(mem_wmisc_, [this] {
                // Tell the peer why (best effort) when no write is mid-message, so
                // it fails with PeerFailed naming the root cause; then close, which
                // it sees as EOF anyway.
@@ -427,10 +464,11 @@ void Connection::post_abort() {
                  }
                  Header h{kAbort, 0, abort_out_.size()};
                  const std::array<asio::const_buffer, 2> bufs{asio::buffer(&h, sizeof h), asio::buffer(abort_out_)};
-                 socket_.non_blocking(true, ec);
-                 socket_.write_some(bufs, ec);
+                 wsocket_.non_blocking(true, ec);
+                 wsocket_.write_some(bufs, ec);
                }
-               socket_.shutdown(tcp::socket::shutdown_both, ec);
+               // Shuts the connection (both descriptors): the reading side sees it too.
+               wsocket_.shutdown(tcp::socket::shutdown_both, ec);
              }));
 }
 
@@ -441,8 +479,8 @@ void Connection::write_header() {
   const size_t first = std::min(kChunk, send_op_.bytes);
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(&out_hdr_, sizeof out_hdr_),
                                                asio::buffer(send_op_.sbuf, first)};
-  asio::async_write(socket_, bufs, bind_slot(mem_write_, [this, first](const boost::system::error_code& ec, size_t) {
-                      if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message());
+  asio::async_write(wsocket_, bufs, bind_slot(mem_write_, [this, first](const boost::system::error_code& ec, size_t) {
+                      if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message(), true);
                       send_op_.done += first;
                       write_payload();
                     }));
@@ -460,12 +498,12 @@ void Connection::write_payload() {
     return;
   }
   size_t n = std::min(kChunk, op.bytes - op.done);
-  socket_.async_write_some(asio::buffer(op.sbuf + op.done, n),
-                           bind_slot(mem_write_, [this](const boost::system::error_code& ec, size_t w) {
-                             if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message());
-                             send_op_.done += w;
-                             write_payload();
-                           }));
+  wsocket_.async_write_some(asio::buffer(op.sbuf + op.done, n),
+                            bind_slot(mem_write_, [this](const boost::system::error_code& ec, size_t w) {
+                              if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message(), true);
+                              send_op_.done += w;
+                              write_payload();
+                            }));
 }
 
 void Connection::read_header() {
@@ -584,27 +622,35 @@ void Connection::read_payload() {
       }));
 }
 
-// Marks the connection dead (io thread). A peer that closes while nothing is
-// pending here has simply finished (or will be noticed by the next call to
-// it); with an operation pending, that operation and the transport fail.
-void Connection::fail(Kind kind, const std::string& what) {
+// Marks the connection dead (reading thread, or the writing thread with
+// `writer`). A peer that closes while nothing is pending here has simply
+// finished (or will be noticed by the next call to it); with an operation
+// pending, that operation and the transport fail.
+void Connection::fail(Kind kind, const std::string& what, bool writer) {
   dead_.store(true);
-  writing_ = false;
-  bool had_op = false;
+  if (writer) writing_ = false;
+  bool had_op = false, send_pending = false;
   {
     std::lock_guard<std::mutex> lk(t_.mu_);
-    for (Op* op : {&send_op_, &recv_op_}) {
-      if (op->active && !op->complete && !op->failed) {
-        op->failed = true;
-        op->kind = kind;
-        op->error = what;
-        had_op = true;
-      }
+    auto pending = [](const Op& op) { return op.active && !op.complete && !op.failed; };
+    send_pending = pending(send_op_);
+    // The reading side seeing the peer close while only a send is in flight
+    // is not a failure yet: the peer may have read all of it and finished
+    // (the writing thread completes it), or the write fails by itself.
+    had_op = writer ? send_pending : (pending(recv_op_) || (send_pending && kind != Kind::PeerDead));
+    // Each side settles only its own operation: a write may still be in a
+    // system call reading the caller's buffer until the writing thread sees
+    // the shutdown below fail it (the caller waits for that, fail_op).
+    Op& mine = writer ? send_op_ : recv_op_;
+    if (pending(mine)) {
+      mine.failed = true;
+      mine.kind = kind;
+      mine.error = what;
     }
     if (had_op && !t_.failed_) t_.set_failed_locked(kind, peer_, what);
   }
   boost::system::error_code ec;
-  socket_.shutdown(tcp::socket::shutdown_both, ec);
+  if (had_op || writer || !send_pending) (writer ? wsocket_ : socket_).shutdown(tcp::socket::shutdown_both, ec);
   t_.cv_.notify_all();
   if (had_op) t_.shutdown_all();
 }
