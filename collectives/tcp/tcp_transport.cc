@@ -1,8 +1,10 @@
 // TCP transport over Boost.Asio (docs/threads.md, "TCP transport").
 //
-// Wiring: one TCP connection per peer pair; the higher rank connects to the
-// lower one (whose listener is up before it publishes its endpoint), so the
-// mesh forms without a deadlock. TCP_NODELAY on every socket.
+// Wiring: two TCP connections per peer pair, one per direction (a socket
+// carrying both directions serialises them on its lock in the kernel); the
+// higher rank connects to the lower one (whose listener is up before it
+// publishes its endpoint), so the mesh forms without a deadlock. TCP_NODELAY
+// on every socket.
 //
 // Wire format: every message is a 16-byte header {kind, tag, bytes} followed
 // by `bytes` of payload. Payloads stream straight between the user's buffer
@@ -12,7 +14,7 @@
 //
 // Threads: each connection has two io_contexts, each run by its own thread:
 // the reading side (header and payload reads) and the writing side (writes
-// and the abort message, on a dup of the socket), so both directions stream
+// and the abort message, on the peer pair's second connection), so both directions stream
 // at once and each Asio socket object is used by one thread only (each side
 // is its own implicit strand). The calling thread hands an operation to the
 // connection by filling the connection's send or receive slot and posting a
@@ -183,7 +185,7 @@ class Connection {
   asio::io_context io_;
   tcp::socket socket_;
   std::thread thread_;
-  // The writing side: a dup of the socket on its own io_context and thread,
+  // The writing side: the pair's other connection, on its own io_context and thread,
   // so sending and receiving proceed at once (as two blocking streams would)
   // and each Asio socket object is only ever used by one thread.
   asio::io_context wio_;
@@ -390,17 +392,6 @@ class TcpTransport final : public Transport {
 // ---- Connection (io thread unless noted) ----------------------------------------
 
 void Connection::start() {
-  const int wfd = ::dup(socket_.native_handle());
-  if (wfd < 0)
-    throw TransportError(
-        Kind::PeerDead, peer_,
-        "tcp: cannot duplicate the socket of rank " + std::to_string(peer_) + ": " + std::strerror(errno));
-  boost::system::error_code ec;
-  wsocket_.assign(socket_.local_endpoint().protocol(), wfd, ec);
-  if (ec) {
-    ::close(wfd);
-    throw TransportError(Kind::PeerDead, peer_, "tcp: socket of rank " + std::to_string(peer_) + ": " + ec.message());
-  }
   read_header();
   // Handlers report through error codes; run() only throws on a bug, which
   // must not escape the thread.
@@ -467,8 +458,13 @@ void Connection::post_abort() {
                  wsocket_.non_blocking(true, ec);
                  wsocket_.write_some(bufs, ec);
                }
-               // Shuts the connection (both descriptors): the reading side sees it too.
                wsocket_.shutdown(tcp::socket::shutdown_both, ec);
+               // And the reading direction, on its own thread, so a pending
+               // read ends before the caller's buffer is released.
+               asio::post(io_, bind_slot(mem_misc_, [this] {
+                            boost::system::error_code e;
+                            socket_.shutdown(tcp::socket::shutdown_both, e);
+                          }));
              }));
 }
 
@@ -755,47 +751,69 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
     tcp::endpoint peer_ep(asio::ip::make_address(ep.substr(0, sp)),
                           static_cast<uint16_t>(std::stoi(ep.substr(sp + 1))));
     auto conn = std::make_unique<Connection>(*this, j);
-    for (;;) {
-      conn->socket().close(ec);
-      conn->socket().connect(peer_ep, ec);
-      if (!ec) break;
-      if (Clock::now() > deadline)
-        throw TransportError(
-            Kind::Timeout, j,
-            where + ": cannot connect to rank " + std::to_string(j) + " at " + ep + ": " + ec.message());
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Two connections per peer, one per direction (channel 0: this, the
+    // higher rank, writes; channel 1: it reads), so the two directions do
+    // not contend for one socket's lock in the kernel.
+    for (uint32_t channel : {0u, 1u}) {
+      tcp::socket& sock = channel == 0 ? conn->wsocket_ : conn->socket_;
+      for (;;) {
+        sock.close(ec);
+        sock.connect(peer_ep, ec);
+        if (!ec) break;
+        if (Clock::now() > deadline)
+          throw TransportError(
+              Kind::Timeout, j,
+              where + ": cannot connect to rank " + std::to_string(j) + " at " + ep + ": " + ec.message());
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      set_socket_options(sock);
+      uint32_t hello[3] = {kHello, static_cast<uint32_t>(rank), channel};
+      asio::write(sock, asio::buffer(hello, sizeof hello), ec);
+      if (ec) throw TransportError(Kind::PeerDead, j, where + ": handshake with rank " + std::to_string(j) + " failed");
     }
-    set_socket_options(conn->socket());
-    uint32_t hello[2] = {kHello, static_cast<uint32_t>(rank)};
-    asio::write(conn->socket(), asio::buffer(hello, sizeof hello), ec);
-    if (ec) throw TransportError(Kind::PeerDead, j, where + ": handshake with rank " + std::to_string(j) + " failed");
     conns_[j] = std::move(conn);
   }
-  // Accept every higher rank; each says who it is.
+  // Accept both connections of every higher rank; each says who it is and
+  // which direction it carries.
   acceptor.non_blocking(true);
   int expected = 0;
-  for (int j = rank + 1; j < size; ++j) expected += linked(j) ? 1 : 0;
+  for (int j = rank + 1; j < size; ++j) expected += linked(j) ? 2 : 0;
   for (int accepted = 0; accepted < expected;) {
     if (!poll_readable(acceptor.native_handle(), deadline)) {
       std::string missing;
       for (int j = rank + 1; j < size; ++j)
-        if (linked(j) && !conns_[j]) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+        if (linked(j) && (!conns_[j] || !conns_[j]->socket_.is_open() || !conns_[j]->wsocket_.is_open()))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(j);
       throw TransportError(Kind::Timeout, -1, where + ": ranks " + missing + " did not connect within the timeout");
     }
-    auto conn = std::make_unique<Connection>(*this, -1);
-    acceptor.accept(conn->socket(), ec);
+    tcp::socket tmp(setup);
+    acceptor.accept(tmp, ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
     if (ec) throw TransportError(Kind::PeerDead, -1, where + ": accept failed: " + ec.message());
-    uint32_t hello[2] = {0, 0};
-    if (!poll_readable(conn->socket().native_handle(), deadline))
+    uint32_t hello[3] = {0, 0, 0};
+    if (!poll_readable(tmp.native_handle(), deadline))
       throw TransportError(Kind::Timeout, -1, where + ": a peer connected but sent no handshake");
-    asio::read(conn->socket(), asio::buffer(hello, sizeof hello), ec);
-    int j = static_cast<int>(hello[1]);
-    if (ec || hello[0] != kHello || j <= rank || j >= size || !linked(j) || conns_[j])
+    asio::read(tmp, asio::buffer(hello, sizeof hello), ec);
+    const int j = static_cast<int>(hello[1]);
+    if (ec || hello[0] != kHello || j <= rank || j >= size || !linked(j) || hello[2] > 1)
       throw TransportError(Kind::Protocol, -1, where + ": bad handshake from a connecting peer");
-    set_socket_options(conn->socket());
-    conn->peer_ = j;
-    conns_[j] = std::move(conn);
+    if (!conns_[j]) conns_[j] = std::make_unique<Connection>(*this, j);
+    // Channel 0 is the peer's writing direction: this rank reads it.
+    tcp::socket& target = hello[2] == 0 ? conns_[j]->socket_ : conns_[j]->wsocket_;
+    if (target.is_open())
+      throw TransportError(Kind::Protocol, j, where + ": rank " + std::to_string(j) + " connected twice");
+    const int fd = ::dup(tmp.native_handle());
+    tmp.close(ec);
+    if (fd < 0)
+      throw TransportError(
+          Kind::PeerDead, j,
+          where + ": cannot take over the socket of rank " + std::to_string(j) + ": " + std::strerror(errno));
+    target.assign(listen_ep.protocol(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      throw TransportError(Kind::PeerDead, j, where + ": socket of rank " + std::to_string(j) + ": " + ec.message());
+    }
+    set_socket_options(target);
     ++accepted;
   }
   for (auto& c : conns_)
