@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <new>
 #include <set>
+#include <utility>
 
 #include "collectives/reduce.h"
 
@@ -395,6 +397,7 @@ class HierAlgorithm final : public Algorithm {
     const size_t es = dtype_size(k.dtype);
     char* buf = static_cast<char*>(k.recv);
     auto local_blk = [&](int i) { return part(k.count, L, i); };
+    if (in_place_inside_host(c, k)) return true;
     // 1. Inside the host: this rank ends with the host's sum of its block.
     c.model += ring_reduce_scatter(c, h.local.data(), L, h.local_pos, local_blk, static_cast<const char*>(k.send), buf,
                                    k.dtype, k.op);
@@ -409,6 +412,104 @@ class HierAlgorithm final : public Algorithm {
     c.model += ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
     // 3. Inside the host: everyone gets every block.
     c.model += ring_all_gather(c, h.local.data(), L, h.local_pos, local_blk, buf, es);
+    return true;
+  }
+
+ private:
+  // The same three phases with the host's phases done in place in shared
+  // memory (host_shared_memory(), buffers in a shared arena): no fragment
+  // hand-offs through slots, which on a loaded machine cost a scheduler
+  // wake-up each. Round 1 publishes (send, recv); rank l sums block l of
+  // every host-mate's send into its recv; the cross-host all-reduce of block
+  // l runs over TCP as above; rank l then writes its final block into every
+  // host-mate's recv; round 2 says all blocks are delivered. Only rank l
+  // touches block l of any buffer, so in place is safe. Returns false
+  // (before any data moved, alike on every rank: the flags are published)
+  // when some host-mate's buffers are outside the arena.
+  static bool in_place_inside_host(AlgoContext& c, const CollCall& k) {
+    SharedMemoryPeers* shm = c.transport->host_shared_memory();
+    const HostLevels& h = *c.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size()), l = h.local_pos;
+    if (!shm || L > 64) return false;
+    const size_t es = dtype_size(k.dtype), bytes = k.count * es;
+    const uint8_t ok = shm->is_shared(k.send, bytes) && shm->is_shared(k.recv, bytes);
+    const void* bufs[2] = {k.send, k.recv};
+    const size_t sizes[2] = {bytes, bytes};
+    shm->publish(bufs, sizes, ok ? 2 : 0, &ok, 1);
+    for (int j = 0; j < L; ++j)
+      if (*static_cast<const uint8_t*>(shm->peer_inline(j)) != 1) return false;
+    auto local_blk = [&](int i) { return part(k.count, L, i); };
+    const Range mine = local_blk(l);
+    char* out = static_cast<char*>(k.recv) + mine.off * es;
+    auto send_of = [&](int j) { return static_cast<const char*>(shm->peer_buffer(j, 0)) + mine.off * es; };
+    // 1. Own contribution first (in place, `out` is this rank's send block).
+    if (L >= 2) reduce2(out, send_of(l), send_of((l + 1) % L), mine.len, k.dtype, k.op);
+    for (int j = 2; j < L; ++j) reduce2(out, out, send_of((l + j) % L), mine.len, k.dtype, k.op);
+    // 2. Across hosts, on block l of recv.
+    auto cross_blk = [&](int j) {
+      Range b = part(mine.len, H, j);
+      b.off += mine.off;
+      return b;
+    };
+    char* buf = static_cast<char*>(k.recv);
+    c.model += ring_reduce_scatter(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, buf, k.dtype, k.op);
+    c.model += ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
+    // 3. Push block l into every host-mate's recv.
+    for (int j = 1; j < L; ++j)
+      std::memcpy(static_cast<char*>(shm->peer_buffer((l + j) % L, 1)) + mine.off * es, out, mine.len * es);
+    shm->publish(nullptr, nullptr, 0, nullptr, 0);
+    // Model: each rank pulls L-1 blocks from its host-mates, then pushes its
+    // block to L-1 of them (the link traffic of the ring phases it replaces).
+    double worst = 0;
+    size_t maxb = 0;
+    for (int i = 0; i < L; ++i) maxb = std::max(maxb, local_blk(i).len * es);
+    for (int a = 0; a < L; ++a) {
+      double t = 0;
+      for (int j = 0; j < L; ++j)
+        if (j != a) t += c.links->time(h.local[j], h.local[a], static_cast<double>(maxb));
+      worst = std::max(worst, t);
+    }
+    c.model += 2 * worst;
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------- hier_rd
+// Small all-reduce for a group spanning hosts: recursive doubling among the
+// L host-mates (shared memory), then recursive doubling among the H ranks of
+// the same local index (one per host, TCP): log2(L) + log2(H) exchanges of
+// the whole vector, the fewest steps (and cross-host steps) of any
+// algorithm here. Each exchange sends a copy of the current vector and
+// reduces the partner's into it on arrival; every combine is of two values
+// and commutative, so all ranks end bitwise equal. Declines unless L and H
+// are powers of two.
+class HierRdAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "hier_rd"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    if (k.kind != CollKind::AllReduce || !c.hosts || !c.hosts->valid) return false;
+    const HostLevels& h = *c.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    if ((L & (L - 1)) != 0 || (H & (H - 1)) != 0) return false;
+    const size_t bytes = k.count * dtype_size(k.dtype);
+    char* buf = static_cast<char*>(k.recv);
+    copy_if_needed(buf, k.send, bytes);
+    char* ws = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
+    auto level = [&](const std::vector<int>& members, int pos, int m) {
+      for (int mask = 1; mask < m; mask <<= 1) {
+        const int partner = members[static_cast<size_t>(pos ^ mask)];
+        if (bytes) std::memcpy(ws, buf, bytes);
+        ReduceSink sink(buf, ws, k.dtype, k.op);
+        c.transport->sendrecv_sink(partner, ws, bytes, partner, bytes, sink, c.tag);
+        double t = 0;
+        for (int a = 0; a < m; ++a)
+          t = std::max(t, c.links->time(members[static_cast<size_t>(a)], members[static_cast<size_t>(a ^ mask)],
+                                        static_cast<double>(bytes)));
+        c.model += t;
+      }
+    };
+    level(h.local, h.local_pos, L);
+    level(h.cross, h.cross_pos, H);
     return true;
   }
 };
@@ -902,6 +1003,7 @@ class DisseminationAlgorithm final : public Algorithm {
 RingAlgorithm g_ring;
 HierAlgorithm g_hier;
 RhdAlgorithm g_rhd;
+HierRdAlgorithm g_hier_rd;
 TorusAlgorithm g_torus;
 DirectAlgorithm g_direct;
 OneshotAlgorithm g_oneshot;
@@ -909,8 +1011,48 @@ TreeAlgorithm g_tree;
 PairwiseAlgorithm g_pairwise;
 DisseminationAlgorithm g_dissemination;
 
-Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus,    &g_hier,         &g_rhd,
-                           &g_ring,    &g_tree,   &g_pairwise, &g_dissemination};
+Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier,     &g_hier_rd,
+                           &g_rhd,     &g_ring,   &g_tree,  &g_pairwise, &g_dissemination};
+
+bool pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+int log2i(int x) {
+  int l = 0;
+  while ((1 << (l + 1)) <= x) ++l;
+  return l;
+}
+
+// Modeled seconds of an all-reduce of `bytes` over a group spanning hosts,
+// by closed form on the group's link costs (docs/algorithms.md): one link
+// inside a host (local indices 0 and 1 of host 0) and one between hosts
+// (local index 0 of hosts 0 and 1) stand for all, so every rank computes the
+// same figures. Negative: the algorithm cannot serve the group.
+struct TwoLevelPrediction {
+  double hier = -1, hier_rd = -1, rhd = -1, ring = -1;
+};
+TwoLevelPrediction predict_two_level(const AlgoContext& c, double n) {
+  const HostLevels& h = *c.hosts;
+  const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size()), p = L * H;
+  const int a0 = h.by_local[0], a1 = h.by_local[static_cast<size_t>(H)], b1 = h.by_local[1];
+  auto tl = [&](double b) { return c.links->time(a0, a1, b); };  // inside a host
+  auto tx = [&](double b) { return c.links->time(a0, b1, b); };  // between hosts
+  TwoLevelPrediction r;
+  r.hier = 2 * (L - 1) * tl(n / L) + 2 * (H - 1) * tx(n / p);
+  if (pow2(L) && pow2(H)) r.hier_rd = log2i(L) * tl(n) + log2i(H) * tx(n);
+  r.ring = 2 * (p - 1) * tx(n / p);  // every ring step has a cross-host pair
+  // rhd: p' = 2^floor(log2 p); the level at distance d costs the link of
+  // (renumbered) ranks 0 and d, twice (halving and doubling); folding adds
+  // two steps of n.
+  const int pp = 1 << log2i(p), rem = p - pp;
+  auto real = [&](int v) { return v < rem ? 2 * v + 1 : v + rem; };
+  double t = rem > 0 ? 2 * tx(n) : 0;
+  double part = n;
+  for (int d = pp / 2; d >= 1; d /= 2) {
+    part /= 2;
+    t += 2 * c.links->time(real(0), real(d), part);
+  }
+  r.rhd = t;
+  return r;
+}
 
 }  // namespace
 
@@ -921,7 +1063,7 @@ std::vector<std::string> algorithm_names() {
 }
 
 int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
-                         Algorithm** out) {
+                         Algorithm** out, const AlgoContext* model) {
   int n = 0;
   auto add = [&](Algorithm* a) {
     for (int i = 0; i < n; ++i)
@@ -942,6 +1084,20 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
   }
   switch (kind) {
     case CollKind::AllReduce:
+      if (multi_host && model && model->hosts && model->hosts->valid && model->links) {
+        // A group spanning hosts: the two-level cost model orders the
+        // algorithms that can serve it (cheapest first); ring stays last as
+        // the fallback that serves everything.
+        const TwoLevelPrediction t = predict_two_level(*model, static_cast<double>(bytes));
+        std::pair<double, Algorithm*> by_time[] = {{t.hier, &g_hier}, {t.hier_rd, &g_hier_rd}, {t.rhd, &g_rhd}};
+        std::stable_sort(std::begin(by_time), std::end(by_time),
+                         [](const auto& x, const auto& y) { return x.first < y.first; });
+        for (const auto& [sec, a] : by_time)
+          if (sec >= 0 && sec <= t.ring) add(a);
+        if (multi_dim_torus) add(&g_torus);
+        add(&g_ring);
+        break;
+      }
       if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
       add(&g_direct);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);

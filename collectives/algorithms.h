@@ -123,8 +123,11 @@ class Algorithm {
 // as fallbacks. Unknown names throw InvalidArgument. Allocates nothing.
 constexpr int kMaxCandidates = 8;
 // multi_host: the group spans hosts with equal ranks per host (HostLevels::valid).
+// model (optional: hosts and links set): for an all-reduce over a group
+// spanning hosts, the algorithms are ordered by their modeled time on the
+// two levels (closed forms, docs/algorithms.md) instead of by size.
 int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
-                         Algorithm** out);
+                         Algorithm** out, const AlgoContext* model = nullptr);
 std::vector<std::string> algorithm_names();
 
 }  // namespace tessera::collectives

@@ -297,7 +297,7 @@ class TransportCommunicator final : public Communicator {
       }
       const size_t bytes = count * dtype_size(call.dtype);
       Algorithm* cands[kMaxCandidates];
-      const int n = algorithm_candidates(kind, bytes, multi_dim_, hosts_.valid, options_.algo, cands);
+      const int n = algorithm_candidates(kind, bytes, multi_dim_, hosts_.valid, options_.algo, cands, &ctx);
       const char* served = nullptr;
       for (int i = 0; i < n && !served; ++i)
         if (cands[i]->run(ctx, call)) served = cands[i]->name();

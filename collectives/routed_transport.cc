@@ -29,8 +29,28 @@ struct HalfOp {
   RecvSink* sink = nullptr;
 };
 
+class RoutedTransport;
+
+// The shm half's SharedMemoryPeers as the group sees it: a failed publish
+// round is recorded and translated like every other call (the TCP half is
+// aborted, the peer named as a group rank on its host).
+class HostPeers final : public SharedMemoryPeers {
+ public:
+  HostPeers(RoutedTransport& owner, SharedMemoryPeers& shm) : owner_(owner), shm_(shm) {}
+  bool is_shared(const void* p, size_t bytes) const override { return shm_.is_shared(p, bytes); }
+  void publish(const void* const* buffers, const size_t* sizes, int num_buffers, const void* inline_data,
+               size_t inline_bytes) override;
+  void* peer_buffer(int peer, int index) const override { return shm_.peer_buffer(peer, index); }
+  const void* peer_inline(int peer) const override { return shm_.peer_inline(peer); }
+
+ private:
+  RoutedTransport& owner_;
+  SharedMemoryPeers& shm_;
+};
+
 class RoutedTransport final : public Transport {
  public:
+  friend class HostPeers;
   RoutedTransport(HostMap hosts, int rank, int size, std::string group, std::vector<int> local,
                   std::unique_ptr<Transport> shm, std::unique_ptr<Transport> tcp)
       : hosts_(std::move(hosts)),
@@ -44,6 +64,7 @@ class RoutedTransport final : public Transport {
     if (shm_)
       for (size_t i = 0; i < local_.size(); ++i) local_index_[local_[i]] = static_cast<int>(i);
     name_ = shm_ ? "shm+tcp" : "tcp";
+    if (shm_ && shm_->shared_memory()) host_peers_ = std::make_unique<HostPeers>(*this, *shm_->shared_memory());
   }
 
   ~RoutedTransport() override {
@@ -118,6 +139,7 @@ class RoutedTransport final : public Transport {
     return aborted_;
   }
   const std::vector<int>* host_of() const override { return &hosts_.host_of; }
+  SharedMemoryPeers* host_shared_memory() override { return host_peers_ ? host_peers_.get() : nullptr; }
 
   bool peer_alive(int peer) const override {
     if (peer < 0 || peer >= size_ || peer == rank_) return true;
@@ -282,6 +304,7 @@ class RoutedTransport final : public Transport {
   std::string name_;
   std::unique_ptr<Transport> shm_;  // null when every link is tcp
   std::unique_ptr<Transport> tcp_;
+  std::unique_ptr<HostPeers> host_peers_;
 
   mutable std::mutex mu_;
   bool aborted_ = false;
@@ -297,6 +320,16 @@ class RoutedTransport final : public Transport {
   std::exception_ptr h_err_;
   std::thread helper_;
 };
+
+void HostPeers::publish(const void* const* buffers, const size_t* sizes, int num_buffers, const void* inline_data,
+                        size_t inline_bytes) {
+  owner_.fail_fast();
+  try {
+    shm_.publish(buffers, sizes, num_buffers, inline_data, inline_bytes);
+  } catch (const TransportError& e) {
+    throw owner_.record(owner_.translate(e, true));
+  }
+}
 
 }  // namespace
 

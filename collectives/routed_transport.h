@@ -13,7 +13,8 @@
 //  - Tcp forced: TCP for every link (routed, so errors name the host, when
 //    the group spans hosts).
 // The algorithms see one Transport either way. shared_memory() is null on a
-// RoutedTransport (not every peer can map this rank's memory).
+// RoutedTransport (not every peer can map this rank's memory);
+// host_shared_memory() is the shm half's, among this host's ranks.
 //
 // Contract as in collectives/transport.h. Threads: a sendrecv whose two
 // halves take different transports runs the TCP half on a helper thread

@@ -148,6 +148,12 @@ class Transport {
   // Hierarchical algorithms follow it. Owned by the transport; any thread.
   virtual const std::vector<int>* host_of() const { return nullptr; }
 
+  // When the group spans hosts: the SharedMemoryPeers of this rank's
+  // host-mates (its peer indices are the host-mates in ascending group-rank
+  // order), so hierarchical algorithms can read them in place; nullptr when
+  // there is none. Owned by the transport; same thread rules.
+  virtual SharedMemoryPeers* host_shared_memory() { return nullptr; }
+
  private:
   std::vector<char> scratch_;  // grows to the largest message, then reused
 };

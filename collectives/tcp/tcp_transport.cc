@@ -1,8 +1,10 @@
 // TCP transport over Boost.Asio (docs/threads.md, "TCP transport").
 //
-// Wiring: one TCP connection per peer pair; the higher rank connects to the
-// lower one (whose listener is up before it publishes its endpoint), so the
-// mesh forms without a deadlock. TCP_NODELAY on every socket.
+// Wiring: two TCP connections per peer pair, one per direction (a socket
+// carrying both directions serialises them on its lock in the kernel); the
+// higher rank connects to the lower one (whose listener is up before it
+// publishes its endpoint), so the mesh forms without a deadlock. TCP_NODELAY
+// on every socket.
 //
 // Wire format: every message is a 16-byte header {kind, tag, bytes} followed
 // by `bytes` of payload. Payloads stream straight between the user's buffer
@@ -10,14 +12,16 @@
 // kChunk pieces so a send and a receive on one connection interleave and
 // neither direction starves the other.
 //
-// Threads: each connection has its own io_context run by its own thread; all
-// socket operations of that connection happen there (so a connection is its
-// own implicit strand). The calling thread hands an operation to the
+// Threads: each connection has two io_contexts, each run by its own thread:
+// the reading side (header and payload reads) and the writing side (writes
+// and the abort message, on the peer pair's second connection), so both directions stream
+// at once and each Asio socket object is used by one thread only (each side
+// is its own implicit strand). The calling thread hands an operation to the
 // connection by filling the connection's send or receive slot and posting a
-// handler, then sleeps on a condition variable until the io thread completes
-// it, with the communicator's timeout. The io thread always has a header read
-// outstanding, so a peer that exits (EOF/RST) or aborts is noticed at once,
-// even when no receive is posted.
+// handler to that side, then sleeps on a condition variable until it
+// completes, with the communicator's timeout. The reading side always has a
+// header read outstanding, so a peer that exits (EOF/RST) or aborts is
+// noticed at once, even when no receive is posted.
 //
 // Allocation: none per message. Each connection owns fixed handler-memory
 // blocks that every Asio operation of that connection allocates from (the
@@ -40,6 +44,7 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -68,6 +73,10 @@ constexpr size_t kMaxAbortReason = 2048;
 // Sink fragments: small enough to stay in cache between the read and the
 // reduction, large enough to amortise the hand-off.
 constexpr size_t kSinkChunk = size_t{256} << 10;
+// Staging buffers per connection: the io thread reads up to this many
+// fragments ahead of the caller's reduction, so a caller that is scheduled
+// late (a loaded machine) does not stall the socket after every fragment.
+constexpr int kStages = 16;
 
 struct Header {
   uint32_t kind = 0;
@@ -172,31 +181,39 @@ class Connection {
 
   TcpTransport& t_;
   int peer_;  // set before start()
+  // The reading side: header and payload reads (socket_ on io_, thread_).
   asio::io_context io_;
   tcp::socket socket_;
   std::thread thread_;
+  // The writing side: the pair's other connection, on its own io_context and thread,
+  // so sending and receiving proceed at once (as two blocking streams would)
+  // and each Asio socket object is only ever used by one thread.
+  asio::io_context wio_;
+  tcp::socket wsocket_{wio_};
+  std::thread wthread_;
 
   // Under TcpTransport::mu_.
   Op send_op_, recv_op_;
   std::atomic<bool> dead_{false};
 
-  // Sink receives: two staging buffers, filled by the io thread and consumed
+  // Sink receives: kStages staging buffers, filled by the io thread and consumed
   // by the caller, so the caller reduces fragment k while k+1 is read.
   // Allocated (and pre-faulted) on first use, then reused. Flags under mu_.
-  std::vector<unsigned char> stage_[2];
-  bool stage_full_[2] = {false, false};
-  size_t stage_len_[2] = {0, 0}, stage_off_[2] = {0, 0};
+  std::vector<unsigned char> stage_[kStages];
+  bool stage_full_[kStages] = {};
+  size_t stage_len_[kStages] = {}, stage_off_[kStages] = {};
   bool io_paused_ = false;  // the io thread waits for a free stage
   int fill_idx_ = 0;        // io thread only
   HandlerMemory mem_resume_;
   void post_resume();
 
-  // io thread only.
+  // Reading thread only: in_hdr_, abort_in_, header_pending_; writing thread
+  // only: out_hdr_, abort_out_, writing_.
   Header out_hdr_{}, in_hdr_{};
   std::string abort_out_, abort_in_;
   bool header_pending_ = false;  // a data header was read; its payload waits for a recv
   bool writing_ = false;
-  HandlerMemory mem_post_send_, mem_post_recv_, mem_write_, mem_read_, mem_misc_;
+  HandlerMemory mem_post_send_, mem_post_recv_, mem_write_, mem_read_, mem_misc_, mem_wmisc_;
 
  private:
   void read_header();
@@ -206,7 +223,7 @@ class Connection {
   void read_payload_sink();
   void write_header();
   void write_payload();
-  void fail(Kind kind, const std::string& what);
+  void fail(Kind kind, const std::string& what, bool writer = false);
 };
 
 class TcpTransport final : public Transport {
@@ -349,7 +366,7 @@ class TcpTransport final : public Transport {
       c.recv_op_.tag = tag;
       c.recv_op_.sink = sink;
       c.recv_op_.active = true;
-      c.stage_full_[0] = c.stage_full_[1] = false;
+      for (bool& f : c.stage_full_) f = false;
       c.io_paused_ = false;
     }
     c.post_recv();
@@ -376,31 +393,46 @@ class TcpTransport final : public Transport {
 
 void Connection::start() {
   read_header();
+  // Handlers report through error codes; run() only throws on a bug, which
+  // must not escape the thread.
   thread_ = std::thread([this] {
     auto guard = asio::make_work_guard(io_);
-    // Handlers report through error codes; run() only throws on a bug, which
-    // must not escape the thread.
     try {
       io_.run();
     } catch (const std::exception& e) {
       fail(Kind::Protocol, std::string("tcp io thread: ") + e.what());
     }
   });
+  wthread_ = std::thread([this] {
+    auto guard = asio::make_work_guard(wio_);
+    try {
+      wio_.run();
+    } catch (const std::exception& e) {
+      fail(Kind::Protocol, std::string("tcp writer thread: ") + e.what(), true);
+    }
+  });
 }
 
 void Connection::stop() {
+  asio::post(wio_, bind_slot(mem_wmisc_, [this] {
+               boost::system::error_code ec;
+               wsocket_.shutdown(tcp::socket::shutdown_both, ec);
+               wsocket_.close(ec);
+               wio_.stop();
+             }));
   asio::post(io_, bind_slot(mem_misc_, [this] {
                boost::system::error_code ec;
                socket_.shutdown(tcp::socket::shutdown_both, ec);
                socket_.close(ec);
                io_.stop();
              }));
+  if (wthread_.joinable()) wthread_.join();
   if (thread_.joinable()) thread_.join();
 }
 
-// Called from the calling thread: the slot is filled, the io thread starts it.
+// Called from the calling thread: the slot is filled, the writing thread starts it.
 void Connection::post_send() {
-  asio::post(io_, bind_slot(mem_post_send_, [this] {
+  asio::post(wio_, bind_slot(mem_post_send_, [this] {
                out_hdr_ = Header{kData, send_op_.tag, send_op_.bytes};
                write_header();
              }));
@@ -411,7 +443,7 @@ void Connection::post_recv() {
 }
 
 void Connection::post_abort() {
-  asio::post(io_, bind_slot(mem_misc_, [this] {
+  asio::post(wio_, bind_slot(mem_wmisc_, [this] {
                // Tell the peer why (best effort) when no write is mid-message, so
                // it fails with PeerFailed naming the root cause; then close, which
                // it sees as EOF anyway.
@@ -423,10 +455,16 @@ void Connection::post_abort() {
                  }
                  Header h{kAbort, 0, abort_out_.size()};
                  const std::array<asio::const_buffer, 2> bufs{asio::buffer(&h, sizeof h), asio::buffer(abort_out_)};
-                 socket_.non_blocking(true, ec);
-                 socket_.write_some(bufs, ec);
+                 wsocket_.non_blocking(true, ec);
+                 wsocket_.write_some(bufs, ec);
                }
-               socket_.shutdown(tcp::socket::shutdown_both, ec);
+               wsocket_.shutdown(tcp::socket::shutdown_both, ec);
+               // And the reading direction, on its own thread, so a pending
+               // read ends before the caller's buffer is released.
+               asio::post(io_, bind_slot(mem_misc_, [this] {
+                            boost::system::error_code e;
+                            socket_.shutdown(tcp::socket::shutdown_both, e);
+                          }));
              }));
 }
 
@@ -437,8 +475,8 @@ void Connection::write_header() {
   const size_t first = std::min(kChunk, send_op_.bytes);
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(&out_hdr_, sizeof out_hdr_),
                                                asio::buffer(send_op_.sbuf, first)};
-  asio::async_write(socket_, bufs, bind_slot(mem_write_, [this, first](const boost::system::error_code& ec, size_t) {
-                      if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message());
+  asio::async_write(wsocket_, bufs, bind_slot(mem_write_, [this, first](const boost::system::error_code& ec, size_t) {
+                      if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message(), true);
                       send_op_.done += first;
                       write_payload();
                     }));
@@ -456,12 +494,12 @@ void Connection::write_payload() {
     return;
   }
   size_t n = std::min(kChunk, op.bytes - op.done);
-  socket_.async_write_some(asio::buffer(op.sbuf + op.done, n),
-                           bind_slot(mem_write_, [this](const boost::system::error_code& ec, size_t w) {
-                             if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message());
-                             send_op_.done += w;
-                             write_payload();
-                           }));
+  wsocket_.async_write_some(asio::buffer(op.sbuf + op.done, n),
+                            bind_slot(mem_write_, [this](const boost::system::error_code& ec, size_t w) {
+                              if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message(), true);
+                              send_op_.done += w;
+                              write_payload();
+                            }));
 }
 
 void Connection::read_header() {
@@ -523,7 +561,7 @@ void Connection::post_resume() {
 // caller has consumed everything (TcpTransport::sendrecv_sink).
 void Connection::read_payload_sink() {
   Op& op = recv_op_;
-  const int k = fill_idx_ % 2;
+  const int k = fill_idx_ % kStages;
   {
     std::lock_guard<std::mutex> lk(t_.mu_);
     if (op.done == op.bytes || op.failed || !op.active) return;
@@ -580,30 +618,40 @@ void Connection::read_payload() {
       }));
 }
 
-// Marks the connection dead (io thread). A peer that closes while nothing is
-// pending here has simply finished (or will be noticed by the next call to
-// it); with an operation pending, that operation and the transport fail.
-void Connection::fail(Kind kind, const std::string& what) {
+// Marks the connection dead (reading thread, or the writing thread with
+// `writer`). A peer that closes while nothing is pending here has simply
+// finished (or will be noticed by the next call to it); with an operation
+// pending, that operation and the transport fail.
+void Connection::fail(Kind kind, const std::string& what, bool writer) {
   dead_.store(true);
-  writing_ = false;
-  bool had_op = false;
+  if (writer) writing_ = false;
+  bool had_op = false, send_pending = false;
   {
     std::lock_guard<std::mutex> lk(t_.mu_);
-    for (Op* op : {&send_op_, &recv_op_}) {
-      if (op->active && !op->complete && !op->failed) {
-        op->failed = true;
-        op->kind = kind;
-        op->error = what;
-        had_op = true;
-      }
+    auto pending = [](const Op& op) { return op.active && !op.complete && !op.failed; };
+    send_pending = pending(send_op_);
+    // The reading side seeing the peer close while only a send is in flight
+    // is not a failure yet: the peer may have read all of it and finished
+    // (the writing thread completes it), or the write fails by itself.
+    had_op = writer ? send_pending : (pending(recv_op_) || (send_pending && kind != Kind::PeerDead));
+    // Each side settles only its own operation: a write may still be in a
+    // system call reading the caller's buffer until the writing thread sees
+    // the shutdown below fail it (the caller waits for that, fail_op).
+    Op& mine = writer ? send_op_ : recv_op_;
+    if (pending(mine)) {
+      mine.failed = true;
+      mine.kind = kind;
+      mine.error = what;
     }
     if (had_op && !t_.failed_) t_.set_failed_locked(kind, peer_, what);
   }
   boost::system::error_code ec;
-  socket_.shutdown(tcp::socket::shutdown_both, ec);
+  if (had_op || writer || !send_pending) (writer ? wsocket_ : socket_).shutdown(tcp::socket::shutdown_both, ec);
   t_.cv_.notify_all();
   if (had_op) t_.shutdown_all();
 }
+
+}  // namespace
 
 // ---- TcpTransport ------------------------------------------------------------------
 
@@ -634,11 +682,18 @@ std::string advertised_address(bool spans_hosts) {
 void set_socket_options(tcp::socket& s) {
   s.set_option(tcp::no_delay(true));
   // Larger kernel buffers let the sender run ahead of the reader by a few
-  // chunks (the kernel caps these at net.core.{w,r}mem_max).
+  // chunks (the kernel caps these at net.core.{w,r}mem_max). Setting them
+  // turns the kernel's buffer autotuning off for the socket;
+  // TESSERA_TCP_SOCKBUF=0 leaves it on (to compare), N sets N bytes.
+  int bytes = 4 << 20;
+  if (const char* e = std::getenv("TESSERA_TCP_SOCKBUF"); e && *e) bytes = std::atoi(e);
+  if (bytes <= 0) return;
   boost::system::error_code ec;
-  s.set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
-  s.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
+  s.set_option(asio::socket_base::send_buffer_size(bytes), ec);
+  s.set_option(asio::socket_base::receive_buffer_size(bytes), ec);
 }
+
+namespace {
 
 // Waits for `fd` to become readable, bounded by `deadline`.
 bool poll_readable(int fd, Clock::time_point deadline) {
@@ -696,47 +751,69 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
     tcp::endpoint peer_ep(asio::ip::make_address(ep.substr(0, sp)),
                           static_cast<uint16_t>(std::stoi(ep.substr(sp + 1))));
     auto conn = std::make_unique<Connection>(*this, j);
-    for (;;) {
-      conn->socket().close(ec);
-      conn->socket().connect(peer_ep, ec);
-      if (!ec) break;
-      if (Clock::now() > deadline)
-        throw TransportError(Kind::Timeout, j,
-                             detail::concat(where, ": cannot connect to rank ", j, " at ", ep, ": ", ec.message()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Two connections per peer, one per direction (channel 0: this, the
+    // higher rank, writes; channel 1: it reads), so the two directions do
+    // not contend for one socket's lock in the kernel.
+    for (uint32_t channel : {0u, 1u}) {
+      tcp::socket& sock = channel == 0 ? conn->wsocket_ : conn->socket_;
+      for (;;) {
+        sock.close(ec);
+        sock.connect(peer_ep, ec);
+        if (!ec) break;
+        if (Clock::now() > deadline)
+          throw TransportError(
+              Kind::Timeout, j,
+              where + ": cannot connect to rank " + std::to_string(j) + " at " + ep + ": " + ec.message());
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      set_socket_options(sock);
+      uint32_t hello[3] = {kHello, static_cast<uint32_t>(rank), channel};
+      asio::write(sock, asio::buffer(hello, sizeof hello), ec);
+      if (ec) throw TransportError(Kind::PeerDead, j, where + ": handshake with rank " + std::to_string(j) + " failed");
     }
-    set_socket_options(conn->socket());
-    uint32_t hello[2] = {kHello, static_cast<uint32_t>(rank)};
-    asio::write(conn->socket(), asio::buffer(hello, sizeof hello), ec);
-    if (ec) throw TransportError(Kind::PeerDead, j, where + ": handshake with rank " + std::to_string(j) + " failed");
     conns_[j] = std::move(conn);
   }
-  // Accept every higher rank; each says who it is.
+  // Accept both connections of every higher rank; each says who it is and
+  // which direction it carries.
   acceptor.non_blocking(true);
   int expected = 0;
-  for (int j = rank + 1; j < size; ++j) expected += linked(j) ? 1 : 0;
+  for (int j = rank + 1; j < size; ++j) expected += linked(j) ? 2 : 0;
   for (int accepted = 0; accepted < expected;) {
     if (!poll_readable(acceptor.native_handle(), deadline)) {
       std::string missing;
       for (int j = rank + 1; j < size; ++j)
-        if (linked(j) && !conns_[j]) missing += detail::concat(missing.empty() ? "" : ", ", j);
-      throw TransportError(Kind::Timeout, -1,
-                           detail::concat(where, ": ranks ", missing, " did not connect within the timeout"));
+        if (linked(j) && (!conns_[j] || !conns_[j]->socket_.is_open() || !conns_[j]->wsocket_.is_open()))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+      throw TransportError(Kind::Timeout, -1, where + ": ranks " + missing + " did not connect within the timeout");
     }
-    auto conn = std::make_unique<Connection>(*this, -1);
-    acceptor.accept(conn->socket(), ec);
+    tcp::socket tmp(setup);
+    acceptor.accept(tmp, ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
     if (ec) throw TransportError(Kind::PeerDead, -1, where + ": accept failed: " + ec.message());
-    uint32_t hello[2] = {0, 0};
-    if (!poll_readable(conn->socket().native_handle(), deadline))
+    uint32_t hello[3] = {0, 0, 0};
+    if (!poll_readable(tmp.native_handle(), deadline))
       throw TransportError(Kind::Timeout, -1, where + ": a peer connected but sent no handshake");
-    asio::read(conn->socket(), asio::buffer(hello, sizeof hello), ec);
-    int j = static_cast<int>(hello[1]);
-    if (ec || hello[0] != kHello || j <= rank || j >= size || !linked(j) || conns_[j])
+    asio::read(tmp, asio::buffer(hello, sizeof hello), ec);
+    const int j = static_cast<int>(hello[1]);
+    if (ec || hello[0] != kHello || j <= rank || j >= size || !linked(j) || hello[2] > 1)
       throw TransportError(Kind::Protocol, -1, where + ": bad handshake from a connecting peer");
-    set_socket_options(conn->socket());
-    conn->peer_ = j;
-    conns_[j] = std::move(conn);
+    if (!conns_[j]) conns_[j] = std::make_unique<Connection>(*this, j);
+    // Channel 0 is the peer's writing direction: this rank reads it.
+    tcp::socket& target = hello[2] == 0 ? conns_[j]->socket_ : conns_[j]->wsocket_;
+    if (target.is_open())
+      throw TransportError(Kind::Protocol, j, where + ": rank " + std::to_string(j) + " connected twice");
+    const int fd = ::dup(tmp.native_handle());
+    tmp.close(ec);
+    if (fd < 0)
+      throw TransportError(
+          Kind::PeerDead, j,
+          where + ": cannot take over the socket of rank " + std::to_string(j) + ": " + std::strerror(errno));
+    target.assign(listen_ep.protocol(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      throw TransportError(Kind::PeerDead, j, where + ": socket of rank " + std::to_string(j) + ": " + ec.message());
+    }
+    set_socket_options(target);
     ++accepted;
   }
   for (auto& c : conns_)
@@ -789,7 +866,7 @@ void TcpTransport::consume_all(Connection& c, RecvSink& sink) {
       c.io_paused_ = false;
       c.post_resume();
     }
-    k ^= 1;
+    k = (k + 1) % kStages;
   }
   op.complete = true;
   op.active = false;

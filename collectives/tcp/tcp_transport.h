@@ -4,7 +4,14 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
+
+// clang-format off
+// Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
+#include <utility>
+#include <boost/asio/ip/tcp.hpp>
+// clang-format on
 
 #include "collectives/communicator.h"
 #include "collectives/store.h"
@@ -21,6 +28,14 @@ struct TcpOptions {
   // advertised address in tcp_transport.cc); otherwise loopback.
   bool spans_hosts = false;
 };
+
+// The address this rank advertises to its peers: TESSERA_TCP_ADDR; else
+// 127.0.0.1 when !spans_hosts; else the host name's first non-loopback IPv4
+// address (InvalidArgument naming TESSERA_TCP_ADDR when there is none).
+std::string advertised_address(bool spans_hosts);
+
+// Socket options of every connection: TCP_NODELAY, and the kernel buffers.
+void set_socket_options(boost::asio::ip::tcp::socket& s);
 
 // Collective over the group: every member calls it with stores sharing keys.
 std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,

@@ -750,6 +750,35 @@ TEST(ModeledTime, HierarchicalUsesTwoLevels) {
   EXPECT_EQ(failures(res), "");
 }
 
+// Two hosts of two ranks, default selection: the two-level cost model picks
+// hier_rd for small all-reduces (log2 L + log2 H = 2 exchanges of the whole
+// vector, one of them across hosts: (a + n/bw) + (ae + n/be)) and hier for
+// large ones, where hier_rd's whole-vector exchanges cost more.
+TEST(ModeledTime, SmallAllReduceAcrossHostsTakesLogSteps) {
+  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+    enter_host(rank / 2);
+    const double a = 2e-6, bw = 48.0 * (1ull << 30), ae = 10e-6, be = 800e9 / 8 / 2;
+    auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
+    auto c = Communicator::create(store, rank, size);
+    for (size_t count : {size_t{2}, size_t{1024}, size_t{16384}, size_t{1} << 20}) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(rank + 1 + (i % 3));
+      c->all_reduce(buf.data(), buf.data(), count, DType::F32, ReduceOp::Sum);
+      for (size_t i = 0; i < count; ++i)
+        COLL_REQUIRE(buf[i] == static_cast<float>(10 + 4 * (i % 3)), "count ", count, " element ", i, ": ", buf[i]);
+      const double n = static_cast<double>(count * 4);
+      if (count <= 16384) {
+        COLL_REQUIRE(c->last_algorithm() == "hier_rd", count, " floats served by ", c->last_algorithm());
+        const double t = (a + n / bw) + (ae + n / be);
+        COLL_REQUIRE(near(c->last_modeled_seconds(), t), "hier_rd ", c->last_modeled_seconds(), " vs ", t);
+      } else {
+        COLL_REQUIRE(c->last_algorithm() == "hier", count, " floats served by ", c->last_algorithm());
+      }
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
 // Same two hosts of two ranks (L = H = 2). hier all-gather and
 // reduce-scatter of c bytes per rank: (H-1) cross steps of c and (L-1)
 // local steps of H c; a flat ring pays the cross-host link at each of its
