@@ -22,10 +22,10 @@ else()
   set(TESSERA_SANITIZER_ENV "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/lsan.supp")
 endif()
 
-# tessera_add_test(<name> SOURCES a.cc b.cc LIBS lib1 lib2 [LABELS l1 l2] [TIMEOUT s])
+# tessera_add_test(<name> SOURCES a.cc b.cc LIBS lib1 lib2 [LABELS l1 l2] [TIMEOUT s] [SERIAL])
 # One GoogleTest executable registered with ctest, one ctest entry per TEST().
 function(tessera_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "SERIAL" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main tessera_flags)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin/tests)
@@ -33,6 +33,10 @@ function(tessera_add_test name)
     set(T_TIMEOUT 300)
   endif()
   set(props TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${TESSERA_SANITIZER_ENV}")
+  if(T_SERIAL)
+    # Measures time against a peer: nothing else may run beside it.
+    list(APPEND props RUN_SERIAL TRUE)
+  endif()
   if(T_LABELS)
     # An empty LABELS value would vanish from the list and shift the pairs.
     list(APPEND props LABELS "${T_LABELS}")

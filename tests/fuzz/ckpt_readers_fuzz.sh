@@ -12,10 +12,13 @@ if [ -z "$cxx" ]; then echo "ckpt_readers_fuzz: clang++ not installed (apt-get i
 mkdir -p "$work"
 bin=$work/ckpt_readers_fuzz
 objs=()
+# An object is rebuilt when its source or any header it may include changed
+# (a stale object compiled against an older class layout breaks the ODR).
 for f in tests/fuzz/ckpt_readers_fuzz.cc parallel/checkpoint/safetensors.cc parallel/checkpoint/hf_gpt2.cc \
          parallel/checkpoint/ckpt_tool.cc; do
   o=$work/$(basename "$f").o
-  if [ ! -f "$o" ] || [ "$src/$f" -nt "$o" ]; then
+  if [ ! -f "$o" ] || [ "$src/$f" -nt "$o" ] ||
+     [ -n "$(find "$src/runtime" "$src/collectives" "$src/parallel" -name '*.h' -newer "$o" -print -quit)" ]; then
     "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address -fno-omit-frame-pointer \
       -I"$src" -I"$build/parallel" -I"$build/parallel/gen" -c "$src/$f" -o "$o"
   fi
