@@ -254,14 +254,17 @@ class TcpTransport final : public Transport {
     Connection& ct = *conns_[to];
     Connection& cf = *conns_[from];
     begin_recv(cf, tag, rbuf, rbytes);
-    begin_send(ct, tag, sbuf, sbytes);
     // Wait for both even if one fails, so no operation still references the
-    // caller's buffers when we return or throw.
+    // caller's buffers when we return or throw: a send that cannot start
+    // (the transport failed, the peer closed) still leaves the posted recv
+    // to be settled by the io thread (wait_op -> fail_op).
     std::exception_ptr first;
-    try {
-      wait_op(ct, ct.send_op_, "send to");
-    } catch (...) {
-      first = std::current_exception();
+    if (start_send_after_recv(ct, tag, sbuf, sbytes, first)) {
+      try {
+        wait_op(ct, ct.send_op_, "send to");
+      } catch (...) {
+        first = std::current_exception();
+      }
     }
     try {
       wait_op(cf, cf.recv_op_, "recv from");
@@ -282,17 +285,19 @@ class TcpTransport final : public Transport {
       for (auto& st : cf.stage_) st.assign(kSinkChunk, 0);  // once per connection, pre-faulted
     }
     begin_recv(cf, tag, nullptr, rbytes, &sink);
-    begin_send(ct, tag, sbuf, sbytes);
     std::exception_ptr first;
+    const bool sending = start_send_after_recv(ct, tag, sbuf, sbytes, first);
     try {
       consume_all(cf, sink);
     } catch (...) {
-      first = std::current_exception();
-    }
-    try {
-      wait_op(ct, ct.send_op_, "send to");
-    } catch (...) {
       if (!first) first = std::current_exception();
+    }
+    if (sending) {
+      try {
+        wait_op(ct, ct.send_op_, "send to");
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
     }
     if (first) std::rethrow_exception(first);
   }
@@ -370,6 +375,21 @@ class TcpTransport final : public Transport {
       c.io_paused_ = false;
     }
     c.post_recv();
+  }
+  // begin_send once a recv is posted: false (with `first` set and the
+  // transport failed, so waiting on the recv ends promptly) when the send
+  // cannot start.
+  bool start_send_after_recv(Connection& c, uint32_t tag, const void* buf, size_t bytes, std::exception_ptr& first) {
+    try {
+      begin_send(c, tag, buf, bytes);
+      return true;
+    } catch (const TransportError& e) {
+      first = std::current_exception();
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!failed_) set_failed_locked(e.kind(), e.peer(), e.what());
+    }
+    cv_.notify_all();
+    return false;
   }
   void wait_op(Connection& c, Op& op, const char* what);
   [[noreturn]] void fail_op(Connection& c, Op& op, const char* what);
