@@ -158,6 +158,7 @@ std::string own_exe() {
 
 std::vector<char*> c_argv(std::vector<std::string>& v) {
   std::vector<char*> out;
+  out.reserve(v.size() + 1);
   for (auto& s : v) out.push_back(s.data());
   out.push_back(nullptr);
   return out;

@@ -785,7 +785,8 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
           if (!missing.empty()) missing += ", ";
           missing += std::to_string(j);
         }
-      throw TransportError(Kind::Timeout, -1, where + ": ranks " + missing + " did not connect within the timeout");
+      throw TransportError(Kind::Timeout, -1,
+                           detail::concat(where, ": ranks ", missing, " did not connect within the timeout"));
     }
     tcp::socket tmp(setup);
     acceptor.accept(tmp, ec);
