@@ -599,7 +599,7 @@ struct MemCgroup {
         why.append(d).append(": ").append(err).append("; ");
         continue;
       }
-      std::ofstream f(d + "/" + limit);
+      std::ofstream f(fs::path(d) / limit);
       f << bytes << "\n";
       f.close();
       if (f.good() && fs::exists(d + "/cgroup.procs")) {
