@@ -337,7 +337,7 @@ std::unique_ptr<Transport> make_routed_transport(TransportKind kind, std::shared
                                                  const CommOptions& options) {
   TESSERA_ARG_CHECK(kind == TransportKind::Auto || kind == TransportKind::Shm || kind == TransportKind::Tcp,
                     "make_routed_transport: transport ", transport_name(kind), " has no Transport");
-  if (size == 1) return shm::create_transport(std::move(store), rank, size, options);
+  if (size == 1) return shm::create_transport(store, rank, size, options);
   HostMap hosts;
   try {
     hosts = exchange_hosts(*store, rank, size, options.timeout);
@@ -348,10 +348,10 @@ std::unique_ptr<Transport> make_routed_transport(TransportKind kind, std::shared
   spdlog::debug("group '{}' rank {} of {}: {} host(s), this rank on host '{}' with {} rank(s); transport {}",
                 options.name, rank, size, hosts.num_hosts(), hosts.names[hosts.host_of[rank]],
                 hosts.ranks_on(hosts.host_of[rank]).size(), transport_name(kind));
-  if (kind == TransportKind::Shm) return shm::create_transport(std::move(store), rank, size, options);
+  if (kind == TransportKind::Shm) return shm::create_transport(store, rank, size, options);
   if (!spans) {
     if (kind == TransportKind::Tcp) return tcp::create_transport(std::move(store), rank, size, options);
-    return shm::create_transport(std::move(store), rank, size, options);
+    return shm::create_transport(store, rank, size, options);
   }
   const int me = hosts.host_of[rank];
   std::vector<int> local = hosts.ranks_on(me);

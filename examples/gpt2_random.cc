@@ -50,10 +50,9 @@ int main(int argc, char** argv) {
     char* end = nullptr;
     const long long n = std::strtoll(v, &end, 10);
     const bool num = end && *end == '\0' && n > 0;
+    if (a != "--out" && !num) return usage(argv[0]);  // every other flag takes a positive number
     if (a == "--out") {
       out = v;
-    } else if (!num) {
-      return usage(argv[0]);
     } else if (a == "--vocab") {
       c.vocab = n;
     } else if (a == "--seq") {

@@ -158,6 +158,7 @@ std::string own_exe() {
 
 std::vector<char*> c_argv(std::vector<std::string>& v) {
   std::vector<char*> out;
+  out.reserve(v.size() + 1);
   for (auto& s : v) out.push_back(s.data());
   out.push_back(nullptr);
   return out;
@@ -308,7 +309,7 @@ int spawn_local(int n) {
         if (q > 0) kill(q, SIGKILL);
       grace_end = std::chrono::steady_clock::time_point::max();
     }
-    const timespec tick{0, 20 * 1000 * 1000};
+    const timespec tick{0, 20L * 1000 * 1000};
     const int sig = sigtimedwait(&stop_set, nullptr, &tick);
     if (sig > 0) {
       if (!interrupted) {
@@ -352,7 +353,7 @@ int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
   std::vector<std::string> modes = over ? std::vector<std::string>{"0", "1"} : std::vector<std::string>{""};
   bench::CompareFigures best;
   for (const std::string& y : modes) {
-    const std::string out = dir + "/mpi" + y + ".txt";
+    const std::string out = detail::concat(dir, "/mpi", y, ".txt");
     std::vector<std::string> args = mpirun_prefix(n);
     if (!y.empty()) args.insert(args.end(), {"--mca", "mpi_yield_when_idle", y});
     args.insert(args.end(), {peer.string(), "--out", out, "--budget", "2", bench::bench_op_name(cfg.op),
@@ -364,8 +365,9 @@ int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
                                  ") exited with ", code));
     auto figs = bench::read_compare_figures(out);
     for (auto& [count, f] : figs) {
-      f.setting = (y.empty() ? "" : "yield_when_idle=" + y + " ") + f.setting;  // f.setting: "iters=N"
-      auto it = std::find_if(best.begin(), best.end(), [&](const auto& b) { return b.first == count; });
+      if (!y.empty()) f.setting = detail::concat("yield_when_idle=", y, " ", f.setting);  // f.setting: "iters=N"
+      const auto c = count;  // clang 14 cannot capture a structured binding in a lambda
+      auto it = std::find_if(best.begin(), best.end(), [&](const auto& b) { return b.first == c; });
       if (it == best.end())
         best.emplace_back(count, f);
       else if (f.time_us < it->second.time_us)

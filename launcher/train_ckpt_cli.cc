@@ -33,7 +33,7 @@ int run_train_inspect(const std::string& dir) {
   for (const auto& [name, t] : ck.tensors()) {
     const int64_t n = shape_numel(t.shape);
     elems += static_cast<uint64_t>(n);
-    std::printf("  %-44s F32   %-16s %lld\n", name.c_str(), shape_str(t.shape).c_str(), static_cast<long long>(n * 4));
+    std::printf("  %-44s F32   %-16s %lld\n", name.c_str(), shape_str(t.shape).c_str(), static_cast<long long>(n) * 4);
   }
   uint64_t bytes = 0;
   std::printf("files (%zu):\n", ck.files().size());

@@ -135,7 +135,7 @@ void start_group_sentinel() {
   pthread_sigmask(SIG_SETMASK, &all, nullptr);  // a SIGTERM to the group must not end the sentinel first
   if (syscall(SYS_close_range, 0U, ~0U, 0) != 0)
     for (int fd = 0; fd < 4096; ++fd) close(fd);
-  const timespec tick{0, 200 * 1000 * 1000};
+  const timespec tick{0, 200L * 1000 * 1000};
   while (getppid() == rank) nanosleep(&tick, nullptr);
   kill(0, SIGKILL);  // the whole group, the sentinel last
   _exit(0);

@@ -331,7 +331,7 @@ std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_
   }
   ::closedir(d);
   for (const std::string& name : candidates) {
-    const std::string p = dir + "/" + name;
+    const std::string p = detail::concat(dir, "/", name);
     struct stat st {};
     if (::lstat(p.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
     if (S_ISREG(st.st_mode)) {

@@ -540,8 +540,7 @@ std::vector<Row> run_bench(Communicator& comm, const BenchConfig& cfg, Communica
                          row.size_bytes, factor);
     }
     if (compare) {
-      BenchConfig c2 = cfg;
-      Measured mm = measure(*compare, c2, oop, row.count, false, recv_buf, nullptr);
+      Measured mm = measure(*compare, cfg, oop, row.count, false, recv_buf, nullptr);
       const Result cr = to_result(mm, row.size_bytes, factor);
       row.compare_busbw_gbps = cr.busbw_gbps;
       row.compare_time_us = cr.time_us;

@@ -182,7 +182,8 @@ inline void cpu_relax() {
 
 class ShmTransport final : public Transport, public SharedMemoryPeers {
  public:
-  ShmTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options, std::vector<int> labels)
+  ShmTransport(const std::shared_ptr<Store>& store, int rank, int size, const CommOptions& options,
+               std::vector<int> labels)
       : rank_(rank),
         size_(size),
         timeout_(options.timeout),
@@ -737,9 +738,9 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
 
 }  // namespace
 
-std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,
+std::unique_ptr<Transport> create_transport(const std::shared_ptr<Store>& store, int rank, int size,
                                             const CommOptions& options, std::vector<int> labels) {
-  return std::make_unique<ShmTransport>(std::move(store), rank, size, options, std::move(labels));
+  return std::make_unique<ShmTransport>(store, rank, size, options, std::move(labels));
 }
 
 }  // namespace tessera::collectives::shm

@@ -21,7 +21,7 @@ namespace tessera::collectives::shm {
 // published, so a process id that means another process here is never
 // mistaken for the peer. `labels[i]` is how messages name local rank i (its
 // rank in the enclosing communicator); empty: i itself.
-std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,
+std::unique_ptr<Transport> create_transport(const std::shared_ptr<Store>& store, int rank, int size,
                                             const CommOptions& options, std::vector<int> labels = {});
 
 }  // namespace tessera::collectives::shm

@@ -781,9 +781,8 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
         sock.connect(peer_ep, ec);
         if (!ec) break;
         if (Clock::now() > deadline)
-          throw TransportError(
-              Kind::Timeout, j,
-              where + ": cannot connect to rank " + std::to_string(j) + " at " + ep + ": " + ec.message());
+          throw TransportError(Kind::Timeout, j,
+                               detail::concat(where, ": cannot connect to rank ", j, " at ", ep, ": ", ec.message()));
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
       set_socket_options(sock);
@@ -802,9 +801,12 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
     if (!poll_readable(acceptor.native_handle(), deadline)) {
       std::string missing;
       for (int j = rank + 1; j < size; ++j)
-        if (linked(j) && (!conns_[j] || !conns_[j]->socket_.is_open() || !conns_[j]->wsocket_.is_open()))
-          missing += (missing.empty() ? "" : ", ") + std::to_string(j);
-      throw TransportError(Kind::Timeout, -1, where + ": ranks " + missing + " did not connect within the timeout");
+        if (linked(j) && (!conns_[j] || !conns_[j]->socket_.is_open() || !conns_[j]->wsocket_.is_open())) {
+          if (!missing.empty()) missing += ", ";
+          missing += std::to_string(j);
+        }
+      throw TransportError(Kind::Timeout, -1,
+                           detail::concat(where, ": ranks ", missing, " did not connect within the timeout"));
     }
     tcp::socket tmp(setup);
     acceptor.accept(tmp, ec);

@@ -65,7 +65,8 @@ void report_pipeline(const Flags& f, const gpt::Job& job, models::gpt::Trainer& 
   if (pipe == nullptr) return;
   const models::gpt::TrainOptions& o = trainer.options();
   // Fixed size per rank: every op and at most one wait before it; kind -1 pads.
-  const size_t per_rank = 2 * 2 * static_cast<size_t>(o.micro_batches()) * static_cast<size_t>(o.virtual_stages) + 1;
+  const size_t per_rank =
+      size_t{2} * 2 * static_cast<size_t>(o.micro_batches()) * static_cast<size_t>(o.virtual_stages) + 1;
   std::vector<int64_t> mine(per_rank * 5, -1), all(mine.size() * static_cast<size_t>(job.world.size));
   mine[0] = static_cast<int64_t>(pipe->timeline_s() * 1e9);
   size_t k = 1;
@@ -344,9 +345,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   kern::default_blas_threads();
   Flags f;
   CLI::App app{"Train a GPT-2 over emulated cores with tensor, pipeline and data parallelism", "train_gpt"};
@@ -458,4 +457,19 @@ int main(int argc, char** argv) {
       return cli::kUsageExit;
     }
   });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Setting up the command line can throw too (e.g. std::bad_alloc): say so
+  // instead of std::terminate's abort.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "train_gpt: error: unknown exception\n");
+  }
+  return 1;
 }

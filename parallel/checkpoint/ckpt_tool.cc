@@ -199,10 +199,11 @@ void clipped_runs(const parallel::layers::Parameter& p, int64_t begin, int64_t e
 }
 
 // A shard directory whose manifest, sizes, hashes and headers were checked
-// (open_shard_dir) before any tensor byte is read.
+// (open_shard_dir) before any tensor byte is read. The manifest itself is not
+// kept: nlohmann::json's destructor allocates (std::bad_alloc could escape
+// this struct's noexcept destructor).
 struct ShardDir {
   std::string dir, mpath;
-  json manifest;
   Gpt2Config config;
   int tp = 1, pp = 1;
   std::vector<int> part;
@@ -339,6 +340,7 @@ json write_rank_files(FullReader& in, const std::vector<DType>& dtypes, int tp, 
           }
           for (size_t i : tensors) {
             std::vector<const parallel::layers::Parameter*> ps;
+            ps.reserve(static_cast<size_t>(tp));
             for (int r = 0; r < tp; ++r) ps.push_back(&ranks[static_cast<size_t>(r)][i]);
             const Shape& full = ranks[0][i].full_shape;
             const uint64_t es = dtype_size(dtypes[i]);
@@ -391,6 +393,7 @@ uint64_t shard_stream(FullReader& in, const std::vector<DType>& dtypes, const Gp
   const int tp = opt.tp, pp = opt.pp;
   const std::vector<int> part = gpt2_stages(c, pp, opt.stages);
   std::vector<std::vector<parallel::layers::Parameter>> ranks;
+  ranks.reserve(static_cast<size_t>(tp));
   for (int r = 0; r < tp; ++r) ranks.push_back(gpt2_tp_parameters(c, tp, r));
 
   TempSibling tmp(out_dir);
@@ -635,8 +638,7 @@ ShardDir open_shard_dir(const std::string& dir) {
   ShardDir sd;
   sd.dir = dir;
   sd.mpath = (fs::path(dir) / kManifestName).string();
-  sd.manifest = read_manifest(dir);
-  const json& m = sd.manifest;
+  const json m = read_manifest(dir);
   sd.config = manifest_config(m, sd.mpath);
   const Gpt2Config& c = sd.config;
   sd.tp = m.at("tp").get<int>();  // checked by read_manifest
@@ -702,6 +704,7 @@ void write_hf_file(FullReader& in, const ShardDir& sd, const std::vector<size_t>
                    const std::map<std::string, std::string>& md, const std::string& path,
                    const std::function<void()>& before_commit) {
   std::vector<TensorSpec> specs;
+  specs.reserve(idx.size());
   for (size_t i : idx) specs.push_back({sd.ranks[0][i].name, sd.dtypes[i], sd.ranks[0][i].full_shape});
   const std::string header = safetensors_header(specs, md);
   write_file_atomic(path, [&](FileSink& sink) {

@@ -107,6 +107,7 @@ std::vector<std::string> all_gather_strings(collectives::Communicator* world, co
   std::memcpy(send.data(), mine.data(), mine.size());
   world->all_gather(send.data(), recv.data(), static_cast<size_t>(max / 4), DType::I32);
   std::vector<std::string> out;
+  out.reserve(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) out.emplace_back(recv.data() + static_cast<size_t>(r) * max, lens[r]);
   return out;
 }

@@ -47,8 +47,8 @@ ParallelState serial_state(Device* device) {
   return s;
 }
 
-ParallelState make_parallel_state(std::shared_ptr<collectives::Communicator> world, int tp, int dp, Device* device,
-                                  bool sequence_parallel, int pp) {
+ParallelState make_parallel_state(const std::shared_ptr<collectives::Communicator>& world, int tp, int dp,
+                                  Device* device, bool sequence_parallel, int pp) {
   TESSERA_ARG_CHECK(world != nullptr, "make_parallel_state: no world communicator");
   TESSERA_ARG_CHECK(tp >= 1 && dp >= 1 && pp >= 1, "tp, dp and pp must be >= 1 (got tp ", tp, ", dp ", dp, ", pp ", pp,
                     ")");

@@ -68,7 +68,7 @@ ParallelState serial_state(Device* device);
 // Builds the TP, DP and PP groups of parallel::Mesh({.tp, .dp, .pp}) from the
 // world communicator (collective over world; world->size() must equal
 // tp * dp * pp). Throws InvalidArgument otherwise.
-ParallelState make_parallel_state(std::shared_ptr<collectives::Communicator> world, int tp, int dp, Device* device,
-                                  bool sequence_parallel, int pp = 1);
+ParallelState make_parallel_state(const std::shared_ptr<collectives::Communicator>& world, int tp, int dp,
+                                  Device* device, bool sequence_parallel, int pp = 1);
 
 }  // namespace tessera::parallel::layers

@@ -1,5 +1,6 @@
 #include "parallel/pipeline/executor.h"
 
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -41,7 +42,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   auto send = [&](collectives::Communicator& link, Tensor& buf, const float* data) {
     float* c = parallel::layers::ensure_buffer(buf, ps_.device, wire);
     std::memcpy(c, data, sizeof(float) * static_cast<size_t>(n));
-    const int64_t stamp = static_cast<int64_t>(now_ * 1e9 + 0.5);
+    const int64_t stamp = std::llround(now_ * 1e9);
     std::memcpy(c + n, &stamp, sizeof stamp);
     sends_.push_back(link.send_async(c, count, DType::F32, 1, kPipeTag));
   };

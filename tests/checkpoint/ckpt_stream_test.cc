@@ -204,7 +204,8 @@ TEST(CkptStream, BadHfIndexNamesTheFile) {
   auto shard = [&] { shard_gpt2(hf, d.file("out"), {2, 1, 1, 0}); };
   const std::vector<std::string> files = make_hf_sharded(d, hf);
   ASSERT_GE(files.size(), 3u);
-  const std::string f1 = files[0], f2 = files[1];
+  const std::string& f1 = files[0];
+  const std::string& f2 = files[1];
   {  // a shard file missing
     make_hf_sharded(d, hf);
     fs::remove(d.file("hf/" + f2));
@@ -287,6 +288,7 @@ long child_peak_kib(const std::vector<std::string>& argv) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     std::vector<char*> a;
+    a.reserve(argv.size() + 1);
     for (const std::string& s : argv) a.push_back(const_cast<char*>(s.c_str()));
     a.push_back(nullptr);
     const int null = ::open("/dev/null", O_WRONLY);

@@ -77,7 +77,7 @@ class TrainCkptCli : public ::testing::Test {
   }
   // A copy of the step-4 checkpoint to damage.
   std::string copy_of(int step) {
-    const std::string d = tmp_.file("copy");
+    std::string d = tmp_.file("copy");
     fs::copy(ckpt(step), d, fs::copy_options::recursive);
     return d;
   }
@@ -190,8 +190,8 @@ TEST_F(TrainCkptCli, KillOfOneRankDuringSaveLeavesThePreviousCheckpoint) {
     SCOPED_TRACE(point);
     TempDir t;
     const std::string dir = t.file("ck");
-    const std::string cmd = std::string(TESSERA_BIN) + " run --nproc-per-node 2 -- " + TRAIN_GPT_BIN + kModel +
-                            " --dp 2 --steps 6 --save " + dir + " --save-every 2";
+    std::string cmd = std::string(TESSERA_BIN) + " run --nproc-per-node 2 -- " + TRAIN_GPT_BIN + kModel;
+    cmd += " --dp 2 --steps 6 --save " + dir + " --save-every 2";
     CommandResult r = run_command("OPENBLAS_NUM_THREADS=1 TESSERA_CKPT_FAULT=" + std::string(point) +
                                   " TESSERA_CKPT_FAULT_RANK=1 TESSERA_CKPT_FAULT_STEP=4 " + cmd);
     ASSERT_NE(r.code, 0) << r.out;

@@ -759,7 +759,7 @@ TEST(ModeledTime, SmallAllReduceAcrossHostsTakesLogSteps) {
     enter_host(rank / 2);
     const double a = 2e-6, bw = 48.0 * (1ull << 30), ae = 10e-6, be = 800e9 / 8 / 2;
     auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y)) + 1e-15; };
-    auto c = Communicator::create(store, rank, size);
+    auto c = Communicator::create(std::move(store), rank, size);
     for (size_t count : {size_t{2}, size_t{1024}, size_t{16384}, size_t{1} << 20}) {
       std::vector<float> buf(count);
       for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(rank + 1 + (i % 3));

@@ -40,7 +40,7 @@ TEST_P(SendAsync, OneCommunicatorPerDirection) {
   auto res = run_ranks(2, [kind](int rank, int size, std::shared_ptr<Store> store) {
     CommOptions o;
     o.transport = kind;
-    auto world = Communicator::create(store, rank, size, o);
+    auto world = Communicator::create(std::move(store), rank, size, o);
     // "up": 0 sends to 1; "down": 1 sends to 0 (sender first in each).
     auto up = world->split(0, rank, "up");
     auto down = world->split(0, 1 - rank, "down");

@@ -205,6 +205,7 @@ std::string scenario_name(const Scenario& s) {
 }
 
 // gtest prints a failed parameter with this instead of its bytes.
+// NOLINTNEXTLINE(readability-identifier-naming): gtest finds it by this name
 [[maybe_unused]] void PrintTo(const Scenario& s, std::ostream* os) { *os << scenario_name(s); }
 
 // What the launcher must say: exit codes allowed and a pattern the output
@@ -513,7 +514,7 @@ TEST(Cleanup, BenchRemovesDeadStoreDirectoriesAndKeepsLiveOnes) {
   const std::string dead_job_dir = "tessera-bench-" + std::to_string(dead_pid()) + "-job_7-GhIjKl";
   const std::string live_dir = "tessera-bench-" + std::to_string(live.pid) + "-MnOpQr";
   const std::string old_dir = "tessera-bench-StUvWx";  // no pid: not ours to judge
-  for (const auto& x : {dead_dir, dead_job_dir, live_dir, old_dir}) fs::create_directory(tmp + "/" + x);
+  for (const auto& x : {dead_dir, dead_job_dir, live_dir, old_dir}) fs::create_directory(fs::path(tmp) / x);
   std::ofstream(tmp + "/" + dead_dir + "/key") << "v";
   Subprocess p(
       {"env", "TMPDIR=" + tmp, kTessera, "bench", "all_reduce", "-r", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"},
@@ -594,17 +595,18 @@ struct MemCgroup {
     tries.emplace_back("/sys/fs/cgroup" + (v2 == "/" ? "" : v2) + leaf, "memory.max");
     for (const auto& [d, limit] : tries) {
       if (mkdir(d.c_str(), 0755) != 0) {
-        why += d + ": " + std::strerror(errno) + "; ";
+        const char* err = std::strerror(errno);
+        why.append(d).append(": ").append(err).append("; ");
         continue;
       }
-      std::ofstream f(d + "/" + limit);
+      std::ofstream f(fs::path(d) / limit);
       f << bytes << "\n";
       f.close();
       if (f.good() && fs::exists(d + "/cgroup.procs")) {
         dir = d;
         return;
       }
-      why += d + "/" + limit + ": cannot set the limit; ";
+      why.append(d).append("/").append(limit).append(": cannot set the limit; ");
       rmdir(d.c_str());
     }
     why = "no memory cgroup can be made here (" + why + ")";

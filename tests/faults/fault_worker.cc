@@ -64,7 +64,7 @@ class DataChild {
       sigemptyset(&none);
       pthread_sigmask(SIG_SETMASK, &none, nullptr);
       close(fds[0]);
-      const timespec tick{0, 100 * 1000 * 1000};
+      const timespec tick{0, 100L * 1000 * 1000};
       for (;;) {
         ssize_t w = write(fds[1], "x", 1);
         (void)w;
@@ -109,9 +109,7 @@ void write_pid(const std::string& path, pid_t pid) {
   std::rename((path + ".part").c_str(), path.c_str());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"tessera fault-injection worker"};
   double seconds = 30;
   std::string pid_dir;
@@ -141,7 +139,7 @@ int main(int argc, char** argv) {
     }
     std::unique_ptr<DataChild> child;
     if (!no_child) child = std::make_unique<DataChild>();
-    constexpr size_t kCount = 256 * 1024;  // 1 MiB of f32
+    constexpr size_t kCount = size_t{256} * 1024;  // 1 MiB of f32
     std::vector<float> in(kCount), out(kCount);
     const auto end = Clock::now() + std::chrono::duration<double>(seconds);
     for (long iter = 0;; ++iter) {
@@ -151,7 +149,8 @@ int main(int argc, char** argv) {
       in[0] += done * 1000.0F;
       ctx.world_comm->all_reduce(in.data(), out.data(), kCount, tessera::DType::F32,
                                  tessera::collectives::ReduceOp::Sum);
-      const float base = static_cast<float>(n * (n - 1) / 2);
+      const int rank_sum = n * (n - 1) / 2;  // 0 + 1 + ... + (n - 1): n * (n - 1) is even
+      const float base = static_cast<float>(rank_sum);
       for (size_t j = 1; j < kCount; ++j)
         if (out[j] != base + static_cast<float>(n * static_cast<int>(j % 7)))
           throw tessera::Error("all_reduce: element " + std::to_string(j) + " is " + std::to_string(out[j]));
@@ -170,4 +169,19 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     return 0;
   });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Setting up the command line can throw too (e.g. std::bad_alloc): say so
+  // instead of std::terminate's abort.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera_fault_worker: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "tessera_fault_worker: error: unknown exception\n");
+  }
+  return 1;
 }

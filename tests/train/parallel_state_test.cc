@@ -66,7 +66,7 @@ TEST(ParallelState, Tp2Pp2Dp2GroupsAreMegatrons) {
 // [0,6] and [1,7]; the middle stages have none.
 TEST(ParallelState, EmbeddingGroupIsFirstAndLastStage) {
   auto res = collectives::test::run_ranks(8, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
-    auto world = collectives::Communicator::create(store, rank, size, {});
+    auto world = collectives::Communicator::create(std::move(store), rank, size, {});
     parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 2, 1, nullptr, false, 4);
     const bool ends = rank / 2 == 0 || rank / 2 == 3;
     COLL_REQUIRE((ps.embed != nullptr) == ends, "rank ", rank, " embedding group ", ps.embed != nullptr);

@@ -185,7 +185,7 @@ RunResult run(const Layout& l) {
     Device dev(DeviceSpec::preset("test-core"), rank);
     collectives::CommOptions co;
     co.device = &dev;
-    auto world = collectives::Communicator::create(store, rank, size, co);
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
     parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp, l.pp);
     parallel::models::gpt::TrainOptions o = tiny_options(l.vocab, l.layers, l.global_batch);
     o.tp = l.tp;
@@ -360,9 +360,10 @@ void expect_same_params(const Tensors& got_params, const Tensors& want_params, c
       }
       EXPECT_LE(std::sqrt(kg), 1e-3 * std::sqrt(all)) << what << " key bias of " << name;
       EXPECT_LE(std::sqrt(kw), 1e-3 * std::sqrt(all)) << "serial key bias of " << name;
-      std::fill(g.begin() + c, g.begin() + 2 * c, 0.f);
+      const auto third = static_cast<std::ptrdiff_t>(c);  // the key bias is the middle third
+      std::fill(g.begin() + third, g.begin() + 2 * third, 0.f);
       auto wq = w;
-      std::fill(wq.begin() + c, wq.begin() + 2 * c, 0.f);
+      std::fill(wq.begin() + third, wq.begin() + 2 * third, 0.f);
       double n = 0, d = 0;
       for (size_t i = 0; i < w.size(); ++i) {
         n += double(wq[i]) * wq[i];
@@ -443,7 +444,7 @@ TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
     Device dev(DeviceSpec::preset("test-core"), rank);
     collectives::CommOptions co;
     co.device = &dev;
-    auto world = collectives::Communicator::create(store, rank, size, co);
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
     parallel::layers::ParallelState ps =
         parallel::layers::make_parallel_state(world, 2, 2, &dev, /*sequence_parallel=*/true);
     parallel::models::gpt::TrainOptions o = tiny_options();
@@ -544,6 +545,7 @@ std::string pipeline_name(const Layout& l) {
   return n;
 }
 
+// NOLINTNEXTLINE(readability-identifier-naming): gtest finds it by this name
 void PrintTo(const Layout& l, std::ostream* os) { *os << pipeline_name(l); }
 
 TEST_P(Pipelines, MatchesSerial) {
@@ -606,7 +608,7 @@ TEST(PipelineTraining, SteadyStateStepsAllocateNothingOnDevice) {
     Device dev(DeviceSpec::preset("test-core"), rank);
     collectives::CommOptions co;
     co.device = &dev;
-    auto world = collectives::Communicator::create(store, rank, size, co);
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
     parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 1, 1, &dev, false, 2);
     for (auto s : {parallel::pipeline::Schedule::k1F1B, parallel::pipeline::Schedule::kInterleaved}) {
       parallel::models::gpt::TrainOptions o = tiny_options(256, 4);
@@ -634,7 +636,7 @@ TEST(PipelineTraining, GpipeHoldsEveryMicroBatch) {
     Device dev(DeviceSpec::preset("test-core"), rank);
     collectives::CommOptions co;
     co.device = &dev;
-    auto world = collectives::Communicator::create(store, rank, size, co);
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
     parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 1, 1, &dev, false, 2);
     parallel::models::gpt::TrainOptions o = tiny_options(256, 2);
     o.pp = 2;

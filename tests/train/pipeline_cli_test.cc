@@ -85,11 +85,12 @@ TEST(PipelineCli, TraceShowsEachRanksOpsAndTheScheduleBubble) {
         TraceCase{"--pp 2 --schedule interleaved --virtual-stages 2", 2, 2, 2, 8}}) {
     SCOPED_TRACE(c.args);
     const std::string trace = d.file("trace.json");
-    auto r = tessera::testing::run_command(
-        "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=60 " + kRun + std::to_string(c.ranks) + " -- " + TRAIN_GPT_BIN +
-        " --steps 2 --layers 16 --hidden 128 --heads 4 --seq 16 --vocab 256 --micro-batch 1 --global-batch 8 "
-        "--device test-core --trace " +
-        trace + " " + c.args);
+    std::string cmd = "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=60 " + kRun + std::to_string(c.ranks) + " -- " +
+                      TRAIN_GPT_BIN +
+                      " --steps 2 --layers 16 --hidden 128 --heads 4 --seq 16 --vocab 256 --micro-batch 1 "
+                      "--global-batch 8 --device test-core --trace ";
+    cmd += trace + " " + c.args;
+    auto r = tessera::testing::run_command(cmd);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("bubble stage 0:"), std::string::npos) << r.out;
     std::ifstream f(trace);

@@ -217,6 +217,7 @@ void load_shard_set(const std::string& dir, const GptConfig& m,
   for (const auto& st : j.at("stages")) layers.push_back(st.at("layers")[1].get<int>() - st.at("layers")[0].get<int>());
   const std::vector<int> stages = ckpt::gpt2_stages(c, pp, layers);
   std::vector<std::vector<parallel::layers::Parameter>> src;
+  src.reserve(static_cast<size_t>(tp));
   for (int r = 0; r < tp; ++r) src.push_back(ckpt::gpt2_tp_parameters(c, tp, r));
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < src[0].size(); ++i) index[src[0][i].name] = i;
