@@ -22,6 +22,7 @@
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
+#include "tests/checkpoint/gpt2_test_files.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace tessera::parallel::checkpoint {
@@ -35,16 +36,9 @@ const Gpt2Config kCfg{67, 16, 32, 3, 4};
 
 void make_file(const std::string& path, const Gpt2Config& c, uint32_t seed, float poison = 0.f,
                const std::string& poisoned = "") {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> nd(0.f, 0.02f);
-  std::vector<std::pair<std::string, Tensor>> t;
-  for (const std::string& name : gpt2_tensor_names(c)) {
-    Shape s = gpt2_tensor_shape(c, name);
-    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-    for (float& x : v) x = nd(gen);
-    if (name == poisoned && v.size() > 5) v[5] = poison;
-    t.emplace_back(name, Tensor::from_vector(v, s, DType::F32));
-  }
+  auto t = testing::random_gpt2_tensors(c, DType::F32, seed, 0.02f);
+  for (auto& [name, tensor] : t)
+    if (name == poisoned && tensor.numel() > 5) tensor.data<float>()[5] = poison;
   write_gpt2_safetensors(path, c, t);
 }
 

@@ -24,6 +24,7 @@
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
+#include "tests/checkpoint/gpt2_test_files.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace tessera::parallel::checkpoint {
@@ -35,19 +36,6 @@ using testing::TempDir;
 
 // 8 heads (tp up to 8), 4 layers (pp up to 4), vocab 67 (padding for tp 2, 4, 8).
 const Gpt2Config kCfg{67, 16, 32, 4, 8};
-
-std::vector<std::pair<std::string, Tensor>> random_tensors(const Gpt2Config& c, DType dtype, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<std::pair<std::string, Tensor>> t;
-  for (const std::string& name : gpt2_tensor_names(c)) {
-    Shape s = gpt2_tensor_shape(c, name);
-    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-    for (float& x : v) x = nd(gen);
-    t.emplace_back(name, Tensor::from_vector(v, s, DType::F32).to(dtype));
-  }
-  return t;
-}
 
 std::string raw(const SafetensorsReader& r, const std::string& name) {
   const SafetensorsEntry& e = r.entry(name);
@@ -66,7 +54,7 @@ TEST(CkptStream, ShardConsolidateIsBitIdenticalForEveryLayout) {
   for (DType dt : {DType::F32, DType::BF16}) {
     const std::string src = d.file("model.safetensors");
     fs::remove(src);
-    const auto tensors = random_tensors(kCfg, dt, 11);
+    const auto tensors = testing::random_gpt2_tensors(kCfg, dt, 11);
     write_gpt2_safetensors(src, kCfg, tensors);
     const std::string want = d.file("want.safetensors");
     fs::remove(want);
@@ -93,7 +81,7 @@ TEST(CkptStream, ShardConsolidateIsBitIdenticalForEveryLayout) {
 TEST(CkptStream, HfShardedRoundTrip) {
   TempDir d;
   const std::string src = d.file("model.safetensors");
-  write_gpt2_safetensors(src, kCfg, random_tensors(kCfg, DType::F32, 12));
+  write_gpt2_safetensors(src, kCfg, testing::random_gpt2_tensors(kCfg, DType::F32, 12));
   SafetensorsReader full(src);
   uint64_t data_bytes = 0;
   for (const SafetensorsEntry& e : full.entries()) data_bytes += e.end - e.begin;
@@ -152,7 +140,7 @@ TEST(CkptStream, HfShardedRoundTrip) {
 TEST(CkptStream, ChainOfReshardsEqualsDirectShard) {
   TempDir d;
   const std::string src = d.file("model.safetensors");
-  write_gpt2_safetensors(src, kCfg, random_tensors(kCfg, DType::F32, 13));
+  write_gpt2_safetensors(src, kCfg, testing::random_gpt2_tensors(kCfg, DType::F32, 13));
   shard_gpt2(src, d.file("c0"), {1, 1, 1, 0});
   reshard_gpt2(d.file("c0"), d.file("c1"), {2, 2, 1, 0});
   reshard_gpt2(d.file("c1"), d.file("c2"), {8, 1, 1, 0});
@@ -174,7 +162,7 @@ TEST(CkptStream, ChainOfReshardsEqualsDirectShard) {
 // A valid HF sharded directory at `dir` made by consolidate; returns its files.
 std::vector<std::string> make_hf_sharded(TempDir& d, const std::string& dir) {
   const std::string src = d.file("src.safetensors");
-  if (!fs::exists(src)) write_gpt2_safetensors(src, kCfg, random_tensors(kCfg, DType::F32, 14));
+  if (!fs::exists(src)) write_gpt2_safetensors(src, kCfg, testing::random_gpt2_tensors(kCfg, DType::F32, 14));
   fs::remove_all(d.file("tmp_s"));
   shard_gpt2(src, d.file("tmp_s"), {1, 1, 1, 0});
   fs::remove_all(dir);

@@ -26,6 +26,7 @@
 #include "parallel/models/gpt/gpt_model.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
+#include "tests/checkpoint/gpt2_test_files.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace tessera::parallel::checkpoint {
@@ -38,16 +39,7 @@ using testing::TempDir;
 const Gpt2Config kCfg{67, 16, 32, 3, 4};
 
 void make_gpt2_file(const std::string& path, const Gpt2Config& c, DType dtype, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<std::pair<std::string, Tensor>> t;
-  for (const std::string& name : gpt2_tensor_names(c)) {
-    Shape s = gpt2_tensor_shape(c, name);
-    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-    for (float& x : v) x = nd(gen);
-    t.emplace_back(name, Tensor::from_vector(v, s, DType::F32).to(dtype));
-  }
-  write_gpt2_safetensors(path, c, t);
+  testing::write_random_gpt2(path, c, dtype, seed);
 }
 
 // The tensor's raw bytes as stored.
