@@ -57,14 +57,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Setting up the command line can throw too (e.g. std::bad_alloc): say so
-  // instead of std::terminate's abort.
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "tessera: error: " << e.what() << "\n";
-  } catch (...) {
-    std::cerr << "tessera: error: unknown exception\n";
-  }
-  return 1;
+  return tessera::run_main("tessera", [&] { return run(argc, argv); });
 }

@@ -6,6 +6,8 @@
 // handler or a gRPC callback: those layers convert to values at the boundary.
 #pragma once
 
+#include <cstdio>
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -56,6 +58,22 @@ std::string concat(Args&&... args) {
 }
 [[noreturn]] void throw_check_failure(const char* file, int line, const std::string& what);
 }  // namespace detail
+
+// The body of a program's main(): returns what `body` returns; anything that
+// escapes it (setting up the command line can throw too, e.g. bad_alloc) is
+// printed as "<prog>: error: ..." and gives exit code 1, instead of
+// std::terminate's abort.
+template <class Body>
+int run_main(const char* prog, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", prog, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "%s: error: unknown exception\n", prog);
+  }
+  return 1;
+}
 
 }  // namespace tessera
 

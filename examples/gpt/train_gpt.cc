@@ -28,6 +28,7 @@
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
 #include "runtime/device.h"
+#include "runtime/error.h"
 #include "runtime/files.h"
 #include "runtime/kernels.h"
 #include "runtime/log.h"
@@ -462,14 +463,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Setting up the command line can throw too (e.g. std::bad_alloc): say so
-  // instead of std::terminate's abort.
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "train_gpt: error: unknown exception\n");
-  }
-  return 1;
+  return tessera::run_main("train_gpt", [&] { return run(argc, argv); });
 }

@@ -174,14 +174,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Setting up the command line can throw too (e.g. std::bad_alloc): say so
-  // instead of std::terminate's abort.
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tessera_fault_worker: error: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "tessera_fault_worker: error: unknown exception\n");
-  }
-  return 1;
+  return tessera::run_main("tessera_fault_worker", [&] { return run(argc, argv); });
 }

@@ -144,13 +144,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // run_worker reports what the body throws; this catches the rest (options).
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hello: error: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "hello: error: unknown exception\n");
-  }
-  return 1;
+  return tessera::run_main("hello", [&] { return run(argc, argv); });
 }
