@@ -40,6 +40,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <array>
@@ -77,6 +79,11 @@ constexpr size_t kSinkChunk = size_t{256} << 10;
 // fragments ahead of the caller's reduction, so a caller that is scheduled
 // late (a loaded machine) does not stall the socket after every fragment.
 constexpr int kStages = 16;
+// Small messages (latency, docs/threads.md): the caller writes them itself
+// (no hand-off to the writing thread) and the reading thread reads them
+// ahead into an eager buffer, so a recv posted after they arrived takes
+// them without waking any thread.
+constexpr size_t kEager = size_t{64} << 10;
 
 struct Header {
   uint32_t kind = 0;
@@ -169,7 +176,7 @@ class TcpTransport;
 
 class Connection {
  public:
-  Connection(TcpTransport& t, int peer) : t_(t), peer_(peer), socket_(io_) {}
+  Connection(TcpTransport& t, int peer) : t_(t), peer_(peer), socket_(io_), eager_(kEager) {}
   void start();
   void stop();
 
@@ -207,18 +214,44 @@ class Connection {
   HandlerMemory mem_resume_;
   void post_resume();
 
-  // Reading thread only: in_hdr_, abort_in_, header_pending_; writing thread
-  // only: out_hdr_, abort_out_, writing_.
+  // Eager receive (messages of at most kEager bytes): the reading thread reads
+  // the payload here before (or while) a recv is posted; the caller takes it.
+  // Under mu_: eager_full_, eager_tag_, eager_bytes_, header_pending_ (a data
+  // header was read and waits: for a recv, or for the eager buffer to drain;
+  // in_hdr_ then holds it and the reading thread reads nothing more).
+  std::vector<unsigned char> eager_;
+  bool eager_full_ = false;
+  uint32_t eager_tag_ = 0;
+  size_t eager_bytes_ = 0;
+  bool header_pending_ = false;
+  // The writing direction's socket is written by the writing thread or, for a
+  // small message while that thread is idle, by the caller (direct_send);
+  // wbusy_ (under wmu_) says a message is partly written, so an abort message
+  // must not be put in the middle of it.
+  std::mutex wmu_;
+  bool wbusy_ = false;
+  // Reading thread only: in_hdr_, abort_in_; writing thread only: out_hdr_
+  // (the caller sets it in direct_send, before handing over), abort_out_.
   Header out_hdr_{}, in_hdr_{};
   std::string abort_out_, abort_in_;
-  bool header_pending_ = false;  // a data header was read; its payload waits for a recv
-  bool writing_ = false;
   HandlerMemory mem_post_send_, mem_post_recv_, mem_write_, mem_read_, mem_misc_, mem_wmisc_;
+
+  // Caller thread: writes the small message of send_op_ (header + payload)
+  // without blocking. True: all of it is on the wire. False: the writing
+  // thread must write the rest, from `sent` bytes on (wbusy_ is then set).
+  bool direct_send(size_t& sent);
+  void post_send_rest(size_t sent);
 
  private:
   void read_header();
   void on_header(const boost::system::error_code& ec, size_t n);
   void try_match();
+  void read_eager();
+  void write_rest(size_t sent);
+  void set_wbusy(bool b) {
+    std::lock_guard<std::mutex> lk(wmu_);
+    wbusy_ = b;
+  }
   void read_payload();
   void read_payload_sink();
   void write_header();
@@ -354,13 +387,21 @@ class TcpTransport final : public Transport {
       c.send_op_.tag = tag;
       c.send_op_.active = true;
     }
-    c.post_send();
+    if (bytes > kEager) return c.post_send();
+    size_t sent = 0;
+    if (c.direct_send(sent)) {
+      std::lock_guard<std::mutex> lk(mu_);
+      c.send_op_.complete = true;
+      return;
+    }
+    c.post_send_rest(sent);
   }
   void begin_recv(Connection& c, uint32_t tag, void* buf, size_t bytes, RecvSink* sink = nullptr) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (failed_) throw_failed_locked();
-      if (c.dead_.load())
+      // (A peer may exit right after its last message, read ahead here.)
+      if (c.dead_.load() && !c.eager_full_)
         throw TransportError(Kind::PeerDead, c.peer_,
                              "tcp recv from rank " + std::to_string(c.peer_) + " (group '" + options_.name +
                                  "'): peer has closed its connection (exited?)");
@@ -373,8 +414,46 @@ class TcpTransport final : public Transport {
       c.recv_op_.active = true;
       for (bool& f : c.stage_full_) f = false;
       c.io_paused_ = false;
+      // A small message read ahead: taken here (sink receives consume it in
+      // consume_all), no thread involved.
+      if (c.eager_full_) {
+        if (!sink)
+          take_eager_locked(c, c.recv_op_);
+        else if (c.eager_tag_ != tag || c.eager_bytes_ != bytes)
+          eager_mismatch_locked(c, c.recv_op_);
+        return;
+      }
+      // Otherwise the reading thread starts the payload when the header comes;
+      // it needs a nudge only when the header is already here and waiting.
+      if (!c.header_pending_) return;
     }
     c.post_recv();
+  }
+  // Under mu_: completes `op` (a recv, not a sink) from the eager buffer, or
+  // fails the transport when the message is not the one expected. Nudges the
+  // reading thread if a further header waits for the buffer.
+  void take_eager_locked(Connection& c, Op& op) {
+    if (c.eager_tag_ != op.tag || c.eager_bytes_ != op.bytes) {
+      eager_mismatch_locked(c, op);
+      return;
+    }
+    if (op.bytes) std::memcpy(op.rbuf, c.eager_.data(), op.bytes);
+    op.done = op.bytes;
+    op.complete = true;
+    release_eager_locked(c);
+  }
+  void eager_mismatch_locked(Connection& c, Op& op) {
+    const std::string what = "message mismatch: expected tag " + std::to_string(op.tag) + " and " +
+                             std::to_string(op.bytes) + " bytes, peer sent tag " + std::to_string(c.eager_tag_) +
+                             " and " + std::to_string(c.eager_bytes_) + " bytes";
+    op.failed = true;
+    op.kind = Kind::Protocol;
+    op.error = what;
+    if (!failed_) set_failed_locked(Kind::Protocol, c.peer_, what);
+  }
+  void release_eager_locked(Connection& c) {
+    c.eager_full_ = false;
+    if (c.header_pending_) c.post_recv();
   }
   // begin_send once a recv is posted: false (with `first` set and the
   // transport failed, so waiting on the recv ends promptly) when the send
@@ -468,7 +547,8 @@ void Connection::post_abort() {
                // it fails with PeerFailed naming the root cause; then close, which
                // it sees as EOF anyway.
                boost::system::error_code ec;
-               if (!writing_) {
+               std::lock_guard<std::mutex> wl(wmu_);
+               if (!wbusy_) {
                  {
                    std::lock_guard<std::mutex> lk(t_.mu_);
                    abort_out_ = t_.fail_what_.substr(0, kMaxAbortReason);
@@ -491,7 +571,7 @@ void Connection::post_abort() {
 // The header goes out in one gather write with the first piece of the
 // payload, so a small message costs one system call.
 void Connection::write_header() {
-  writing_ = true;
+  set_wbusy(true);
   const size_t first = std::min(kChunk, send_op_.bytes);
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(&out_hdr_, sizeof out_hdr_),
                                                asio::buffer(send_op_.sbuf, first)};
@@ -502,10 +582,48 @@ void Connection::write_header() {
                     }));
 }
 
+bool Connection::direct_send(size_t& sent) {
+  std::lock_guard<std::mutex> lk(wmu_);
+  sent = 0;
+  const Op& op = send_op_;  // filled by this (the calling) thread
+  Header h{kData, op.tag, op.bytes};
+  iovec iov[2] = {{&h, sizeof h}, {const_cast<unsigned char*>(op.sbuf), op.bytes}};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = op.bytes ? 2 : 1;
+  const ssize_t n = ::sendmsg(wsocket_.native_handle(), &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+  // An error (the peer closed, ...) is left to the writing thread, which
+  // fails the connection as for any write.
+  if (n > 0) sent = static_cast<size_t>(n);
+  if (sent == sizeof h + op.bytes) return true;
+  out_hdr_ = h;  // the writing thread takes over (posted after this, so ordered)
+  wbusy_ = true;
+  return false;
+}
+
+void Connection::post_send_rest(size_t sent) {
+  asio::post(wio_, bind_slot(mem_post_send_, [this, sent] { write_rest(sent); }));
+}
+
+// The rest of a small message the caller began (direct_send): header bytes
+// from out_hdr_, then the payload.
+void Connection::write_rest(size_t sent) {
+  const size_t hs = sizeof out_hdr_;
+  const size_t hoff = std::min(sent, hs), poff = sent > hs ? sent - hs : 0;
+  const std::array<asio::const_buffer, 2> bufs{
+      asio::buffer(reinterpret_cast<const unsigned char*>(&out_hdr_) + hoff, hs - hoff),
+      asio::buffer(send_op_.sbuf + poff, send_op_.bytes - poff)};
+  asio::async_write(wsocket_, bufs, bind_slot(mem_write_, [this](const boost::system::error_code& ec, size_t) {
+                      if (ec) return fail(Kind::PeerDead, "write to peer failed: " + ec.message(), true);
+                      send_op_.done = send_op_.bytes;
+                      write_payload();
+                    }));
+}
+
 void Connection::write_payload() {
   Op& op = send_op_;  // only this thread touches done/sbuf while active
   if (op.done == op.bytes) {
-    writing_ = false;
+    set_wbusy(false);
     {
       std::lock_guard<std::mutex> lk(t_.mu_);
       op.complete = true;
@@ -543,23 +661,36 @@ void Connection::on_header(const boost::system::error_code& ec, size_t) {
     return;
   }
   if (in_hdr_.kind != kData) return fail(Kind::Protocol, "bad message header from peer");
-  header_pending_ = true;
+  {
+    std::lock_guard<std::mutex> lk(t_.mu_);
+    header_pending_ = true;
+  }
   try_match();
 }
 
-// Starts reading a payload once both the header and a posted recv are here.
+// A data header is in in_hdr_: reads its payload straight into a posted
+// (plain) recv; else a small one into the eager buffer when that is free;
+// else waits (header_pending_) for a recv, or for the eager buffer to drain
+// (the caller then posts try_match again).
 void Connection::try_match() {
-  if (!header_pending_) return;
   uint32_t tag;
   size_t bytes;
+  bool eager;
   {
     std::lock_guard<std::mutex> lk(t_.mu_);
-    if (!recv_op_.active || recv_op_.matched || recv_op_.complete || recv_op_.failed) return;
-    recv_op_.matched = true;
-    tag = recv_op_.tag;
-    bytes = recv_op_.bytes;
+    if (!header_pending_ || eager_full_) return;
+    const Op& op = recv_op_;
+    const bool posted = op.active && !op.matched && !op.complete && !op.failed;
+    // A sink recv of a small message consumes it from the eager buffer; a
+    // posted recv that does not fit the header is matched to report the mismatch.
+    eager = in_hdr_.bytes <= kEager && (!posted || (op.sink && op.bytes == in_hdr_.bytes));
+    if (!eager && !posted) return;
+    header_pending_ = false;
+    if (!eager) recv_op_.matched = true;
+    tag = op.tag;
+    bytes = op.bytes;
   }
-  header_pending_ = false;
+  if (eager) return read_eager();
   if (in_hdr_.tag != tag || in_hdr_.bytes != bytes)
     return fail(Kind::Protocol, "message mismatch: expected tag " + std::to_string(tag) + " and " +
                                     std::to_string(bytes) + " bytes, peer sent tag " + std::to_string(in_hdr_.tag) +
@@ -570,6 +701,28 @@ void Connection::try_match() {
   } else {
     read_payload();
   }
+}
+
+// Reads the payload of the small message in in_hdr_ into the eager buffer,
+// then the next header (so a peer that exits or aborts is still noticed).
+void Connection::read_eager() {
+  const size_t n = in_hdr_.bytes;
+  auto done = [this, n](const boost::system::error_code& ec, size_t) {
+    if (ec) {
+      return fail(Kind::PeerDead, ec == asio::error::eof ? "connection closed by peer mid-message"
+                                                         : "read from peer failed: " + ec.message());
+    }
+    {
+      std::lock_guard<std::mutex> lk(t_.mu_);
+      eager_full_ = true;
+      eager_tag_ = in_hdr_.tag;
+      eager_bytes_ = n;
+    }
+    t_.cv_.notify_all();
+    read_header();
+  };
+  if (n == 0) return done(boost::system::error_code(), 0);
+  asio::async_read(socket_, asio::buffer(eager_.data(), n), bind_slot(mem_read_, done));
 }
 
 void Connection::post_resume() {
@@ -644,11 +797,14 @@ void Connection::read_payload() {
 // pending, that operation and the transport fail.
 void Connection::fail(Kind kind, const std::string& what, bool writer) {
   dead_.store(true);
-  if (writer) writing_ = false;
+  if (writer) set_wbusy(false);
   bool had_op = false, send_pending = false;
   {
     std::lock_guard<std::mutex> lk(t_.mu_);
-    auto pending = [](const Op& op) { return op.active && !op.complete && !op.failed; };
+    // A recv whose message is in the eager buffer is served whatever happens now.
+    auto pending = [this](const Op& op) {
+      return op.active && !op.complete && !op.failed && !(&op == &recv_op_ && eager_full_ && !op.matched);
+    };
     send_pending = pending(send_op_);
     // The reading side seeing the peer close while only a send is in flight
     // is not a failure yet: the peer may have read all of it and finished
@@ -855,11 +1011,47 @@ void TcpTransport::consume_all(Connection& c, RecvSink& sink) {
   size_t consumed = 0;
   int k = 0;
   std::unique_lock<std::mutex> lk(mu_);
-  while (consumed < op.bytes) {
+  if (op.bytes <= kEager) {
+    // A small message always comes through the eager buffer, consumed in place.
     const auto deadline = Clock::now() + options_.timeout;
-    while (!c.stage_full_[k] && !op.failed && !failed_) {
+    while (!c.eager_full_ && !op.failed && !failed_) {
       if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) break;
     }
+    if (!c.eager_full_ || op.failed) {
+      lk.unlock();
+      fail_op(c, op, "recv from");
+    }
+    if (c.eager_tag_ != op.tag || c.eager_bytes_ != op.bytes) {
+      eager_mismatch_locked(c, op);
+      lk.unlock();
+      fail_op(c, op, "recv from");
+    }
+    lk.unlock();
+    try {
+      sink.consume(0, c.eager_.data(), op.bytes);
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (!failed_) set_failed_locked(Kind::Aborted, c.peer_, std::string("receive sink failed: ") + e.what());
+      }
+      shutdown_all();
+      std::lock_guard<std::mutex> g(mu_);
+      op.active = false;
+      throw;
+    }
+    lk.lock();
+    release_eager_locked(c);
+    op.complete = true;
+    op.active = false;
+    return;
+  }
+  while (consumed < op.bytes) {
+    const auto deadline = Clock::now() + options_.timeout;
+    while (!c.stage_full_[k] && !op.failed && !failed_ && !(consumed == 0 && c.eager_full_)) {
+      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) break;
+    }
+    // A small message where this large one was expected.
+    if (!c.stage_full_[k] && c.eager_full_ && !op.failed) eager_mismatch_locked(c, op);
     if (!c.stage_full_[k]) {
       lk.unlock();
       fail_op(c, op, "recv from");
@@ -897,7 +1089,11 @@ void TcpTransport::consume_all(Connection& c, RecvSink& sink) {
 void TcpTransport::wait_op(Connection& c, Op& op, const char* what) {
   const auto deadline = Clock::now() + options_.timeout;
   std::unique_lock<std::mutex> lk(mu_);
-  while (!op.complete && !op.failed && !failed_) {
+  const bool recv = &op == &c.recv_op_;
+  for (;;) {
+    // A recv whose message the reading thread read ahead (eager) takes it here.
+    if (recv && !op.complete && !op.failed && !op.matched && c.eager_full_) take_eager_locked(c, op);
+    if (op.complete || op.failed || failed_) break;
     if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) break;
   }
   if (op.complete) {
