@@ -23,6 +23,14 @@
 #
 # Names: namespaces are tsrmh-<pid of the test>-h<i> and -br, so concurrent
 # tests never meet.
+#
+# Delay (opt-in): with RIG_DELAY_US=N set before rig_up, every packet between
+# the hosts (and the head node) is held N microseconds on its way. This
+# kernel has no sch_netem (nor sch_fq/sch_etf for an EDT delay from a tc BPF
+# program: "Specified qdisc kind is unknown"), so the hosts' eth0 are then
+# TUN devices and the wire is a process, tests/multihost/rig_wire.cc
+# ($RIG_WIRE: the built tessera_rig_wire), that forwards each packet to its
+# destination N us after reading it. The bridge and veth pairs are not made.
 
 RIG_SUBNET_PREFIX=10.77.0
 RIG_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -75,9 +83,20 @@ rig_up() {
   trap 'rig_down; exit 143' TERM
   rig_reap_stale
   local br="$RIG_NAME-br"
+  local delayed="${RIG_DELAY_US:-}" wire_args=()
   ip netns add "$br"
   ip -n "$br" link set lo up
-  ip -n "$br" link add br0 type bridge
+  if [ -n "$delayed" ]; then
+    [ -x "${RIG_WIRE:-}" ] || {
+      echo "rig: RIG_DELAY_US needs RIG_WIRE, the path of the built tessera_rig_wire" >&2
+      return 1
+    }
+    ip -n "$br" tuntap add dev br0 mode tun
+    ip -n "$br" link set br0 mtu 65520
+    wire_args+=("/run/netns/$br=$RIG_SUBNET_PREFIX.254")
+  else
+    ip -n "$br" link add br0 type bridge
+  fi
   ip -n "$br" link set br0 up
   # The bridge's namespace doubles as the rig's head node (like a cluster's
   # login node): mpirun runs there and starts its daemons on the hosts
@@ -92,12 +111,18 @@ rig_up() {
     local ns="$RIG_NAME-h$i"
     ip netns add "$ns"
     ip -n "$ns" link set lo up
-    # Both ends are created inside the host's namespace, then one end moves to
-    # the bridge's: neither ever exists in the root namespace.
-    ip -n "$ns" link add eth0 type veth peer name "v$i"
-    ip -n "$ns" link set "v$i" netns "$br"
-    ip -n "$br" link set "v$i" master br0
-    ip -n "$br" link set "v$i" up
+    if [ -n "$delayed" ]; then
+      ip -n "$ns" tuntap add dev eth0 mode tun
+      ip -n "$ns" link set eth0 mtu 65520
+      wire_args+=("/run/netns/$ns=$RIG_SUBNET_PREFIX.$((i + 1))")
+    else
+      # Both ends are created inside the host's namespace, then one end moves to
+      # the bridge's: neither ever exists in the root namespace.
+      ip -n "$ns" link add eth0 type veth peer name "v$i"
+      ip -n "$ns" link set "v$i" netns "$br"
+      ip -n "$br" link set "v$i" master br0
+      ip -n "$br" link set "v$i" up
+    fi
     ip -n "$ns" addr add "$RIG_SUBNET_PREFIX.$((i + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip netns exec "$ns" unshare --pid --fork --uts --mount --ipc --mount-proc --propagation private \
@@ -106,6 +131,19 @@ rig_up() {
       _ "mh$i" "$RIG_DIR/hosts" "$RIG_DIR/mh$i.ready" </dev/null >/dev/null 2>&1 &
     RIG_HOLDERS+=($!)
   done
+  if [ -n "$delayed" ]; then
+    "$RIG_WIRE" "$delayed" "$RIG_DIR/wire.ready" "${wire_args[@]}" </dev/null >"$RIG_DIR/wire.log" 2>&1 &
+    RIG_HOLDERS+=($!)
+    local n
+    for ((n = 0; n < 100; ++n)); do
+      [ -e "$RIG_DIR/wire.ready" ] && break
+      sleep 0.05
+    done
+    if [ ! -e "$RIG_DIR/wire.ready" ]; then
+      echo "rig: the delayed wire did not come up: $(cat "$RIG_DIR/wire.log")" >&2
+      return 1
+    fi
+  fi
   # PID 1 of each host's PID namespace (the child of `unshare --fork`).
   for ((i = 0; i < RIG_K; ++i)); do
     local u="${RIG_HOLDERS[$i]}" child="" n
