@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -31,6 +32,35 @@ constexpr double kDefaultLinkLatency = 2e-6;
 constexpr double kDefaultInstanceBandwidth = 800e9 / 8;
 constexpr double kDefaultInstanceLatency = 10e-6;
 constexpr uint32_t kP2PTagBit = 0x80000000u;
+
+// Measured link figures for the default model in place of the assumed ones
+// above (e.g. from a ping-pong on the machine at hand, docs/algorithms.md):
+// TESSERA_NET_INTRA_HOST (links inside a host) and TESSERA_NET_INTER_HOST (a
+// link between two ranks on different hosts), each "ALPHA_US" or
+// "ALPHA_US,GB_PER_S" (one-way latency; bandwidth per direction). 0: unset.
+struct LinkFigures {
+  double latency = 0, bandwidth = 0;
+};
+LinkFigures env_link_figures(const char* var) {
+  LinkFigures f;
+  const char* v = std::getenv(var);
+  if (!v || !*v) return f;
+  char* end = nullptr;
+  const double us = std::strtod(v, &end);
+  double gbps = 0;
+  bool ok = end != v && us > 0 && us < 1e6;
+  if (ok && *end == ',') {
+    const char* b = end + 1;
+    gbps = std::strtod(b, &end);
+    ok = end != b && gbps > 0;
+  }
+  TESSERA_ARG_CHECK(ok && *end == '\0', var, "='", v,
+                    "': expected ALPHA_US or ALPHA_US,GB_PER_S (one-way latency in microseconds below 1e6, "
+                    "bandwidth in GB/s), both positive");
+  f.latency = us * 1e-6;
+  f.bandwidth = gbps * 1e9;
+  return f;
+}
 
 class AsyncWork final : public Work {
  public:
@@ -65,8 +95,11 @@ class TransportCommunicator final : public Communicator {
       : store_(std::move(store)), transport_(std::move(transport)), options_(std::move(options)) {
     rank_ = transport_->rank();
     size_ = transport_->size();
+    const LinkFigures in = env_link_figures("TESSERA_NET_INTRA_HOST");
+    const LinkFigures x = env_link_figures("TESSERA_NET_INTER_HOST");
     if (options_.net.dims().empty()) {
-      net_ = NetModel::ring(size_, kDefaultLinkBandwidth, kDefaultLinkLatency);
+      net_ = NetModel::ring(size_, in.bandwidth > 0 ? in.bandwidth : kDefaultLinkBandwidth,
+                            in.latency > 0 ? in.latency : kDefaultLinkLatency);
       for (int i = 0; i < size_; ++i) nodes_.push_back(i);
     } else {
       net_ = options_.net;
@@ -82,7 +115,10 @@ class TransportCommunicator final : public Communicator {
       if (const std::vector<int>* host_of = transport_->host_of()) {
         int local = 0;
         for (int h : *host_of) local += h == (*host_of)[rank_] ? 1 : 0;
-        links_.set_between_hosts(*host_of, kDefaultInstanceBandwidth / std::max(1, local), kDefaultInstanceLatency);
+        // A measured bandwidth is of one link (rank pair) already.
+        links_.set_between_hosts(*host_of,
+                                 x.bandwidth > 0 ? x.bandwidth : kDefaultInstanceBandwidth / std::max(1, local),
+                                 x.latency > 0 ? x.latency : kDefaultInstanceLatency);
       }
     torus_ = torus_shape(net_, nodes_);
     multi_dim_ = torus_.valid && torus_.extent.size() >= 2;
