@@ -779,6 +779,39 @@ TEST(ModeledTime, SmallAllReduceAcrossHostsTakesLogSteps) {
   EXPECT_EQ(failures(res), "");
 }
 
+// Measured link figures (TESSERA_NET_INTER_HOST / _INTRA_HOST, as the
+// multihost tests pass from a ping-pong) replace the default model's: the
+// hier_rd all-reduce of n bytes on 2 hosts x 2 ranks is modeled as
+// (a + n/bw) + (ae + n/be) with those figures. A malformed value is refused
+// by name.
+TEST(ModeledTime, MeasuredLinkFiguresSetTheModel) {
+  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+    enter_host(rank / 2);
+    ::setenv("TESSERA_NET_INTER_HOST", "150,1.5", 1);
+    ::setenv("TESSERA_NET_INTRA_HOST", "20", 1);
+    const double a = 20e-6, bw = 48.0 * (1ull << 30), ae = 150e-6, be = 1.5e9;
+    auto c = Communicator::create(store, rank, size);
+    std::vector<float> buf(1024, 1.0f);
+    c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+    COLL_REQUIRE(buf[7] == 4.0f, "value ", buf[7]);
+    COLL_REQUIRE(c->last_algorithm() == "hier_rd", c->last_algorithm());
+    const double n = 4096, t = (a + n / bw) + (ae + n / be);
+    COLL_REQUIRE(std::fabs(c->last_modeled_seconds() - t) <= 1e-12, "modeled ", c->last_modeled_seconds(), " vs ", t);
+    for (const char* bad : {"fast", "10,", "-3", "10,0", "10x"}) {
+      ::setenv("TESSERA_NET_INTER_HOST", bad, 1);
+      CommOptions o;
+      o.name = std::string("bad") + bad;
+      try {
+        Communicator::create(store, rank, size, o);
+        COLL_REQUIRE(false, "TESSERA_NET_INTER_HOST='", bad, "' accepted");
+      } catch (const InvalidArgument& e) {
+        COLL_REQUIRE(std::string(e.what()).find("TESSERA_NET_INTER_HOST='") != std::string::npos, e.what());
+      }
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
 // Same two hosts of two ranks (L = H = 2). hier all-gather and
 // reduce-scatter of c bytes per rank: (H-1) cross steps of c and (L-1)
 // local steps of H c; a flat ring pays the cross-host link at each of its
