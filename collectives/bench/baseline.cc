@@ -47,10 +47,12 @@ struct Mem {
   size_t n_;
 };
 
-// The baseline streams twice: once with the TCP transport's socket options
-// (tcp::set_socket_options), once with the kernel's buffer autotuning (only
-// TCP_NODELAY), and reports the better of each figure, so it is the best
-// raw TCP here, not only what the transport's settings get.
+// The baseline streams four times: with the TCP transport's socket options
+// (tcp::set_socket_options) and with the kernel's buffer autotuning (only
+// TCP_NODELAY), each over one connection carrying both directions and over
+// two connections, one per direction (as the transport wires a peer pair),
+// and reports the best of each figure, so it is the best raw TCP here, not
+// only what the transport's settings get.
 void tune(tcp::socket& s, bool transport_options) {
   if (transport_options)
     tcp_transport::set_socket_options(s);
@@ -60,8 +62,10 @@ void tune(tcp::socket& s, bool transport_options) {
 
 // Both ends run the same script: phase 1, A streams to B; phase 2, both stream
 // at once. Each phase starts on a one-byte go and ends with a one-byte ack, so
-// A's clock covers the whole transfer. Returns A's figures (B returns zeros).
-TcpBaseline run_stream(tcp::socket& s, bool is_a, size_t bytes, int reps) {
+// A's clock covers the whole transfer. With `s2` (the pair's second
+// connection), phase 2 sends A's data on `s` and B's on `s2`. Returns A's
+// figures (B returns zeros).
+TcpBaseline run_stream(tcp::socket& s, tcp::socket* s2, bool is_a, size_t bytes, int reps) {
   Mem sbuf(bytes), rbuf(bytes);
   char b = 0;
   TcpBaseline out;
@@ -85,11 +89,13 @@ TcpBaseline run_stream(tcp::socket& s, bool is_a, size_t bytes, int reps) {
     asio::read(s, asio::buffer(&b, 1));
   double t0 = now_s();
   boost::system::error_code rec;
+  tcp::socket& rd = (s2 && is_a) ? *s2 : s;
+  tcp::socket& wr = (s2 && !is_a) ? *s2 : s;
   std::thread reader([&] {
-    for (int i = 0; i < reps && !rec; ++i) asio::read(s, asio::buffer(rbuf.p_, bytes), rec);
+    for (int i = 0; i < reps && !rec; ++i) asio::read(rd, asio::buffer(rbuf.p_, bytes), rec);
   });
   boost::system::error_code wec;
-  for (int i = 0; i < reps && !wec; ++i) asio::write(s, asio::buffer(sbuf.p_, bytes), wec);
+  for (int i = 0; i < reps && !wec; ++i) asio::write(wr, asio::buffer(sbuf.p_, bytes), wec);
   reader.join();
   if (rec || wec) throw Error("TCP baseline: transfer failed: " + (rec ? rec : wec).message());
   if (is_a) {
@@ -127,17 +133,21 @@ TcpBaseline measure_tcp_loopback(Communicator& comm, size_t bytes, int reps) {
     }
     comm.broadcast(ep, 2, DType::I64, 1);
     const auto peer = ep[1] ? asio::ip::address_v4(static_cast<uint32_t>(ep[1])) : asio::ip::address_v4::loopback();
-    for (bool transport_options : {true, false}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool transport_options = variant % 2 == 0, two = variant >= 2;
+      tcp::socket s(io), s2(io);
       if (comm.rank() == 0) {
-        tcp::socket s(io);
         s.connect(tcp::endpoint(peer, static_cast<uint16_t>(ep[0])));
-        tune(s, transport_options);
-        best(run_stream(s, true, bytes, reps));
+        if (two) s2.connect(tcp::endpoint(peer, static_cast<uint16_t>(ep[0])));
       } else if (comm.rank() == 1) {
-        tcp::socket s(io);
         acc->accept(s);
+        if (two) acc->accept(s2);
+      }
+      if (comm.rank() <= 1) {
         tune(s, transport_options);
-        run_stream(s, false, bytes, reps);
+        if (two) tune(s2, transport_options);
+        const TcpBaseline b = run_stream(s, two ? &s2 : nullptr, comm.rank() == 0, bytes, reps);
+        if (comm.rank() == 0) best(b);
       }
     }
     comm.barrier();
@@ -152,22 +162,28 @@ TcpBaseline measure_tcp_loopback(Communicator& comm, size_t bytes, int reps) {
     int code = 0;
     try {
       asio::io_context cio;
-      for (bool transport_options : {true, false}) {
-        tcp::socket s(cio);
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool two = variant >= 2;
+        tcp::socket s(cio), s2(cio);
         s.connect(ep);
-        tune(s, transport_options);
-        run_stream(s, false, bytes, reps);
+        if (two) s2.connect(ep);
+        tune(s, variant % 2 == 0);
+        if (two) tune(s2, variant % 2 == 0);
+        run_stream(s, two ? &s2 : nullptr, false, bytes, reps);
       }
     } catch (...) {
       code = 1;
     }
     _exit(code);
   }
-  for (bool transport_options : {true, false}) {
-    tcp::socket s(io);
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool two = variant >= 2;
+    tcp::socket s(io), s2(io);
     acc.accept(s);
-    tune(s, transport_options);
-    best(run_stream(s, true, bytes, reps));
+    if (two) acc.accept(s2);
+    tune(s, variant % 2 == 0);
+    if (two) tune(s2, variant % 2 == 0);
+    best(run_stream(s, two ? &s2 : nullptr, true, bytes, reps));
   }
   int status = 0;
   waitpid(pid, &status, 0);

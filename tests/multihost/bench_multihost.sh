@@ -14,15 +14,22 @@
 #  2. TCP across the bridge (veth): 64 MiB all-reduce over 2 hosts x 1 rank
 #     with --baseline (raw TCP between the same two ranks, both directions at
 #     once); the ratio of the all-reduce's busbw to that baseline.
-#  3. Small messages across hosts: 8 B - 64 KiB all-reduce over 2 x 2 (time
-#     and the algorithm chosen), and the one-way latency of an 8-byte message
-#     between hosts (TCP) and inside a host (shm), from `bench sendrecv`.
+#  3. Small messages across hosts: the links measured first by ping-pong
+#     (`bench sendrecv`: one-way alpha = half the round trip of 8 B,
+#     bandwidth from 64 KiB; between hosts over TCP, inside a host over shm),
+#     then the 8 B - 64 KiB all-reduce over 2 x 2 with those figures given to
+#     the model (TESSERA_NET_INTER_HOST / _INTRA_HOST): measured and modeled
+#     time and the algorithm chosen, per size.
+# SECTIONS (default "1 2 3") picks which to run; RIG_DELAY_US=N (with
+# RIG_WIRE, the built tessera_rig_wire) runs them with N us added per link.
 # The load average is printed with every run: on a shared machine the
 # figures move a lot; trust only ratios measured in the same minutes.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BIN="$(cd "${1:-$HERE/../../build/bin}" && pwd)"
 RUNS="${2:-3}"
+SECTIONS="${SECTIONS:-1 2 3}"
+has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 source "$HERE/rig.sh"
 if ! why="$(rig_can_run)"; then
   echo "cannot run: $why"
@@ -70,16 +77,19 @@ median() { python3 -c 'import sys, statistics; v=[float(x) for x in sys.argv[1:]
 H=() R=() T=() A=() B=() Q=()
 for ((k = 1; k <= RUNS; ++k)); do
   # 1. hier, flat ring (shm+tcp), flat ring (tcp everywhere), in turn.
-  run_job 2 hier -- all_reduce -b 64M -e 64M -n 5 -w 2 --algo hier &&
-    run_job 2 ring -- all_reduce -b 64M -e 64M -n 5 -w 2 --algo ring &&
-    run_job 2 ringtcp TESSERA_TRANSPORT=tcp -- all_reduce -b 64M -e 64M -n 5 -w 2 --algo ring || continue
-  h="$(json "$OUT/hier.json" 'r["oop"]["time_us"]/1e3')"
-  r="$(json "$OUT/ring.json" 'r["oop"]["time_us"]/1e3')"
-  t="$(json "$OUT/ringtcp.json" 'r["oop"]["time_us"]/1e3')"
-  a="$(json "$OUT/hier.json" 'r["algorithm"]')/$(json "$OUT/ring.json" 'r["algorithm"]')"
-  H+=("$h") R+=("$(python3 -c "print($r/$h)")") T+=("$(python3 -c "print($t/$h)")")
-  printf 'run %d (load %s): 2x2 all-reduce 64 MiB: hier %.1f ms, ring %.1f ms, ring over tcp only %.1f ms (%s); ring/hier %.2f, tcp-ring/hier %.2f\n' \
-    "$k" "$(load)" "$h" "$r" "$t" "$a" "${R[-1]}" "${T[-1]}"
+  if has 1; then
+    run_job 2 hier -- all_reduce -b 64M -e 64M -n 5 -w 2 --algo hier &&
+      run_job 2 ring -- all_reduce -b 64M -e 64M -n 5 -w 2 --algo ring &&
+      run_job 2 ringtcp TESSERA_TRANSPORT=tcp -- all_reduce -b 64M -e 64M -n 5 -w 2 --algo ring || continue
+    h="$(json "$OUT/hier.json" 'r["oop"]["time_us"]/1e3')"
+    r="$(json "$OUT/ring.json" 'r["oop"]["time_us"]/1e3')"
+    t="$(json "$OUT/ringtcp.json" 'r["oop"]["time_us"]/1e3')"
+    a="$(json "$OUT/hier.json" 'r["algorithm"]')/$(json "$OUT/ring.json" 'r["algorithm"]')"
+    H+=("$h") R+=("$(python3 -c "print($r/$h)")") T+=("$(python3 -c "print($t/$h)")")
+    printf 'run %d (load %s): 2x2 all-reduce 64 MiB: hier %.1f ms, ring %.1f ms, ring over tcp only %.1f ms (%s); ring/hier %.2f, tcp-ring/hier %.2f\n' \
+      "$k" "$(load)" "$h" "$r" "$t" "$a" "${R[-1]}" "${T[-1]}"
+  fi
+  has 2 || continue
   # 2. TCP between two hosts vs raw TCP on the same pair.
   run_job 1 tcp2 -- all_reduce -b 64M -e 64M -n 5 -w 2 --transport tcp --baseline || continue
   bw="$(json "$OUT/tcp2.json" 'r["oop"]["busbw_gbps"]')"
@@ -89,19 +99,25 @@ for ((k = 1; k <= RUNS; ++k)); do
     "$k" "$(load)" "$bw" "$base" "$(python3 -c "print(100*$bw/$base)")"
 done
 
-# 3. Small messages across hosts and the latencies that predict them.
-run_job 2 small -- all_reduce -b 8 -e 64K -f 8 -n 200 -w 20 &&
-  run_job 1 lat_tcp -- sendrecv -b 8 -e 8 -n 500 -w 50 &&
-  rig_exec 0 "$BIN/tessera" bench sendrecv -r 2 -b 8 -e 8 -n 500 -w 50 --json "$OUT/lat_shm.json" >/dev/null 2>&1
-if [ -f "$OUT/small.json" ]; then
-  echo "small all-reduce across 2 hosts x 2 ranks (load $(load)):"
-  python3 -c '
+# 3. Small messages across hosts, against the model given the links' figures
+# measured just before (ping-pong).
+if has 3 && run_job 1 lat_tcp TESSERA_TRANSPORT=tcp -- sendrecv -b 8 -e 64K -f 8192 -n 200 -w 20 &&
+  rig_exec 0 "$BIN/tessera" bench sendrecv -r 2 -b 8 -e 64K -f 8192 -n 200 -w 20 --json "$OUT/lat_shm.json" >/dev/null 2>&1; then
+  figs() { python3 -c '
+import json, sys
+r = {x["size_bytes"]: x["oop"]["time_us"] / 2 for x in json.load(open(sys.argv[1]))["results"]}
+print("%.2f,%.4f" % (r[8], 65536 / max(r[65536] - r[8], 1e-3) / 1e3))' "$1"; }
+  inter="$(figs "$OUT/lat_tcp.json")" intra="$(figs "$OUT/lat_shm.json")"
+  echo "links (load $(load)): between hosts (tcp) $inter, inside a host (shm) $intra (one-way us, GB/s)"
+  if run_job 2 small TESSERA_NET_INTER_HOST="$inter" TESSERA_NET_INTRA_HOST="$intra" -- \
+    all_reduce -b 8 -e 64K -f 2 -n 200 -w 30; then
+    echo "small all-reduce across 2 hosts x 2 ranks (load $(load)): measured vs modeled"
+    python3 -c '
 import json, sys
 for r in json.load(open(sys.argv[1]))["results"]:
-    print("  %6d B  %8.1f us  %s" % (r["size_bytes"], r["oop"]["time_us"], r.get("algorithm")))' "$OUT/small.json"
-  for f in lat_tcp lat_shm; do
-    [ -f "$OUT/$f.json" ] && echo "  8-byte sendrecv $f: $(json "$OUT/$f.json" 'r["oop"]["time_us"]') us"
-  done
+    m = r["size_bytes"] * 1.5 / (r["modeled_busbw_gbps"] * 1e3)
+    print("  %6d B  %8.1f us  modeled %8.1f us  x%.2f  %s" % (r["size_bytes"], r["oop"]["time_us"], m, r["oop"]["time_us"] / m, r.get("algorithm")))' "$OUT/small.json"
+  fi
 fi
 
 echo "medians over ${#H[@]} run(s):"
