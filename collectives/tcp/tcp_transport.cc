@@ -335,6 +335,17 @@ class TcpTransport final : public Transport {
     if (first) std::rethrow_exception(first);
   }
 
+  void recv_sink(int from, size_t bytes, RecvSink& sink, uint32_t tag) override {
+    check_peer(from);
+    Connection& cf = *conns_[from];
+    if (bytes == 0) return recv(from, tag, nullptr, 0);
+    if (cf.stage_[0].empty()) {
+      for (auto& st : cf.stage_) st.assign(kSinkChunk, 0);  // once per connection, pre-faulted
+    }
+    begin_recv(cf, tag, nullptr, bytes, &sink);
+    consume_all(cf, sink);
+  }
+
   void abort(const std::string& reason) override {
     bool expected = false;
     if (!aborted_.compare_exchange_strong(expected, true)) return;
@@ -801,9 +812,12 @@ void Connection::fail(Kind kind, const std::string& what, bool writer) {
   bool had_op = false, send_pending = false;
   {
     std::lock_guard<std::mutex> lk(t_.mu_);
-    // A recv whose message is in the eager buffer is served whatever happens now.
+    // A recv whose message is in the eager buffer, or whose payload has all
+    // been read (a sink receive whose last fragments the caller is still
+    // consuming), is served whatever happens to the connection now.
     auto pending = [this](const Op& op) {
-      return op.active && !op.complete && !op.failed && !(&op == &recv_op_ && eager_full_ && !op.matched);
+      const bool served = &op == &recv_op_ && ((eager_full_ && !op.matched) || (op.matched && op.done == op.bytes));
+      return op.active && !op.complete && !op.failed && !served;
     };
     send_pending = pending(send_op_);
     // The reading side seeing the peer close while only a send is in flight

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/store.h"
@@ -121,6 +122,71 @@ TEST_F(TcpTransportTest, SinkReceivesFragmentsInOrder) {
     });
     for (int r = 0; r < n; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
   }
+}
+
+// Small messages (at most 64 KiB) are written by the caller and read ahead
+// into the connection's eager buffer. Rank 0 sends a run of them (and one
+// large one between) before rank 1 posts anything, then exits at once: rank
+// 1 still receives every one, exactly and in order, by recv and by sink,
+// after the peer is gone; the next recv names the dead peer; a recv whose
+// size differs from a read-ahead message is a protocol error.
+TEST_F(TcpTransportTest, SmallMessagesReadAheadSurviveTheSenderExiting) {
+  const std::vector<size_t> sizes = {1, 64, 4096, size_t{64} << 10, (size_t{3} << 20) + 1, 8, 0, 100};
+  auto codes = test::run_ranks(2, [&](int r) {
+    auto t = make(r, 2, 20000, "eager/");
+    if (r == 0) {
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        std::vector<uint8_t> s(sizes[k]);
+        for (size_t i = 0; i < s.size(); ++i) s[i] = byte_of(static_cast<int>(k), i);
+        t->send(1, static_cast<uint32_t>(k), s.data(), s.size());
+      }
+      return true;  // exits (closing its connections) right after the last send
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // everything sent, rank 0 gone
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      std::vector<uint8_t> got(sizes[k], 0);
+      if (k % 2 == 0) {
+        t->recv(0, static_cast<uint32_t>(k), got.data(), got.size());
+      } else {
+        CopySink sink(got);
+        t->recv_sink(0, got.size(), sink, static_cast<uint32_t>(k));
+        if (!sink.ok(got.size())) return false;
+      }
+      for (size_t i = 0; i < got.size(); ++i)
+        if (got[i] != byte_of(static_cast<int>(k), i)) return false;
+    }
+    try {
+      std::vector<uint8_t> more(8);
+      t->recv(0, 99, more.data(), more.size());
+      return false;
+    } catch (const TransportError& e) {
+      return e.kind() == TransportError::Kind::PeerDead && e.peer() == 0;
+    }
+  });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+  codes = test::run_ranks(2, [&](int r) {
+    auto t = make(r, 2, 20000, "eager-mismatch/");
+    std::vector<uint8_t> buf(1000);
+    if (r == 0) {
+      try {
+        t->send(1, 1, buf.data(), 1000);
+        std::vector<uint8_t> ack(1);
+        t->recv(1, 2, ack.data(), 1);  // fails: rank 1 rejects the message
+      } catch (const TransportError&) {
+      }
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // read ahead by now
+    try {
+      t->recv(0, 1, buf.data(), 999);
+      return false;
+    } catch (const TransportError& e) {
+      return e.kind() == TransportError::Kind::Protocol && std::string(e.what()).find("999") != std::string::npos;
+    }
+  });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
 }
 
 TEST_F(TcpTransportTest, TagOrSizeMismatchIsAProtocolError) {
