@@ -785,7 +785,7 @@ TEST(ModeledTime, SmallAllReduceAcrossHostsTakesLogSteps) {
 // (a + n/bw) + (ae + n/be) with those figures. A malformed value is refused
 // by name.
 TEST(ModeledTime, MeasuredLinkFiguresSetTheModel) {
-  auto res = run_ranks(4, [](int rank, int size, std::shared_ptr<Store> store) {
+  auto res = run_ranks(4, [](int rank, int size, const std::shared_ptr<Store>& store) {
     enter_host(rank / 2);
     ::setenv("TESSERA_NET_INTER_HOST", "150,1.5", 1);
     ::setenv("TESSERA_NET_INTRA_HOST", "20", 1);
