@@ -455,8 +455,11 @@ class HierAlgorithm final : public Algorithm {
     c.model += ring_reduce_scatter(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, buf, k.dtype, k.op);
     c.model += ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
     // 3. Push block l into every host-mate's recv.
-    for (int j = 1; j < L; ++j)
-      std::memcpy(static_cast<char*>(shm->peer_buffer((l + j) % L, 1)) + mine.off * es, out, mine.len * es);
+    // A block can be empty (fewer elements than ranks); its peer pointer may
+    // then be null, which memcpy must not see even for 0 bytes.
+    if (mine.len > 0)
+      for (int j = 1; j < L; ++j)
+        std::memcpy(static_cast<char*>(shm->peer_buffer((l + j) % L, 1)) + mine.off * es, out, mine.len * es);
     shm->publish(nullptr, nullptr, 0, nullptr, 0);
     // Model: each rank pulls L-1 blocks from its host-mates, then pushes its
     // block to L-1 of them (the link traffic of the ring phases it replaces).
