@@ -301,6 +301,9 @@ class HierGather {
     const int l = h.local_pos, me = h.cross_pos;
     const size_t es = dtype_size(k.dtype), cnt = k.count;
     if (k.kind == CollKind::Broadcast) return broadcast(c, k, h);
+    // Nothing to move (the count is the same on every rank); the workspace of
+    // 0 bytes is null, which memcpy must not see.
+    if (cnt == 0) return true;
     // ws[i][j] = the block of group rank on(j, i).
     char* ws = static_cast<char*>(c.ws->get(static_cast<size_t>(L) * H * cnt * es));
     auto at = [&](int i, int j) { return ws + (static_cast<size_t>(i) * H + j) * cnt * es; };
