@@ -214,6 +214,7 @@ json write_rank_file(const std::string& tmp, const std::string& name, const std:
   uint64_t total = 0;
   AtomicWriteOptions wo;
   wo.sync = false;
+  wo.direct = true;  // past the page cache: filling new page-cache pages is what writing costs most here
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(htext.size()) >> (8 * i));
   std::thread hasher;
