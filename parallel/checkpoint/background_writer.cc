@@ -113,7 +113,7 @@ void BackgroundWriter::drain() {
   outs_.clear();
 }
 
-void BackgroundWriter::fail(std::exception_ptr err) {  // with m_ held
+void BackgroundWriter::fail(const std::exception_ptr& err) {  // with m_ held
   if (!error_) error_ = err;
   for (const Job& q : to_hash_) free_.push_back(q.buf);
   for (const Job& q : to_write_) free_.push_back(q.buf);

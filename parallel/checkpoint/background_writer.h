@@ -80,7 +80,7 @@ class BackgroundWriter {
   template <typename Pred>
   void wait(std::unique_lock<std::mutex>& lock, Pred pred);
   void run(bool hasher);
-  void fail(std::exception_ptr err);
+  void fail(const std::exception_ptr& err);
 
   const size_t cap_;
   std::vector<std::unique_ptr<Buf>> all_;

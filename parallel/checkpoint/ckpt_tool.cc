@@ -1049,7 +1049,7 @@ std::vector<std::string> consolidate_sharded_pass(const ShardDir& sd, FullReader
 
 }  // namespace
 
-std::string reshard_train_checkpoint(const std::string& src, const std::string& out_dir, RelayoutOptions ro) {
+std::string reshard_train_checkpoint(const std::string& src, const std::string& out_dir, const RelayoutOptions& ro) {
   const std::optional<std::string> train = resolve_train_checkpoint(src);
   TESSERA_ARG_CHECK(train.has_value(), src, " is not a training checkpoint, nor a directory holding a complete one");
   check_out_dir(out_dir);

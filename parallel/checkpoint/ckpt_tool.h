@@ -94,7 +94,7 @@ uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const 
 // continues from it. OUT must not exist or be empty. Returns the step directory.
 // reshard_gpt2 given a training checkpoint calls this with the checkpoint's
 // layout changed to opt's tp, pp, dp and stages (its trainer state unchanged).
-std::string reshard_train_checkpoint(const std::string& src, const std::string& out_dir, RelayoutOptions ro);
+std::string reshard_train_checkpoint(const std::string& src, const std::string& out_dir, const RelayoutOptions& ro);
 
 // The config recorded in a shard directory's manifest.
 Gpt2Config read_manifest_config(const std::string& dir);

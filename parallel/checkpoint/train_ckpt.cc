@@ -293,7 +293,7 @@ std::string write_state_and_manifest(const std::string& tmp, const std::string& 
        {{"name", kTrainerStateName}, {"bytes", trainer_state.size()}, {"sha256", sha256_hex(trainer_state)}}},
       {"tensors", tensors},
       {"files", jfiles}};
-  const std::string mtext = manifest.dump(1);
+  std::string mtext = manifest.dump(1);
   write_in_temp_dir((fs::path(tmp) / kTrainManifestName).string(), [&](FileSink& sink) { sink.write(mtext); });
   *bytes += mtext.size();
   return mtext;
@@ -1032,6 +1032,7 @@ uint64_t relayout_train_checkpoint(const std::string& src, const std::string& di
   const std::string state = ck.read_trainer_state();
   ck.verify_all();
   std::vector<std::vector<Parameter>> ranks;
+  ranks.reserve(static_cast<size_t>(L.tp));
   for (int r = 0; r < L.tp; ++r) ranks.push_back(gpt2_tp_parameters(c, L.tp, r));
 
   constexpr int64_t kChunk = int64_t{1} << 21;  // elements per read (8 MiB)

@@ -309,7 +309,7 @@ TEST(WriteFileAtomic, DirectWritesGiveTheSameBytes) {
   for (size_t i = 0; i < (size_t{3} << 20) + 4096 + 17; ++i) all += static_cast<char>((i * 2654435761u) >> 13);
   char* aligned = static_cast<char*>(std::aligned_alloc(4096, all.size() + 4096));
   ASSERT_NE(aligned, nullptr);
-  std::memcpy(aligned, all.data(), all.size());
+  std::copy(all.begin(), all.end(), aligned);
   // Pieces from the unaligned string: a header (staged), more small pieces,
   // then 300 blocks from an unaligned address (staged, flushed a MiB at a time).
   const std::vector<std::pair<size_t, size_t>> writes = {{0, 8}, {8, 100}, {108, 4096 * 300}, {108 + 4096 * 300, 5}};
