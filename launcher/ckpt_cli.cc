@@ -203,7 +203,8 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
 
   add_ckpt_verify_command(ckpt, action);
 
-  auto* reshard = ckpt->add_subcommand("reshard", "Shard a shard directory (or an HF checkpoint) for a new tp/pp");
+  auto* reshard = ckpt->add_subcommand(
+      "reshard", "Shard a shard directory (or an HF checkpoint) for a new tp/pp; a training checkpoint stays one");
   add_layout_flags(reshard, args.get());
   reshard
       ->add_option("--dp", args->dp,
