@@ -307,7 +307,7 @@ TEST(WriteFileAtomic, DirectWritesGiveTheSameBytes) {
   TempDir d;
   std::string all;
   for (size_t i = 0; i < (size_t{3} << 20) + 4096 + 17; ++i) all += static_cast<char>((i * 2654435761u) >> 13);
-  char* aligned = static_cast<char*>(std::aligned_alloc(4096, all.size() + 4096));
+  char* aligned = static_cast<char*>(std::aligned_alloc(4096, (all.size() + 4095) / 4096 * 4096));
   ASSERT_NE(aligned, nullptr);
   std::copy(all.begin(), all.end(), aligned);
   // Pieces from the unaligned string: a header (staged), more small pieces,
