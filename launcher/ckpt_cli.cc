@@ -12,6 +12,7 @@
 #include "launcher/train_ckpt_cli.h"
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/checkpoint/train_ckpt.h"
 #include "parallel/pipeline/partition.h"
 #include "runtime/error.h"
 
@@ -140,7 +141,8 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   inspect->callback(
       [&action, args] { action = [args] { return guarded("inspect", [&] { return run_inspect(*args); }); }; });
 
-  auto* shard = ckpt->add_subcommand("shard", "Split an HF GPT-2 checkpoint into one file per (tp, pp) rank");
+  auto* shard = ckpt->add_subcommand(
+      "shard", "Split an HF GPT-2 checkpoint (or a training checkpoint's weights) into one file per (tp, pp) rank");
   add_layout_flags(shard, args.get());
   shard->add_option("--dp", args->dp, "Data-parallel degree (recorded; replicas are identical)")
       ->capture_default_str()
@@ -148,7 +150,11 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   shard->add_option("--heads", args->heads, "Attention heads (default: metadata n_head, else hidden/64)")
       ->check(cli::positive(args->heads));
   shard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
-  shard->add_option("file", args->path, "HF GPT-2 safetensors file, index or directory")->required();
+  shard
+      ->add_option("file", args->path,
+                   "HF GPT-2 safetensors file, index or directory, or a training checkpoint (train_gpt --save: a "
+                   "step directory, or the --save directory for its newest)")
+      ->required();
   shard->add_flag("--allow-nonfinite", args->allow_nonfinite,
                   "Accept NaN/Inf weights (default: an error naming the tensors)");
   shard->callback([&action, args] {
@@ -197,19 +203,29 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
 
   add_ckpt_verify_command(ckpt, action);
 
-  auto* reshard = ckpt->add_subcommand("reshard", "Shard a shard directory (or an HF checkpoint) for a new tp/pp");
+  auto* reshard = ckpt->add_subcommand(
+      "reshard", "Shard a shard directory (or an HF checkpoint) for a new tp/pp; a training checkpoint stays one");
   add_layout_flags(reshard, args.get());
-  reshard->add_option("--dp", args->dp, "Data-parallel degree (recorded)")
+  reshard
+      ->add_option("--dp", args->dp,
+                   "Data-parallel degree (recorded; a training checkpoint is written for it, default its own)")
       ->capture_default_str()
       ->check(cli::positive(args->dp));
   reshard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
-  reshard->add_option("dir", args->path, "Shard directory (from `tessera ckpt shard`), or an HF file or sharded dir")
+  reshard
+      ->add_option("dir", args->path,
+                   "Shard directory (from `tessera ckpt shard`), an HF file or sharded dir, or a training "
+                   "checkpoint (written as OUT/step_NNNNNNNN in the new layout, with the optimizer state)")
       ->required();
   reshard->add_flag("--allow-nonfinite", args->allow_nonfinite,
                     "Accept NaN/Inf weights (default: an error naming the tensors)");
-  reshard->callback([&action, args] {
-    action = [args] {
+  reshard->callback([&action, args, reshard] {
+    const bool dp_given = reshard->get_option("--dp")->count() > 0;
+    action = [args, dp_given] {
       return guarded("reshard", [&] {
+        if (parallel::checkpoint::resolve_train_checkpoint(args->path))
+          return run_train_reshard(args->path, args->out, args->tp, args->pp, dp_given ? args->dp : 0, stages_of(*args),
+                                   args->allow_nonfinite);
         parallel::checkpoint::ShardOptions o{args->tp, args->pp, args->dp, 0, stages_of(*args)};
         o.allow_nonfinite = args->allow_nonfinite;
         uint64_t b = parallel::checkpoint::reshard_gpt2(args->path, args->out, o);

@@ -7,9 +7,12 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/train_ckpt.h"
+#include "parallel/models/gpt/trainer_state.h"
 #include "runtime/error.h"
 
 namespace tessera::launcher {
@@ -53,6 +56,34 @@ int run_train_inspect(const std::string& dir) {
 int run_train_consolidate(const std::string& dir, const std::string& out, bool with_optimizer) {
   ckpt::consolidate_train_checkpoint(dir, out, with_optimizer);
   std::printf("wrote %s%s\n", out.c_str(), with_optimizer ? " (weights and AdamW moments)" : "");
+  return 0;
+}
+
+int run_train_reshard(const std::string& src, const std::string& out, int tp, int pp, int dp,
+                      const std::vector<int>& stages, bool allow_nonfinite) {
+  const std::optional<std::string> dir = ckpt::resolve_train_checkpoint(src);
+  TESSERA_ARG_CHECK(dir.has_value(), src, " holds no complete training checkpoint");
+  ckpt::RelayoutOptions ro;
+  std::string state;
+  {
+    const ckpt::TrainCheckpoint ck(*dir);
+    ro.layout = ck.layout();
+    state = ck.read_trainer_state();  // size and hash checked
+  }
+  ro.layout.tp = tp;
+  ro.layout.pp = pp;
+  if (dp > 0) ro.layout.dp = dp;
+  ro.stages = stages;
+  ro.allow_nonfinite = allow_nonfinite;
+  // The trainer state records the layout it was saved under: the new one.
+  parallel::models::gpt::TrainerState st = parallel::models::gpt::decode_trainer_state(state, "checkpoint " + *dir);
+  st.tp = ro.layout.tp;
+  st.dp = ro.layout.dp;
+  st.pp = ro.layout.pp;
+  ro.trainer_state = parallel::models::gpt::encode_trainer_state(st);
+  const std::string step_dir = ckpt::reshard_train_checkpoint(*dir, out, ro);
+  std::printf("wrote training checkpoint %s (tp=%d dp=%d pp=%d) from %s\n", step_dir.c_str(), ro.layout.tp,
+              ro.layout.dp, ro.layout.pp, dir->c_str());
   return 0;
 }
 

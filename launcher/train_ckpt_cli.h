@@ -1,5 +1,6 @@
 #pragma once
 #include <string>
+#include <vector>
 
 #include "launcher/cli.h"
 
@@ -11,6 +12,10 @@ bool is_train_ckpt_path(const std::string& path);
 int run_train_inspect(const std::string& dir);
 // consolidate --out FILE [--with-optimizer] DIR.
 int run_train_consolidate(const std::string& dir, const std::string& out, bool with_optimizer);
+// reshard of a training checkpoint (a step directory, or a --save directory's newest):
+// OUT/step_NNNNNNNN in the new layout (dp <= 0: the checkpoint's), its trainer state's layout updated.
+int run_train_reshard(const std::string& src, const std::string& out, int tp, int pp, int dp,
+                      const std::vector<int>& stages, bool allow_nonfinite);
 // `tessera ckpt verify DIR`: a training checkpoint (every hash, every element once) or a shard directory.
 void add_ckpt_verify_command(CLI::App* ckpt, tessera::launcher::cli::Action& action);
 }  // namespace tessera::launcher

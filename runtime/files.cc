@@ -77,6 +77,8 @@ ssize_t FileOps::write(int fd, const void* data, size_t bytes) {
   // Small writes (manifests, store keys) go straight to write(2), so threads
   // that never write large files hold no pipe.
   if (bytes < (size_t{64} << 10)) return ::write(fd, data, bytes);
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0 && (fl & O_DIRECT) != 0) return ::write(fd, data, bytes);  // no page cache to splice into
   thread_local SplicePipe pipe;
   if (!pipe.usable()) return ::write(fd, data, bytes);
   iovec iov{const_cast<void*>(data), std::min(bytes, pipe.size())};
@@ -189,26 +191,105 @@ std::string random_suffix() {
 
 }  // namespace
 
+namespace {
+constexpr size_t kDirectAlign = 4096;  // O_DIRECT: buffer, offset and length in whole blocks
+constexpr size_t kDirectStage = size_t{1} << 20;
+bool block_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kDirectAlign == 0; }
+}  // namespace
+
+FileSink::~FileSink() { std::free(stage_); }
+
 void FileSink::write(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  if (hash_) hash_->update(p, bytes);
+  written_ += bytes;
+  if (!direct_) {
+    put(p, bytes);
+    return;
+  }
+  while (bytes > 0) {
+    if (staged_ == 0 && block_aligned(p) && bytes >= kDirectAlign) {
+      const size_t k = bytes & ~(kDirectAlign - 1);  // whole blocks straight from the caller's buffer
+      put_direct(p, k);
+      p += k;
+      bytes -= k;
+      continue;
+    }
+    if (!stage_) {
+      stage_ = static_cast<char*>(std::aligned_alloc(kDirectAlign, kDirectStage));
+      if (!stage_) throw std::bad_alloc();
+    }
+    const size_t k = std::min(bytes, kDirectStage - staged_);
+    std::memcpy(stage_ + staged_, p, k);
+    staged_ += k;
+    p += k;
+    bytes -= k;
+    if (staged_ == kDirectStage) {
+      staged_ = 0;
+      put_direct(stage_, kDirectStage);
+    }
+    if (!direct_ && staged_ > 0) {  // O_DIRECT was refused meanwhile: the rest goes buffered
+      const size_t n = staged_;
+      staged_ = 0;
+      put(stage_, n);
+    }
+  }
+}
+
+void FileSink::put(const char* p, size_t bytes) {
   // Start writeback of every completed 32 MiB so the disk works while the
   // caller produces the rest, and the final fsync has little left to wait for.
   constexpr uint64_t kChunk = uint64_t{32} << 20;
-  const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
     // Linux caps one write at ~2 GiB; larger buffers go in pieces.
     const ssize_t n = ops_.write(fd_, p, std::min<size_t>(bytes, size_t{1} << 30));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail(path_, FileStep::Write, tmp_, errno);
     if (n == 0) fail(path_, FileStep::Write, tmp_, EIO);  // no progress: would loop forever
-    if (hash_) hash_->update(p, static_cast<size_t>(n));
     p += n;
     bytes -= static_cast<size_t>(n);
-    written_ += static_cast<uint64_t>(n);
-    if (written_ - kicked_ >= kChunk) {
-      ops_.start_writeback(fd_, kicked_, written_ - kicked_);
-      kicked_ = written_;
+    put_ += static_cast<uint64_t>(n);
+    if (put_ - kicked_ >= kChunk) {
+      ops_.start_writeback(fd_, kicked_, put_ - kicked_);
+      kicked_ = put_;
     }
   }
+}
+
+void FileSink::to_buffered() {
+  const int fl = ::fcntl(fd_, F_GETFL);
+  if (fl >= 0) ::fcntl(fd_, F_SETFL, fl & ~O_DIRECT);
+  direct_ = false;
+}
+
+void FileSink::put_direct(const char* p, size_t bytes) {
+  while (bytes > 0 && direct_) {
+    const ssize_t n = ops_.write(fd_, p, std::min<size_t>(bytes, size_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL) {  // the file system wants another alignment, or no O_DIRECT at all
+      to_buffered();
+      break;
+    }
+    if (n < 0) fail(path_, FileStep::Write, tmp_, errno);
+    if (n == 0) fail(path_, FileStep::Write, tmp_, EIO);
+    p += n;
+    bytes -= static_cast<size_t>(n);
+    put_ += static_cast<uint64_t>(n);
+    kicked_ = put_;                                                 // O_DIRECT: already sent to the disk
+    if (static_cast<size_t>(n) % kDirectAlign != 0) to_buffered();  // a short write: offsets no longer aligned
+  }
+  if (bytes > 0) put(p, bytes);
+}
+
+void FileSink::finish() {
+  if (staged_ == 0) return;
+  const size_t whole = direct_ ? staged_ & ~(kDirectAlign - 1) : 0;
+  if (whole > 0) put_direct(stage_, whole);
+  if (staged_ > whole) {
+    if (direct_) to_buffered();  // the last partial block
+    put(stage_ + whole, staged_ - whole);
+  }
+  staged_ = 0;
 }
 
 void write_file_atomic(const std::string& path, const std::function<void(FileSink&)>& fill,
@@ -230,9 +311,14 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
 
   std::string tmp;
   int fd = -1;
+  bool direct = options.direct;
   for (int attempt = 0; fd < 0; ++attempt) {
     tmp = stem + random_suffix();
-    fd = ops.open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options.mode);
+    fd = ops.open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (direct ? O_DIRECT : 0), options.mode);
+    if (fd < 0 && direct && errno == EINVAL) {  // no O_DIRECT here (tmpfs): buffered
+      direct = false;
+      fd = ops.open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options.mode);
+    }
     if (fd < 0 && (errno != EEXIST || attempt >= 100)) fail(path, FileStep::CreateTemp, tmp, errno);
   }
   // Held while writing: remove_stale_temps leaves a locked temp alone even
@@ -240,8 +326,9 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
   if (!options.ops) ::flock(fd, LOCK_EX | LOCK_NB);
   try {
     std::unique_ptr<Sha256> hash = options.sha256_hex ? std::make_unique<Sha256>() : nullptr;
-    FileSink sink(ops, fd, path, tmp, hash.get());
+    FileSink sink(ops, fd, path, tmp, hash.get(), direct);
     fill(sink);
+    sink.finish();
     if (hash) *options.sha256_hex = hash->hex_digest();
     if (options.sync && ops.fsync(fd) != 0) fail(path, FileStep::SyncFile, tmp, errno);
     const int closed = ops.close(fd);

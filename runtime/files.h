@@ -108,6 +108,17 @@ struct AtomicWriteOptions {
   // the sink as they are written (no second read of the file); set only when
   // the call succeeds.
   std::string* sha256_hex = nullptr;
+  // Write the bytes with O_DIRECT, past the page cache (for large files that
+  // are written once and not read back soon: checkpoints). On these VMs
+  // filling new page-cache pages is the dominant cost of writing a file
+  // (~0.1-0.6 GB/s, the host backing fresh guest pages), while O_DIRECT
+  // writes from the sink's reused, aligned buffers run at the disk's speed.
+  // Whole 4 KiB blocks go straight from the caller's buffer when it is
+  // 4 KiB-aligned, else through a 1 MiB aligned staging buffer; the tail of
+  // the file (< 4 KiB) is written buffered. Falls back to buffered writes
+  // where the file system refuses O_DIRECT (tmpfs: EINVAL). Same contract
+  // otherwise (the final fsync included).
+  bool direct = false;
 };
 
 // Handed to a streaming writer: appends to the temp file. write() throws
@@ -121,14 +132,25 @@ class FileSink {
 
  private:
   friend void write_file_atomic(const std::string&, const std::function<void(FileSink&)>&, const AtomicWriteOptions&);
-  FileSink(FileOps& ops, int fd, const std::string& path, const std::string& tmp, Sha256* hash)
-      : ops_(ops), fd_(fd), path_(path), tmp_(tmp), hash_(hash) {}
+  FileSink(FileOps& ops, int fd, const std::string& path, const std::string& tmp, Sha256* hash, bool direct)
+      : ops_(ops), fd_(fd), path_(path), tmp_(tmp), hash_(hash), direct_(direct) {}
+  ~FileSink();
+  FileSink(const FileSink&) = delete;
+  FileSink& operator=(const FileSink&) = delete;
+  void put(const char* p, size_t bytes);         // to the fd, continuing short writes
+  void put_direct(const char* p, size_t bytes);  // whole blocks with O_DIRECT (falls back to put)
+  void to_buffered();                            // clears O_DIRECT on the fd
+  void finish();                                 // the staged tail, before the fsync
   FileOps& ops_;
   int fd_;
   const std::string& path_;
   const std::string& tmp_;
   Sha256* hash_;  // nullptr unless AtomicWriteOptions::sha256_hex is set
-  uint64_t written_ = 0, kicked_ = 0;
+  bool direct_;
+  char* stage_ = nullptr;  // direct: aligned staging buffer (kStage bytes), staged_ of them used
+  size_t staged_ = 0;
+  uint64_t written_ = 0;           // bytes given to write()
+  uint64_t put_ = 0, kicked_ = 0;  // bytes in the file; offset up to which writeback was started
 };
 
 // Writes `bytes` to `path` under the contract above.

@@ -10,10 +10,10 @@
 # size 2g: a 2.08 GiB one (width 2048, 9 layers) from build/bin/gpt2_random
 #   (random weights, streamed), deleted at the end.
 # Each rep times shard --tp 8, reshard tp 8 -> tp 4 pp 2 and consolidate,
-# each right after `cp SRC COPY && sync COPY` (the copy on disk, as tessera's
-# fsynced outputs are), with wall time, CPU time and peak RSS
-# (/usr/bin/time) and its ratio to that cp. The page cache is warm for
-# every reader.
+# each right after `cp -r INPUT COPY && sync` of that command's own input
+# (the copy on disk, as tessera's fsynced outputs are), with wall time, CPU
+# time and peak RSS (/usr/bin/time) and its ratio to that cp; at the end the
+# median ratio per command. The page cache is warm for every reader.
 set -euo pipefail
 BUILD=${1:-build}
 DIR=${2:-/tmp/tessera_bench_ckpt}
@@ -48,29 +48,44 @@ t() {  # t LABEL CMD...: wall, CPU, peak RSS of CMD, and the ratio to this rep's
   out=$( { /usr/bin/time -f '%e %U %S %M' "$@" >/dev/null; } 2>&1 | tail -1)
   read -r wall user sys rss <<<"$out"
   [ "$label" = cp ] && CP=$wall
+  LAST=$wall
   printf '  %-34s %7.2f s  (user %5.2f sys %5.2f)  peak %6.1f MiB  %5.2fx cp   load %s\n' "$label" "$wall" "$user" \
     "$sys" "$(echo "$rss / 1024" | bc -l)" "$(echo "$wall / $CP" | bc -l)" "$(cut -d' ' -f1 /proc/loadavg)"
 }
-clean() { rm -rf "$DIR/copy.safetensors" "$DIR"/out_* "$DIR/back.safetensors"; sync; }
+clean() { rm -rf "$DIR/copy" "$DIR"/out_* "$DIR/back.safetensors"; sync; }
 
-# Each command is paired with a cp of the source run just before it, with
-# the previous outputs it does not read deleted first: both then start from
-# the same page-cache state (on these VMs the kernel's cost of filling new
-# page-cache pages swings 5x with it, for cp as for tessera).
-pair() {  # pair LABEL CMD...
-  rm -f "$DIR/copy.safetensors"
-  t cp sh -c "cp '$SRC' '$DIR/copy.safetensors' && sync '$DIR/copy.safetensors'"
-  rm -f "$DIR/copy.safetensors"
-  t "$@"
+# Each command is paired with a cp of the same input bytes (the source file,
+# or the input directory's files) run just before it. Both start from the
+# same page-cache state: the input is read once (cat > /dev/null) right
+# before each timed command, so both read from a warm page cache, and the
+# previous outputs neither reads are deleted first (on these VMs the
+# kernel's cost of filling new page-cache pages swings 5x with it). cp
+# copies with copy_file_range (page cache to page cache); tessera writes
+# its outputs with O_DIRECT (runtime/files.h).
+RATIOS=()
+pair() {  # pair LABEL INPUT CMD...
+  local label=$1 input=$2; shift 2
+  rm -rf "$DIR/copy"
+  cat "$input" "$input"/* >/dev/null 2>&1 || true
+  t cp sh -c "cp -r '$input' '$DIR/copy' && if [ -d '$DIR/copy' ]; then sync '$DIR/copy'/* '$DIR/copy'; else sync '$DIR/copy'; fi"
+  rm -rf "$DIR/copy"
+  cat "$input" "$input"/* >/dev/null 2>&1 || true
+  t "$label" "$@"
+  RATIOS+=("$label|$(echo "$LAST / $CP" | bc -l)")
 }
 for rep in $(seq 1 "$REPS"); do
   echo "rep $rep:"
   clean
-  pair "shard --tp 8" "$T" ckpt shard --tp 8 --out "$DIR/out_tp8" "$SRC"
-  pair "reshard tp 8 -> tp 4 pp 2" "$T" ckpt reshard --tp 4 --pp 2 --out "$DIR/out_tp4pp2" "$DIR/out_tp8"
+  pair "shard --tp 8" "$SRC" "$T" ckpt shard --tp 8 --out "$DIR/out_tp8" "$SRC"
+  pair "reshard tp 8 -> tp 4 pp 2" "$DIR/out_tp8" "$T" ckpt reshard --tp 4 --pp 2 --out "$DIR/out_tp4pp2" "$DIR/out_tp8"
   rm -rf "$DIR/out_tp8"
-  pair "consolidate (tp 4 pp 2)" "$T" ckpt consolidate --out "$DIR/back.safetensors" "$DIR/out_tp4pp2"
+  pair "consolidate (tp 4 pp 2)" "$DIR/out_tp4pp2" "$T" ckpt consolidate --out "$DIR/back.safetensors" "$DIR/out_tp4pp2"
   cmp -s <(tail -c 100000000 "$SRC") <(tail -c 100000000 "$DIR/back.safetensors") ||
     { echo "consolidated tensors differ from the source" >&2; exit 1; }
 done
 clean
+echo "median of $REPS reps (command / its cp):"
+for label in "shard --tp 8" "reshard tp 8 -> tp 4 pp 2" "consolidate (tp 4 pp 2)"; do
+  printf '  %-34s %5.2fx\n' "$label" "$(printf '%s\n' "${RATIOS[@]}" | grep -F "$label|" | cut -d'|' -f2 | sort -n |
+    awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')"
+done

@@ -1,9 +1,11 @@
 #include "parallel/checkpoint/ckpt_tool.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -13,12 +15,14 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "parallel/checkpoint/background_writer.h"
 #include "parallel/checkpoint/gpt2_layout.h"
+#include "parallel/checkpoint/train_ckpt.h"
 #include "parallel/pipeline/partition.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
@@ -60,6 +64,7 @@ class TempSibling {
   TempSibling(const TempSibling&) = delete;
   TempSibling& operator=(const TempSibling&) = delete;
   const fs::path& path() const { return path_; }
+  const fs::path& target() const { return target_; }
   // Renames the temp dir onto the target (which may exist only as an empty dir).
   void commit() {
     std::error_code ec;
@@ -73,6 +78,16 @@ class TempSibling {
   fs::path target_, path_;
   bool committed_ = false;
 };
+
+// fsync of a directory (what a rename into it, or of it, needs to be durable).
+void fsync_path(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw Error(detail::concat(dir, ": cannot open the directory to fsync it: ", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error(detail::concat(dir, ": cannot fsync the directory: ", std::strerror(err)));
+}
 
 void check_out_dir(const std::string& out) {
   std::error_code ec;
@@ -112,7 +127,15 @@ json ranges_json(const parallel::layers::Parameter& p) {
 // Bytes are copied as stored: shards keep the source's dtype, so no
 // conversion happens anywhere (bit for bit, NaN payloads included).
 constexpr uint64_t kPieceBytes = uint64_t{8} << 20;
-constexpr size_t kOutBufferBytes = size_t{2} << 20;  // FileOps::write splices 1 MiB at a time
+constexpr size_t kOutBufferBytes = size_t{2} << 20;  // one O_DIRECT write each
+
+// Output files are written past the page cache (AtomicWriteOptions::direct):
+// filling new page-cache pages is what writing costs most on these VMs.
+AtomicWriteOptions direct_io() {
+  AtomicWriteOptions o;
+  o.direct = true;
+  return o;
+}
 
 // Elements per piece of a tensor: whole rows (dim 0) up to kPieceBytes, at least one row.
 int64_t piece_elems(const Shape& full, DType dtype) {
@@ -187,6 +210,29 @@ class HfReader : public FullReader {
   std::vector<DType> dtypes_;
 };
 
+// The weights of a training checkpoint (train_gpt --save), every file's
+// hash checked first: pieces gathered from whichever rank files hold them
+// (TrainCheckpoint::read, pread). Always F32.
+class TrainReader : public FullReader {
+ public:
+  TrainReader(const TrainCheckpoint& ck, const std::vector<parallel::layers::Parameter>& layout, NonFiniteLog* nf)
+      : ck_(ck), nf_(nf) {
+    for (const parallel::layers::Parameter& p : layout)
+      full_.push_back(parallel::layers::make_parameter(p.name, p.full_shape, -1, 1, 1, 0, parallel::layers::Init::Zeros,
+                                                       0.f, false));
+  }
+  void read(size_t i, int64_t begin, int64_t count, uint8_t* dst) override {
+    float* f = reinterpret_cast<float*>(dst);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast): F32 bytes
+    ck_.read(full_[i], StateKind::Param, begin, begin + count, f);
+    if (nf_) nf_->scan(ck_.dir(), full_[i].name, dst, DType::F32, count, begin);
+  }
+
+ private:
+  const TrainCheckpoint& ck_;
+  NonFiniteLog* nf_;
+  std::vector<parallel::layers::Parameter> full_;
+};
+
 // Calls fn(local, full, count) for the parts of p's shard runs that fall in
 // full elements [begin, end) (padding runs are skipped), in local order.
 template <typename Fn>
@@ -198,12 +244,59 @@ void clipped_runs(const parallel::layers::Parameter& p, int64_t begin, int64_t e
   });
 }
 
-// A shard directory whose manifest, sizes, hashes and headers were checked
-// (open_shard_dir) before any tensor byte is read. The manifest itself is not
-// kept: nlohmann::json's destructor allocates (std::bad_alloc could escape
-// this struct's noexcept destructor).
+// The SHA-256 of an input file, computed from the bytes a streaming pass
+// reads anyway (saw()), so the input is read once: every pass reads each
+// shard file front to back (tensors in file order, each in ascending
+// pieces); bytes it skips (the header, vocabulary padding) are read here to
+// fill the gap, and finish() reads whatever the pass did not reach. A read
+// behind what is hashed already is not hashed again.
+class StreamedHash {
+ public:
+  explicit StreamedHash(std::string path) : path_(std::move(path)), fd_(open_regular_file(path_, &size_)) {}
+  ~StreamedHash() { ::close(fd_); }
+  StreamedHash(const StreamedHash&) = delete;
+  StreamedHash& operator=(const StreamedHash&) = delete;
+  // Bytes [at, at + n) of the file, just read into p.
+  void saw(uint64_t at, const void* p, uint64_t n) {
+    if (at > done_) fill_to(at);
+    if (at + n <= done_) return;
+    const uint64_t skip = done_ - at;
+    sha_.update(static_cast<const uint8_t*>(p) + skip, n - skip);
+    done_ = at + n;
+  }
+  std::string finish() {
+    fill_to(size_);
+    return sha_.hex_digest();
+  }
+
+ private:
+  void fill_to(uint64_t to) {
+    std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(to - done_, uint64_t{1} << 20)));
+    while (done_ < to) {
+      const ssize_t n = ::pread(fd_, buf.data(), std::min<uint64_t>(buf.size(), to - done_), static_cast<off_t>(done_));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw FormatError(detail::concat(path_, ": cannot read: ", std::strerror(errno)));
+      if (n == 0) throw FormatError(detail::concat(path_, ": file ended at byte ", done_, " (it shrank)"));
+      sha_.update(buf.data(), static_cast<size_t>(n));
+      done_ += static_cast<uint64_t>(n);
+    }
+  }
+  std::string path_;
+  uint64_t size_ = 0, done_ = 0;
+  int fd_;
+  Sha256 sha_;
+};
+
+// A shard directory whose manifest, sizes and headers were checked
+// (open_shard_dir) before any tensor byte is read, and whose hashes were
+// checked too, or are checked by `hashes` while the bytes are streamed
+// (then finish_hashes before anything is committed). The manifest itself is
+// not kept: nlohmann::json's destructor allocates (std::bad_alloc could
+// escape this struct's noexcept destructor).
 struct ShardDir {
   std::string dir, mpath;
+  std::vector<std::string> paths, sha256;             // [pp_rank * tp + tp_rank]: the manifest's hashes
+  std::vector<std::unique_ptr<StreamedHash>> hashes;  // empty when checked up front
   Gpt2Config config;
   int tp = 1, pp = 1;
   std::vector<int> part;
@@ -226,11 +319,13 @@ class ShardDirReader : public FullReader {
     const int64_t end = begin + count;
     for (int r = 0; r < sd_.tp; ++r) {
       const parallel::layers::Parameter& p = sd_.ranks[static_cast<size_t>(r)][i];
-      const SafetensorsReader& rd = *sd_.readers[static_cast<size_t>(sd_.stage[i]) * sd_.tp + r];
+      const SafetensorsReader& rd = *sd_.readers[static_cast<size_t>(sd_.stage[i]) * sd_.tp + r];  // file f below
       const SafetensorsEntry& e = rd.entry(p.name);
+      const size_t f = static_cast<size_t>(sd_.stage[i]) * sd_.tp + r;
       if (p.split_dim < 0) {
         uint8_t* to = r == 0 ? dst : buffer(static_cast<uint64_t>(count) * es);
         rd.read_bytes(e, static_cast<uint64_t>(begin) * es, static_cast<uint64_t>(count) * es, to);
+        saw(f, rd, e, static_cast<uint64_t>(begin) * es, to, static_cast<uint64_t>(count) * es);
         if (r == 0 && nf_) nf_->scan(rd.path(), p.name, dst, dt, count, begin);
         if (r > 0 && std::memcmp(to, dst, static_cast<size_t>(count) * es) != 0)
           throw FormatError(detail::concat(rd.path(), ": replicated tensor ", p.name, " differs from tp rank 0's"));
@@ -244,6 +339,7 @@ class ShardDirReader : public FullReader {
       if (hi < 0) continue;
       uint8_t* span = buffer(static_cast<uint64_t>(hi - lo) * es);
       rd.read_bytes(e, static_cast<uint64_t>(lo) * es, static_cast<uint64_t>(hi - lo) * es, span);
+      saw(f, rd, e, static_cast<uint64_t>(lo) * es, span, static_cast<uint64_t>(hi - lo) * es);
       if (nf_) nf_->scan(rd.path(), p.name, span, dt, hi - lo, lo);
       clipped_runs(p, begin, end, [&](int64_t local, int64_t full, int64_t n) {
         std::memcpy(dst + static_cast<uint64_t>(full - begin) * es, span + static_cast<uint64_t>(local - lo) * es,
@@ -253,6 +349,10 @@ class ShardDirReader : public FullReader {
   }
 
  private:
+  void saw(size_t f, const SafetensorsReader& rd, const SafetensorsEntry& e, uint64_t off, const uint8_t* p,
+           uint64_t n) {
+    if (!sd_.hashes.empty()) sd_.hashes[f]->saw(8 + rd.header_size() + e.begin + off, p, n);
+  }
   uint8_t* buffer(uint64_t bytes) {
     if (scratch_.size() < bytes) scratch_.resize(bytes);
     return scratch_.data();
@@ -335,7 +435,7 @@ json write_rank_files(FullReader& in, const std::vector<DType>& dtypes, int tp, 
               std::clamp<size_t>((size_t{64} << 20) / static_cast<size_t>(tp), size_t{1} << 20, kOutBufferBytes));
           std::vector<size_t> outs;
           for (int r = 0; r < tp; ++r) {
-            outs.push_back(bw.add(sinks[static_cast<size_t>(r)]));
+            outs.push_back(bw.add(sinks[static_cast<size_t>(r)], true));
             bw.write(outs.back(), headers[static_cast<size_t>(r)].data(), headers[static_cast<size_t>(r)].size());
           }
           for (size_t i : tensors) {
@@ -360,8 +460,9 @@ json write_rank_files(FullReader& in, const std::vector<DType>& dtypes, int tp, 
                             ps[static_cast<size_t>(r)]->numel(), " elements");
           }
           bw.drain();
+          for (int r = 0; r < tp; ++r) shas.push_back(bw.digest(outs[static_cast<size_t>(r)]));
         },
-        &shas);
+        nullptr, direct_io());
     for (int r = 0; r < tp; ++r)
       jfiles.push_back({{"file", files[static_cast<size_t>(r)]},
                         {"tp_rank", r},
@@ -385,9 +486,10 @@ void check_shard_options(const Gpt2Config& c, const ShardOptions& opt, const std
 
 // Shards what `in` reads (config c, per-tensor dtypes) into out_dir. `nf`
 // (may be null) is checked after the pass, before the output is committed.
+// `before_commit` (optional) runs after the pass, before the non-finite check.
 uint64_t shard_stream(FullReader& in, const std::vector<DType>& dtypes, const Gpt2Config& c, const std::string& source,
                       const std::string& out_dir, const ShardOptions& opt, const NonFiniteLog* nf,
-                      const std::string& nf_top) {
+                      const std::string& nf_top, const std::function<void()>& before_commit = {}) {
   check_shard_options(c, opt, source);
   check_out_dir(out_dir);
   const int tp = opt.tp, pp = opt.pp;
@@ -399,6 +501,7 @@ uint64_t shard_stream(FullReader& in, const std::vector<DType>& dtypes, const Gp
   TempSibling tmp(out_dir);
   uint64_t bytes = 0;
   json jfiles = write_rank_files(in, dtypes, tp, pp, part, ranks, tmp.path(), &bytes);
+  if (before_commit) before_commit();
   if (nf) nf->throw_if_any(nf_top);
   json manifest = {{"format", kFormat},
                    {"version", kVersion},
@@ -538,8 +641,17 @@ struct ManifestFiles {
   std::vector<const json*> entries;
 };
 
-ManifestFiles check_manifest_files(const json& m, const Gpt2Config& c, const std::string& dir,
-                                   const std::string& mpath) {
+// The manifest's SHA-256 of file k must equal `got`; else the FormatError naming the file.
+void check_hash(const ManifestFiles& mf, size_t k, const std::string& got, const std::string& mpath) {
+  const std::string want = mf.entries[k]->at("sha256").get<std::string>();
+  if (got != want)
+    throw FormatError(detail::concat(mf.paths[k], ": SHA-256 ", got, " differs from ", want, " recorded in ", mpath,
+                                     " (the file is damaged, or is another rank's or another checkpoint's file)"));
+}
+
+// hash == false leaves the SHA-256 checks to the caller (StreamedHash).
+ManifestFiles check_manifest_files(const json& m, const Gpt2Config& c, const std::string& dir, const std::string& mpath,
+                                   bool hash = true) {
   const int tp = m.at("tp").get<int>(), pp = m.at("pp").get<int>();
   auto bad = [&](const std::string& what) { throw FormatError(detail::concat(mpath, ": ", what)); };
   if (c.heads % tp != 0 || c.layers < pp)
@@ -594,13 +706,9 @@ ManifestFiles check_manifest_files(const json& m, const Gpt2Config& c, const std
                        " bytes of tensor data, but the shard files hold ", static_cast<double>(total),
                        " bytes (config.n_layer, vocab_size, n_embd or n_positions is wrong)"));
   // Hashes last (they read every byte): a flipped byte, or two ranks' files swapped.
-  const std::vector<std::string> hashes = sha256_files(out.paths);
-  for (size_t k = 0; k < n; ++k) {
-    const std::string want = out.entries[k]->at("sha256").get<std::string>();
-    const std::string& got = hashes[k];
-    if (got != want)
-      throw FormatError(detail::concat(out.paths[k], ": SHA-256 ", got, " differs from ", want, " recorded in ", mpath,
-                                       " (the file is damaged, or is another rank's or another checkpoint's file)"));
+  if (hash) {
+    const std::vector<std::string> hashes = sha256_files(out.paths);
+    for (size_t k = 0; k < n; ++k) check_hash(out, k, hashes[k], mpath);
   }
   return out;
 }
@@ -634,17 +742,67 @@ void check_manifest_tensor(const json& file_entry, size_t idx, const parallel::l
 // stage partition, each file's header (SafetensorsReader), that each file
 // holds exactly its rank's tensors with the shapes, dtypes and manifest
 // entries the layout gives.
-ShardDir open_shard_dir(const std::string& dir) {
+// Every file's SHA-256 against the manifest's (FormatError naming the first
+// damaged file); returns when all match.
+void check_all_hashes(const ShardDir& sd) {
+  const std::vector<std::string> got = sha256_files(sd.paths);
+  for (size_t k = 0; k < got.size(); ++k)
+    if (got[k] != sd.sha256[k])
+      throw FormatError(detail::concat(sd.paths[k], ": SHA-256 ", got[k], " differs from ", sd.sha256[k],
+                                       " recorded in ", sd.mpath,
+                                       " (the file is damaged, or is another rank's or another checkpoint's file)"));
+}
+
+// After a streaming pass: the hashes StreamedHash computed (reading what the pass skipped).
+void finish_hashes(const ShardDir& sd) {
+  for (size_t k = 0; k < sd.hashes.size(); ++k) {
+    const std::string got = sd.hashes[k]->finish();
+    if (got != sd.sha256[k])
+      throw FormatError(detail::concat(sd.paths[k], ": SHA-256 ", got, " differs from ", sd.sha256[k], " recorded in ",
+                                       sd.mpath,
+                                       " (the file is damaged, or is another rank's or another checkpoint's file)"));
+  }
+}
+
+// Runs fn; when it fails with a FormatError while the hashes were not all
+// checked yet, a damaged file is what is reported (a flipped byte must be
+// named as such, not as whatever check it happened to break first).
+template <typename Fn>
+auto damage_first(const ShardDir& sd, Fn fn) {
+  try {
+    return fn();
+  } catch (const FormatError&) {
+    if (!sd.hashes.empty()) check_all_hashes(sd);
+    throw;
+  }
+}
+
+void open_shard_files(ShardDir& sd, const json& m, const ManifestFiles& mf);
+
+// stream_hashes: the files' SHA-256 are checked while a pass reads them
+// (sd.hashes; the caller runs finish_hashes before committing anything),
+// else here, up front.
+ShardDir open_shard_dir(const std::string& dir, bool stream_hashes) {
   ShardDir sd;
   sd.dir = dir;
   sd.mpath = (fs::path(dir) / kManifestName).string();
   const json m = read_manifest(dir);
   sd.config = manifest_config(m, sd.mpath);
-  const Gpt2Config& c = sd.config;
   sd.tp = m.at("tp").get<int>();  // checked by read_manifest
   sd.pp = m.at("pp").get<int>();
+  const ManifestFiles mf = check_manifest_files(m, sd.config, dir, sd.mpath, !stream_hashes);
+  sd.paths = mf.paths;
+  for (const json* e : mf.entries) sd.sha256.push_back(e->at("sha256").get<std::string>());
+  if (stream_hashes)
+    for (const std::string& p : sd.paths) sd.hashes.push_back(std::make_unique<StreamedHash>(p));
+  damage_first(sd, [&] { open_shard_files(sd, m, mf); });
+  return sd;
+}
+
+// The checks of open_shard_dir after the manifest's file list.
+void open_shard_files(ShardDir& sd, const json& m, const ManifestFiles& mf) {
+  const Gpt2Config& c = sd.config;
   const int tp = sd.tp, pp = sd.pp;
-  const ManifestFiles mf = check_manifest_files(m, c, dir, sd.mpath);
   sd.part = manifest_stages(m, c, pp, sd.mpath);
   for (int r = 0; r < tp; ++r) sd.ranks.push_back(gpt2_tp_parameters(c, tp, r));
   sd.readers.resize(static_cast<size_t>(tp) * pp);
@@ -683,7 +841,6 @@ ShardDir open_shard_dir(const std::string& dir) {
     }
     sd.dtypes.push_back(dtype);
   }
-  return sd;
 }
 
 // The Hugging Face metadata consolidate writes (write_gpt2_safetensors's).
@@ -707,25 +864,28 @@ void write_hf_file(FullReader& in, const ShardDir& sd, const std::vector<size_t>
   specs.reserve(idx.size());
   for (size_t i : idx) specs.push_back({sd.ranks[0][i].name, sd.dtypes[i], sd.ranks[0][i].full_shape});
   const std::string header = safetensors_header(specs, md);
-  write_file_atomic(path, [&](FileSink& sink) {
-    BackgroundWriter bw(3, kOutBufferBytes);
-    const size_t out = bw.add(&sink);
-    bw.write(out, header.data(), header.size());
-    std::vector<uint8_t> piece(kPieceBytes);
-    for (size_t k = 0; k < idx.size(); ++k) {
-      const size_t i = idx[k];
-      const uint64_t es = dtype_size(sd.dtypes[i]);
-      const int64_t numel = shape_numel(specs[k].shape), step = piece_elems(specs[k].shape, sd.dtypes[i]);
-      for (int64_t b = 0; b < numel; b += step) {
-        const int64_t c = std::min(step, numel - b);
-        if (piece.size() < static_cast<uint64_t>(c) * es) piece.resize(static_cast<uint64_t>(c) * es);
-        in.read(i, b, c, piece.data());
-        bw.write(out, piece.data(), static_cast<size_t>(c) * es);
-      }
-    }
-    bw.drain();
-    before_commit();
-  });
+  write_file_atomic(
+      path,
+      [&](FileSink& sink) {
+        BackgroundWriter bw(3, kOutBufferBytes);
+        const size_t out = bw.add(&sink);
+        bw.write(out, header.data(), header.size());
+        std::vector<uint8_t> piece(kPieceBytes);
+        for (size_t k = 0; k < idx.size(); ++k) {
+          const size_t i = idx[k];
+          const uint64_t es = dtype_size(sd.dtypes[i]);
+          const int64_t numel = shape_numel(specs[k].shape), step = piece_elems(specs[k].shape, sd.dtypes[i]);
+          for (int64_t b = 0; b < numel; b += step) {
+            const int64_t c = std::min(step, numel - b);
+            if (piece.size() < static_cast<uint64_t>(c) * es) piece.resize(static_cast<uint64_t>(c) * es);
+            in.read(i, b, c, piece.data());
+            bw.write(out, piece.data(), static_cast<size_t>(c) * es);
+          }
+        }
+        bw.drain();
+        before_commit();
+      },
+      direct_io());
 }
 
 // Layout indices in Hugging Face order (gpt2_tensor_names), as consolidate writes them.
@@ -750,6 +910,23 @@ std::string rank_stem(int dp_rank, int tp_rank, int pp_rank) {
 }
 
 uint64_t shard_gpt2(const std::string& src_path, const std::string& out_dir, const ShardOptions& opt) {
+  if (std::optional<std::string> train = resolve_train_checkpoint(src_path)) {
+    // A training checkpoint: its weights (all hashes checked first), sharded as an HF file would be.
+    const TrainCheckpoint ck(*train);
+    const Gpt2Config c = train_checkpoint_gpt2_config(ck);
+    TESSERA_ARG_CHECK(opt.heads == 0 || opt.heads == c.heads, "--heads ", opt.heads, " does not match checkpoint ",
+                      ck.dir(), ", which has ", c.heads);
+    ShardOptions o = opt;
+    o.heads = c.heads;
+    check_shard_options(c, o, ck.dir());
+    check_out_dir(out_dir);
+    ck.verify_all();
+    NonFiniteLog nf;
+    const std::vector<parallel::layers::Parameter> layout = gpt2_tp_parameters(c, 1, 0);
+    TrainReader in(ck, layout, opt.allow_nonfinite ? nullptr : &nf);
+    const std::vector<DType> dtypes(layout.size(), DType::F32);
+    return shard_stream(in, dtypes, c, ck.dir(), out_dir, o, &nf, ck.dir());
+  }
   std::unique_ptr<TensorSource> src = open_safetensors(src_path);
   Gpt2Config c = infer_gpt2_config(*src, opt.heads);
   check_gpt2(*src, c);
@@ -774,10 +951,15 @@ void consolidate_gpt2(const std::string& dir, const std::string& out_file, bool 
   std::error_code ec;
   TESSERA_ARG_CHECK(!fs::exists(out_file, ec) && !fs::is_symlink(out_file, ec), "--out ", out_file,
                     " exists (refusing to overwrite)");
-  const ShardDir sd = open_shard_dir(dir);
+  const ShardDir sd = open_shard_dir(dir, true);
   NonFiniteLog nf;
   ShardDirReader in(sd, allow_nonfinite ? nullptr : &nf);
-  write_hf_file(in, sd, hf_order(sd), hf_metadata(sd.config, dir), out_file, [&] { nf.throw_if_any(dir); });
+  damage_first(sd, [&] {
+    write_hf_file(in, sd, hf_order(sd), hf_metadata(sd.config, dir), out_file, [&] {
+      finish_hashes(sd);
+      nf.throw_if_any(dir);
+    });
+  });
 }
 
 uint64_t parse_shard_size(const std::string& text) {
@@ -808,13 +990,27 @@ uint64_t parse_shard_size(const std::string& text) {
   return bytes;
 }
 
+namespace {
+std::vector<std::string> consolidate_sharded_pass(const ShardDir& sd, FullReader& in, const NonFiniteLog& nf,
+                                                  const std::string& dir, const std::string& out_dir,
+                                                  uint64_t max_shard_bytes);
+}  // namespace
+
 std::vector<std::string> consolidate_gpt2_sharded(const std::string& dir, const std::string& out_dir,
                                                   uint64_t max_shard_bytes, bool allow_nonfinite) {
   TESSERA_ARG_CHECK(max_shard_bytes > 0, "--max-shard-size must be positive");
   check_out_dir(out_dir);
-  const ShardDir sd = open_shard_dir(dir);
+  const ShardDir sd = open_shard_dir(dir, true);
   NonFiniteLog nf;
   ShardDirReader in(sd, allow_nonfinite ? nullptr : &nf);
+  return damage_first(sd, [&] { return consolidate_sharded_pass(sd, in, nf, dir, out_dir, max_shard_bytes); });
+}
+
+namespace {
+
+std::vector<std::string> consolidate_sharded_pass(const ShardDir& sd, FullReader& in, const NonFiniteLog& nf,
+                                                  const std::string& dir, const std::string& out_dir,
+                                                  uint64_t max_shard_bytes) {
   // Hugging Face's rule (save_pretrained): tensors in order, a new shard
   // when the next would take this one past the limit; a larger tensor gets
   // a shard of its own.
@@ -841,6 +1037,7 @@ std::vector<std::string> consolidate_gpt2_sharded(const std::string& dir, const 
     write_hf_file(in, sd, groups[static_cast<size_t>(k)], md, (tmp.path() / files.back()).string(), [] {});
     for (size_t i : groups[static_cast<size_t>(k)]) weight_map[sd.ranks[0][i].name] = files.back();
   }
+  finish_hashes(sd);
   nf.throw_if_any(dir);
   if (n > 1) {
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
@@ -850,8 +1047,45 @@ std::vector<std::string> consolidate_gpt2_sharded(const std::string& dir, const 
   return files;
 }
 
+}  // namespace
+
+std::string reshard_train_checkpoint(const std::string& src, const std::string& out_dir, const RelayoutOptions& ro) {
+  const std::optional<std::string> train = resolve_train_checkpoint(src);
+  TESSERA_ARG_CHECK(train.has_value(), src, " is not a training checkpoint, nor a directory holding a complete one");
+  check_out_dir(out_dir);
+  int64_t step = 0;
+  {
+    const TrainCheckpoint ck(*train);  // the marker and manifest, before anything is created
+    step = ck.step();
+  }
+  TempSibling tmp(out_dir);
+  const fs::path step_dir = tmp.path() / step_dir_name(step);
+  fs::create_directory(step_dir);
+  relayout_train_checkpoint(*train, step_dir.string(), ro);
+  fsync_path(tmp.path().string());
+  tmp.commit();
+  fsync_path(tmp.target().parent_path().string());
+  return (fs::path(out_dir) / step_dir_name(step)).lexically_normal().string();
+}
+
 uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const ShardOptions& opt) {
   std::error_code ec;
+  if (std::optional<std::string> train = resolve_train_checkpoint(dir)) {
+    RelayoutOptions ro;
+    {
+      const TrainCheckpoint ck(*train);
+      ro.layout = ck.layout();
+    }
+    ro.layout.tp = opt.tp;
+    ro.layout.pp = opt.pp;
+    ro.layout.dp = opt.dp;
+    ro.stages = opt.stages;
+    ro.allow_nonfinite = opt.allow_nonfinite;
+    const std::string step_dir = reshard_train_checkpoint(*train, out_dir, ro);
+    uint64_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(step_dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
+    return bytes;
+  }
   if (!fs::exists(fs::path(dir) / kManifestName, ec)) {
     // Not a shard directory: a Hugging Face file or sharded directory is sharded directly.
     try {
@@ -868,10 +1102,12 @@ uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const 
   o.heads = c.heads;
   check_shard_options(c, o, dir);
   check_out_dir(out_dir);
-  const ShardDir sd = open_shard_dir(dir);
+  const ShardDir sd = open_shard_dir(dir, true);
   NonFiniteLog nf;
   ShardDirReader in(sd, opt.allow_nonfinite ? nullptr : &nf);
-  return shard_stream(in, sd.dtypes, sd.config, dir, out_dir, o, &nf, dir);
+  return damage_first(sd, [&] {
+    return shard_stream(in, sd.dtypes, sd.config, dir, out_dir, o, &nf, dir, [&] { finish_hashes(sd); });
+  });
 }
 
 }  // namespace tessera::parallel::checkpoint

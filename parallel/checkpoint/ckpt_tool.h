@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/checkpoint/train_ckpt.h"
 
 namespace tessera::parallel::checkpoint {
 
@@ -84,6 +85,16 @@ uint64_t parse_shard_size(const std::string& text);
 // makes first; heads come from the manifest. A `dir` without a manifest
 // that is a Hugging Face file or sharded directory is sharded (shard_gpt2).
 uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const ShardOptions& opt);
+
+// reshard of a training checkpoint (train_gpt --save; `src` a step directory
+// or a --save directory, whose newest complete checkpoint is taken): writes
+// OUT/step_NNNNNNNN, a complete training checkpoint of the same run and
+// step in ro.layout (relayout_train_checkpoint, train_ckpt.h), built in a
+// temp sibling of OUT and renamed into place; `train_gpt --resume OUT`
+// continues from it. OUT must not exist or be empty. Returns the step directory.
+// reshard_gpt2 given a training checkpoint calls this with the checkpoint's
+// layout changed to opt's tp, pp, dp and stages (its trainer state unchanged).
+std::string reshard_train_checkpoint(const std::string& src, const std::string& out_dir, const RelayoutOptions& ro);
 
 // The config recorded in a shard directory's manifest.
 Gpt2Config read_manifest_config(const std::string& dir);

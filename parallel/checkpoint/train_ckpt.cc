@@ -12,7 +12,9 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
+#include "parallel/checkpoint/gpt2_layout.h"
 #include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/checkpoint/safetensors.h"
 #include "runtime/error.h"
@@ -161,6 +163,142 @@ Parameter descriptor(const std::string& name, const Shape& full, int split_dim, 
                                           0.f, false);
 }
 
+// One piece a rank file holds: elements [begin, end) of the TP shard `p` of `kind`.
+struct PieceOut {
+  const Parameter* p;
+  StateKind kind;
+  int64_t begin, end;
+};
+
+// Writes one rank's file `name` into the temp checkpoint directory `tmp`:
+// the header (F32 1-D tensors "<kind>/<name>", metadata run id, step and
+// rank), then each piece's bytes through `fill(i, sink)`, which must write
+// exactly (end - begin) x 4 bytes for piece i. Hashes as it writes; one
+// fsync of the file. Returns the manifest's file entry (rank, name, bytes,
+// sha256, pieces with their tensor's full shape under "shape").
+// `in_memory` (optional): piece i's bytes are at in_memory[i] and stay
+// unchanged until the call returns; they are then hashed on a second
+// thread while `fill` writes them (the SHA-256 overlaps the copy into the
+// page cache).
+json write_rank_file(const std::string& tmp, const std::string& name, const std::string& run_id, int64_t step,
+                     int world_rank, const std::vector<PieceOut>& outs,
+                     const std::function<void(size_t, FileSink&)>& fill,
+                     const std::vector<const float*>* in_memory = nullptr) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", kTrainFormat},
+                            {"run_id", run_id},
+                            {"step", std::to_string(step)},
+                            {"rank", std::to_string(world_rank)}};
+  json pieces = json::array();
+  uint64_t off = 0;
+  for (const PieceOut& o : outs) {
+    const Parameter& p = *o.p;
+    const std::string key = concat(state_kind_name(o.kind), "/", p.name);
+    const uint64_t bytes = static_cast<uint64_t>(o.end - o.begin) * 4;
+    header[key] = {{"dtype", "F32"}, {"shape", {o.end - o.begin}}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+    pieces.push_back({{"tensor", p.name},
+                      {"shape", p.full_shape},
+                      {"kind", state_kind_name(o.kind)},
+                      {"key", key},
+                      {"split_dim", p.split_dim},
+                      {"chunks", p.chunks},
+                      {"tp", p.split_dim < 0 ? 1 : p.tp_size},
+                      {"tp_rank", p.split_dim < 0 ? 0 : p.tp_rank},
+                      {"shard_shape", p.shape},
+                      {"range", {o.begin, o.end}}});
+  }
+  std::string htext = header.dump();
+  while ((8 + htext.size()) % 8 != 0) htext += ' ';
+  std::string sha;
+  uint64_t total = 0;
+  AtomicWriteOptions wo;
+  wo.sync = false;
+  wo.direct = true;  // past the page cache: filling new page-cache pages is what writing costs most here
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(htext.size()) >> (8 * i));
+  std::thread hasher;
+  std::exception_ptr hash_error;
+  if (in_memory) {
+    hasher = std::thread([&] {
+      try {
+        Sha256 h;
+        h.update(len, 8);
+        h.update(htext.data(), htext.size());
+        for (size_t i = 0; i < outs.size(); ++i)
+          h.update((*in_memory)[i], static_cast<size_t>(outs[i].end - outs[i].begin) * 4);
+        sha = h.hex_digest();
+      } catch (...) {
+        hash_error = std::current_exception();
+      }
+    });
+  } else {
+    wo.sha256_hex = &sha;
+  }
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{hasher};
+  const std::string path = (fs::path(tmp) / name).string();
+  write_file_atomic(
+      path,
+      [&](FileSink& sink) {
+        sink.write(len, 8);
+        sink.write(htext.data(), htext.size());
+        for (size_t i = 0; i < outs.size(); ++i) {
+          const uint64_t before = sink.bytes_written();
+          fill(i, sink);
+          TESSERA_CHECK(sink.bytes_written() - before == static_cast<uint64_t>(outs[i].end - outs[i].begin) * 4,
+                        "piece ", i, " of ", path, " has the wrong size");
+        }
+        total = sink.bytes_written();
+      },
+      wo);
+  if (hasher.joinable()) hasher.join();
+  if (hash_error) std::rethrow_exception(hash_error);
+  fsync_file(path);
+  return {{"rank", world_rank}, {"name", name}, {"bytes", total}, {"sha256", sha}, {"pieces", pieces}};
+}
+
+// World rank 0's part of a save after every rank's file is written:
+// trainer_state.cereal and manifest.json in `tmp` (from the rank files'
+// entries, write_rank_file's), each fsynced; returns the manifest's text
+// (its SHA-256 goes into the done marker) and adds the bytes to *bytes.
+std::string write_state_and_manifest(const std::string& tmp, const std::string& run_id, int64_t step,
+                                     const TrainLayout& L, const std::map<std::string, int64_t>& model,
+                                     const std::string& trainer_state, std::vector<json> files, uint64_t* bytes) {
+  json tensors = json::object(), jfiles = json::array();
+  for (json& j : files) {
+    for (json& pc : j["pieces"]) {
+      const std::string t = pc["tensor"];
+      if (!tensors.contains(t)) tensors[t] = {{"shape", pc["shape"]}, {"dtype", "F32"}};
+      TESSERA_CHECK(tensors[t]["shape"] == pc["shape"], "ranks disagree on the shape of ", t);
+      pc.erase("shape");
+    }
+    jfiles.push_back(j);
+  }
+  write_in_temp_dir((fs::path(tmp) / kTrainerStateName).string(), [&](FileSink& sink) { sink.write(trainer_state); });
+  *bytes += trainer_state.size();
+  json manifest = {
+      {"format", kTrainFormat},
+      {"version", kTrainVersion},
+      {"run_id", run_id},
+      {"step", step},
+      {"layout",
+       {{"tp", L.tp}, {"dp", L.dp}, {"pp", L.pp}, {"zero1", L.zero1}, {"sequence_parallel", L.sequence_parallel}}},
+      {"model", model},
+      {"trainer_state",
+       {{"name", kTrainerStateName}, {"bytes", trainer_state.size()}, {"sha256", sha256_hex(trainer_state)}}},
+      {"tensors", tensors},
+      {"files", jfiles}};
+  std::string mtext = manifest.dump(1);
+  write_in_temp_dir((fs::path(tmp) / kTrainManifestName).string(), [&](FileSink& sink) { sink.write(mtext); });
+  *bytes += mtext.size();
+  return mtext;
+}
+
 void remove_checkpoint_dir(const std::string& dir, const std::string& root, int world_rank, int64_t step) {
   // The marker first: a half-removed checkpoint is never taken for a complete one.
   std::error_code ec;
@@ -232,13 +370,8 @@ SaveResult save_train_checkpoint(collectives::Communicator* world, const std::ve
 
   // 2. This rank's pieces: under ZeRO-1 its slice, under plain DP the
   // dp_rank-th part of its shard; tensors replicated over TP from TP rank 0.
-  struct Out {
-    const HeldTensor* h;
-    StateKind kind;
-    int64_t begin, end;
-    const float* data;
-  };
-  std::vector<Out> outs;
+  std::vector<PieceOut> outs;
+  std::vector<const float*> data;
   const bool zero = L.zero1 && L.dp > 1;
   for (const HeldTensor& h : held) {
     const Parameter& p = *h.param;
@@ -249,61 +382,24 @@ SaveResult save_train_checkpoint(collectives::Communicator* world, const std::ve
     if (b >= e) continue;
     TESSERA_CHECK(b >= h.moment_begin && e <= h.moment_end && h.m && h.v, "moments of ", p.name, " [", b, ", ", e,
                   ") not held by this rank");
-    outs.push_back({&h, StateKind::Param, b, e, p.value + b});
-    outs.push_back({&h, StateKind::ExpAvg, b, e, h.m + (b - h.moment_begin)});
-    outs.push_back({&h, StateKind::ExpAvgSq, b, e, h.v + (b - h.moment_begin)});
+    outs.push_back({&p, StateKind::Param, b, e});
+    data.push_back(p.value + b);
+    outs.push_back({&p, StateKind::ExpAvg, b, e});
+    data.push_back(h.m + (b - h.moment_begin));
+    outs.push_back({&p, StateKind::ExpAvgSq, b, e});
+    data.push_back(h.v + (b - h.moment_begin));
   }
 
   json entry = {{"rank", spec.world_rank}};
   try {
     const std::string fname = rank_file_name(spec.dp_rank, spec.tp_rank, spec.pp_rank);
-    json header = json::object();
-    header["__metadata__"] = {{"format", kTrainFormat},
-                              {"run_id", spec.run_id},
-                              {"step", std::to_string(spec.step)},
-                              {"rank", std::to_string(spec.world_rank)}};
-    json pieces = json::array();
-    uint64_t off = 0;
-    for (const Out& o : outs) {
-      const Parameter& p = *o.h->param;
-      const std::string key = concat(state_kind_name(o.kind), "/", p.name);
-      const uint64_t bytes = static_cast<uint64_t>(o.end - o.begin) * 4;
-      header[key] = {{"dtype", "F32"}, {"shape", {o.end - o.begin}}, {"data_offsets", {off, off + bytes}}};
-      off += bytes;
-      pieces.push_back({{"tensor", p.name},
-                        {"shape", p.full_shape},
-                        {"kind", state_kind_name(o.kind)},
-                        {"key", key},
-                        {"split_dim", p.split_dim},
-                        {"chunks", p.chunks},
-                        {"tp", p.split_dim < 0 ? 1 : p.tp_size},
-                        {"tp_rank", p.split_dim < 0 ? 0 : p.tp_rank},
-                        {"shard_shape", p.shape},
-                        {"range", {o.begin, o.end}}});
-    }
-    std::string htext = header.dump();
-    while ((8 + htext.size()) % 8 != 0) htext += ' ';
-    Sha256 sha;
-    uint64_t total = 0;
-    write_in_temp_dir((fs::path(tmp) / fname).string(), [&](FileSink& sink) {
-      unsigned char len[8];
-      for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(htext.size()) >> (8 * i));
-      auto put = [&](const void* d, size_t n) {
-        sink.write(d, n);
-        sha.update(d, n);
-        total += n;
-      };
-      put(len, 8);
-      put(htext.data(), htext.size());
-      for (size_t i = 0; i < outs.size(); ++i) {
-        if (i == outs.size() / 2) fault_point("mid_file", spec.world_rank, spec.step);
-        put(outs[i].data, static_cast<size_t>(outs[i].end - outs[i].begin) * 4);
-      }
-    });
-    entry["name"] = fname;
-    entry["bytes"] = total;
-    entry["sha256"] = sha.hex_digest();
-    entry["pieces"] = pieces;
+    entry = write_rank_file(
+        tmp, fname, spec.run_id, spec.step, spec.world_rank, outs,
+        [&](size_t i, FileSink& sink) {
+          if (i == outs.size() / 2) fault_point("mid_file", spec.world_rank, spec.step);
+          sink.write(data[i], static_cast<size_t>(outs[i].end - outs[i].begin) * 4);
+        },
+        &data);
   } catch (const std::exception& e) {
     entry["error"] =
         concat("checkpoint ", final_dir, ": rank ", spec.world_rank, " could not write its file: ", e.what());
@@ -326,37 +422,11 @@ SaveResult save_train_checkpoint(collectives::Communicator* world, const std::ve
   err = first_error;
   if (lead && err.empty()) {
     try {
-      json tensors = json::object(), files = json::array();
-      for (json& j : parsed) {
-        if (!j.contains("name")) continue;
-        for (json& pc : j["pieces"]) {
-          const std::string t = pc["tensor"];
-          if (!tensors.contains(t)) tensors[t] = {{"shape", pc["shape"]}, {"dtype", "F32"}};
-          TESSERA_CHECK(tensors[t]["shape"] == pc["shape"], "ranks disagree on the shape of ", t);
-          pc.erase("shape");
-        }
-        files.push_back(j);
-      }
-      const std::string state_path = (fs::path(tmp) / kTrainerStateName).string();
-      write_in_temp_dir(state_path, [&](FileSink& sink) { sink.write(spec.trainer_state); });
-      result.bytes += spec.trainer_state.size();
-      json manifest = {
-          {"format", kTrainFormat},
-          {"version", kTrainVersion},
-          {"run_id", spec.run_id},
-          {"step", spec.step},
-          {"layout",
-           {{"tp", L.tp}, {"dp", L.dp}, {"pp", L.pp}, {"zero1", L.zero1}, {"sequence_parallel", L.sequence_parallel}}},
-          {"model", spec.model},
-          {"trainer_state",
-           {{"name", kTrainerStateName},
-            {"bytes", spec.trainer_state.size()},
-            {"sha256", sha256_hex(spec.trainer_state)}}},
-          {"tensors", tensors},
-          {"files", files}};
-      const std::string mtext = manifest.dump(1);
-      write_in_temp_dir((fs::path(tmp) / kTrainManifestName).string(), [&](FileSink& sink) { sink.write(mtext); });
-      result.bytes += mtext.size();
+      std::vector<json> files;
+      for (json& j : parsed)
+        if (j.contains("name")) files.push_back(j);
+      const std::string mtext = write_state_and_manifest(tmp, spec.run_id, spec.step, L, spec.model, spec.trainer_state,
+                                                         files, &result.bytes);
       fsync_dir(tmp);  // every rank's file entry, before the rename makes them a checkpoint
       fault_point("before_rename", spec.world_rank, spec.step);
       const std::string old = (fs::path(root) / ("." + name + ".old")).string();
@@ -846,15 +916,18 @@ void TrainCheckpoint::read(const Parameter& dest, StateKind kind, int64_t begin,
     if (have.empty() || have.back().full + have.back().n <= want.front().full ||
         want.back().full + want.back().n <= have.front().full)
       continue;
+    // pread, not the mapping: a large checkpoint read piece by piece costs
+    // only the pieces' memory (no mapped pages stay resident).
     const SafetensorsReader& r = reader(pc.file);
-    const uint8_t* bytes = r.bytes(r.entry(pc.key));
+    const SafetensorsEntry& ent = r.entry(pc.key);
     size_t a = 0, b = 0;
     while (a < want.size() && b < have.size()) {
       const Run& x = want[a];
       const Run& y = have[b];
       const int64_t s = std::max(x.full, y.full), e = std::min(x.full + x.n, y.full + y.n);
       if (s < e) {
-        std::memcpy(dst + x.off + (s - x.full), bytes + (y.off + (s - y.full)) * 4, static_cast<size_t>(e - s) * 4);
+        r.read_bytes(ent, static_cast<uint64_t>(y.off + (s - y.full)) * 4, static_cast<uint64_t>(e - s) * 4,
+                     dst + x.off + (s - x.full));
         got += e - s;
       }
       if (x.full + x.n <= y.full + y.n)
@@ -871,18 +944,9 @@ void TrainCheckpoint::read(const Parameter& dest, StateKind kind, int64_t begin,
 void consolidate_train_checkpoint(const std::string& dir, const std::string& out_file, bool with_optimizer) {
   TESSERA_ARG_CHECK(!fs::exists(out_file), "--out ", out_file, " exists (not overwritten)");
   TrainCheckpoint ck(dir);
+  const Gpt2Config c = train_checkpoint_gpt2_config(ck);
   ck.verify_all();
-  auto cfg = [&](const char* k) {
-    auto it = ck.model().find(k);
-    if (it == ck.model().end()) throw FormatError(concat("checkpoint ", ck.dir(), ": manifest model lacks ", k));
-    return it->second;
-  };
-  const Gpt2Config c{cfg("vocab_size"), cfg("n_positions"), cfg("n_embd"), cfg("n_layer"), cfg("n_head")};
   const std::vector<std::string> names = gpt2_tensor_names(c);
-  for (const auto& [n, t] : ck.tensors())
-    if (std::find(names.begin(), names.end(), n) == names.end())
-      throw FormatError(
-          concat("checkpoint ", ck.dir(), ": tensor ", n, " is not a GPT-2 tensor of ", gpt2_config_str(c)));
   std::vector<std::pair<std::string, Tensor>> weights, moments;
   for (const std::string& n : names) {
     auto it = ck.tensors().find(n);
@@ -916,6 +980,114 @@ void consolidate_train_checkpoint(const std::string& dir, const std::string& out
   all["n_head"] = std::to_string(c.heads);
   for (auto& m : moments) weights.push_back(std::move(m));
   write_safetensors(out_file, weights, all);
+}
+
+}  // namespace tessera::parallel::checkpoint
+
+namespace tessera::parallel::checkpoint {
+
+std::optional<std::string> resolve_train_checkpoint(const std::string& path) {
+  if (is_train_checkpoint(path)) return path;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || fs::exists(fs::path(path) / kTrainManifestName, ec)) return std::nullopt;
+  return latest_checkpoint(path);
+}
+
+Gpt2Config train_checkpoint_gpt2_config(const TrainCheckpoint& ck) {
+  const std::string w = concat("checkpoint ", ck.dir());
+  auto cfg = [&](const char* k) {
+    auto it = ck.model().find(k);
+    if (it == ck.model().end()) throw FormatError(concat(w, ": manifest model lacks ", k));
+    return it->second;
+  };
+  const Gpt2Config c{cfg("vocab_size"), cfg("n_positions"), cfg("n_embd"), cfg("n_layer"), cfg("n_head")};
+  if (c.vocab <= 0 || c.n_positions <= 0 || c.hidden <= 0 || c.layers <= 0 || c.heads <= 0 || c.hidden % c.heads != 0)
+    throw FormatError(concat(w, ": manifest model is not a GPT-2 config (", gpt2_config_str(c), ")"));
+  const std::vector<std::string> names = gpt2_tensor_names(c);
+  for (const auto& [n, t] : ck.tensors())
+    if (std::find(names.begin(), names.end(), n) == names.end())
+      throw FormatError(concat(w, ": tensor ", n, " is not a GPT-2 tensor of ", gpt2_config_str(c)));
+  for (const Parameter& p : gpt2_tp_parameters(c, 1, 0)) {
+    auto it = ck.tensors().find(p.name);
+    if (it == ck.tensors().end()) throw FormatError(concat(w, " lacks tensor ", p.name));
+    if (it->second.shape != p.full_shape)
+      throw FormatError(concat(w, ": tensor ", p.name, " has shape ", shape_text(it->second.shape), ", GPT-2 ",
+                               gpt2_config_str(c), " has ", shape_text(p.full_shape)));
+  }
+  return c;
+}
+
+uint64_t relayout_train_checkpoint(const std::string& src, const std::string& dir, const RelayoutOptions& o) {
+  const TrainLayout& L = o.layout;
+  TrainCheckpoint ck(src);
+  const Gpt2Config c = train_checkpoint_gpt2_config(ck);
+  TESSERA_ARG_CHECK(L.tp >= 1 && L.dp >= 1 && L.pp >= 1, "--tp, --pp and --dp must be >= 1");
+  TESSERA_ARG_CHECK(c.heads % L.tp == 0, "--tp ", L.tp, " does not divide the ", c.heads, " attention heads of ",
+                    ck.dir(), " (attention is split by heads)");
+  TESSERA_ARG_CHECK(c.layers >= L.pp, "--pp ", L.pp, " exceeds the ", c.layers, " layers of ", ck.dir());
+  const std::vector<int> part = gpt2_stages(c, L.pp, o.stages);
+  TESSERA_ARG_CHECK(ck.has_kind(StateKind::ExpAvg) && ck.has_kind(StateKind::ExpAvgSq), "checkpoint ", ck.dir(),
+                    " holds no optimizer state");
+  // Every hash before a byte is used (as a resume does).
+  const std::string state = ck.read_trainer_state();
+  ck.verify_all();
+  std::vector<std::vector<Parameter>> ranks;
+  ranks.reserve(static_cast<size_t>(L.tp));
+  for (int r = 0; r < L.tp; ++r) ranks.push_back(gpt2_tp_parameters(c, L.tp, r));
+
+  constexpr int64_t kChunk = int64_t{1} << 21;  // elements per read (8 MiB)
+  std::vector<float> buf(static_cast<size_t>(kChunk));
+  std::vector<std::pair<std::string, std::string>> nonfinite;  // (tensor, detail)
+  std::vector<json> files;
+  uint64_t bytes = 0;
+  for (int s = 0; s < L.pp; ++s) {
+    for (int d = 0; d < L.dp; ++d) {
+      for (int r = 0; r < L.tp; ++r) {
+        // What save writes under plain DP: DP rank d the d-th of dp equal
+        // ranges of its TP shard of every tensor of its stage (values, m, v);
+        // tensors replicated over TP from TP rank 0 only.
+        std::vector<PieceOut> outs;
+        for (const Parameter& p : ranks[static_cast<size_t>(r)]) {
+          if (gpt2_pp_stage(part, p.name) != s || (p.split_dim < 0 && r != 0)) continue;
+          const int64_t n = p.numel(), b = n * d / L.dp, e = n * (d + 1) / L.dp;
+          if (b >= e) continue;
+          for (StateKind k : {StateKind::Param, StateKind::ExpAvg, StateKind::ExpAvgSq}) outs.push_back({&p, k, b, e});
+        }
+        const int world_rank = r + L.tp * (d + L.dp * s);
+        json entry = write_rank_file(
+            dir, rank_file_name(d, r, s), ck.run_id(), ck.step(), world_rank, outs, [&](size_t i, FileSink& sink) {
+              const PieceOut& po = outs[i];
+              for (int64_t b = po.begin; b < po.end; b += kChunk) {
+                const int64_t e = std::min(po.end, b + kChunk);
+                ck.read(*po.p, po.kind, b, e, buf.data());
+                if (po.kind == StateKind::Param && !o.allow_nonfinite) {
+                  int64_t count = 0, first = -1;
+                  const char* kind = "";
+                  scan_nonfinite(buf.data(), DType::F32, e - b, &count, &first, &kind);
+                  if (count > 0)
+                    nonfinite.emplace_back(po.p->name,
+                                           concat(count, " non-finite value", count == 1 ? "" : "s", " (", kind,
+                                                  ") in shard elements [", b, ", ", e, ") of tp rank ", r));
+                }
+                sink.write(buf.data(), static_cast<size_t>(e - b) * 4);
+              }
+            });
+        bytes += entry["bytes"].get<uint64_t>();
+        files.push_back(std::move(entry));
+      }
+    }
+  }
+  if (!nonfinite.empty()) {
+    std::string msg = concat("checkpoint ", ck.dir(), ": non-finite weights:");
+    for (const auto& [t, what] : nonfinite) msg += concat("\n  tensor '", t, "': ", what);
+    throw FormatError(msg + "\n(pass --allow-nonfinite to load them anyway)");
+  }
+  const std::string mtext = write_state_and_manifest(dir, ck.run_id(), ck.step(), L, ck.model(),
+                                                     o.trainer_state.empty() ? state : o.trainer_state, files, &bytes);
+  fsync_dir(dir);
+  const json marker = {{"manifest_sha256", sha256_hex(mtext)}, {"step", ck.step()}};
+  write_file_atomic((fs::path(dir) / kDoneMarkerName).string(), marker.dump() + "\n");
+  return bytes;
 }
 
 }  // namespace tessera::parallel::checkpoint

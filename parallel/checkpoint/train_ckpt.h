@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/layers/parameter.h"
 
 namespace tessera::parallel::checkpoint {
@@ -197,6 +198,35 @@ class TrainCheckpoint {
 // Refuses an existing out_file (InvalidArgument); FormatError naming the
 // checkpoint, file and tensor for anything damaged.
 void consolidate_train_checkpoint(const std::string& dir, const std::string& out_file, bool with_optimizer);
+
+// The training checkpoint `path` names: `path` itself when it holds a
+// training manifest (complete or not; opening it checks the marker), else
+// the newest complete checkpoint under `path` (a --save directory), else nullopt.
+std::optional<std::string> resolve_train_checkpoint(const std::string& path);
+
+// The GPT-2 config of a training checkpoint (its manifest's model), after
+// checking that its tensors are exactly that config's GPT-2 tensors with
+// their shapes. FormatError "checkpoint DIR: ..." naming the tensor.
+Gpt2Config train_checkpoint_gpt2_config(const TrainCheckpoint& ck);
+
+struct RelayoutOptions {
+  TrainLayout layout;         // the new layout (zero1 and sequence_parallel are recorded)
+  std::vector<int> stages;    // layers per pp stage; empty: gpt2_stages' default
+  std::string trainer_state;  // bytes of the new trainer_state.cereal; empty: the source's
+  bool allow_nonfinite = false;
+};
+
+// `tessera ckpt reshard` of a training checkpoint: the checkpoint `src` (a
+// step directory), every hash checked first (verify_all), written into the
+// existing empty directory `dir` as a complete checkpoint (done marker
+// last) of the same run and step in `o.layout`: one file per (dp, tp, pp)
+// rank holding, of every tensor of its stage, the dp_rank-th of dp equal
+// ranges of its TP shard (parameter, exp_avg, exp_avg_sq; tensors
+// replicated over TP from TP rank 0), which is what save writes under plain
+// DP; a resume re-slices it for ZeRO-1. Streams (8 MiB reads). Returns the
+// bytes written. InvalidArgument for a layout that does not fit the model,
+// FormatError for a damaged checkpoint or non-finite weights.
+uint64_t relayout_train_checkpoint(const std::string& src, const std::string& dir, const RelayoutOptions& o);
 
 // Fault injection for tests: when the environment has
 // TESSERA_CKPT_FAULT=<point> (and TESSERA_CKPT_FAULT_RANK, default 0, is this

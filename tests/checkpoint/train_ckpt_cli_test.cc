@@ -100,6 +100,15 @@ class TrainCkptCli : public ::testing::Test {
     EXPECT_NE(v.code, 0) << v.out;
     for (const std::string& w : want)
       EXPECT_NE(v.out.find(w), std::string::npos) << "verify: missing '" << w << "' in\n" << v.out;
+    // shard and reshard check every hash before using a byte, as resume does.
+    for (const char* cmd : {"shard", "reshard"}) {
+      const std::string out = tmp_.file(std::string("out_") + cmd);
+      CommandResult c = tessera_cmd(std::string("ckpt ") + cmd + " --tp 2 --out " + out + " " + dir);
+      EXPECT_NE(c.code, 0) << cmd << ": " << c.out;
+      for (const std::string& w : want)
+        EXPECT_NE(c.out.find(w), std::string::npos) << cmd << ": missing '" << w << "' in\n" << c.out;
+      EXPECT_FALSE(fs::exists(out)) << cmd << " left " << out << " behind";
+    }
     EXPECT_EQ(snapshot(dir), before) << "the checkpoint was changed";
   }
 
@@ -451,6 +460,127 @@ TEST_F(TrainCkptCli, RestartAfterSigkillResumesAndMatches) {
   auto la = losses(t.file("a.json")), lb = losses(t.file("b.json"));
   ASSERT_TRUE(la.count(6) && lb.count(6)) << b.out;
   EXPECT_EQ(lb.at(6), la.at(6));
+}
+
+// Every tensor file of a `tessera ckpt shard` directory, and its manifest
+// without "source" (the path it was made from).
+std::map<std::string, std::string> shard_set(const std::string& dir) {
+  std::map<std::string, std::string> out = snapshot(dir);
+  json m = json::parse(out.at("manifest.json"));
+  m.erase("source");
+  out["manifest.json"] = m.dump();
+  return out;
+}
+
+// shard of a training checkpoint writes exactly the shard set that shard of
+// its consolidated Hugging Face file writes (bit for bit), from a step
+// directory or from the --save directory (its newest checkpoint).
+TEST_F(TrainCkptCli, ShardOfATrainingCheckpointEqualsShardOfItsConsolidation) {
+  CommandResult r = tessera_cmd("ckpt consolidate --out " + tmp_.file("c4.safetensors") + " " + ckpt(4));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const std::string layout : {"--tp 2 --pp 2", "--tp 4", "--tp 1 --pp 2 --stages 1,1"}) {
+    SCOPED_TRACE(layout);
+    const std::string a = tmp_.file("a"), b = tmp_.file("b");
+    fs::remove_all(a);
+    fs::remove_all(b);
+    r = tessera_cmd("ckpt shard " + layout + " --out " + a + " " + ckpt(4));
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = tessera_cmd("ckpt shard " + layout + " --out " + b + " " + tmp_.file("c4.safetensors"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(shard_set(a), shard_set(b));
+    r = tessera_cmd("ckpt verify " + a);
+    EXPECT_EQ(r.code, 0) << r.out;
+  }
+  // The --save directory: its newest complete checkpoint (step 6).
+  r = tessera_cmd("ckpt consolidate --out " + tmp_.file("c6.safetensors") + " " + ckpt(6));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = tessera_cmd("ckpt shard --tp 2 --out " + tmp_.file("s6") + " " + ref_->file("ck"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = tessera_cmd("ckpt shard --tp 2 --out " + tmp_.file("h6") + " " + tmp_.file("c6.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(shard_set(tmp_.file("s6")), shard_set(tmp_.file("h6")));
+  // A head count the checkpoint does not have is refused.
+  r = tessera_cmd("ckpt shard --tp 2 --heads 2 --out " + tmp_.file("x") + " " + ckpt(4));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--heads 2 does not match"), std::string::npos) << r.out;
+}
+
+// reshard of a training checkpoint writes a training checkpoint of the
+// same run and step in the new layout, optimizer state included, exactly:
+// a chain tp1 -> tp4 pp2 dp2 -> tp1 resumes bit for bit, and every
+// consolidated tensor (weights and both moments) equals the source's.
+TEST_F(TrainCkptCli, ReshardOfATrainingCheckpointKeepsTheStateExactly) {
+  CommandResult r = tessera_cmd("ckpt reshard --tp 4 --pp 2 --dp 2 --out " + tmp_.file("r1") + " " + ckpt(2));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string r1 = tmp_.file("r1") + "/step_00000002";
+  ASSERT_TRUE(fs::is_regular_file(r1 + "/done")) << r.out;
+  json m = json::parse(read_bytes(r1 + "/manifest.json"));
+  EXPECT_EQ(m["layout"]["tp"], 4);
+  EXPECT_EQ(m["layout"]["pp"], 2);
+  EXPECT_EQ(m["layout"]["dp"], 2);
+  EXPECT_EQ(m["files"].size(), 16u);  // one per (dp, tp, pp) rank
+  EXPECT_TRUE(fs::is_regular_file(r1 + "/dp_rank_01_tp_rank_03_pp_rank_01.safetensors"));
+  r = tessera_cmd("ckpt verify " + r1);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = tessera_cmd("ckpt inspect " + r1);
+  EXPECT_NE(r.out.find("layout: tp=4 dp=2 pp=2"), std::string::npos) << r.out;
+  r = tessera_cmd("ckpt reshard --tp 1 --out " + tmp_.file("r2") + " " + tmp_.file("r1"));  // its --save dir
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string r2 = tmp_.file("r2") + "/step_00000002";
+  for (const std::string& d : {r1, r2}) {
+    const std::string out = tmp_.file(fs::path(d).parent_path().filename().string() + ".safetensors");
+    r = tessera_cmd("ckpt consolidate --with-optimizer --out " + out + " " + d);
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  r = tessera_cmd("ckpt consolidate --with-optimizer --out " + tmp_.file("src.safetensors") + " " + ckpt(2));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_bytes(tmp_.file("r1.safetensors")), read_bytes(tmp_.file("src.safetensors")));
+  EXPECT_EQ(read_bytes(tmp_.file("r2.safetensors")), read_bytes(tmp_.file("src.safetensors")));
+  // Resumed in the layout it now has (tp1, one process): the uninterrupted run's losses and weights, bit for bit.
+  r = train("--steps 6 --resume " + tmp_.file("r2") + " --log-json " + tmp_.file("b.json") + " --export " +
+            tmp_.file("b.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from step 2"), std::string::npos) << r.out;
+  expect_resume_equal(losses(tmp_.file("b.json")), 2);
+  EXPECT_EQ(read_bytes(tmp_.file("b.safetensors")), read_bytes(ref_->file("a.safetensors")));
+  // Bad layouts are exit 2 and leave nothing behind.
+  r = tessera_cmd("ckpt reshard --tp 3 --out " + tmp_.file("r3") + " " + ckpt(2));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("does not divide the 4 attention heads"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(tmp_.file("r3")));
+  r = tessera_cmd("ckpt reshard --tp 1 --out " + tmp_.file("r1") + " " + ckpt(2));
+  EXPECT_EQ(r.code, 2) << "overwrote a non-empty --out: " << r.out;
+}
+
+// A ZeRO-1 tp2 dp2 checkpoint resharded offline to tp1 pp2 (dp 2, ZeRO-1
+// slices resharded) resumes under tessera run as pp2 dp2 ZeRO-1 with the
+// uninterrupted run's losses within 1e-5.
+TEST_F(TrainCkptCli, ReshardedTrainingCheckpointResumesUnderTheNewLayout) {
+  TempDir t;
+  const std::string run4 = std::string(TESSERA_BIN) + " run --nproc-per-node 4 -- ";
+  auto go = [&](const std::string& layout, const std::string& args) {
+    return run_command("OPENBLAS_NUM_THREADS=1 " + run4 + TRAIN_GPT_BIN + kModel + " --global-batch 8 " + layout + " " +
+                       args);
+  };
+  CommandResult r = go("--tp 2 --dp 2 --zero1",
+                       "--steps 4 --save " + t.file("ck") + " --save-every 2 --log-json " + t.file("a.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto a = losses(t.file("a.json"));
+  r = tessera_cmd("ckpt reshard --tp 1 --pp 2 --out " + t.file("pp2") + " " + t.file("ck") + "/step_00000002");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json m = json::parse(read_bytes(t.file("pp2") + "/step_00000002/manifest.json"));
+  EXPECT_EQ(m["layout"]["tp"], 1);
+  EXPECT_EQ(m["layout"]["pp"], 2);
+  EXPECT_EQ(m["layout"]["dp"], 2);  // the checkpoint's own, --dp not given
+  EXPECT_EQ(m["layout"]["zero1"], true);
+  r = go("--pp 2 --dp 2 --zero1", "--steps 4 --resume " + t.file("pp2") + " --log-json " + t.file("b.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from step 2"), std::string::npos) << r.out;
+  auto b = losses(t.file("b.json"));
+  for (int s : {3, 4}) {
+    ASSERT_TRUE(b.count(s)) << r.out;
+    EXPECT_NEAR(b.at(s), a.at(s), 1e-5 * a.at(s)) << s;
+  }
 }
 
 }  // namespace
