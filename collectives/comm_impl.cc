@@ -21,10 +21,6 @@ namespace tessera::collectives {
 
 namespace {
 
-// NeuronLink-v2-like link figures for the default ring model: 384 GiB/s per
-// Trainium chip over 4 ports, i.e. 48 GiB/s per direction per link.
-constexpr double kDefaultLinkBandwidth = 48.0 * (1ull << 30);
-constexpr double kDefaultLinkLatency = 2e-6;
 // Between hosts (instances) of the default model: EFA, 800 Gbps per trn1
 // instance (shared/REFERENCES.md), shared by the host's ranks that cross at
 // once; its latency is an assumption (REFERENCES.md gives none).
@@ -66,7 +62,7 @@ class TransportCommunicator final : public Communicator {
     rank_ = transport_->rank();
     size_ = transport_->size();
     if (options_.net.dims().empty()) {
-      net_ = NetModel::ring(size_, kDefaultLinkBandwidth, kDefaultLinkLatency);
+      net_ = NetModel::default_ring(size_);
       for (int i = 0; i < size_; ++i) nodes_.push_back(i);
     } else {
       net_ = options_.net;
