@@ -32,7 +32,8 @@ std::vector<int> torus_line(const TorusShape& ts, int i) {
   for (int j = 0; j < i; ++j) stride *= ts.extent[static_cast<size_t>(j)];
   const int k = ts.extent[static_cast<size_t>(i)], me = ts.linear[0], my = ts.coord[0][static_cast<size_t>(i)];
   std::vector<int> m(static_cast<size_t>(k));
-  for (int t = 0; t < k; ++t) m[static_cast<size_t>(t)] = ts.rank_of_linear[static_cast<size_t>(me + (t - my) * stride)];
+  for (int t = 0; t < k; ++t)
+    m[static_cast<size_t>(t)] = ts.rank_of_linear[static_cast<size_t>(me + (t - my) * stride)];
   return m;
 }
 
@@ -100,7 +101,8 @@ double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t n, size_t es
     const int hi = std::max(1, pp >> (lvl + 1));
     const size_t len = part_off(n, pp, hi - 1) + part_len(n, pp, hi - 1);
     double worst = 0;
-    for (int a = 0; a < pp; ++a) worst = std::max(worst, links.time(real(a), real(a ^ mask), static_cast<double>(len * es)));
+    for (int a = 0; a < pp; ++a)
+      worst = std::max(worst, links.time(real(a), real(a ^ mask), static_cast<double>(len * es)));
     t += 2 * worst;
   }
   return t;

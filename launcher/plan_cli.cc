@@ -83,8 +83,8 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
   os << "Best plan: tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp << " micro-batch=" << c.micro_batch
      << " virtual-stages=" << c.virtual_stages << " zero1=" << onoff(c.zero1)
      << " sequence-parallel=" << onoff(c.sequence_parallel) << " recompute=" << recompute_name(c.recompute) << "\n";
-  os << "  schedule " << (c.pp == 1 ? "none" : pipeline::schedule_name(c.schedule)) << ", "
-     << k.num_micro_batches << " micro-batches per step, rank order " << mesh_order_name(opts.order) << "\n";
+  os << "  schedule " << (c.pp == 1 ? "none" : pipeline::schedule_name(c.schedule)) << ", " << k.num_micro_batches
+     << " micro-batches per step, rank order " << mesh_order_name(opts.order) << "\n";
   os << "  memory per rank (stage " << k.memory_stage << "): params " << gib(k.memory.params) << ", grads "
      << gib(k.memory.grads) << ", optimizer " << gib(k.memory.optimizer) << ", activations "
      << gib(k.memory.activations) << ", total " << gib(k.memory.total) << "\n";
@@ -177,8 +177,8 @@ int run_plan(const PlanArgs& a) {
   os << "topology " << topo.describe();
   os << "global batch " << o.train.global_batch << " x seq " << o.train.seq << ", "
      << (o.train.fp32 ? "fp32" : "bf16 mixed precision") << ", efficiency "
-     << f(o.train.efficiency > 0 ? o.train.efficiency : topo.device().sustained_fraction, 2)
-     << ", usable memory " << gib(res.capacity_bytes) << " per core\n";
+     << f(o.train.efficiency > 0 ? o.train.efficiency : topo.device().sustained_fraction, 2) << ", usable memory "
+     << gib(res.capacity_bytes) << " per core\n";
   os << "searched " << res.evaluated << " choices in " << f(res.seconds, 3) << " s (" << res.over_memory
      << " over memory)\n\n";
   print_plan(os, topo, o, res.top[0]);

@@ -174,14 +174,16 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl) {
 // ---- the pipeline ---------------------------------------------------------------------
 
 PipelineTimes simulate_pipeline(pipeline::Schedule schedule, int p, int m, int v,
-                                const std::vector<std::vector<double>>& fwd, const std::vector<std::vector<double>>& bwd,
-                                double transfer_s) {
+                                const std::vector<std::vector<double>>& fwd,
+                                const std::vector<std::vector<double>>& bwd, double transfer_s) {
   const int nv = p * v;
   std::vector<std::vector<pipeline::PipeOp>> ops(static_cast<size_t>(p));
   for (int s = 0; s < p; ++s) ops[static_cast<size_t>(s)] = pipeline::schedule_ops(schedule, p, m, s, v);
   // When each virtual stage's forward / backward of each micro-batch ended (< 0: not yet).
   std::vector<double> f_done(static_cast<size_t>(nv) * static_cast<size_t>(m), -1.0), b_done(f_done);
-  auto at = [&](int vs, int micro) { return static_cast<size_t>(vs) * static_cast<size_t>(m) + static_cast<size_t>(micro); };
+  auto at = [&](int vs, int micro) {
+    return static_cast<size_t>(vs) * static_cast<size_t>(m) + static_cast<size_t>(micro);
+  };
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   PipelineTimes out;
   out.end.assign(static_cast<size_t>(p), 0.0);
@@ -231,8 +233,15 @@ class StepCoster {
  public:
   StepCoster(const ModelConfig& m, const DeviceSpec& dev, bool fp32, const GroupNets& nets, int tp, bool sp, int64_t b,
              int64_t seq)
-      : m_(m), dev_(dev), dt_(fp32 ? DType::F32 : DType::BF16), scale_(fp32 ? 1.0 : 0.5), nets_(nets), t_(tp),
-        sp_(sp && tp > 1), b_(b), s_(seq) {
+      : m_(m),
+        dev_(dev),
+        dt_(fp32 ? DType::F32 : DType::BF16),
+        scale_(fp32 ? 1.0 : 0.5),
+        nets_(nets),
+        t_(tp),
+        sp_(sp && tp > 1),
+        b_(b),
+        s_(seq) {
     n_ = b * seq;
     c_ = m.hidden;
     nl_ = sp_ ? n_ / tp : n_;
@@ -494,14 +503,14 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     const auto P = static_cast<int64_t>(std::llround(params));
     const int64_t E = train_.bucket_elems, nb = std::max<int64_t>(1, (P + E - 1) / E);
     tb.compute += sc.k(cost::fill(P));  // zero_grad
-    const double sp_elems =
-        layers * layer_replicated + (first && m.learned_positions() ? static_cast<double>(m.max_seq) * m.hidden : 0.0) +
-        (last ? (m.has_bias() ? 2.0 : 1.0) * m.hidden : 0.0);
+    const double sp_elems = layers * layer_replicated +
+                            (first && m.learned_positions() ? static_cast<double>(m.max_seq) * m.hidden : 0.0) +
+                            (last ? (m.has_bias() ? 2.0 : 1.0) * m.hidden : 0.0);
     const bool shard = c.zero1 && c.dp > 1;
     for (int64_t i = 0; i < nb; ++i) {
       const int64_t raw = i + 1 < nb ? E : P - (nb - 1) * E;
       const int64_t size = (raw + c.dp - 1) / c.dp * c.dp;  // padded to a multiple of dp
-      if (c.sequence_parallel && t > 1)  // the sequence-parallel partial gradients, summed over TP
+      if (c.sequence_parallel && t > 1)                     // the sequence-parallel partial gradients, summed over TP
         tb.tp_comm += sc.tp(K::AllReduce, static_cast<int64_t>(std::llround(sp_elems / static_cast<double>(nb))));
       tb.dp_comm += shard ? sc.coll(K::ReduceScatter, size / c.dp, nets.dp) : sc.coll(K::AllReduce, size, nets.dp);
       if (shard) tb.dp_comm += sc.coll(K::AllGather, size / c.dp, nets.dp);  // the updated slices back

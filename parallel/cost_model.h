@@ -38,9 +38,9 @@ Recompute parse_recompute(const std::string& s);  // none|selective|full, else I
 
 // The workload and the knobs that are not searched.
 struct TrainingConfig {
-  int64_t global_batch = 0;      // sequences per step
-  int seq = 0;                   // tokens per sequence
-  bool fp32 = false;             // fp32 training instead of bf16 mixed precision
+  int64_t global_batch = 0;  // sequences per step
+  int seq = 0;               // tokens per sequence
+  bool fp32 = false;         // fp32 training instead of bf16 mixed precision
   // Fraction of peak FLOP/s a core sustains on kernels; <= 0: the device's
   // own DeviceSpec::sustained_fraction (what the emulated cores charge).
   double efficiency = 0;
@@ -133,8 +133,8 @@ struct PipelineTimes {
   std::vector<double> end, wait;  // per stage: when its last op ends, and its waits' total
 };
 PipelineTimes simulate_pipeline(pipeline::Schedule schedule, int p, int m, int v,
-                                const std::vector<std::vector<double>>& fwd, const std::vector<std::vector<double>>& bwd,
-                                double transfer_s);
+                                const std::vector<std::vector<double>>& fwd,
+                                const std::vector<std::vector<double>>& bwd, double transfer_s);
 
 class CostModel {
  public:

@@ -71,9 +71,9 @@ tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& to
   out.set_zero1(c.zero1);
   out.set_sequence_parallel(c.sequence_parallel);
   out.set_recompute(recompute_name(c.recompute));
-  out.set_schedule(c.pp == 1 ? "none"
+  out.set_schedule(c.pp == 1                                  ? "none"
                    : c.schedule == pipeline::Schedule::kGpipe ? "gpipe"
-                   : (c.virtual_stages > 1 ? "interleaved-1f1b" : "1f1b"));
+                                                              : (c.virtual_stages > 1 ? "interleaved-1f1b" : "1f1b"));
   out.set_rank_order(mesh_order_name(opts.order));
   for (int l : c.stage_layers) out.add_stages(l);
 

@@ -162,30 +162,30 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
           for (const auto& [stages, balanced] : parts) {
             if (v > 1 && balanced) continue;  // interleaving needs equal chunks
             for (Schedule sched : schedules) {
-            if (pp > 1 && pinned_out(pin.schedule, sched)) continue;
-            for (int z = 0; z < 2; ++z) {
-              const bool zero1 = z == 1;
-              if (pinned_out(pin.zero1, zero1) || (zero1 && dp == 1 && !pin.zero1)) continue;
-              for (int sp_i = 0; sp_i < 2; ++sp_i) {
-                const bool sp = sp_i == 1;
-                if (pinned_out(pin.sequence_parallel, sp) || (sp && tp == 1 && !pin.sequence_parallel)) continue;
-                for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                  if (pinned_out(pin.recompute, r)) continue;
-                  RankedPlan rp;
-                  rp.choice = PlanChoice{tp, pp, dp, mbs, v, sched, zero1, sp, r, stages, balanced};
-                  rp.cost = cm.evaluate(rp.choice, nets);
-                  ++res.evaluated;
-                  if (!smallest || rp.cost.memory.total < smallest->cost.memory.total) smallest = rp;
-                  if (rp.cost.memory.total > cap) {
-                    ++res.over_memory;
-                    if (!res.fastest_over_memory || rp.cost.time.total < res.fastest_over_memory->cost.time.total)
-                      res.fastest_over_memory = rp;
-                    continue;
+              if (pp > 1 && pinned_out(pin.schedule, sched)) continue;
+              for (int z = 0; z < 2; ++z) {
+                const bool zero1 = z == 1;
+                if (pinned_out(pin.zero1, zero1) || (zero1 && dp == 1 && !pin.zero1)) continue;
+                for (int sp_i = 0; sp_i < 2; ++sp_i) {
+                  const bool sp = sp_i == 1;
+                  if (pinned_out(pin.sequence_parallel, sp) || (sp && tp == 1 && !pin.sequence_parallel)) continue;
+                  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                    if (pinned_out(pin.recompute, r)) continue;
+                    RankedPlan rp;
+                    rp.choice = PlanChoice{tp, pp, dp, mbs, v, sched, zero1, sp, r, stages, balanced};
+                    rp.cost = cm.evaluate(rp.choice, nets);
+                    ++res.evaluated;
+                    if (!smallest || rp.cost.memory.total < smallest->cost.memory.total) smallest = rp;
+                    if (rp.cost.memory.total > cap) {
+                      ++res.over_memory;
+                      if (!res.fastest_over_memory || rp.cost.time.total < res.fastest_over_memory->cost.time.total)
+                        res.fastest_over_memory = rp;
+                      continue;
+                    }
+                    fits.push_back(std::move(rp));
                   }
-                  fits.push_back(std::move(rp));
                 }
               }
-            }
             }
           }
         }

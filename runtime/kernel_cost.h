@@ -37,9 +37,9 @@ double sustained_flops(const DeviceSpec& spec, DType dtype);
 Kernel gemm(int64_t m, int64_t n, int64_t k, bool accumulate);
 Kernel layernorm_forward(int64_t rows, int64_t cols);
 Kernel layernorm_backward(int64_t rows, int64_t cols);
-Kernel broadcast_rows(int64_t rows, int64_t cols);             // out = bias per row
-Kernel add_rows(int64_t rows, int64_t cols, bool bias);        // out = a + b (+ bias)
-Kernel bias_grad(int64_t rows, int64_t cols);                  // db += column sums
+Kernel broadcast_rows(int64_t rows, int64_t cols);       // out = bias per row
+Kernel add_rows(int64_t rows, int64_t cols, bool bias);  // out = a + b (+ bias)
+Kernel bias_grad(int64_t rows, int64_t cols);            // db += column sums
 Kernel gelu_forward(int64_t n);
 Kernel gelu_backward(int64_t n);
 // Causal multi-head attention of `batch` x `heads` heads of [seq, head_dim]

@@ -157,7 +157,7 @@ Topology::Topology(std::string name, std::vector<TopologyDim> dims, DeviceSpec d
 
 std::vector<std::string> Topology::preset_names() {
   return {"trn1.32xlarge",    "trn1-cluster:N",  "trn2.48xlarge", "trn2-cluster:N",
-          "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N", "emulated:N"};
+          "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N",    "emulated:N"};
 }
 
 Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) {

@@ -42,7 +42,8 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   wait_s_ = 0;
   // What the pipeline links charge this rank's clock during the run.
   std::vector<collectives::Communicator*> links;
-  for (collectives::Communicator* l : {ps_.act_next.get(), ps_.act_prev.get(), ps_.grad_next.get(), ps_.grad_prev.get()})
+  for (collectives::Communicator* l :
+       {ps_.act_next.get(), ps_.act_prev.get(), ps_.grad_next.get(), ps_.grad_prev.get()})
     if (l != nullptr && std::find(links.begin(), links.end(), l) == links.end()) links.push_back(l);
   auto link_seconds = [&] {
     double t = 0;

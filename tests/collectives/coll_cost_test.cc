@@ -2,12 +2,13 @@
 // alpha-beta figures, and against what real communicators charge for the
 // same calls (algorithm and modeled seconds), the way train_gpt's groups run
 // them: default ring models, buffers in a shared arena or on the stack.
+#include "collectives/coll_cost.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "collectives/coll_cost.h"
 #include "collectives/communicator.h"
 #include "runtime/device.h"
 #include "runtime/shm_memory.h"

@@ -193,16 +193,16 @@ TEST(Planner, BestPlanIsTheFastestThatFitsByBruteForce) {
                 if (pp > 1 && v == 1) scheds.push_back(Schedule::kGpipe);
                 if (v > 1) scheds = {Schedule::kInterleaved};
                 for (Schedule sc : scheds)
-                for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                  RankedPlan rp{PlanChoice{tp, pp, dp, mbs, v, sc, zero1, sp, rc, stages, balanced}, {}};
-                  rp.cost = cm.evaluate(rp.choice, nets);
-                  ++count;
-                  if (rp.cost.memory.total > r.capacity_bytes) continue;
-                  ++fit;
-                  if (!best || rp.cost.time.total < best->cost.time.total ||
-                      (rp.cost.time.total == best->cost.time.total && rp.cost.memory.total < best->cost.memory.total))
-                    best = rp;
-                }
+                  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                    RankedPlan rp{PlanChoice{tp, pp, dp, mbs, v, sc, zero1, sp, rc, stages, balanced}, {}};
+                    rp.cost = cm.evaluate(rp.choice, nets);
+                    ++count;
+                    if (rp.cost.memory.total > r.capacity_bytes) continue;
+                    ++fit;
+                    if (!best || rp.cost.time.total < best->cost.time.total ||
+                        (rp.cost.time.total == best->cost.time.total && rp.cost.memory.total < best->cost.memory.total))
+                      best = rp;
+                  }
               }
             }
           }

@@ -1,9 +1,10 @@
 // Kernel costs (runtime/kernel_cost.h) against hand-computed figures, and
 // the SimClock charging exactly those figures.
+#include "runtime/kernel_cost.h"
+
 #include <gtest/gtest.h>
 
 #include "runtime/device.h"
-#include "runtime/kernel_cost.h"
 #include "runtime/kernels.h"
 
 namespace tessera {

@@ -58,11 +58,12 @@ double emulated(const Layout& l, const TempDir& d) {
           ? std::string(TESSERA_BIN) + " run --nproc-per-node 8 --log-dir " + d.file(l.name + "_logs") + " --"
           : "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MPIRUN_BIN) +
                 " --oversubscribe --bind-to none -np 8";
-  std::string cmd = "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=120 " + launch + " " + TRAIN_GPT_BIN +
-                    " --layers 4 --hidden 128 --heads 4 --seq 128 --steps 3 --lr 3e-3 --device trn1-core --global-batch " +
-                    std::to_string(kGlobalBatch) + " --micro-batch " + std::to_string(l.mbs) + " --tp " +
-                    std::to_string(l.tp) + " --pp " + std::to_string(l.pp) + " --dp " + std::to_string(l.dp) +
-                    (l.zero1 ? " --zero1" : "") + " --log-json " + log;
+  std::string cmd =
+      "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=120 " + launch + " " + TRAIN_GPT_BIN +
+      " --layers 4 --hidden 128 --heads 4 --seq 128 --steps 3 --lr 3e-3 --device trn1-core --global-batch " +
+      std::to_string(kGlobalBatch) + " --micro-batch " + std::to_string(l.mbs) + " --tp " + std::to_string(l.tp) +
+      " --pp " + std::to_string(l.pp) + " --dp " + std::to_string(l.dp) + (l.zero1 ? " --zero1" : "") + " --log-json " +
+      log;
   if (l.pp > 1) cmd += " --schedule " + l.schedule + " --virtual-stages " + std::to_string(l.v);
   auto r = tessera::testing::run_command(cmd);
   EXPECT_EQ(r.code, 0) << cmd << "\n" << r.out;
