@@ -32,8 +32,10 @@ std::vector<int> torus_line(const TorusShape& ts, int i) {
   for (int j = 0; j < i; ++j) stride *= ts.extent[static_cast<size_t>(j)];
   const int k = ts.extent[static_cast<size_t>(i)], me = ts.linear[0], my = ts.coord[0][static_cast<size_t>(i)];
   std::vector<int> m(static_cast<size_t>(k));
-  for (int t = 0; t < k; ++t)
-    m[static_cast<size_t>(t)] = ts.rank_of_linear[static_cast<size_t>(me + (t - my) * stride)];
+  for (int t = 0; t < k; ++t) {
+    const int lin = me + (t - my) * stride;
+    m[static_cast<size_t>(t)] = ts.rank_of_linear[static_cast<size_t>(lin)];
+  }
   return m;
 }
 

@@ -141,7 +141,7 @@ GroupNets emulated_group_nets(int tp, int pp, int dp) {
   auto ring = [](int n) {
     std::vector<int> nodes(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) nodes[static_cast<size_t>(i)] = i;
-    return make_group(NetModel(), nodes, /*shared_memory=*/true, NetModel::default_ring(n));
+    return make_group(NetModel(), nodes, /*shm=*/true, NetModel::default_ring(n));
   };
   return GroupNets{ring(tp), ring(dp), ring(pp), ring(pp > 1 ? 2 : 1), ring(pp > 1 ? 2 : 1)};
 }
@@ -429,7 +429,10 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   // Layers of each virtual stage (chunk j of stage i is virtual stage j p + i).
   std::vector<int> vstage_layers = c.stage_layers;
   if (v > 1) vstage_layers = pipeline::stage_layers(m.layers, p * v);
-  auto chunk_layers = [&](int s, int ch) { return vstage_layers[static_cast<size_t>(ch * p + s)]; };
+  auto chunk_layers = [&](int s, int ch) {
+    const int vs = ch * p + s;
+    return vstage_layers[static_cast<size_t>(vs)];
+  };
 
   // Every pass of a micro-batch, from the kernels and collectives it runs.
   using K = collectives::CollKind;

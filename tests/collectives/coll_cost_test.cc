@@ -24,8 +24,8 @@ constexpr double kA = NetModel::kDefaultLinkLatency;    // 2 us per hop
 constexpr double kB = NetModel::kDefaultLinkBandwidth;  // 48 GiB/s per link
 
 GroupCostModel ring_group(int p, bool shm) {
-  std::vector<int> nodes;
-  for (int i = 0; i < p; ++i) nodes.push_back(i);
+  std::vector<int> nodes(static_cast<size_t>(p));
+  for (int i = 0; i < p; ++i) nodes[static_cast<size_t>(i)] = i;
   return group_cost_model(NetModel(), nodes, shm);
 }
 

@@ -40,11 +40,12 @@ TEST(KernelCost, SmallKernelsAreMemoryBound) {
 
 TEST(KernelCost, ClockChargesTheSameFigures) {
   Device dev(DeviceSpec::preset("trn1-core"));
-  std::vector<float> a(64 * 32, 1.f), b(32 * 16, 1.f), c(64 * 16, 0.f);
-  kern::gemm(&dev, false, false, 64, 16, 32, 1.f, a.data(), 32, b.data(), 16, 0.f, c.data(), 16);
-  kern::gelu_forward(&dev, c.data(), c.data(), 64 * 16);
-  const double want = cost::kernel_seconds(dev.spec(), cost::gemm(64, 16, 32, false)) +
-                      cost::kernel_seconds(dev.spec(), cost::gelu_forward(64 * 16));
+  constexpr int64_t kM = 64, kN = 16, kK = 32;
+  std::vector<float> a(kM * kK, 1.f), b(kK * kN, 1.f), c(kM * kN, 0.f);
+  kern::gemm(&dev, false, false, kM, kN, kK, 1.f, a.data(), kK, b.data(), kN, 0.f, c.data(), kN);
+  kern::gelu_forward(&dev, c.data(), c.data(), kM * kN);
+  const double want = cost::kernel_seconds(dev.spec(), cost::gemm(kM, kN, kK, false)) +
+                      cost::kernel_seconds(dev.spec(), cost::gelu_forward(kM * kN));
   ClockTotals t = dev.clock().totals();
   EXPECT_DOUBLE_EQ(t.compute_s, want);
   EXPECT_DOUBLE_EQ(t.kernels, 2.0);
