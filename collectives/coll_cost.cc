@@ -148,7 +148,6 @@ CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCost
   const bool multi_dim = g.torus.valid && g.torus.extent.size() >= 2;
   Algorithm* cands[kMaxCandidates];
   const int n = algorithm_candidates(kind, bytes, multi_dim, /*multi_host=*/false, "", cands);
-  const std::vector<int> all = identity(p);
   for (int i = 0; i < n; ++i) {
     const std::string name = cands[i]->name();
     if (name == "oneshot") {
@@ -187,6 +186,7 @@ CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCost
     } else if (name == "rhd") {
       if (kind == CollKind::AllReduce) return {name, rhd_all_reduce_seconds(g.links, p, count, es)};
     } else if (name == "ring") {
+      const std::vector<int> all = identity(p);
       if (kind == CollKind::AllReduce)
         return {name, 2 * ring_phase_seconds(g.links, all.data(), p, static_cast<double>(part_len(count, p, 0) * es))};
       if (kind == CollKind::ReduceScatter || kind == CollKind::AllGather)

@@ -125,7 +125,7 @@ namespace {
 // Groups up to this size get the communicator's exact model (pairwise link
 // costs, p^2 entries); larger ones (planning thousands of cores) are costed
 // with NetModel's closed forms on `closed_form` instead.
-constexpr size_t kExactGroup = 256;
+constexpr size_t kExactGroup = 64;
 
 collectives::GroupCostModel make_group(const NetModel& net, const std::vector<int>& nodes, bool shm,
                                        const NetModel& closed_form) {
@@ -275,21 +275,23 @@ class StepCoster {
 
   // Forward and backward of `layers` blocks, with the embedding / the head when the chunk has them.
   Pass forward(int layers, bool embed, bool head, Recompute r) const {
-    Pass p;
-    if (embed) embedding_forward(p);
-    for (int l = 0; l < layers; ++l) layer_forward(p);
-    if (head) head_forward(p);
     (void)r;
+    Pass p, layer;  // the layers are alike: one layer's cost, times their number
+    if (embed) embedding_forward(p);
+    layer_forward(layer);
+    p.compute += layers * layer.compute;
+    p.comm += layers * layer.comm;
+    if (head) head_forward(p);
     return p;
   }
   Pass backward(int layers, bool embed, bool head, Recompute r) const {
-    Pass p;
+    Pass p, layer;
     if (head) head_backward(p);
-    for (int l = 0; l < layers; ++l) {
-      if (r == Recompute::Full) layer_forward(p);
-      if (r == Recompute::Selective) p.compute += k(cost::attention_forward(b_, hl_, s_, hd_));
-      layer_backward(p);
-    }
+    if (r == Recompute::Full) layer_forward(layer);
+    if (r == Recompute::Selective) layer.compute += k(cost::attention_forward(b_, hl_, s_, hd_));
+    layer_backward(layer);
+    p.compute += layers * layer.compute;
+    p.comm += layers * layer.comm;
     if (embed) embedding_backward(p);
     return p;
   }
@@ -457,7 +459,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   if (p == 1) {
     pipe.end = {mb * per_mb[0].total()};
     pipe.wait = {0.0};
-  } else if (2.0 * p * v * mb <= 2e5) {
+  } else if (2.0 * p * v * mb <= 2e4) {
     const double wire = 4.0 * static_cast<double>(sc.activation_elems() + 2);  // + the sender's timestamp
     const double transfer = collectives::p2p_seconds(nets.link, 0, nets.link.size > 1 ? 1 : 0, wire);
     pipe = simulate_pipeline(c.schedule, p, mb, v, fwd, bwd, transfer);
@@ -510,14 +512,19 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
                             (first && m.learned_positions() ? static_cast<double>(m.max_seq) * m.hidden : 0.0) +
                             (last ? (m.has_bias() ? 2.0 : 1.0) * m.hidden : 0.0);
     const bool shard = c.zero1 && c.dp > 1;
-    for (int64_t i = 0; i < nb; ++i) {
-      const int64_t raw = i + 1 < nb ? E : P - (nb - 1) * E;
+    // Every bucket but the last holds E elements: cost one, times nb - 1.
+    auto bucket = [&](int64_t raw, double& tp_comm, double& dp_comm) {
       const int64_t size = (raw + c.dp - 1) / c.dp * c.dp;  // padded to a multiple of dp
       if (c.sequence_parallel && t > 1)                     // the sequence-parallel partial gradients, summed over TP
-        tb.tp_comm += sc.tp(K::AllReduce, static_cast<int64_t>(std::llround(sp_elems / static_cast<double>(nb))));
-      tb.dp_comm += shard ? sc.coll(K::ReduceScatter, size / c.dp, nets.dp) : sc.coll(K::AllReduce, size, nets.dp);
-      if (shard) tb.dp_comm += sc.coll(K::AllGather, size / c.dp, nets.dp);  // the updated slices back
-    }
+        tp_comm += sc.tp(K::AllReduce, static_cast<int64_t>(std::llround(sp_elems / static_cast<double>(nb))));
+      dp_comm += shard ? sc.coll(K::ReduceScatter, size / c.dp, nets.dp) : sc.coll(K::AllReduce, size, nets.dp);
+      if (shard) dp_comm += sc.coll(K::AllGather, size / c.dp, nets.dp);  // the updated slices back
+    };
+    double full_tp = 0, full_dp = 0;
+    if (nb > 1) bucket(E, full_tp, full_dp);
+    tb.tp_comm += static_cast<double>(nb - 1) * full_tp;
+    tb.dp_comm += static_cast<double>(nb - 1) * full_dp;
+    bucket(P - (nb - 1) * E, tb.tp_comm, tb.dp_comm);
     if (p > 1 && m.tied_embeddings() && (first || last))  // the tied embedding's two copies
       tb.pp_comm += sc.coll(K::AllReduce, static_cast<int64_t>(std::llround(vocab_rows)), nets.embed);
     const int64_t mine = shard ? (P + c.dp - 1) / c.dp : P;
