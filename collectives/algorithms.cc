@@ -9,6 +9,7 @@
 #include <set>
 #include <utility>
 
+#include "collectives/coll_cost.h"
 #include "collectives/reduce.h"
 
 namespace tessera::collectives {
@@ -183,13 +184,6 @@ class ReduceSink final : public RecvSink {
   ReduceOp op_;
 };
 
-// Cost of one ring step in which every member sends `bytes` to the next.
-double ring_step_cost(const AlgoContext& c, const int* members, int m, int dir_next_stride, double bytes) {
-  double t = 0;
-  for (int i = 0; i < m; ++i) t = std::max(t, c.links->time(members[i], members[mod(i + dir_next_stride, m)], bytes));
-  return t;
-}
-
 // Ring reduce-scatter among `members` (group ranks; this rank at position q):
 // block(i) is the element range member i owns at the end. Local
 // contributions are read from src, partial sums kept in dst (src may equal
@@ -201,8 +195,6 @@ double ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, Blo
   const size_t es = dtype_size(dt);
   size_t maxb = 0;
   for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
-  double t = 0;
-  const double step_cost = m > 1 ? ring_step_cost(c, members, m, 1, static_cast<double>(maxb * es)) : 0;
   const int next = members[mod(q + 1, m)], prev = members[mod(q - 1, m)];
   for (int s = 0; s < m - 1; ++s) {
     const Range S = block(mod(q - s - 1, m)), R = block(mod(q - s - 2, m));
@@ -210,9 +202,8 @@ double ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, Blo
     char* rp = (s == m - 2 && final_dst) ? final_dst : dst + R.off * es;
     ReduceSink sink(rp, src + R.off * es, dt, op);
     c.transport->sendrecv_sink(next, sp, S.len * es, prev, R.len * es, sink, c.tag);
-    t += step_cost;
   }
-  return t;
+  return ring_phase_seconds(*c.links, members, m, static_cast<double>(maxb * es));
 }
 
 // Ring all-gather: member i starts with block(i) of buf; step s sends block
@@ -221,15 +212,12 @@ template <typename BlockFn>
 double ring_all_gather(AlgoContext& c, const int* members, int m, int q, BlockFn block, char* buf, size_t es) {
   size_t maxb = 0;
   for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
-  double t = 0;
-  const double step_cost = m > 1 ? ring_step_cost(c, members, m, 1, static_cast<double>(maxb * es)) : 0;
   const int next = members[mod(q + 1, m)], prev = members[mod(q - 1, m)];
   for (int s = 0; s < m - 1; ++s) {
     const Range S = block(mod(q - s, m)), R = block(mod(q - s - 1, m));
     c.transport->sendrecv(next, buf + S.off * es, S.len * es, prev, buf + R.off * es, R.len * es, c.tag);
-    t += step_cost;
   }
-  return t;
+  return ring_phase_seconds(*c.links, members, m, static_cast<double>(maxb * es));
 }
 
 void copy_if_needed(void* dst, const void* src, size_t bytes) {
@@ -551,9 +539,6 @@ class RhdAlgorithm final : public Algorithm {
     } else {
       nr = r - rem;
     }
-    double fold = 0;
-    for (int e = 0; e < 2 * rem; e += 2) fold = std::max(fold, c.links->time(e, e + 1, static_cast<double>(n * es)));
-    c.model += fold;
 
     auto bytes_of = [&](int lo, int hi) -> Range {  // block range -> element range
       const Range a = part(n, pp, lo), b = part(n, pp, hi - 1);
@@ -591,22 +576,13 @@ class RhdAlgorithm final : public Algorithm {
                               theirs.len * es, c.tag);
       }
     }
-    // Model: every level's exchanges run concurrently; halving level l moves
-    // about n/2^(l+1) elements per pair, doubling the same in reverse.
-    for (int lvl = 0, mask = pp / 2; mask >= 1; mask /= 2, ++lvl) {
-      const Range half = bytes_of(0, std::max(1, pp >> (lvl + 1)));
-      double worst = 0;
-      for (int a = 0; a < pp; ++a)
-        worst = std::max(worst, c.links->time(real(a), real(a ^ mask), static_cast<double>(half.len * es)));
-      c.model += 2 * worst;  // halving + doubling at this distance
-    }
     if (r < 2 * rem) {
       if (r % 2 == 1)
         c.transport->send(r - 1, c.tag, buf, n * es);
       else
         c.transport->recv(r + 1, c.tag, buf, n * es);
     }
-    c.model += fold;
+    c.model += rhd_all_reduce_seconds(*c.links, p, n, es);  // folds, halving and doubling levels
     return true;
   }
 };
@@ -811,15 +787,7 @@ class DirectAlgorithm final : public Algorithm {
     shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every block reduced and delivered
     // Model: each rank pulls p-1 blocks from its peers, then pushes its
     // block to p-1 peers (the same link traffic as reduce-scatter + all-gather).
-    double worst = 0;
-    const double bb = static_cast<double>(part(n, p, 0).len * es);
-    for (int a = 0; a < p; ++a) {
-      double t = 0;
-      for (int j = 0; j < p; ++j)
-        if (j != a) t += c.links->time(j, a, bb);
-      worst = std::max(worst, t);
-    }
-    c.model += 2 * worst;
+    c.model += 2 * gather_from_peers_seconds(*c.links, p, static_cast<double>(part(n, p, 0).len * es));
     return true;
   }
 
@@ -859,16 +827,7 @@ class OneshotAlgorithm final : public Algorithm {
     const size_t published = k.kind == CollKind::ReduceScatter ? bytes * static_cast<size_t>(p) : bytes;
     if (published > SharedMemoryPeers::kInlineBytes) return false;
     // Model: rank a reads `per_peer` bytes from each peer j (one transfer each).
-    auto charge = [&](double per_peer) {
-      double worst = 0;
-      for (int a = 0; a < p; ++a) {
-        double t = 0;
-        for (int j = 0; j < p; ++j)
-          if (j != a) t += c.links->time(j, a, per_peer);
-        worst = std::max(worst, t);
-      }
-      c.model += worst;
-    };
+    auto charge = [&](double per_peer) { c.model += gather_from_peers_seconds(*c.links, p, per_peer); };
     auto in = [&](int j) { return static_cast<const char*>(shm->peer_inline(j)); };
     switch (k.kind) {
       case CollKind::AllReduce:
@@ -921,11 +880,7 @@ class TreeAlgorithm final : public Algorithm {
     const int vr = mod(r - k.root, p);
     auto real = [&](int v) { return (v + k.root) % p; };
     // Model: round with distance `mask`: pairs (v, v + mask) for v < mask.
-    auto round_cost = [&](int mask) {
-      double t = 0;
-      for (int v = 0; v < mask && v + mask < p; ++v) t = std::max(t, c.links->time(real(v), real(v + mask), bytes));
-      return t;
-    };
+    const double model = tree_seconds(*c.links, p, k.root, static_cast<double>(bytes));
     if (k.kind == CollKind::Broadcast) {
       int mask = 1;
       while (mask < p) {
@@ -937,7 +892,7 @@ class TreeAlgorithm final : public Algorithm {
       }
       for (mask >>= 1; mask > 0; mask >>= 1)
         if (vr + mask < p) c.transport->send(real(vr + mask), c.tag, k.recv, bytes);
-      for (int m = 1; m < p; m <<= 1) c.model += round_cost(m);
+      c.model += model;
       return true;
     }
     // Reduce: accumulate in the root's recv, elsewhere in the workspace.
@@ -953,7 +908,7 @@ class TreeAlgorithm final : public Algorithm {
         c.transport->recv_sink(real(vr + mask), bytes, sink, c.tag);
       }
     }
-    for (int m = 1; m < p; m <<= 1) c.model += round_cost(m);
+    c.model += model;
     return true;
   }
 };

@@ -22,10 +22,6 @@ namespace tessera::collectives {
 
 namespace {
 
-// NeuronLink-v2-like link figures for the default ring model: 384 GiB/s per
-// Trainium chip over 4 ports, i.e. 48 GiB/s per direction per link.
-constexpr double kDefaultLinkBandwidth = 48.0 * (1ull << 30);
-constexpr double kDefaultLinkLatency = 2e-6;
 // Between hosts (instances) of the default model: EFA, 800 Gbps per trn1
 // instance (shared/REFERENCES.md), shared by the host's ranks that cross at
 // once; its latency is an assumption (REFERENCES.md gives none).
@@ -98,8 +94,8 @@ class TransportCommunicator final : public Communicator {
     const LinkFigures in = env_link_figures("TESSERA_NET_INTRA_HOST");
     const LinkFigures x = env_link_figures("TESSERA_NET_INTER_HOST");
     if (options_.net.dims().empty()) {
-      net_ = NetModel::ring(size_, in.bandwidth > 0 ? in.bandwidth : kDefaultLinkBandwidth,
-                            in.latency > 0 ? in.latency : kDefaultLinkLatency);
+      net_ = NetModel::ring(size_, in.bandwidth > 0 ? in.bandwidth : NetModel::kDefaultLinkBandwidth,
+                            in.latency > 0 ? in.latency : NetModel::kDefaultLinkLatency);
       for (int i = 0; i < size_; ++i) nodes_.push_back(i);
     } else {
       net_ = options_.net;

@@ -20,11 +20,11 @@ using namespace tessera::parallel;  // the planner and plan files
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 struct PlanArgs {
-  std::string model, topology, json, zero1, sp, recompute, order = "tp-dp-pp", precision = "bf16", device;
+  std::string model, topology, json, zero1, sp, recompute, order = "tp-dp-pp", precision = "bf16", device, schedule;
   int cores = 0, tp = 0, pp = 0, dp = 0, mbs = 0, vstages = 0, top = 5;
   long long global_batch = 0;
   int seq = 0;
-  double efficiency = 0.5, memory_fraction = 0.9, link_bw_gb_s = 0, link_latency_us = 0;
+  double efficiency = 0, memory_fraction = 0.9, link_bw_gb_s = 0, link_latency_us = 0;
   CLI::App* cmd = nullptr;
 };
 
@@ -83,8 +83,8 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
   os << "Best plan: tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp << " micro-batch=" << c.micro_batch
      << " virtual-stages=" << c.virtual_stages << " zero1=" << onoff(c.zero1)
      << " sequence-parallel=" << onoff(c.sequence_parallel) << " recompute=" << recompute_name(c.recompute) << "\n";
-  os << "  schedule " << (c.pp == 1 ? "none" : (c.virtual_stages > 1 ? "interleaved-1f1b" : "1f1b")) << ", "
-     << k.num_micro_batches << " micro-batches per step, rank order " << mesh_order_name(opts.order) << "\n";
+  os << "  schedule " << (c.pp == 1 ? "none" : pipeline::schedule_name(c.schedule)) << ", " << k.num_micro_batches
+     << " micro-batches per step, rank order " << mesh_order_name(opts.order) << "\n";
   os << "  memory per rank (stage " << k.memory_stage << "): params " << gib(k.memory.params) << ", grads "
      << gib(k.memory.grads) << ", optimizer " << gib(k.memory.optimizer) << ", activations "
      << gib(k.memory.activations) << ", total " << gib(k.memory.total) << "\n";
@@ -163,6 +163,7 @@ int run_plan(const PlanArgs& a) {
   if (given("--dp")) o.pins.dp = a.dp;
   if (given("--mbs")) o.pins.micro_batch = a.mbs;
   if (given("--virtual-stages")) o.pins.virtual_stages = a.vstages;
+  if (given("--schedule")) o.pins.schedule = pipeline::parse_schedule(a.schedule);
   if (given("--zero1")) o.pins.zero1 = a.zero1 == "on";
   if (given("--sequence-parallel")) o.pins.sequence_parallel = a.sp == "on";
   if (given("--recompute")) o.pins.recompute = parse_recompute(a.recompute);
@@ -175,8 +176,9 @@ int run_plan(const PlanArgs& a) {
   os << ", ffn " << model.ffn_hidden << ", vocab " << model.vocab << ")\n";
   os << "topology " << topo.describe();
   os << "global batch " << o.train.global_batch << " x seq " << o.train.seq << ", "
-     << (o.train.fp32 ? "fp32" : "bf16 mixed precision") << ", efficiency " << f(o.train.efficiency, 2)
-     << ", usable memory " << gib(res.capacity_bytes) << " per core\n";
+     << (o.train.fp32 ? "fp32" : "bf16 mixed precision") << ", efficiency "
+     << f(o.train.efficiency > 0 ? o.train.efficiency : topo.device().sustained_fraction, 2) << ", usable memory "
+     << gib(res.capacity_bytes) << " per core\n";
   os << "searched " << res.evaluated << " choices in " << f(res.seconds, 3) << " s (" << res.over_memory
      << " over memory)\n\n";
   print_plan(os, topo, o, res.top[0]);
@@ -215,7 +217,7 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--model", args->model, "Model preset (gpt2-124m ... llama2-70b) or JSON file")->required();
   cmd->add_option("--topology", args->topology,
                   "Topology preset (trn1.32xlarge, trn1-cluster:N, trn2.48xlarge, trn2-cluster:N, trn2-ultraserver, "
-                  "torus4d:AxBxCxD, dgx-a100:N) or JSON file")
+                  "torus4d:AxBxCxD, dgx-a100:N, emulated:N = the emulated cores train_gpt runs on) or JSON file")
       ->required();
   cmd->add_option("--cores", args->cores, "Use the first N cores of the topology")->check(cli::positive(args->cores));
   cmd->add_option("--global-batch", args->global_batch, "Sequences per step")
@@ -238,9 +240,12 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--precision", args->precision, "bf16 (mixed precision) or fp32")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp32"}));
-  cmd->add_option("--efficiency", args->efficiency, "Fraction of peak FLOP/s sustained")
-      ->capture_default_str()
+  cmd->add_option("--efficiency", args->efficiency,
+                  "Fraction of peak FLOP/s sustained (default: the device's, as the emulated cores charge)")
       ->check(cli::number_range(1e-6, 1.0));
+  cmd->add_option("--schedule", args->schedule,
+                  "Pin the pipeline schedule: gpipe|1f1b (virtual stages 1) or interleaved (virtual stages > 1)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
   cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")
       ->capture_default_str()
       ->check(cli::number_range(1e-6, 1.0));

@@ -5,6 +5,7 @@
 
 #include "parallel/pipeline/partition.h"
 #include "runtime/error.h"
+#include "runtime/kernel_cost.h"
 
 namespace tessera::parallel {
 
@@ -89,8 +90,9 @@ StateBytes state_bytes_per_param(bool fp32, bool zero1, int dp) {
   return {2, 2, 12 / d};           // bf16 weights and grads; fp32 master, m, v
 }
 
-int in_flight(int stage, int pp, int v, int m) {
+int in_flight(int stage, int pp, int v, int m, pipeline::Schedule schedule) {
   if (pp <= 1) return 1;  // gradient accumulation: one micro-batch at a time
+  if (schedule == pipeline::Schedule::kGpipe) return m * v;
   if (v <= 1) return std::min(m, pp - stage);
   // Megatron's interleaved schedule warms up 2(p - stage - 1) + (v - 1)p chunks
   // and holds one more in the steady state.
@@ -117,6 +119,271 @@ std::vector<int> partition_layers(int layers, int pp, bool balanced, double head
   return v;
 }
 
+// ---- groups -------------------------------------------------------------------------
+
+namespace {
+// Groups up to this size get the communicator's exact model (pairwise link
+// costs, p^2 entries); larger ones (planning thousands of cores) are costed
+// with NetModel's closed forms on `closed_form` instead.
+constexpr size_t kExactGroup = 64;
+
+collectives::GroupCostModel make_group(const NetModel& net, const std::vector<int>& nodes, bool shm,
+                                       const NetModel& closed_form) {
+  if (nodes.size() <= kExactGroup) return collectives::group_cost_model(net, nodes, shm);
+  collectives::GroupCostModel g;
+  g.size = static_cast<int>(nodes.size());
+  g.net = closed_form;  // no nodes: closed forms
+  return g;
+}
+}  // namespace
+
+GroupNets emulated_group_nets(int tp, int pp, int dp) {
+  auto ring = [](int n) {
+    std::vector<int> nodes(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) nodes[static_cast<size_t>(i)] = i;
+    return make_group(NetModel(), nodes, /*shm=*/true, NetModel::default_ring(n));
+  };
+  return GroupNets{ring(tp), ring(dp), ring(pp), ring(pp > 1 ? 2 : 1), ring(pp > 1 ? 2 : 1)};
+}
+
+GroupNets placement_group_nets(const Topology& topo, const Placement& pl) {
+  const Mesh& mesh = pl.mesh();
+  const NetModel net = topo.net_model();
+  const bool shm = topo.num_instances() <= 1;
+  auto group = [&](MeshAxis a) {
+    std::vector<int> nodes;
+    for (int i = 0; i < mesh.size(a); ++i) {
+      MeshCoord c{};
+      if (a == MeshAxis::TP) c.tp = i;
+      if (a == MeshAxis::DP) c.dp = i;
+      if (a == MeshAxis::PP) c.pp = i;
+      nodes.push_back(pl.node(mesh.rank(c)));
+    }
+    return make_group(net, nodes, shm, pl.group_model(a));
+  };
+  auto pair = [&](int stage_a, int stage_b) {
+    std::vector<int> nodes = {pl.node(mesh.rank({.tp = 0, .dp = 0, .pp = stage_a}))};
+    if (stage_b != stage_a) nodes.push_back(pl.node(mesh.rank({.tp = 0, .dp = 0, .pp = stage_b})));
+    return collectives::group_cost_model(net, nodes, shm);
+  };
+  const int p = mesh.size(MeshAxis::PP);
+  return GroupNets{group(MeshAxis::TP), group(MeshAxis::DP), group(MeshAxis::PP), pair(0, p > 1 ? 1 : 0),
+                   pair(0, p - 1)};
+}
+
+// ---- the pipeline ---------------------------------------------------------------------
+
+PipelineTimes simulate_pipeline(pipeline::Schedule schedule, int p, int m, int v,
+                                const std::vector<std::vector<double>>& fwd,
+                                const std::vector<std::vector<double>>& bwd, double transfer_s) {
+  const int nv = p * v;
+  std::vector<std::vector<pipeline::PipeOp>> ops(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s) ops[static_cast<size_t>(s)] = pipeline::schedule_ops(schedule, p, m, s, v);
+  // When each virtual stage's forward / backward of each micro-batch ended (< 0: not yet).
+  std::vector<double> f_done(static_cast<size_t>(nv) * static_cast<size_t>(m), -1.0), b_done(f_done);
+  auto at = [&](int vs, int micro) {
+    return static_cast<size_t>(vs) * static_cast<size_t>(m) + static_cast<size_t>(micro);
+  };
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  PipelineTimes out;
+  out.end.assign(static_cast<size_t>(p), 0.0);
+  out.wait.assign(static_cast<size_t>(p), 0.0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < p; ++s) {
+      const size_t su = static_cast<size_t>(s);
+      double& now = out.end[su];
+      for (; next[su] < ops[su].size(); ++next[su]) {
+        const pipeline::PipeOp& op = ops[su][next[su]];
+        const int vs = op.chunk * p + s;
+        const bool f = op.kind == pipeline::PipeOp::kForward;
+        const bool needs = f ? vs > 0 : vs < nv - 1;
+        if (needs) {
+          const double sent = f ? f_done[at(vs - 1, op.micro)] : b_done[at(vs + 1, op.micro)];
+          if (sent < 0) break;  // its input is not produced yet
+          const double arrive = sent + transfer_s;
+          if (arrive > now) {
+            out.wait[su] += arrive - now;
+            now = arrive;
+          }
+        }
+        now += (f ? fwd : bwd)[su][static_cast<size_t>(op.chunk)];
+        (f ? f_done : b_done)[at(vs, op.micro)] = now;
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < p; ++s)
+    TESSERA_CHECK(next[static_cast<size_t>(s)] == ops[static_cast<size_t>(s)].size(), "pipeline schedule ",
+                  pipeline::schedule_name(schedule), " deadlocks at stage ", s);
+  return out;
+}
+
+namespace {
+
+// One pass (forward or backward of one micro-batch through one chunk): its
+// kernels and its blocking TP collectives.
+struct Pass {
+  double compute = 0, comm = 0;
+  double total() const { return compute + comm; }
+};
+
+// Sums the kernels and collectives a rank runs, with the emulated cores' costs.
+class StepCoster {
+ public:
+  StepCoster(const ModelConfig& m, const DeviceSpec& dev, bool fp32, const GroupNets& nets, int tp, bool sp, int64_t b,
+             int64_t seq)
+      : m_(m),
+        dev_(dev),
+        dt_(fp32 ? DType::F32 : DType::BF16),
+        scale_(fp32 ? 1.0 : 0.5),
+        nets_(nets),
+        t_(tp),
+        sp_(sp && tp > 1),
+        b_(b),
+        s_(seq) {
+    n_ = b * seq;
+    c_ = m.hidden;
+    nl_ = sp_ ? n_ / tp : n_;
+    hd_ = m.hidden / m.heads;
+    hl_ = m.heads / tp;
+    qkv_ = (m.hidden + 2 * m.kv_dim()) / tp;
+    f_ = m.ffn_hidden / tp;
+    fc_ = m.gated_mlp() ? 2 * f_ : f_;
+    vv_ = (m.vocab + tp - 1) / tp;
+  }
+
+  // Kernel seconds (the emulated kernels are fp32; bf16 halves the bytes).
+  double k(cost::Kernel x) const {
+    x.bytes *= scale_;
+    return cost::kernel_seconds(dev_, x, dt_);
+  }
+  // A collective as the group's communicator runs it; ParallelState skips
+  // groups of one rank and empty calls.
+  double coll(collectives::CollKind kind, int64_t count, const collectives::GroupCostModel& g) const {
+    if (g.size <= 1 || count <= 0) return 0;
+    if (g.nodes.empty()) {  // a group too large for the exact model: closed forms
+      const bool reducing = kind != collectives::CollKind::AllGather;
+      const double n = static_cast<double>(count) * (reducing || dt_ == DType::F32 ? 4 : 2);
+      if (kind == collectives::CollKind::AllReduce) return g.net.torus_allreduce_time(n);
+      if (kind == collectives::CollKind::ReduceScatter) return g.net.torus_reduce_scatter_time(n * g.size);
+      return g.net.torus_allgather_time(n * g.size);
+    }
+    return collectives::predict(kind, static_cast<size_t>(count), dt_, g).seconds;
+  }
+  double tp(collectives::CollKind kind, int64_t count) const { return coll(kind, count, nets_.tp); }
+
+  // Forward and backward of `layers` blocks, with the embedding / the head when the chunk has them.
+  Pass forward(int layers, bool embed, bool head, Recompute r) const {
+    (void)r;
+    Pass p, layer;  // the layers are alike: one layer's cost, times their number
+    if (embed) embedding_forward(p);
+    layer_forward(layer);
+    p.compute += layers * layer.compute;
+    p.comm += layers * layer.comm;
+    if (head) head_forward(p);
+    return p;
+  }
+  Pass backward(int layers, bool embed, bool head, Recompute r) const {
+    Pass p, layer;
+    if (head) head_backward(p);
+    if (r == Recompute::Full) layer_forward(layer);
+    if (r == Recompute::Selective) layer.compute += k(cost::attention_forward(b_, hl_, s_, hd_));
+    layer_backward(layer);
+    p.compute += layers * layer.compute;
+    p.comm += layers * layer.comm;
+    if (embed) embedding_backward(p);
+    return p;
+  }
+
+  // Activation elements passed between stages per micro-batch.
+  int64_t activation_elems() const { return nl_ * c_; }
+
+ private:
+  using K = collectives::CollKind;
+  void column_forward(Pass& p, int64_t out) const {
+    if (sp_) p.comm += tp(K::AllGather, nl_ * c_);
+    if (m_.has_bias()) p.compute += k(cost::broadcast_rows(n_, out));
+    p.compute += k(cost::gemm(n_, out, c_, m_.has_bias()));
+  }
+  void column_backward(Pass& p, int64_t out) const {
+    p.compute += k(cost::gemm(c_, out, n_, true));
+    if (m_.has_bias()) p.compute += k(cost::bias_grad(n_, out));
+    p.compute += k(cost::gemm(n_, c_, out, false));
+    p.comm += sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_);
+  }
+  void row_forward(Pass& p, int64_t in) const {
+    if (t_ == 1) {
+      p.compute += k(cost::add_rows(n_, c_, m_.has_bias()));
+      p.compute += k(cost::gemm(n_, c_, in, true));
+      return;
+    }
+    p.compute += k(cost::gemm(n_, c_, in, false));
+    p.comm += sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_);
+    p.compute += k(cost::add_rows(nl_, c_, m_.has_bias()));
+  }
+  void row_backward(Pass& p, int64_t in) const {
+    if (m_.has_bias()) p.compute += k(cost::bias_grad(nl_, c_));
+    if (sp_) p.comm += tp(K::AllGather, nl_ * c_);
+    p.compute += k(cost::gemm(in, c_, n_, true));
+    p.compute += k(cost::gemm(n_, in, c_, false));
+  }
+  void layer_forward(Pass& p) const {
+    p.compute += k(cost::layernorm_forward(nl_, c_));
+    column_forward(p, qkv_);
+    p.compute += k(cost::attention_forward(b_, hl_, s_, hd_));
+    row_forward(p, c_ / t_);
+    p.compute += k(cost::layernorm_forward(nl_, c_));
+    column_forward(p, fc_);
+    p.compute += k(cost::gelu_forward(n_ * f_));
+    row_forward(p, f_);
+  }
+  void layer_backward(Pass& p) const {
+    row_backward(p, f_);
+    p.compute += k(cost::gelu_backward(n_ * f_));
+    column_backward(p, fc_);
+    p.compute += k(cost::layernorm_backward(nl_, c_));
+    row_backward(p, c_ / t_);
+    p.compute += k(cost::attention_backward(b_, hl_, s_, hd_));
+    column_backward(p, qkv_);
+    p.compute += k(cost::layernorm_backward(nl_, c_));
+  }
+  void embedding_forward(Pass& p) const {
+    p.compute += k(cost::embedding_forward(n_, c_));
+    p.comm += sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_);
+    if (m_.learned_positions()) p.compute += k(cost::position_add(nl_, c_));
+  }
+  void embedding_backward(Pass& p) const {
+    if (m_.learned_positions()) p.compute += k(cost::position_add(nl_, c_));
+    if (sp_) p.comm += tp(K::AllGather, nl_ * c_);
+    p.compute += k(cost::embedding_backward(n_, c_));
+  }
+  void head_forward(Pass& p) const {
+    p.compute += k(cost::layernorm_forward(nl_, c_));
+    if (sp_) p.comm += tp(K::AllGather, nl_ * c_);
+    p.compute += k(cost::gemm(n_, vv_, c_, false));
+    p.comm += tp(K::AllReduce, n_) + tp(K::AllReduce, 2 * n_);  // row max, then sums and target logits
+    p.compute += k(cost::cross_entropy(n_, vv_, true));
+  }
+  void head_backward(Pass& p) const {
+    p.compute += k(cost::gemm(n_, c_, vv_, false));
+    p.compute += k(cost::gemm(vv_, c_, n_, true));
+    p.comm += sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_);
+    p.compute += k(cost::layernorm_backward(nl_, c_));
+  }
+
+  const ModelConfig& m_;
+  const DeviceSpec& dev_;
+  DType dt_;
+  double scale_;
+  const GroupNets& nets_;
+  int t_;
+  bool sp_;
+  int64_t b_, s_, n_ = 0, c_ = 0, nl_ = 0, hd_ = 0, hl_ = 0, qkv_ = 0, f_ = 0, fc_ = 0, vv_ = 0;
+};
+
+}  // namespace
+
 // ---- CostModel ------------------------------------------------------------------------
 
 CostModel::CostModel(const ModelConfig& model, const DeviceSpec& device, const TrainingConfig& train)
@@ -125,7 +392,11 @@ CostModel::CostModel(const ModelConfig& model, const DeviceSpec& device, const T
   TESSERA_ARG_CHECK(train.global_batch >= 1, "--global-batch must be positive");
   TESSERA_ARG_CHECK(train.seq >= 1, "--seq must be positive");
   TESSERA_ARG_CHECK(train.seq <= model.max_seq, "--seq ", train.seq, " exceeds the model's max_seq ", model.max_seq);
-  TESSERA_ARG_CHECK(train.efficiency > 0 && train.efficiency <= 1, "--efficiency must be in (0, 1]");
+  TESSERA_ARG_CHECK(train.efficiency <= 1, "--efficiency must be in (0, 1]");
+  TESSERA_ARG_CHECK(train.bucket_elems >= 1, "the gradient bucket must hold at least one element");
+  if (train.efficiency > 0) device_.sustained_fraction = train.efficiency;
+  TESSERA_ARG_CHECK(device_.sustained_fraction > 0 && device_.sustained_fraction <= 1, "device '", device.name,
+                    "' needs a sustained fraction of peak in (0, 1]");
   TESSERA_ARG_CHECK(train.memory_fraction > 0 && train.memory_fraction <= 1, "--memory-fraction must be in (0, 1]");
   TESSERA_ARG_CHECK(device.peak_flops_bf16 > 0 && device.hbm_bytes > 0, "device '", device.name,
                     "' needs peak FLOP/s and HBM capacity");
@@ -146,47 +417,64 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   TESSERA_ARG_CHECK(train_.global_batch % (static_cast<int64_t>(c.dp) * b) == 0, "dp*micro_batch = ", c.dp * b,
                     " does not divide the global batch ", train_.global_batch);
   const int mb = static_cast<int>(train_.global_batch / (static_cast<int64_t>(c.dp) * b));
-  const double elem = train_.fp32 ? 4 : 2;
-  const double peak = (train_.fp32 ? device_.peak_flops_fp32 : device_.peak_flops_bf16) * train_.efficiency;
   const StateBytes sb = state_bytes_per_param(train_.fp32, c.zero1, c.dp);
+  TESSERA_ARG_CHECK(p == 1 || v == 1 || c.schedule == pipeline::Schedule::kInterleaved,
+                    "virtual stages need the interleaved schedule");
 
   // Per-rank parameters of a layer: TP-split part / t plus the replicated rest.
   const double layer_params = static_cast<double>(m.layer_params_tp_sharded()) / t +
                               static_cast<double>(m.layer_params() - m.layer_params_tp_sharded());
+  const double layer_replicated = static_cast<double>(m.layer_params() - m.layer_params_tp_sharded());
   const double vocab_rows = static_cast<double>(m.vocab) * m.hidden / t;  // vocab-parallel embedding / LM head
   const double act_layer = layer_activation_bytes(m, seq, b, t, c.sequence_parallel, c.recompute, train_.fp32);
 
-  // Per micro-batch, per TP rank.
-  const double layer_fwd = layer_forward_flops(m, b, seq);
-  const double layer_flops = (c.recompute == Recompute::Full ? 4 : 3) * layer_fwd +
-                             (c.recompute == Recompute::Selective ? attention_score_flops(m, b, seq) : 0.0);
-  const double head_flops = 3 * logit_flops(m, b, seq);
+  // Layers of each virtual stage (chunk j of stage i is virtual stage j p + i).
+  std::vector<int> vstage_layers = c.stage_layers;
+  if (v > 1) vstage_layers = pipeline::stage_layers(m.layers, p * v);
+  auto chunk_layers = [&](int s, int ch) {
+    const int vs = ch * p + s;
+    return vstage_layers[static_cast<size_t>(vs)];
+  };
 
-  // TP: per layer 2 collectives forward, 2 backward, 2 more when the forward is
-  // recomputed; each an all-reduce of the b*s*h activation, or with sequence
-  // parallelism an all-gather plus a reduce-scatter of it (Korthikanti 4.2.2).
-  double tp_coll = 0;
-  if (t > 1) {
-    const double n = elem * b * seq * m.hidden;
-    tp_coll = c.sequence_parallel ? nets.tp.torus_allgather_time(n) + nets.tp.torus_reduce_scatter_time(n)
-                                  : nets.tp.torus_allreduce_time(n);
+  // Every pass of a micro-batch, from the kernels and collectives it runs.
+  using K = collectives::CollKind;
+  const StepCoster sc(m, device_, train_.fp32, nets, t, c.sequence_parallel, b, seq);
+  std::vector<std::vector<double>> fwd(static_cast<size_t>(p)), bwd(static_cast<size_t>(p));
+  std::vector<Pass> per_mb(static_cast<size_t>(p));  // all chunks' forward + backward of one micro-batch
+  for (int s = 0; s < p; ++s) {
+    for (int ch = 0; ch < v; ++ch) {
+      const int vs = ch * p + s;
+      const bool embed = vs == 0, head = vs == p * v - 1;
+      const Pass f = sc.forward(chunk_layers(s, ch), embed, head, c.recompute);
+      const Pass bk = sc.backward(chunk_layers(s, ch), embed, head, c.recompute);
+      fwd[static_cast<size_t>(s)].push_back(f.total());
+      bwd[static_cast<size_t>(s)].push_back(bk.total());
+      per_mb[static_cast<size_t>(s)].compute += f.compute + bk.compute;
+      per_mb[static_cast<size_t>(s)].comm += f.comm + bk.comm;
+    }
   }
-  const int tp_per_layer = 4 + (c.recompute == Recompute::Full ? 2 : 0);
-
-  // PP: each stage sends one activation forward and one gradient backward per
-  // micro-batch and model chunk, b*s*h/t per rank (sequence parallel, or
-  // Megatron's scatter/gather otherwise), one neighbour step.
-  double p2p = 0;
-  if (p > 1) {
-    const double n = elem * b * seq * m.hidden / t;
-    for (size_t d = 0; d < nets.pp.dims().size(); ++d)
-      p2p = std::max(p2p, nets.pp.step_time(static_cast<int>(d), 1, n));
+  // The pipeline: simulated (as the executor runs it) unless it is huge;
+  // then 1F1B's closed form, (p - 1) / v slots of the slowest stage.
+  PipelineTimes pipe;
+  if (p == 1) {
+    pipe.end = {mb * per_mb[0].total()};
+    pipe.wait = {0.0};
+  } else if (2.0 * p * v * mb <= 2e4) {
+    const double wire = 4.0 * static_cast<double>(sc.activation_elems() + 2);  // + the sender's timestamp
+    const double transfer = collectives::p2p_seconds(nets.link, 0, nets.link.size > 1 ? 1 : 0, wire);
+    pipe = simulate_pipeline(c.schedule, p, mb, v, fwd, bwd, transfer);
+  } else {
+    double slowest = 0;
+    for (const Pass& x : per_mb) slowest = std::max(slowest, x.total());
+    for (int s = 0; s < p; ++s) {
+      pipe.wait.push_back(static_cast<double>(p - 1) / v * slowest);
+      pipe.end.push_back(mb * per_mb[static_cast<size_t>(s)].total() + pipe.wait.back());
+    }
   }
 
   PlanCost out;
   out.num_micro_batches = mb;
-  double worst_mem = -1, worst_time = -1, dp_time = 0;
-  TimeBreakdown slow;
+  double worst_mem = -1, worst_time = -1;
   for (int s = 0; s < p; ++s) {
     const int layers = c.stage_layers[static_cast<size_t>(s)];
     const bool first = s == 0, last = s == p - 1;
@@ -194,7 +482,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     double params = layers * layer_params;
     if (first) params += vocab_rows + (m.learned_positions() ? static_cast<double>(m.max_seq) * m.hidden : 0.0);
     if (last) params += (m.has_bias() ? 2.0 : 1.0) * m.hidden + ((m.tied_embeddings() && p == 1) ? 0.0 : vocab_rows);
-    const int inflight = in_flight(s, p, v, mb);
+    const int inflight = in_flight(s, p, v, mb, c.schedule);
     const double layers_per_unit = static_cast<double>(layers) / v;
     double act = act_layer * inflight * layers_per_unit;
     if (last) act += 4.0 * seq * b * m.vocab / t;  // fp32 logits for the cross-entropy
@@ -207,34 +495,53 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
       out.memory = mem;
       out.memory_stage = s;
     }
-    // Time per micro-batch on this stage.
+
+    // Time of this stage's step: the pipeline (or the micro-batches one after
+    // another), then the optimizer step (parallel/optim/optimizer.cc) and
+    // the trainer's reductions, in the order the ranks run them.
     TimeBreakdown tb;
-    tb.compute = (layers * layer_flops + (last ? head_flops : 0.0)) / t / peak;
-    tb.tp_comm = (layers * tp_per_layer + (first ? 1 : 0) + (last ? 1 : 0)) * tp_coll;
-    tb.pp_comm = p > 1 ? 2.0 * v * p2p : 0.0;
-    double per_mb = tb.compute + tb.tp_comm + tb.pp_comm;
-    if (per_mb > worst_time) {
-      worst_time = per_mb;
-      slow = tb;
+    const Pass& mbp = per_mb[static_cast<size_t>(s)];
+    tb.compute = mb * mbp.compute;
+    tb.tp_comm = mb * mbp.comm;
+    tb.bubble = pipe.wait[static_cast<size_t>(s)];
+    // Gradient buckets of bucket_elems in gradient order (the last one partial).
+    const auto P = static_cast<int64_t>(std::llround(params));
+    const int64_t E = train_.bucket_elems, nb = std::max<int64_t>(1, (P + E - 1) / E);
+    tb.compute += sc.k(cost::fill(P));  // zero_grad
+    const double sp_elems = layers * layer_replicated +
+                            (first && m.learned_positions() ? static_cast<double>(m.max_seq) * m.hidden : 0.0) +
+                            (last ? (m.has_bias() ? 2.0 : 1.0) * m.hidden : 0.0);
+    const bool shard = c.zero1 && c.dp > 1;
+    // Every bucket but the last holds E elements: cost one, times nb - 1.
+    auto bucket = [&](int64_t raw, double& tp_comm, double& dp_comm) {
+      const int64_t size = (raw + c.dp - 1) / c.dp * c.dp;  // padded to a multiple of dp
+      if (c.sequence_parallel && t > 1)                     // the sequence-parallel partial gradients, summed over TP
+        tp_comm += sc.tp(K::AllReduce, static_cast<int64_t>(std::llround(sp_elems / static_cast<double>(nb))));
+      dp_comm += shard ? sc.coll(K::ReduceScatter, size / c.dp, nets.dp) : sc.coll(K::AllReduce, size, nets.dp);
+      if (shard) dp_comm += sc.coll(K::AllGather, size / c.dp, nets.dp);  // the updated slices back
+    };
+    double full_tp = 0, full_dp = 0;
+    if (nb > 1) bucket(E, full_tp, full_dp);
+    tb.tp_comm += static_cast<double>(nb - 1) * full_tp;
+    tb.dp_comm += static_cast<double>(nb - 1) * full_dp;
+    bucket(P - (nb - 1) * E, tb.tp_comm, tb.dp_comm);
+    if (p > 1 && m.tied_embeddings() && (first || last))  // the tied embedding's two copies
+      tb.pp_comm += sc.coll(K::AllReduce, static_cast<int64_t>(std::llround(vocab_rows)), nets.embed);
+    const int64_t mine = shard ? (P + c.dp - 1) / c.dp : P;
+    tb.compute += sc.k(cost::sum_squares(mine)) + sc.k(cost::adamw(mine));
+    // The gradient norm (one float per group) and the trainer's loss (two).
+    if (shard) tb.dp_comm += sc.coll(K::AllReduce, 1, nets.dp);
+    tb.tp_comm += sc.tp(K::AllReduce, 1);
+    tb.pp_comm += sc.coll(K::AllReduce, 1, nets.pp) + sc.coll(K::AllReduce, 2, nets.pp);
+    tb.dp_comm += sc.coll(K::AllReduce, 2, nets.dp);
+    tb.total = tb.compute + tb.tp_comm + tb.pp_comm + tb.bubble + tb.dp_comm;
+    if (tb.total > worst_time) {
+      worst_time = tb.total;
+      out.time = tb;
       out.time_stage = s;
     }
-    // DP: gradients of this stage's parameters.
-    if (c.dp > 1) {
-      const double g = params * sb.grads, w = params * sb.weights;
-      double d = c.zero1 ? nets.dp.torus_reduce_scatter_time(g) + nets.dp.torus_allgather_time(w)
-                         : nets.dp.torus_allreduce_time(g);
-      dp_time = std::max(dp_time, d);
-    }
   }
-  TimeBreakdown& tm = out.time;
-  tm.compute = mb * slow.compute;
-  tm.tp_comm = mb * slow.tp_comm;
-  tm.pp_comm = mb * slow.pp_comm;
-  // 1F1B: p - 1 micro-batch slots of fill and drain; interleaving shrinks each to 1/v.
-  tm.bubble = static_cast<double>(p - 1) / v * worst_time;
-  tm.dp_comm = dp_time;
-  tm.total = tm.compute + tm.tp_comm + tm.pp_comm + tm.bubble + tm.dp_comm;
-
+  const TimeBreakdown& tm = out.time;
   const double cores = static_cast<double>(t) * p * c.dp;
   out.flops_per_step = step_flops(m, static_cast<double>(train_.global_batch), seq, c.recompute);
   out.model_flops_per_step = step_flops(m, static_cast<double>(train_.global_batch), seq, Recompute::None);

@@ -8,9 +8,14 @@
 //     micro-batches (or interleaved chunks) the 1F1B schedule holds in flight;
 //   - FLOPs after Narayanan et al. 2021, built from per-layer terms so that
 //     full recompute gives exactly 96 B s l h^2 (1 + s/6h + V/16lh);
-//   - communication costed with runtime/netmodel.h's closed forms on the
-//     network each group sees (Placement::group_model), the same model the
-//     collectives charge their steps to.
+//   - step time built from the same per-kernel and per-collective costs the
+//     emulated cores charge: every kernel of a micro-batch's forward and
+//     backward (runtime/kernel_cost.h: launch + roofline at the sustained
+//     rate), every collective as the communicator would run it
+//     (collectives/coll_cost.h: the algorithm it picks and the seconds that
+//     algorithm charges), the optimizer step, and the pipeline schedule
+//     itself, simulated as the executor runs it (waits for neighbours and
+//     link transfers). Nothing overlaps, as on the emulated cores.
 // All functions are pure; a CostModel may be shared across threads.
 #pragma once
 
@@ -18,7 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "collectives/coll_cost.h"
+#include "parallel/mesh.h"
 #include "parallel/model_config.h"
+#include "parallel/pipeline/schedule.h"
 #include "runtime/netmodel.h"
 #include "runtime/topology.h"
 
@@ -30,11 +38,14 @@ Recompute parse_recompute(const std::string& s);  // none|selective|full, else I
 
 // The workload and the knobs that are not searched.
 struct TrainingConfig {
-  int64_t global_batch = 0;      // sequences per step
-  int seq = 0;                   // tokens per sequence
-  bool fp32 = false;             // fp32 training instead of bf16 mixed precision
-  double efficiency = 0.5;       // fraction of peak FLOP/s a core sustains on the layers' matmuls
-  double memory_fraction = 0.9;  // of HBM usable for the terms modeled (rest: workspace, fragmentation)
+  int64_t global_batch = 0;  // sequences per step
+  int seq = 0;               // tokens per sequence
+  bool fp32 = false;         // fp32 training instead of bf16 mixed precision
+  // Fraction of peak FLOP/s a core sustains on kernels; <= 0: the device's
+  // own DeviceSpec::sustained_fraction (what the emulated cores charge).
+  double efficiency = 0;
+  double memory_fraction = 0.9;    // of HBM usable for the terms modeled (rest: workspace, fragmentation)
+  int64_t bucket_elems = 1 << 20;  // DP gradient bucket (train_gpt --bucket-mb 4)
 };
 
 // One point of the search space.
@@ -42,6 +53,8 @@ struct PlanChoice {
   int tp = 1, pp = 1, dp = 1;
   int micro_batch = 1;
   int virtual_stages = 1;
+  // With pp > 1: gpipe or 1f1b (v == 1), interleaved (v > 1).
+  pipeline::Schedule schedule = pipeline::Schedule::k1F1B;
   bool zero1 = false;
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
@@ -53,6 +66,10 @@ struct MemoryBreakdown {
   double params = 0, grads = 0, optimizer = 0, activations = 0, total = 0;  // bytes
 };
 
+// Seconds per step of the slowest stage: its kernels (compute, with the
+// optimizer's), its TP collectives, its PP collectives (tied embedding,
+// loss, norm), the time it waits for its pipeline neighbours (bubble, link
+// transfers included) and its DP collectives.
 struct TimeBreakdown {
   double compute = 0, tp_comm = 0, pp_comm = 0, bubble = 0, dp_comm = 0, total = 0;  // seconds
 };
@@ -85,17 +102,39 @@ struct StateBytes {
 };
 StateBytes state_bytes_per_param(bool fp32, bool zero1, int dp);
 // Micro-batches (interleaved: model chunks) that stage `stage` holds in flight
-// under Megatron's 1F1B schedules.
-int in_flight(int stage, int pp, int virtual_stages, int num_micro_batches);
+// under Megatron's 1F1B schedules (GPipe: all of them).
+int in_flight(int stage, int pp, int virtual_stages, int num_micro_batches,
+              pipeline::Schedule schedule = pipeline::Schedule::k1F1B);
 // Layers per stage: even (pipeline::stage_layers, the rule `tessera ckpt shard`
 // uses too), or balanced so that the last stage's LM head counts
 // as `head_layers` extra layers and any extra layer goes to later stages.
 std::vector<int> partition_layers(int layers, int pp, bool balanced, double head_layers);
 
-// The networks the three groups see (from Placement::group_model).
+// What each group's communicator knows (collectives/coll_cost.h): TP, DP,
+// the whole PP group, one link between neighbouring stages (the executor's
+// send/recv communicators) and the tied embedding's first-and-last-stage group.
 struct GroupNets {
-  NetModel tp, pp, dp;
+  collectives::GroupCostModel tp, dp, pp, link, embed;
 };
+// The groups of rank 0 as train_gpt models them without a topology: each
+// communicator a ring of its own members (NetModel::default_ring), shared
+// memory between the ranks (one host).
+GroupNets emulated_group_nets(int tp, int pp, int dp);
+// The groups of rank 0 placed on a topology, as communicators built with
+// CommOptions::net = the topology's model and world ranks = cores would see
+// them; shared memory when the topology is one instance.
+GroupNets placement_group_nets(const Topology& topo, const Placement& placement);
+
+// A pipeline of p stages running `schedule` over m micro-batches, simulated
+// as PipelineExecutor runs it: an op starts when this stage is free and its
+// input has arrived (sent when the producing op ended, plus the link
+// transfer). fwd/bwd[s][c]: seconds of chunk c's forward/backward on stage s.
+struct PipelineTimes {
+  std::vector<double> end, wait;  // per stage: when its last op ends, and its waits' total
+};
+PipelineTimes simulate_pipeline(pipeline::Schedule schedule, int p, int m, int v,
+                                const std::vector<std::vector<double>>& fwd,
+                                const std::vector<std::vector<double>>& bwd, double transfer_s);
 
 class CostModel {
  public:
@@ -106,6 +145,8 @@ class CostModel {
   double memory_capacity() const;
   // The LM head's forward cost in layer equivalents (for partition_layers).
   double head_layers() const;
+  // The device as the cost model sees it (sustained_fraction = the efficiency).
+  const DeviceSpec& device() const { return device_; }
 
   const ModelConfig& model() const { return model_; }
   const TrainingConfig& train() const { return train_; }

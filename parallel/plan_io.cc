@@ -71,7 +71,9 @@ tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& to
   out.set_zero1(c.zero1);
   out.set_sequence_parallel(c.sequence_parallel);
   out.set_recompute(recompute_name(c.recompute));
-  out.set_schedule(c.pp == 1 ? "none" : (c.virtual_stages > 1 ? "interleaved-1f1b" : "1f1b"));
+  out.set_schedule(c.pp == 1                                  ? "none"
+                   : c.schedule == pipeline::Schedule::kGpipe ? "gpipe"
+                                                              : (c.virtual_stages > 1 ? "interleaved-1f1b" : "1f1b"));
   out.set_rank_order(mesh_order_name(opts.order));
   for (int l : c.stage_layers) out.add_stages(l);
 
@@ -175,8 +177,8 @@ tessera::plan::Plan plan_from_json(const std::string& text, const std::string& s
     if (l < 1) bad("every stage needs at least one layer");
   if (p.recompute() != "none" && p.recompute() != "selective" && p.recompute() != "full")
     bad("recompute must be none, selective or full, not '" + p.recompute() + "'");
-  if (p.schedule() != "none" && p.schedule() != "1f1b" && p.schedule() != "interleaved-1f1b")
-    bad("schedule must be none, 1f1b or interleaved-1f1b, not '" + p.schedule() + "'");
+  if (p.schedule() != "none" && p.schedule() != "gpipe" && p.schedule() != "1f1b" && p.schedule() != "interleaved-1f1b")
+    bad("schedule must be none, gpipe, 1f1b or interleaved-1f1b, not '" + p.schedule() + "'");
   if (p.micro_batch() < 1 || p.virtual_stages() < 1) bad("micro_batch and virtual_stages must be positive");
   if (p.placement_size() != 0 && p.placement_size() != p.tp() * p.pp() * p.dp())
     bad("'placement' lists " + std::to_string(p.placement_size()) + " ranks, not tp*pp*dp");

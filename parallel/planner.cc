@@ -32,6 +32,7 @@ std::string onoff(bool b) { return b ? "on" : "off"; }
 std::string choice_text(const PlanChoice& c) {
   std::ostringstream os;
   os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp << " mbs=" << c.micro_batch << " v=" << c.virtual_stages
+     << (c.pp > 1 ? std::string(" schedule=") + pipeline::schedule_name(c.schedule) : std::string())
      << " zero1=" << onoff(c.zero1) << " sp=" << onoff(c.sequence_parallel)
      << " recompute=" << recompute_name(c.recompute);
   if (c.pp > 1 && c.balanced) os << " (balanced stages)";
@@ -83,6 +84,10 @@ void validate_pins(const ModelConfig& m, const Topology& topo, const PlannerOpti
     TESSERA_ARG_CHECK(*p.micro_batch >= 1 && B % *p.micro_batch == 0, "--mbs ", *p.micro_batch,
                       " must be positive and divide the global batch ", B);
   }
+  if (p.schedule && p.virtual_stages)
+    TESSERA_ARG_CHECK((*p.schedule == pipeline::Schedule::kInterleaved) == (*p.virtual_stages > 1), "--schedule ",
+                      pipeline::schedule_name(*p.schedule), " and --virtual-stages ", *p.virtual_stages,
+                      " disagree (interleaved needs virtual stages > 1, gpipe and 1f1b exactly 1)");
   if (p.virtual_stages) {
     TESSERA_ARG_CHECK(*p.virtual_stages >= 1, "--virtual-stages must be positive");
     if (*p.virtual_stages > 1 && p.pp)
@@ -131,7 +136,8 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
       if (pinned_out(pin.dp, dp) || B % dp) continue;
       ++meshes;
       Placement pl(topo, Mesh({.tp = tp, .dp = dp, .pp = pp}, opts.order));
-      GroupNets nets{pl.group_model(MeshAxis::TP), pl.group_model(MeshAxis::PP), pl.group_model(MeshAxis::DP)};
+      const GroupNets nets =
+          Topology::is_emulated(topo.name()) ? emulated_group_nets(tp, pp, dp) : placement_group_nets(topo, pl);
 
       std::vector<std::pair<std::vector<int>, bool>> parts = {{partition_layers(model.layers, pp, false, head), false}};
       if (pp > 1) {
@@ -149,28 +155,35 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
             if (v > 1) vs.push_back(static_cast<int>(v));
         for (int v : vs) {
           if (pinned_out(pin.virtual_stages, v)) continue;
+          using pipeline::Schedule;
+          std::vector<Schedule> schedules = {Schedule::k1F1B};
+          if (pp > 1 && v == 1) schedules.push_back(Schedule::kGpipe);
+          if (v > 1) schedules = {Schedule::kInterleaved};
           for (const auto& [stages, balanced] : parts) {
             if (v > 1 && balanced) continue;  // interleaving needs equal chunks
-            for (int z = 0; z < 2; ++z) {
-              const bool zero1 = z == 1;
-              if (pinned_out(pin.zero1, zero1) || (zero1 && dp == 1 && !pin.zero1)) continue;
-              for (int sp_i = 0; sp_i < 2; ++sp_i) {
-                const bool sp = sp_i == 1;
-                if (pinned_out(pin.sequence_parallel, sp) || (sp && tp == 1 && !pin.sequence_parallel)) continue;
-                for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                  if (pinned_out(pin.recompute, r)) continue;
-                  RankedPlan rp;
-                  rp.choice = PlanChoice{tp, pp, dp, mbs, v, zero1, sp, r, stages, balanced};
-                  rp.cost = cm.evaluate(rp.choice, nets);
-                  ++res.evaluated;
-                  if (!smallest || rp.cost.memory.total < smallest->cost.memory.total) smallest = rp;
-                  if (rp.cost.memory.total > cap) {
-                    ++res.over_memory;
-                    if (!res.fastest_over_memory || rp.cost.time.total < res.fastest_over_memory->cost.time.total)
-                      res.fastest_over_memory = rp;
-                    continue;
+            for (Schedule sched : schedules) {
+              if (pp > 1 && pinned_out(pin.schedule, sched)) continue;
+              for (int z = 0; z < 2; ++z) {
+                const bool zero1 = z == 1;
+                if (pinned_out(pin.zero1, zero1) || (zero1 && dp == 1 && !pin.zero1)) continue;
+                for (int sp_i = 0; sp_i < 2; ++sp_i) {
+                  const bool sp = sp_i == 1;
+                  if (pinned_out(pin.sequence_parallel, sp) || (sp && tp == 1 && !pin.sequence_parallel)) continue;
+                  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                    if (pinned_out(pin.recompute, r)) continue;
+                    RankedPlan rp;
+                    rp.choice = PlanChoice{tp, pp, dp, mbs, v, sched, zero1, sp, r, stages, balanced};
+                    rp.cost = cm.evaluate(rp.choice, nets);
+                    ++res.evaluated;
+                    if (!smallest || rp.cost.memory.total < smallest->cost.memory.total) smallest = rp;
+                    if (rp.cost.memory.total > cap) {
+                      ++res.over_memory;
+                      if (!res.fastest_over_memory || rp.cost.time.total < res.fastest_over_memory->cost.time.total)
+                        res.fastest_over_memory = rp;
+                      continue;
+                    }
+                    fits.push_back(std::move(rp));
                   }
-                  fits.push_back(std::move(rp));
                 }
               }
             }

@@ -6,8 +6,12 @@
 // balanced partition that counts the LM head), dp = cores / (tp pp) dividing
 // the global batch, the micro-batch size (dividing global_batch / dp),
 // virtual stages (Megatron's interleaved 1F1B: layers divisible by pp*v and
-// micro-batches by pp), ZeRO-1, sequence parallelism (with tp > 1) and
-// recompute (none, selective, full). Any of them can be pinned. Plans whose
+// micro-batches by pp), the schedule (GPipe or 1F1B without virtual
+// stages, interleaved 1F1B with them), ZeRO-1, sequence parallelism (with tp > 1) and
+// recompute (none, selective, full). Any of them can be pinned. Step times
+// come from cost_model.h (the emulated cores' own kernel and collective
+// costs); on an "emulated:N" topology each group is costed as train_gpt's
+// communicators model it. Plans whose
 // memory exceeds the usable HBM are dropped; the rest are ranked by step
 // time (then by memory).
 //
@@ -29,6 +33,7 @@ namespace tessera::parallel {
 
 struct PlanPins {
   std::optional<int> tp, pp, dp, micro_batch, virtual_stages;
+  std::optional<pipeline::Schedule> schedule;  // gpipe or 1f1b need v = 1, interleaved v > 1
   std::optional<bool> zero1, sequence_parallel;
   std::optional<Recompute> recompute;
 };

@@ -17,19 +17,22 @@ struct DevicePreset {
   const char* name;
   uint64_t hbm_bytes;
   double peak_flops_bf16, peak_flops_fp32, hbm_bandwidth;
+  double sustained_fraction, kernel_launch_s;  // assumptions: see DeviceSpec
 };
 const DevicePreset kDevicePresets[] = {
     // NeuronCore-v2: a Trainium chip has 2 cores, 190 TFLOP/s bf16 and 47.5
     // TFLOP/s fp32 dense, 32 GiB HBM at 820 GiB/s; one core gets half.
-    {"trn1-core", static_cast<uint64_t>(16 * kGiB), 95e12, 23.75e12, 410 * kGiB},
+    // Sustained: half of peak, 1 us per kernel launch (assumptions).
+    {"trn1-core", static_cast<uint64_t>(16 * kGiB), 95e12, 23.75e12, 410 * kGiB, 0.5, 1e-6},
     // NeuronCore-v3: a Trainium2 chip has 8 cores, 667 TFLOP/s bf16 and 181
     // TFLOP/s fp32 dense, 96 GiB HBM at 2.9 TB/s; one core gets an eighth.
-    {"trn2-core", static_cast<uint64_t>(12 * kGiB), 667e12 / 8, 181e12 / 8, 2.9e12 / 8},
+    {"trn2-core", static_cast<uint64_t>(12 * kGiB), 667e12 / 8, 181e12 / 8, 2.9e12 / 8, 0.5, 1e-6},
     // NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e at 2039 GB/s, 312 TFLOP/s
     // dense bf16, 19.5 TFLOP/s fp32 (no TF32). Used by the dgx-a100 topology.
-    {"a100-80gb", static_cast<uint64_t>(80 * kGiB), 312e12, 19.5e12, 2039e9},
-    // Small core for tests: 256 MiB, 1 TFLOP/s, 100 GB/s.
-    {"test-core", 256ull << 20, 1e12, 0.5e12, 100e9},
+    // Sustained half of peak and ~4 us per CUDA kernel launch (assumptions).
+    {"a100-80gb", static_cast<uint64_t>(80 * kGiB), 312e12, 19.5e12, 2039e9, 0.5, 4e-6},
+    // Small core for tests: 256 MiB, 1 TFLOP/s, 100 GB/s, all of it sustained, no launch cost.
+    {"test-core", 256ull << 20, 1e12, 0.5e12, 100e9, 1.0, 0.0},
 };
 }  // namespace
 
@@ -42,6 +45,8 @@ DeviceSpec DeviceSpec::preset(const std::string& name) {
     s.peak_flops_bf16 = p.peak_flops_bf16;
     s.peak_flops_fp32 = p.peak_flops_fp32;
     s.hbm_bandwidth = p.hbm_bandwidth;
+    s.sustained_fraction = p.sustained_fraction;
+    s.kernel_launch_s = p.kernel_launch_s;
     return s;
   }
   std::string names;

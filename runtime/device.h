@@ -29,6 +29,11 @@ struct DeviceSpec {
   double peak_flops_bf16 = 0;  // dense FLOP/s
   double peak_flops_fp32 = 0;  // dense FLOP/s
   double hbm_bandwidth = 0;    // bytes/s
+  // Of the peak, what the core sustains on kernels (runtime/kernel_cost.h),
+  // and the fixed cost of launching one kernel: both assumptions (no public
+  // figure), shared by the emulated cores and the planner.
+  double sustained_fraction = 1;
+  double kernel_launch_s = 0;
 
   double peak_flops(DType t) const { return (t == DType::F32) ? peak_flops_fp32 : peak_flops_bf16; }
 

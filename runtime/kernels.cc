@@ -11,10 +11,6 @@
 
 namespace tessera::kern {
 
-namespace {
-constexpr double kF = 4.0;  // bytes per fp32 element
-}
-
 void default_blas_threads() {
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
 }
@@ -22,6 +18,8 @@ void default_blas_threads() {
 void charge(Device* dev, double flops, double bytes) {
   if (dev) dev->clock().charge_compute(flops, bytes, DType::F32);
 }
+
+void charge(Device* dev, const cost::Kernel& k) { charge(dev, k.flops, k.bytes); }
 
 void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -34,8 +32,7 @@ void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, co
 void gemm(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   gemm_raw(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  double bytes = kF * (double(m) * k + double(k) * n + double(m) * n * (beta != 0.f ? 2 : 1));
-  charge(dev, 2.0 * m * n * k, bytes);
+  charge(dev, cost::gemm(m, n, k, beta != 0.f));
 }
 
 void layernorm_forward(Device* dev, const float* x, const float* gamma, const float* beta, float* y, float* mean,
@@ -57,7 +54,7 @@ void layernorm_forward(Device* dev, const float* x, const float* gamma, const fl
     mean[r] = mu;
     rstd[r] = rs;
   }
-  charge(dev, 8.0 * rows * cols, kF * (2.0 * rows * cols + 2.0 * cols));
+  charge(dev, cost::layernorm_forward(rows, cols));
 }
 
 void layernorm_backward(Device* dev, const float* dy, const float* x, const float* gamma, const float* mean,
@@ -84,12 +81,12 @@ void layernorm_backward(Device* dev, const float* dy, const float* x, const floa
       dxr[j] += rs * (dyr[j] * gamma[j] - mg - xh * mgx);
     }
   }
-  charge(dev, 16.0 * rows * cols, kF * (4.0 * rows * cols + 4.0 * cols));
+  charge(dev, cost::layernorm_backward(rows, cols));
 }
 
 void broadcast_rows(Device* dev, const float* bias, float* out, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + cols, out + r * cols);
-  charge(dev, 0, kF * (double(rows) * cols + cols));
+  charge(dev, cost::broadcast_rows(rows, cols));
 }
 
 void add_rows(Device* dev, const float* a, const float* b, const float* bias, float* out, int64_t rows, int64_t cols) {
@@ -105,7 +102,7 @@ void add_rows(Device* dev, const float* a, const float* b, const float* bias, fl
       for (int64_t j = 0; j < cols; ++j) o[j] = ar[j] + br[j];
     }
   }
-  charge(dev, (bias ? 2.0 : 1.0) * rows * cols, kF * 3.0 * rows * cols);
+  charge(dev, cost::add_rows(rows, cols, bias != nullptr));
 }
 
 void bias_grad(Device* dev, const float* dy, float* db, int64_t rows, int64_t cols) {
@@ -113,7 +110,7 @@ void bias_grad(Device* dev, const float* dy, float* db, int64_t rows, int64_t co
     const float* d = dy + r * cols;
     for (int64_t j = 0; j < cols; ++j) db[j] += d[j];
   }
-  charge(dev, double(rows) * cols, kF * (double(rows) * cols + 2.0 * cols));
+  charge(dev, cost::bias_grad(rows, cols));
 }
 
 namespace {
@@ -154,7 +151,7 @@ void gelu_forward(Device* dev, const float* x, float* y, int64_t n) {
     float s = 1.0f / (1.0f + exp_fast(-2.0f * kGeluC * (v + kGeluA * v * v * v)));
     y[i] = v * s;
   }
-  charge(dev, 10.0 * n, kF * 2.0 * n);
+  charge(dev, cost::gelu_forward(n));
 }
 
 // d/dx [x s(2u)] = s + 2 x s (1 - s) du/dx.
@@ -166,7 +163,7 @@ void gelu_backward(Device* dev, const float* dy, const float* x, float* dx, int6
     float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
     dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
   }
-  charge(dev, 16.0 * n, kF * 3.0 * n);
+  charge(dev, cost::gelu_backward(n));
 }
 
 void causal_softmax_forward(float* s, int64_t t, int64_t ld, float scale) {
@@ -210,7 +207,7 @@ void adamw_update(Device* dev, float* p, const float* g, float* m, float* v, int
     v[i] = vi;
     p[i] = p[i] * decay - step * mi / (std::sqrt(vi) * inv_sqrt_b2 + eps);
   }
-  charge(dev, 14.0 * n, kF * 7.0 * n);
+  charge(dev, cost::adamw(n));
 }
 
 double sum_squares(Device* dev, const float* x, int64_t n) {
@@ -223,7 +220,7 @@ double sum_squares(Device* dev, const float* x, int64_t n) {
     for (int64_t j = i; j < e; ++j) s += x[j] * x[j];
     total += s;
   }
-  charge(dev, 2.0 * n, kF * n);
+  charge(dev, cost::sum_squares(n));
   return total;
 }
 

@@ -3,7 +3,8 @@
 // Every kernel works on fp32 row-major buffers the caller owns (normally the
 // storage of Tensors allocated on `dev`) and charges `dev`'s SimClock with
 // the FLOPs and HBM bytes the same kernel would cost on the accelerator
-// (roofline), so modeled step times follow the real work. `dev` may be
+// (runtime/kernel_cost.h, the figures the planner sums too), so modeled step
+// times follow the real work. `dev` may be
 // nullptr (nothing charged). Kernels allocate nothing; GEMMs go through
 // OpenBLAS cblas_sgemm (set OPENBLAS_NUM_THREADS=1 per rank).
 //
@@ -12,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "runtime/kernel_cost.h"
 
 namespace tessera {
 
@@ -23,8 +26,10 @@ namespace kern {
 // are the parallelism; BLAS threads would oversubscribe the cores).
 void default_blas_threads();
 
-// Charges `dev` (if not null) for a kernel of `flops` FLOPs touching `bytes` bytes.
+// Charges `dev` (if not null) for one kernel of `flops` FLOPs touching
+// `bytes` bytes, or for one kernel of runtime/kernel_cost.h.
 void charge(Device* dev, double flops, double bytes);
+void charge(Device* dev, const cost::Kernel& k);
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, op = transpose when ta/tb.
 // lda/ldb/ldc are the row strides of A, B, C as stored. Charges 2*M*N*K.

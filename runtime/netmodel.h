@@ -31,8 +31,15 @@ class NetModel {
   NetModel() = default;
   explicit NetModel(std::vector<NetDim> dims) : dims_(std::move(dims)) {}
 
-  // A single ring of p nodes (the default when no topology is given).
+  // A single ring of p nodes.
   static NetModel ring(int p, double bandwidth, double latency);
+  // The communicators' model of a group when no topology is given: a ring
+  // of its p members with NeuronLink-v2-like figures (384 GiB/s per
+  // Trainium chip over 4 ports: 48 GiB/s per direction per link; 2 us per
+  // hop, an assumption). The planner's "emulated:N" topology costs with it.
+  static constexpr double kDefaultLinkBandwidth = 48.0 * (1ull << 30);
+  static constexpr double kDefaultLinkLatency = 2e-6;
+  static NetModel default_ring(int p) { return ring(p, kDefaultLinkBandwidth, kDefaultLinkLatency); }
 
   const std::vector<NetDim>& dims() const { return dims_; }
   int num_nodes() const;

@@ -1,8 +1,7 @@
 #include "runtime/sim_clock.h"
 
-#include <algorithm>
-
 #include "runtime/device.h"
+#include "runtime/kernel_cost.h"
 
 namespace tessera {
 
@@ -15,21 +14,24 @@ void atomic_add(std::atomic<double>& a, double v) {
 }  // namespace
 
 double SimClock::charge_compute(double flops, double bytes, DType dtype) {
-  double t_flops = (spec_ && spec_->peak_flops(dtype) > 0) ? flops / spec_->peak_flops(dtype) : 0;
-  double t_bytes = (spec_ && spec_->hbm_bandwidth > 0) ? bytes / spec_->hbm_bandwidth : 0;
-  double t = std::max(t_flops, t_bytes);
+  const double t = spec_ ? cost::kernel_seconds(*spec_, cost::Kernel{flops, bytes}, dtype) : 0;
   atomic_add(compute_s_, t);
   atomic_add(flops_, flops);
   atomic_add(bytes_, bytes);
+  atomic_add(kernels_, 1);
   return t;
 }
 
 void SimClock::charge_comm(double seconds) { atomic_add(comm_s_, seconds); }
 
+void SimClock::charge_idle(double seconds) { atomic_add(idle_s_, seconds); }
+
 ClockTotals SimClock::totals() const {
   ClockTotals t;
   t.compute_s = compute_s_.load();
   t.comm_s = comm_s_.load();
+  t.idle_s = idle_s_.load();
+  t.kernels = kernels_.load();
   t.flops = flops_.load();
   t.bytes = bytes_.load();
   return t;
@@ -38,6 +40,8 @@ ClockTotals SimClock::totals() const {
 void SimClock::reset() {
   compute_s_ = 0;
   comm_s_ = 0;
+  idle_s_ = 0;
+  kernels_ = 0;
   flops_ = 0;
   bytes_ = 0;
 }

@@ -1,8 +1,10 @@
 // SimClock: the modeled time an emulated core would spend on the work
-// charged to it. Compute uses a roofline: max(FLOPs / peak FLOP/s,
-// bytes / HBM bandwidth). Communication time comes from the collectives'
-// link model (runtime/netmodel.h). Wall time is measured beside it so a run
-// can report both.
+// charged to it. A kernel costs runtime/kernel_cost.h's kernel_seconds()
+// (launch + roofline at the sustained FLOP rate), the same figure the
+// planner sums. Communication time comes from the collectives' link model
+// (runtime/netmodel.h, collectives/coll_cost.h). Idle time is what a
+// pipeline stage waits for its neighbours (charged by the pipeline
+// executor). Wall time is measured beside it so a run can report both.
 #pragma once
 
 #include <atomic>
@@ -18,9 +20,11 @@ struct DeviceSpec;
 struct ClockTotals {
   double compute_s = 0;  // roofline time of kernels
   double comm_s = 0;     // modeled interconnect time
+  double idle_s = 0;     // waiting for other ranks (pipeline bubbles)
   double flops = 0;      // FLOPs charged
   double bytes = 0;      // HBM bytes charged
-  double total_s() const { return compute_s + comm_s; }
+  double kernels = 0;    // kernels charged
+  double total_s() const { return compute_s + comm_s + idle_s; }
 };
 
 class SimClock {
@@ -31,6 +35,8 @@ class SimClock {
   double charge_compute(double flops, double bytes, DType dtype);
   // Charges modeled communication time (already computed by the link model).
   void charge_comm(double seconds);
+  // Charges time spent waiting for another rank.
+  void charge_idle(double seconds);
 
   ClockTotals totals() const;
   void reset();
@@ -38,7 +44,7 @@ class SimClock {
  private:
   const DeviceSpec* spec_;
   // Stored as doubles in atomics: charged from compute and progress threads.
-  std::atomic<double> compute_s_{0}, comm_s_{0}, flops_{0}, bytes_{0};
+  std::atomic<double> compute_s_{0}, comm_s_{0}, idle_s_{0}, flops_{0}, bytes_{0}, kernels_{0};
 };
 
 // Wall-clock stopwatch.

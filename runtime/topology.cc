@@ -157,7 +157,7 @@ Topology::Topology(std::string name, std::vector<TopologyDim> dims, DeviceSpec d
 
 std::vector<std::string> Topology::preset_names() {
   return {"trn1.32xlarge",    "trn1-cluster:N",  "trn2.48xlarge", "trn2-cluster:N",
-          "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N"};
+          "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N",    "emulated:N"};
 }
 
 Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) {
@@ -195,6 +195,14 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
     std::vector<TopologyDim> dims = {make_dim("gpu", TopoLevel::Chip, 8, LinkKind::Switch, kA100NvlinkBw, kNvlinkLat)};
     if (n > 1) dims.push_back(make_dim("node", TopoLevel::Instance, n, LinkKind::Switch, kDgxIbBw / 8, kIbLat));
     t = Topology(spec, std::move(dims), DeviceSpec::preset("a100-80gb"));
+  } else if (head == "emulated") {
+    // N emulated cores on one host as train_gpt models them without a
+    // topology: every communicator a ring of its own members with
+    // NetModel::default_ring's figures (the planner costs each group so).
+    need_arg();
+    std::vector<TopologyDim> dims = {make_dim("rank", TopoLevel::Core, parse_count(spec, arg), LinkKind::Ring,
+                                              NetModel::kDefaultLinkBandwidth, NetModel::kDefaultLinkLatency)};
+    t = Topology(spec, std::move(dims), DeviceSpec::preset("trn1-core"));
   } else if (head == "torus4d") {
     need_arg();
     std::vector<int> sizes;

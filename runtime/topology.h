@@ -52,8 +52,10 @@ class Topology {
   Topology(std::string name, std::vector<TopologyDim> dims, DeviceSpec device);
 
   // Presets: "trn1.32xlarge", "trn1-cluster:N", "trn2.48xlarge", "trn2-cluster:N",
-  // "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N". Throws InvalidArgument
-  // naming the presets for anything else.
+  // "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N", "emulated:N" (the
+  // emulated cores of one host: each group its own NetModel::default_ring).
+  // Throws InvalidArgument naming the presets for anything else.
+  static bool is_emulated(const std::string& name) { return name.rfind("emulated:", 0) == 0; }
   static Topology preset(const std::string& spec, const TopologyOptions& opts = {});
   static std::vector<std::string> preset_names();
   // A custom topology from a JSON file (format in docs/planner.md). Throws

@@ -261,9 +261,9 @@ class MpiCommunicator final : public Communicator {
     net_ = options_.net;
     if (net_.num_nodes() != size_) {
       // Model this group as a ring with the first dimension's link figures
-      // (NeuronLink-v2-like defaults when no topology was given).
-      double bw = options_.net.dims().empty() ? 96e9 : options_.net.dims()[0].bandwidth;
-      double lat = options_.net.dims().empty() ? 1e-6 : options_.net.dims()[0].latency;
+      // (the communicators' defaults when no topology was given).
+      double bw = options_.net.dims().empty() ? NetModel::kDefaultLinkBandwidth : options_.net.dims()[0].bandwidth;
+      double lat = options_.net.dims().empty() ? NetModel::kDefaultLinkLatency : options_.net.dims()[0].latency;
       net_ = NetModel::ring(size_, bw, lat);
     }
     watchdog_ = std::make_unique<Watchdog>(options_.timeout, options_.name);

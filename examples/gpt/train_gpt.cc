@@ -277,6 +277,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
                          {"modeled_step_s", r.modeled_step_s},
                          {"modeled_compute_s", r.modeled_compute_s},
                          {"modeled_comm_s", r.modeled_comm_s},
+                         {"modeled_idle_s", r.modeled_idle_s},
                          {"mfu", r.mfu},
                          {"peak_mem_bytes", r.peak_mem_bytes}};
         *json << j.dump() << "\n";

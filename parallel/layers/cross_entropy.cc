@@ -44,7 +44,7 @@ void vocab_parallel_cross_entropy(const ParallelState& ps, float* logits, int64_
       if (t >= 0 && t < n_local) l[t] -= grad_scale;
     }
   }
-  kern::charge(ps.device, 8.0 * rows * n_local, 4.0 * (want_grad ? 4.0 : 2.0) * rows * n_local);
+  kern::charge(ps.device, cost::cross_entropy(rows, n_local, want_grad));
 }
 
 }  // namespace tessera::parallel::layers

@@ -28,7 +28,7 @@ void VocabParallelEmbedding::forward(const int32_t* tokens, int64_t rows, float*
       std::memset(o, 0, sizeof(float) * dim_);
     }
   }
-  kern::charge(ps_.device, 0, 8.0 * rows * dim_);
+  kern::charge(ps_.device, cost::embedding_forward(rows, dim_));
   if (ps_.sp()) {
     ps_.tp_reduce_scatter(full, out, rows / ps_.tp_size * dim_);
   } else {
@@ -50,7 +50,7 @@ void VocabParallelEmbedding::backward(const int32_t* tokens, int64_t rows, const
     const float* dr = d + r * dim_;
     for (int64_t j = 0; j < dim_; ++j) g[j] += dr[j];
   }
-  kern::charge(ps_.device, double(rows) * dim_, 12.0 * rows * dim_);
+  kern::charge(ps_.device, cost::embedding_backward(rows, dim_));
 }
 
 }  // namespace tessera::parallel::layers

@@ -129,7 +129,7 @@ void DistributedOptimizer::for_each_moment_run_mutable(
 
 void DistributedOptimizer::zero_grad() {
   std::memset(grads(), 0, sizeof(float) * total_);
-  kern::charge(ps_.device, 0, 4.0 * total_);
+  kern::charge(ps_.device, cost::fill(total_));
   for (auto& b : buckets_) {
     b.pending = b.num_params;
     b.launched = false;
@@ -201,9 +201,17 @@ StepStats DistributedOptimizer::step(int64_t step) {
   };
 
   // Global norm: every element of every shard exactly once.
+  // The norm and the update each run as one multi-tensor kernel over this
+  // rank's segments (as apex/Megatron's fused optimizers): charged once.
   double local = 0;
-  for (size_t s = 0; s < segments_.size(); ++s)
-    if (segments_[s].count_in_norm) local += kern::sum_squares(ps_.device, grad_of(s), segments_[s].size);
+  int64_t normed = 0, updated = 0;
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    updated += segments_[s].size;
+    if (!segments_[s].count_in_norm) continue;
+    local += kern::sum_squares(nullptr, grad_of(s), segments_[s].size);
+    normed += segments_[s].size;
+  }
+  kern::charge(ps_.device, cost::sum_squares(normed));
   float sq = static_cast<float>(local);
   if (shard) ps_.dp->all_reduce(&sq, &sq, 1, DType::F32, collectives::ReduceOp::Sum);
   ps_.tp_all_reduce(&sq, 1);
@@ -219,11 +227,12 @@ StepStats DistributedOptimizer::step(int64_t step) {
   const float bias2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(step)));
   for (size_t s = 0; s < segments_.size(); ++s) {
     const Segment& sg = segments_[s];
-    kern::adamw_update(ps_.device, values() + segment_src_[s], grad_of(s), m + sg.offset, v + sg.offset, sg.size,
+    kern::adamw_update(nullptr, values() + segment_src_[s], grad_of(s), m + sg.offset, v + sg.offset, sg.size,
                        static_cast<float>(st.lr), static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
                        static_cast<float>(cfg_.eps), sg.decay ? static_cast<float>(cfg_.weight_decay) : 0.f, bias1,
                        bias2, static_cast<float>(st.clip_coef));
   }
+  kern::charge(ps_.device, cost::adamw(updated));
 
   if (shard) {
     // Every rank updated its slice of each bucket; gather the slices back.

@@ -1,5 +1,6 @@
 #include "parallel/pipeline/executor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -38,6 +39,18 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   sends_.clear();
   spans_.clear();
   now_ = 0;
+  wait_s_ = 0;
+  // What the pipeline links charge this rank's clock during the run.
+  std::vector<collectives::Communicator*> links;
+  for (collectives::Communicator* l :
+       {ps_.act_next.get(), ps_.act_prev.get(), ps_.grad_next.get(), ps_.grad_prev.get()})
+    if (l != nullptr && std::find(links.begin(), links.end(), l) == links.end()) links.push_back(l);
+  auto link_seconds = [&] {
+    double t = 0;
+    for (collectives::Communicator* l : links) t += l->total_modeled_seconds();
+    return t;
+  };
+  const double links0 = link_seconds();
   // Sends a copy of `data` with this rank's simulated time on `link`.
   auto send = [&](collectives::Communicator& link, Tensor& buf, const float* data) {
     float* c = parallel::layers::ensure_buffer(buf, ps_.device, wire);
@@ -55,6 +68,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
     const double arrive = static_cast<double>(sent) * 1e-9 + transfer;
     if (arrive > now_) {
       spans_.push_back({PipeSpan::kWait, op.micro, op.chunk, now_, arrive - now_});
+      wait_s_ += arrive - now_;
       now_ = arrive;
     }
   };
@@ -124,6 +138,8 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   }
   for (auto& w : sends_) w->wait();
   sends_.clear();
+  p2p_s_ = link_seconds() - links0;
+  if (ps_.device) ps_.device->clock().charge_idle(wait_s_);
   TESSERA_CHECK(slot_of.empty(), slot_of.size(), " micro-batch(es) forwarded without a backward");
 }
 

@@ -28,7 +28,11 @@
 // max(now, sent + modeled link time), and the gap is a wait span (the
 // bubble). An op lasts the Device's modeled compute time it charged plus its
 // blocking TP communication. spans() holds the last run()'s forward,
-// backward and wait spans from the step's start.
+// backward and wait spans from the step's start. The waits are charged to
+// the Device's clock as idle time; the link transfers they contain are
+// charged by the communicators as comm time too, so the step's modeled time
+// subtracts p2p_modeled_s() (a transfer that arrived while this rank was busy
+// cost it nothing).
 //
 // Activation slots: a forward takes the lowest free slot of its chunk, its
 // backward frees it, so a chunk uses at most max_in_flight slots (1F1B: p -
@@ -88,6 +92,10 @@ class PipelineExecutor {
   // Of the last run(): its length on the emulated clock, and the waits' share of it.
   double timeline_s() const { return now_; }
   double bubble_fraction() const;
+  // Of the last run(): the waits' total, and the modeled seconds the
+  // pipeline links charged to this rank's clock (sends and receives).
+  double wait_s() const { return wait_s_; }
+  double p2p_modeled_s() const { return p2p_s_; }
 
  private:
   const parallel::layers::ParallelState& ps_;
@@ -96,7 +104,7 @@ class PipelineExecutor {
   std::vector<Tensor> grad_out_, act_out_;  // send buffers (see above), reused across steps
   std::vector<std::shared_ptr<collectives::Work>> sends_;
   std::vector<PipeSpan> spans_;
-  double now_ = 0;
+  double now_ = 0, wait_s_ = 0, p2p_s_ = 0;
 };
 
 }  // namespace tessera::parallel::pipeline

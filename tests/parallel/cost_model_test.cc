@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "parallel/mesh.h"
+#include "parallel/models/gpt/trainer.h"
 #include "runtime/error.h"
 
 namespace tessera::parallel {
@@ -106,11 +107,14 @@ TEST(Formulas, Partition) {
   EXPECT_THROW(partition_layers(4, 8, false, 0), InvalidArgument);
 }
 
-// One core, no parallelism: memory and time against hand-computed totals.
-// gpt2-124m, b=1, s=1024, bf16: params 124439808 * 2 = 248879616 bytes (grads
-// the same, optimizer * 6); activations 12 sbh (34 + 5as/h) + 4 s V (fp32
-// logits) = 1281691648; step of B=8: 8 * 72 s l h^2 (1 + s/6h + V/12lh) at
-// 95e12 * 0.5 FLOP/s = 0.147359 s.
+// One core, no parallelism: memory against hand-computed totals; time at
+// least the FLOPs at the sustained rate and at most a quarter more (the rest
+// is memory-bound: mostly the cross-entropy reading and writing 1024 x 50257
+// logits, 0.41 GB per micro-batch in bf16, ~1 ms each at 410 GiB/s; then
+// launches and the optimizer step). gpt2-124m, b=1, s=1024, bf16: params 124439808 * 2 =
+// 248879616 bytes (grads the same, optimizer * 6); activations 12 sbh (34 +
+// 5as/h) + 4 s V (fp32 logits) = 1281691648; step of B=8: 8 * 72 s l h^2 (1 +
+// s/6h + V/12lh) at 95e12 * 0.5 FLOP/s = 0.147359 s.
 TEST(CostModel, SingleCoreByHand) {
   ModelConfig m = ModelConfig::preset("gpt2-124m");
   TrainingConfig tc;
@@ -120,56 +124,105 @@ TEST(CostModel, SingleCoreByHand) {
   CostModel cm(m, DeviceSpec::preset("trn1-core"), tc);
   PlanChoice c;
   c.stage_layers = {12};
-  PlanCost k = cm.evaluate(c, GroupNets{});
+  PlanCost k = cm.evaluate(c, emulated_group_nets(1, 1, 1));
   EXPECT_DOUBLE_EQ(k.memory.params, 248879616.0);
   EXPECT_DOUBLE_EQ(k.memory.grads, 248879616.0);
   EXPECT_DOUBLE_EQ(k.memory.optimizer, 6 * 248879616.0);
   EXPECT_DOUBLE_EQ(k.memory.activations, 1281691648.0);
   EXPECT_DOUBLE_EQ(k.memory.total, 3272728576.0);
   EXPECT_EQ(k.num_micro_batches, 8);
-  EXPECT_NEAR(k.time.total, 0.14735914469052633, 1e-12);
+  EXPECT_GT(k.time.total, 0.14735914469052633);
+  EXPECT_LT(k.time.total, 1.25 * 0.14735914469052633);
   EXPECT_DOUBLE_EQ(k.time.tp_comm + k.time.pp_comm + k.time.bubble + k.time.dp_comm, 0.0);
-  EXPECT_NEAR(k.mfu, 0.5, 1e-12);
+  EXPECT_LT(k.mfu, 0.5);
+  EXPECT_GT(k.mfu, 0.5 / 1.25);
 }
 
-// Communication is costed with NetModel's closed forms on the group networks.
-TEST(CostModel, CommUsesNetModel) {
-  ModelConfig m = ModelConfig::preset("gpt2-355m");
+// Communication is costed as the group's communicator runs it
+// (collectives::predict): dp = 8 emulated ranks, one gradient bucket: an
+// all-reduce of the gradients (direct, shared memory), the loss's two floats
+// (oneshot); with ZeRO-1 a reduce-scatter and an all-gather of a slice each,
+// and the norm's float.
+TEST(CostModel, CommIsTheCommunicatorsCost) {
+  ModelConfig m = ModelConfig::preset("gpt2-124m");
   TrainingConfig tc;
-  tc.global_batch = 64;
-  tc.seq = 1024;
-  Topology t = Topology::preset("trn1.32xlarge");
-  CostModel cm(m, t.device(), tc);
-  // dp=32 on the whole torus: one all-reduce of every gradient (bf16).
-  Placement all(t, Mesh({.tp = 1, .dp = 32, .pp = 1}));
-  GroupNets nets{all.group_model(MeshAxis::TP), all.group_model(MeshAxis::PP), all.group_model(MeshAxis::DP)};
+  tc.global_batch = 8;
+  tc.seq = 128;
+  tc.fp32 = true;
+  tc.bucket_elems = int64_t{1} << 30;  // one bucket
+  CostModel cm(m, DeviceSpec::preset("trn1-core"), tc);
+  const GroupNets nets = emulated_group_nets(1, 1, 8);
   PlanChoice c;
-  c.dp = 32;
-  c.stage_layers = {24};
+  c.dp = 8;
+  c.stage_layers = {12};
+  const int64_t P = m.total_params(), padded = (P + 7) / 8 * 8;
+  using collectives::CollKind;
+  auto pred = [&](CollKind kind, int64_t n) { return collectives::predict(kind, n, DType::F32, nets.dp).seconds; };
   PlanCost k = cm.evaluate(c, nets);
-  EXPECT_DOUBLE_EQ(k.time.dp_comm, t.net_model().torus_allreduce_time(2.0 * static_cast<double>(m.total_params())));
-  // ZeRO-1: reduce-scatter of gradients plus all-gather of weights, same bytes.
+  EXPECT_DOUBLE_EQ(k.time.dp_comm, pred(CollKind::AllReduce, padded) + pred(CollKind::AllReduce, 2));
+  EXPECT_EQ(collectives::predict(CollKind::AllReduce, padded, DType::F32, nets.dp).algorithm, "direct");
   c.zero1 = true;
   PlanCost z = cm.evaluate(c, nets);
-  double n = 2.0 * static_cast<double>(m.total_params());
-  EXPECT_DOUBLE_EQ(z.time.dp_comm, t.net_model().torus_reduce_scatter_time(n) + t.net_model().torus_allgather_time(n));
-  EXPECT_LT(z.memory.optimizer, k.memory.optimizer / 31);
+  EXPECT_DOUBLE_EQ(z.time.dp_comm, pred(CollKind::ReduceScatter, padded / 8) + pred(CollKind::AllGather, padded / 8) +
+                                       pred(CollKind::AllReduce, 1) + pred(CollKind::AllReduce, 2));
+  EXPECT_LT(z.memory.optimizer, k.memory.optimizer / 7);
+}
 
-  // tp=8, pp=4: per micro-batch 4 all-reduces of b s h bf16 per layer on the TP ring.
-  Placement p(t, Mesh({.tp = 8, .dp = 1, .pp = 4}));
-  GroupNets n2{p.group_model(MeshAxis::TP), p.group_model(MeshAxis::PP), p.group_model(MeshAxis::DP)};
-  PlanChoice c2;
-  c2.tp = 8;
-  c2.pp = 4;
-  c2.stage_layers = {6, 6, 6, 6};
-  PlanCost k2 = cm.evaluate(c2, n2);
-  double ar = n2.tp.torus_allreduce_time(2.0 * 1024 * 1024);
-  int stage = k2.time_stage;
-  int extra = (stage == 0 || stage == 3) ? 1 : 0;  // embedding / LM head all-reduce
-  EXPECT_NEAR(k2.time.tp_comm, 64 * (6 * 4 + extra) * ar, 1e-12);
-  // Bubble (p-1)/m of the pipelined time.
-  double per_mb = (k2.time.compute + k2.time.tp_comm + k2.time.pp_comm) / 64;
-  EXPECT_NEAR(k2.time.bubble, 3 * per_mb, 1e-12);
+// The pipeline as the executor runs it, with uniform stages and free links:
+// stage 0 ends after (v m + p - 1) chunk slots, its waits are the bubble
+// (p - 1) slots; every stage runs all its passes.
+TEST(CostModel, SimulatedPipelineHasTheSchedulesBubble) {
+  using pipeline::Schedule;
+  const int p = 4, m = 8;
+  for (Schedule s : {Schedule::k1F1B, Schedule::kGpipe, Schedule::kInterleaved}) {
+    const int v = s == Schedule::kInterleaved ? 2 : 1;
+    const double f = 1.0 / v, b = 2.0 / v;  // per chunk: a stage's F + B is 3 per micro-batch
+    std::vector<std::vector<double>> fwd(p, std::vector<double>(v, f)), bwd(p, std::vector<double>(v, b));
+    PipelineTimes t = simulate_pipeline(s, p, m, v, fwd, bwd, 0.0);
+    SCOPED_TRACE(pipeline::schedule_name(s));
+    EXPECT_NEAR(t.end[0], (v * m + p - 1) * (f + b), 1e-12);
+    EXPECT_NEAR(t.wait[0], (p - 1) * (f + b), 1e-12);
+    EXPECT_NEAR(t.wait[0] / t.end[0], pipeline::bubble_fraction(p, m, v), 1e-12);
+    for (int st = 0; st < p; ++st) EXPECT_NEAR(t.end[st] - t.wait[st], m * 3.0, 1e-12);
+  }
+  // A link transfer delays every hop of the fill and the drain.
+  std::vector<std::vector<double>> fwd(2, {1.0}), bwd(2, {2.0});
+  EXPECT_NEAR(simulate_pipeline(Schedule::k1F1B, 2, 1, 1, fwd, bwd, 0.5).end[0], 1 + 0.5 + 1 + 2 + 0.5 + 2, 1e-12);
+}
+
+// A serial Trainer on one emulated core charges exactly what the cost model
+// sums: the same kernels (runtime/kernel_cost.h), two micro-batches, the
+// optimizer step.
+TEST(CostModel, SerialTrainerStepEqualsPrediction) {
+  Device dev(DeviceSpec::preset("trn1-core"));
+  auto ps = parallel::layers::serial_state(&dev);
+  models::gpt::TrainOptions o;
+  o.model.layers = 2;
+  o.model.hidden = 64;
+  o.model.heads = 4;
+  o.model.seq = 32;
+  o.seq = 32;
+  o.micro_batch = 2;
+  o.global_batch = 4;
+  o.steps = 2;
+  auto data = std::make_shared<const parallel::data::ByteDataset>(parallel::data::ByteDataset::default_files());
+  models::gpt::Trainer trainer(o, ps, data);
+  trainer.init_random();
+  trainer.step();
+  const double emulated = trainer.step().modeled_step_s;
+
+  ModelConfig m = ModelConfig::from_json_text(
+      R"({"name": "tiny", "layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "max_seq": 32})", "tiny");
+  TrainingConfig tc;
+  tc.global_batch = 4;
+  tc.seq = 32;
+  tc.fp32 = true;
+  CostModel cm(m, DeviceSpec::preset("trn1-core"), tc);
+  PlanChoice c;
+  c.micro_batch = 2;
+  c.stage_layers = {2};
+  const double predicted = cm.evaluate(c, emulated_group_nets(1, 1, 1)).time.total;
+  EXPECT_NEAR(predicted, emulated, 1e-9 * emulated);
 }
 
 TEST(CostModel, RejectsBadWorkload) {

@@ -174,7 +174,7 @@ TEST(Planner, BestPlanIsTheFastestThatFitsByBruteForce) {
       const int dp = n / (tp * pp);
       if (B % dp) continue;
       Placement pl(t, Mesh({.tp = tp, .dp = dp, .pp = pp}, o.order));
-      const GroupNets nets{pl.group_model(MeshAxis::TP), pl.group_model(MeshAxis::PP), pl.group_model(MeshAxis::DP)};
+      const GroupNets nets = placement_group_nets(t, pl);
       for (int mbs = 1; mbs <= B / dp; ++mbs) {
         if ((B / dp) % mbs) continue;
         const int micro = static_cast<int>(B / dp / mbs);
@@ -188,16 +188,21 @@ TEST(Planner, BestPlanIsTheFastestThatFitsByBruteForce) {
               if (zero1 && dp == 1) continue;
               for (bool sp : {false, true}) {
                 if (sp && tp == 1) continue;
-                for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                  RankedPlan rp{PlanChoice{tp, pp, dp, mbs, v, zero1, sp, rc, stages, balanced}, {}};
-                  rp.cost = cm.evaluate(rp.choice, nets);
-                  ++count;
-                  if (rp.cost.memory.total > r.capacity_bytes) continue;
-                  ++fit;
-                  if (!best || rp.cost.time.total < best->cost.time.total ||
-                      (rp.cost.time.total == best->cost.time.total && rp.cost.memory.total < best->cost.memory.total))
-                    best = rp;
-                }
+                using pipeline::Schedule;
+                std::vector<Schedule> scheds = {Schedule::k1F1B};
+                if (pp > 1 && v == 1) scheds.push_back(Schedule::kGpipe);
+                if (v > 1) scheds = {Schedule::kInterleaved};
+                for (Schedule sc : scheds)
+                  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                    RankedPlan rp{PlanChoice{tp, pp, dp, mbs, v, sc, zero1, sp, rc, stages, balanced}, {}};
+                    rp.cost = cm.evaluate(rp.choice, nets);
+                    ++count;
+                    if (rp.cost.memory.total > r.capacity_bytes) continue;
+                    ++fit;
+                    if (!best || rp.cost.time.total < best->cost.time.total ||
+                        (rp.cost.time.total == best->cost.time.total && rp.cost.memory.total < best->cost.memory.total))
+                      best = rp;
+                  }
               }
             }
           }

@@ -208,16 +208,17 @@ void GptModel::attention_forward(Block& b, int64_t batch, int64_t seq) {
       // the blocks above the diagonal are never computed (about half the work).
       for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
-        kern::gemm(dev, false, true, rows, cols, hd, 1.f, q + r0 * ld, ld, k, ld, 0.f, p + r0 * seq, seq);
+        kern::gemm_raw(false, true, rows, cols, hd, 1.f, q + r0 * ld, ld, k, ld, 0.f, p + r0 * seq, seq);
       }
       kern::causal_softmax_forward(p, seq, seq, scale);
       for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
-        kern::gemm(dev, false, false, rows, hd, cols, 1.f, p + r0 * seq, seq, v, ld, 0.f, y_h + r0 * cl, cl);
+        kern::gemm_raw(false, false, rows, hd, cols, 1.f, p + r0 * seq, seq, v, ld, 0.f, y_h + r0 * cl, cl);
       }
     }
   }
-  kern::charge(dev, 5.0 * batch * hl * seq * seq, 8.0 * batch * hl * seq * seq);
+  // One fused attention kernel on the device (the blocked GEMMs above are the CPU's way to compute it).
+  kern::charge(dev, cost::attention_forward(batch, hl, seq, hd));
 }
 
 void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
@@ -246,26 +247,26 @@ void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
       const int64_t last = (seq - 1) / kAttnBlock * kAttnBlock;
       for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {  // dP = dY V^T
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
-        kern::gemm(dev, false, true, rows, cols, hd, 1.f, dyh + r0 * cl, cl, v, ld, 0.f, dp + r0 * seq, seq);
+        kern::gemm_raw(false, true, rows, cols, hd, 1.f, dyh + r0 * cl, cl, v, ld, 0.f, dp + r0 * seq, seq);
       }
       for (int64_t r0 = last; r0 >= 0; r0 -= kAttnBlock) {  // dV = P^T dY
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
-        kern::gemm(dev, true, false, cols, hd, rows, 1.f, p + r0 * seq, seq, dyh + r0 * cl, cl, r0 == last ? 0.f : 1.f,
-                   dv, ld);
+        kern::gemm_raw(true, false, cols, hd, rows, 1.f, p + r0 * seq, seq, dyh + r0 * cl, cl, r0 == last ? 0.f : 1.f,
+                       dv, ld);
       }
       kern::causal_softmax_backward(p, dp, seq, seq, scale);  // dP -> dS
       for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {      // dQ = dS K
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
-        kern::gemm(dev, false, false, rows, hd, cols, 1.f, dp + r0 * seq, seq, k, ld, 0.f, dq + r0 * ld, ld);
+        kern::gemm_raw(false, false, rows, hd, cols, 1.f, dp + r0 * seq, seq, k, ld, 0.f, dq + r0 * ld, ld);
       }
       for (int64_t r0 = last; r0 >= 0; r0 -= kAttnBlock) {  // dK = dS^T Q
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
-        kern::gemm(dev, true, false, cols, hd, rows, 1.f, dp + r0 * seq, seq, q + r0 * ld, ld, r0 == last ? 0.f : 1.f,
-                   dk, ld);
+        kern::gemm_raw(true, false, cols, hd, rows, 1.f, dp + r0 * seq, seq, q + r0 * ld, ld, r0 == last ? 0.f : 1.f,
+                       dk, ld);
       }
     }
   }
-  kern::charge(dev, 4.0 * batch * hl * seq * seq, 12.0 * batch * hl * seq * seq);
+  kern::charge(dev, cost::attention_backward(batch, hl, seq, hd));
 }
 
 double GptModel::forward(const int32_t* inputs, const int32_t* targets, int64_t batch, int64_t seq, bool want_grad,
@@ -312,7 +313,7 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
       float* xr = x + r * c;
       for (int64_t j = 0; j < c; ++j) xr[j] += pe[j];
     }
-    kern::charge(dev, double(nl) * c, 12.0 * nl * c);
+    kern::charge(dev, cost::position_add(nl, c));
   } else {
     // The received activation (a device would receive it in place: not charged).
     std::memcpy(x, act_in, sizeof(float) * nl * c);
@@ -441,7 +442,7 @@ const float* GptModel::backward_stage(int si, const float* grad_out, const std::
     const float* d = dres + r * c;
     for (int64_t j = 0; j < c; ++j) g[j] += d[j];
   }
-  kern::charge(dev, double(nl) * c, 12.0 * nl * c);
+  kern::charge(dev, cost::position_add(nl, c));
   ready(wpe_);
   wte_->backward(s.tokens.data<int32_t>(), n, dres);
   ready(wte_->weight());

@@ -279,10 +279,30 @@ StepRecord Trainer::step() {
   rec.grad_wait_s = sums[1] / (ps_.dp_size * ps_.pp_size);
   rec.wall_s = sw.seconds();
   rec.tokens_per_s = static_cast<double>(g * s) / rec.wall_s;
+  // Modeled time: kernels, then communication (blocking or not: nothing
+  // overlaps on the emulated core, as the planner assumes), then waiting for
+  // pipeline neighbours; the pipeline links' transfers show as waits (or
+  // were hidden behind this rank's work), not as comm.
   const ClockTotals c1 = dev->clock().totals();
   rec.modeled_compute_s = c1.compute_s - c0.compute_s;
-  rec.modeled_comm_s = c1.comm_s - c0.comm_s;
-  rec.modeled_step_s = rec.modeled_compute_s + rec.modeled_comm_s;
+  rec.modeled_comm_s = c1.comm_s - c0.comm_s - (pipe_ ? pipe_->p2p_modeled_s() : 0.0);
+  rec.modeled_idle_s = c1.idle_s - c0.idle_s;
+  rec.modeled_step_s = rec.modeled_compute_s + rec.modeled_comm_s + rec.modeled_idle_s;
+  if (ps_.pp_size > 1) {
+    // The step lasts as long as its slowest stage: report that stage's
+    // figures on every rank (after the clock was read, so uncharged).
+    float mine[4] = {static_cast<float>(rec.modeled_step_s), static_cast<float>(rec.modeled_compute_s),
+                     static_cast<float>(rec.modeled_comm_s), static_cast<float>(rec.modeled_idle_s)};
+    std::vector<float> all(4 * static_cast<size_t>(ps_.pp_size));
+    ps_.pp->all_gather(mine, all.data(), 4, DType::F32);
+    size_t slow = 0;
+    for (size_t i = 1; i < static_cast<size_t>(ps_.pp_size); ++i)
+      if (all[4 * i] > all[4 * slow]) slow = i;
+    rec.modeled_step_s = all[4 * slow];
+    rec.modeled_compute_s = all[4 * slow + 1];
+    rec.modeled_comm_s = all[4 * slow + 2];
+    rec.modeled_idle_s = all[4 * slow + 3];
+  }
   const double peak = dev->spec().peak_flops(DType::F32) * ps_.tp_size * ps_.dp_size * ps_.pp_size;
   if (rec.modeled_step_s > 0 && peak > 0)
     rec.mfu = opts_.model.train_flops_per_token() * static_cast<double>(g * s) / (peak * rec.modeled_step_s);

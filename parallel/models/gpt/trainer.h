@@ -68,7 +68,9 @@ struct StepRecord {
   // Mean over the DP ranks of the wall seconds blocked on the gradient
   // reductions after backward (exposed communication and waiting for peers).
   double grad_wait_s = 0;
-  double modeled_step_s = 0, modeled_compute_s = 0, modeled_comm_s = 0, mfu = 0;
+  // Modeled seconds on the emulated cores (runtime/sim_clock.h): step =
+  // compute + comm + idle (pipeline waits), of the slowest pipeline stage.
+  double modeled_step_s = 0, modeled_compute_s = 0, modeled_comm_s = 0, modeled_idle_s = 0, mfu = 0;
   uint64_t peak_mem_bytes = 0;
 };
 

@@ -1,0 +1,60 @@
+// Collective costs: the modeled seconds of the algorithms' schedules, in one
+// place. The algorithms (algorithms.cc) charge these figures to the
+// communicator's clock as they run, and predict() gives, without running
+// anything, the algorithm the communicator would pick for a call and the
+// seconds it would charge, so the planner (parallel/cost_model.h) costs a
+// collective exactly as an emulated run models it. docs/algorithms.md lists
+// the schedules and their closed forms on a uniform ring.
+//
+// Scope of predict(): groups on one host. With shared memory (the ranks of
+// one host under `tessera run` or mpirun, buffers in the device arena) the
+// shm algorithms (oneshot, direct) come first, as in the communicator; the
+// multi-host ones (hier, hier_rd) are never predicted. Pure functions.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "collectives/algorithms.h"
+
+namespace tessera::collectives {
+
+// One ring phase (reduce-scatter or all-gather) among `members` (group ranks
+// in ring order): m - 1 steps, each as slow as the slowest link of the ring
+// carrying `block_bytes`.
+double ring_phase_seconds(const LinkCosts& links, const int* members, int m, double block_bytes);
+// Every one of the p ranks reads `per_peer_bytes` from each other rank, one
+// transfer each: the slowest rank's sum (oneshot; each phase of direct).
+double gather_from_peers_seconds(const LinkCosts& links, int p, double per_peer_bytes);
+// Rabenseifner all-reduce of `count` elements of `elem` bytes over p ranks
+// (fold to the largest power of two, halving and doubling, unfold).
+double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t count, size_t elem);
+// Binomial tree (broadcast or reduce) of `bytes` from/to `root`.
+double tree_seconds(const LinkCosts& links, int p, int root, double bytes);
+
+// What a group's communicator knows when it picks an algorithm.
+struct GroupCostModel {
+  int size = 1;
+  NetModel net;
+  std::vector<int> nodes;  // net node of each group rank
+  LinkCosts links;
+  TorusShape torus;
+  bool shared_memory = false;  // every member on one host, buffers in the shared arena
+};
+// The model of a group of nodes on `net`; empty net dims: the communicator's
+// default (a ring over the group with NetModel::kDefaultLink* figures).
+GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory);
+
+struct CollPrediction {
+  std::string algorithm;  // as Communicator::last_algorithm() would say
+  double seconds = 0;     // as last_modeled_seconds() would say
+};
+// `count` elements as in the Communicator API (all-gather: per rank;
+// reduce-scatter: of the result per rank); reductions of bf16/f16 are
+// widened to f32 as the communicator does.
+CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCostModel& g);
+// A point-to-point transfer of `bytes` from group rank a to b.
+double p2p_seconds(const GroupCostModel& g, int a, int b, double bytes);
+
+}  // namespace tessera::collectives

@@ -1,0 +1,83 @@
+#include "runtime/kernel_cost.h"
+
+#include <algorithm>
+
+#include "runtime/device.h"
+
+namespace tessera::cost {
+
+namespace {
+constexpr double kF = 4.0;  // bytes per fp32 element
+double d(int64_t v) { return static_cast<double>(v); }
+}  // namespace
+
+double sustained_flops(const DeviceSpec& spec, DType dtype) { return spec.peak_flops(dtype) * spec.sustained_fraction; }
+
+double kernel_seconds(const DeviceSpec& spec, const Kernel& k, DType dtype) {
+  const double rate = sustained_flops(spec, dtype);
+  const double t_flops = rate > 0 ? k.flops / rate : 0;
+  const double t_bytes = spec.hbm_bandwidth > 0 ? k.bytes / spec.hbm_bandwidth : 0;
+  return spec.kernel_launch_s + std::max(t_flops, t_bytes);
+}
+
+Kernel gemm(int64_t m, int64_t n, int64_t k, bool accumulate) {
+  return {2.0 * d(m) * d(n) * d(k), kF * (d(m) * d(k) + d(k) * d(n) + d(m) * d(n) * (accumulate ? 2 : 1))};
+}
+
+Kernel layernorm_forward(int64_t rows, int64_t cols) {
+  return {8.0 * d(rows) * d(cols), kF * (2.0 * d(rows) * d(cols) + 2.0 * d(cols))};
+}
+
+Kernel layernorm_backward(int64_t rows, int64_t cols) {
+  return {16.0 * d(rows) * d(cols), kF * (4.0 * d(rows) * d(cols) + 4.0 * d(cols))};
+}
+
+Kernel broadcast_rows(int64_t rows, int64_t cols) { return {0, kF * (d(rows) * d(cols) + d(cols))}; }
+
+Kernel add_rows(int64_t rows, int64_t cols, bool bias) {
+  return {(bias ? 2.0 : 1.0) * d(rows) * d(cols), kF * 3.0 * d(rows) * d(cols)};
+}
+
+Kernel bias_grad(int64_t rows, int64_t cols) { return {d(rows) * d(cols), kF * (d(rows) * d(cols) + 2.0 * d(cols))}; }
+
+Kernel gelu_forward(int64_t n) { return {10.0 * d(n), kF * 2.0 * d(n)}; }
+
+Kernel gelu_backward(int64_t n) { return {16.0 * d(n), kF * 3.0 * d(n)}; }
+
+namespace {
+// Score entries of a causal [seq, seq] block: the lower triangle with the diagonal.
+double causal_entries(int64_t seq) { return d(seq) * (d(seq) + 1) / 2; }
+}  // namespace
+
+Kernel attention_forward(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim) {
+  const double bh = d(batch) * d(heads), tri = causal_entries(seq), sd = d(seq) * d(head_dim);
+  // Q K^T and P V (2 hd FLOPs per entry each), softmax 5 per entry; reads Q,
+  // K, V, writes Y and the probabilities (kept for the backward).
+  return {bh * (4.0 * d(head_dim) * tri + 5.0 * tri), kF * bh * (4.0 * sd + tri)};
+}
+
+Kernel attention_backward(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim) {
+  const double bh = d(batch) * d(heads), tri = causal_entries(seq), sd = d(seq) * d(head_dim);
+  // dP = dY V^T, dV = P^T dY, dQ = dS K, dK = dS^T Q (2 hd each per entry),
+  // softmax backward 4 per entry; reads Q, K, V, dY and P, writes dQ, dK, dV
+  // (and the dP scratch once).
+  return {bh * (8.0 * d(head_dim) * tri + 4.0 * tri), kF * bh * (7.0 * sd + 2.0 * tri)};
+}
+
+Kernel embedding_forward(int64_t rows, int64_t dim) { return {0, 2.0 * kF * d(rows) * d(dim)}; }
+
+Kernel embedding_backward(int64_t rows, int64_t dim) { return {d(rows) * d(dim), 3.0 * kF * d(rows) * d(dim)}; }
+
+Kernel position_add(int64_t rows, int64_t dim) { return {d(rows) * d(dim), 3.0 * kF * d(rows) * d(dim)}; }
+
+Kernel cross_entropy(int64_t rows, int64_t n_local, bool want_grad) {
+  return {8.0 * d(rows) * d(n_local), kF * (want_grad ? 4.0 : 2.0) * d(rows) * d(n_local)};
+}
+
+Kernel adamw(int64_t n) { return {14.0 * d(n), kF * 7.0 * d(n)}; }
+
+Kernel sum_squares(int64_t n) { return {2.0 * d(n), kF * d(n)}; }
+
+Kernel fill(int64_t n) { return {0, kF * d(n)}; }
+
+}  // namespace tessera::cost

@@ -1,0 +1,64 @@
+// Kernel costs: the one place that says what each kernel of an emulated core
+// costs. The kernels (runtime/kernels.h, the layers and the GPT model) charge
+// these figures to their Device's SimClock, and the planner
+// (parallel/cost_model.h) sums the same figures over the kernels a step runs,
+// so a predicted step time and an emulated one are built from the same terms.
+//
+// A kernel is its FLOPs and the HBM bytes it moves (fp32 elements, 4 bytes
+// each, as the emulated cores compute). Its modeled time on a DeviceSpec is
+//   launch + max(FLOPs / (peak(dtype) x sustained_fraction), bytes / HBM bandwidth)
+// (a roofline at the sustained FLOP rate, plus a fixed per-kernel launch
+// term): small kernels are memory- or launch-bound, large GEMMs FLOP-bound.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/dtype.h"
+
+namespace tessera {
+
+struct DeviceSpec;
+
+namespace cost {
+
+struct Kernel {
+  double flops = 0;
+  double bytes = 0;
+};
+
+// Modeled seconds of one kernel on `spec` (formula above).
+double kernel_seconds(const DeviceSpec& spec, const Kernel& k, DType dtype = DType::F32);
+// The sustained FLOP/s of a core: peak(dtype) x sustained_fraction.
+double sustained_flops(const DeviceSpec& spec, DType dtype);
+
+// ---- the kernels (fp32 operands) ----
+// C[m,n] (+)= A[m,k] B[k,n]: 2mnk FLOPs; reads A, B (and C when accumulating), writes C.
+Kernel gemm(int64_t m, int64_t n, int64_t k, bool accumulate);
+Kernel layernorm_forward(int64_t rows, int64_t cols);
+Kernel layernorm_backward(int64_t rows, int64_t cols);
+Kernel broadcast_rows(int64_t rows, int64_t cols);       // out = bias per row
+Kernel add_rows(int64_t rows, int64_t cols, bool bias);  // out = a + b (+ bias)
+Kernel bias_grad(int64_t rows, int64_t cols);            // db += column sums
+Kernel gelu_forward(int64_t n);
+Kernel gelu_backward(int64_t n);
+// Causal multi-head attention of `batch` x `heads` heads of [seq, head_dim]
+// (one fused kernel: Q K^T over the lower triangle, softmax, P V; the
+// backward: dP, dV, softmax backward, dQ, dK). The score matrix is written
+// and read once per pass.
+Kernel attention_forward(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim);
+Kernel attention_backward(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim);
+// Embedding row gather (rows of dim) and its scatter-add gradient.
+Kernel embedding_forward(int64_t rows, int64_t dim);
+Kernel embedding_backward(int64_t rows, int64_t dim);
+// Learned-position add (forward) or its gradient accumulation (backward).
+Kernel position_add(int64_t rows, int64_t dim);
+// Softmax cross-entropy over rows x n_local logits (with the gradient in place).
+Kernel cross_entropy(int64_t rows, int64_t n_local, bool want_grad);
+// AdamW over n elements; sum of squares over n elements; zero-filling n floats.
+Kernel adamw(int64_t n);
+Kernel sum_squares(int64_t n);
+Kernel fill(int64_t n);
+
+}  // namespace cost
+}  // namespace tessera

@@ -1,0 +1,110 @@
+// Collective costs (collectives/coll_cost.h): predict() against hand-computed
+// alpha-beta figures, and against what real communicators charge for the
+// same calls (algorithm and modeled seconds), the way train_gpt's groups run
+// them: default ring models, buffers in a shared arena or on the stack.
+#include "collectives/coll_cost.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "runtime/device.h"
+#include "runtime/shm_memory.h"
+#include "tests/collectives/fork_harness.h"
+
+namespace tessera::collectives {
+namespace {
+
+using test::failures;
+using test::run_ranks;
+
+constexpr double kA = NetModel::kDefaultLinkLatency;    // 2 us per hop
+constexpr double kB = NetModel::kDefaultLinkBandwidth;  // 48 GiB/s per link
+
+GroupCostModel ring_group(int p, bool shm) {
+  std::vector<int> nodes(static_cast<size_t>(p));
+  for (int i = 0; i < p; ++i) nodes[static_cast<size_t>(i)] = i;
+  return group_cost_model(NetModel(), nodes, shm);
+}
+
+TEST(CollCost, RingAllReduceByHand) {
+  // 1 Mi floats (4 MiB) over 4 ranks without shared memory: too large for
+  // rhd, so the ring: 2(p-1)/p N/B + 2(p-1) alpha = 1.5 N/B + 6 alpha.
+  const size_t count = size_t{1} << 20;
+  const double n = 4.0 * static_cast<double>(count);
+  CollPrediction r = predict(CollKind::AllReduce, count, DType::F32, ring_group(4, false));
+  EXPECT_EQ(r.algorithm, "ring");
+  EXPECT_NEAR(r.seconds, 1.5 * 4194304.0 / 51539607552.0 + 6 * 2e-6, 1e-15);
+  EXPECT_NEAR(r.seconds, NetModel::ring_allreduce_time(4, n, kA, kB), 1e-15);
+  // Reduce-scatter and all-gather: (p-1) steps of one block over one hop.
+  EXPECT_NEAR(predict(CollKind::ReduceScatter, count / 4, DType::F32, ring_group(4, false)).seconds,
+              3 * (2e-6 + 1048576.0 / 51539607552.0), 1e-15);
+  EXPECT_NEAR(predict(CollKind::AllGather, count / 4, DType::F32, ring_group(4, false)).seconds,
+              3 * (2e-6 + 1048576.0 / 51539607552.0), 1e-15);
+}
+
+TEST(CollCost, SharedMemoryAlgorithmsByHand) {
+  // direct (shared memory): each rank pulls p-1 blocks of N/p and pushes its
+  // block to p-1 peers; on a ring of 4 its peers are 1, 2 and 1 hops away:
+  // 2 (4 alpha + 3 N/(4B)) = 8 alpha + 1.5 N/B.
+  const size_t count = size_t{1} << 20;
+  CollPrediction d = predict(CollKind::AllReduce, count, DType::F32, ring_group(4, true));
+  EXPECT_EQ(d.algorithm, "direct");
+  EXPECT_NEAR(d.seconds, 8 * 2e-6 + 1.5 * 4194304.0 / 51539607552.0, 1e-15);
+  // oneshot (at most 4 KiB): every rank reads each peer's vector once.
+  CollPrediction o = predict(CollKind::AllReduce, 2, DType::F32, ring_group(4, true));
+  EXPECT_EQ(o.algorithm, "oneshot");
+  EXPECT_NEAR(o.seconds, 4 * 2e-6 + 3 * 8.0 / 51539607552.0, 1e-15);
+  // bf16 reductions are widened to f32 first: the same bytes as f32.
+  EXPECT_DOUBLE_EQ(predict(CollKind::AllReduce, count, DType::BF16, ring_group(4, true)).seconds, d.seconds);
+  // One rank: nothing to do.
+  EXPECT_EQ(predict(CollKind::AllReduce, count, DType::F32, ring_group(1, true)).seconds, 0.0);
+  // A point-to-point transfer on a two-rank link: alpha + bytes / B.
+  EXPECT_NEAR(p2p_seconds(ring_group(2, true), 0, 1, 1e6), 2e-6 + 1e6 / 51539607552.0, 1e-15);
+}
+
+// The communicator charges what predict() says, for the calls and buffers
+// train_gpt makes: arena (device) buffers of several sizes, a stack scalar,
+// the whole world and a split group of 2 (a TP pair).
+TEST(CollCost, PredictionEqualsCharge) {
+  auto res = run_ranks(4, [](int rank, int size, const std::shared_ptr<Store>& store) {
+    Device dev(DeviceSpec::preset("test-core"), rank, make_shm_memory(64u << 20));
+    auto world = Communicator::create(store, rank, size);
+    auto pair = world->split(rank / 2, rank, "pair");
+    auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-12 * std::max(1e-6, std::fabs(y)); };
+    for (const auto& c : {world, pair}) {
+      const GroupCostModel g = ring_group(c->size(), true);
+      for (size_t count : {size_t{1}, size_t{1000}, size_t{70000}, size_t{300000}}) {
+        auto* buf = static_cast<float*>(dev.allocate(count * 4 * static_cast<size_t>(size)));
+        auto* out = static_cast<float*>(dev.allocate(count * 4 * static_cast<size_t>(size)));
+        c->all_reduce(buf, buf, count, DType::F32, ReduceOp::Sum);
+        CollPrediction e = predict(CollKind::AllReduce, count, DType::F32, g);
+        COLL_REQUIRE(c->last_algorithm() == e.algorithm && near(c->last_modeled_seconds(), e.seconds), "all_reduce ",
+                     count, ": ran ", c->last_algorithm(), " ", c->last_modeled_seconds(), ", predicted ", e.algorithm,
+                     " ", e.seconds);
+        c->reduce_scatter(buf, out, count, DType::F32, ReduceOp::Sum);
+        e = predict(CollKind::ReduceScatter, count, DType::F32, g);
+        COLL_REQUIRE(c->last_algorithm() == e.algorithm && near(c->last_modeled_seconds(), e.seconds),
+                     "reduce_scatter ", count, ": ran ", c->last_algorithm(), " ", c->last_modeled_seconds(),
+                     ", predicted ", e.algorithm, " ", e.seconds);
+        c->all_gather(buf, out, count, DType::F32);
+        e = predict(CollKind::AllGather, count, DType::F32, g);
+        COLL_REQUIRE(c->last_algorithm() == e.algorithm && near(c->last_modeled_seconds(), e.seconds), "all_gather ",
+                     count, ": ran ", c->last_algorithm(), " ", c->last_modeled_seconds(), ", predicted ", e.algorithm,
+                     " ", e.seconds);
+        dev.free(out, count * 4 * static_cast<size_t>(size));
+        dev.free(buf, count * 4 * static_cast<size_t>(size));
+      }
+      float scalar = 1;  // the optimizer's norm: a stack float
+      c->all_reduce(&scalar, &scalar, 1, DType::F32, ReduceOp::Sum);
+      const CollPrediction e = predict(CollKind::AllReduce, 1, DType::F32, g);
+      COLL_REQUIRE(c->last_algorithm() == e.algorithm && near(c->last_modeled_seconds(), e.seconds), "scalar");
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+}  // namespace
+}  // namespace tessera::collectives
