@@ -20,7 +20,7 @@ using namespace tessera::parallel;  // the planner and plan files
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 struct PlanArgs {
-  std::string model, topology, json, zero1, sp, recompute, order = "tp-dp-pp", precision = "bf16", device;
+  std::string model, topology, json, zero1, sp, recompute, order = "tp-dp-pp", precision = "bf16", device, schedule;
   int cores = 0, tp = 0, pp = 0, dp = 0, mbs = 0, vstages = 0, top = 5;
   long long global_batch = 0;
   int seq = 0;
@@ -77,14 +77,23 @@ std::string hops_text(const HopStats& h) {
          f(100 * h.one_hop_fraction, 1) + "% one-hop" + (h.ring ? " (ring incl. wrap)" : " (neighbours)");
 }
 
-void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& opts, const RankedPlan& p) {
+// The schedule a plan names: "none" for pp = 1, else --schedule when pinned,
+// else 1F1B (interleaved with virtual stages), which the cost model assumes.
+std::string schedule_of(const PlanChoice& c, const std::string& pinned) {
+  if (c.pp == 1) return "none";
+  if (c.virtual_stages > 1) return "interleaved-1f1b";
+  return pinned == "gpipe" ? "gpipe" : "1f1b";
+}
+
+void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& opts, const RankedPlan& p,
+                const std::string& schedule_pin) {
   const PlanChoice& c = p.choice;
   const PlanCost& k = p.cost;
   os << "Best plan: tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp << " micro-batch=" << c.micro_batch
      << " virtual-stages=" << c.virtual_stages << " zero1=" << onoff(c.zero1)
      << " sequence-parallel=" << onoff(c.sequence_parallel) << " recompute=" << recompute_name(c.recompute) << "\n";
-  os << "  schedule " << (c.pp == 1 ? "none" : (c.virtual_stages > 1 ? "interleaved-1f1b" : "1f1b")) << ", "
-     << k.num_micro_batches << " micro-batches per step, rank order " << mesh_order_name(opts.order) << "\n";
+  os << "  schedule " << schedule_of(c, schedule_pin) << ", " << k.num_micro_batches
+     << " micro-batches per step, rank order " << mesh_order_name(opts.order) << "\n";
   os << "  memory per rank (stage " << k.memory_stage << "): params " << gib(k.memory.params) << ", grads "
      << gib(k.memory.grads) << ", optimizer " << gib(k.memory.optimizer) << ", activations "
      << gib(k.memory.activations) << ", total " << gib(k.memory.total) << "\n";
@@ -166,6 +175,15 @@ int run_plan(const PlanArgs& a) {
   if (given("--zero1")) o.pins.zero1 = a.zero1 == "on";
   if (given("--sequence-parallel")) o.pins.sequence_parallel = a.sp == "on";
   if (given("--recompute")) o.pins.recompute = parse_recompute(a.recompute);
+  // --schedule pins the virtual stages: 1 for gpipe and 1f1b, > 1 (default 2) for interleaved.
+  if (given("--schedule")) {
+    const bool interleaved = a.schedule == "interleaved";
+    TESSERA_ARG_CHECK(!given("--virtual-stages") || (a.vstages > 1) == interleaved, "--schedule ", a.schedule,
+                      " with --virtual-stages ", a.vstages, ": ",
+                      interleaved ? "interleaved needs --virtual-stages >= 2" : "only interleaved has virtual stages");
+    TESSERA_ARG_CHECK(!given("--pp") || a.pp > 1, "--schedule ", a.schedule, " needs --pp > 1 (got --pp ", a.pp, ")");
+    if (!given("--virtual-stages")) o.pins.virtual_stages = interleaved ? 2 : 1;
+  }
 
   PlannerResult res = parallel::plan(model, topo, o);
   std::ostream& os = std::cout;
@@ -179,7 +197,10 @@ int run_plan(const PlanArgs& a) {
      << ", usable memory " << gib(res.capacity_bytes) << " per core\n";
   os << "searched " << res.evaluated << " choices in " << f(res.seconds, 3) << " s (" << res.over_memory
      << " over memory)\n\n";
-  print_plan(os, topo, o, res.top[0]);
+  print_plan(os, topo, o, res.top[0], a.schedule);
+  if (a.schedule == "gpipe" && res.top[0].choice.pp > 1)
+    os << "  (GPipe holds all " << res.top[0].cost.num_micro_batches
+       << " micro-batches' activations; the activation memory above counts 1F1B's in-flight ones)\n";
   os << "\nWhy this plan:\n";
   for (const auto& w : res.why) os << "  - " << w << "\n";
   os << "\nTop " << res.top.size() << " (memory in GiB per rank for its fullest stage, time in s per step):\n";
@@ -200,7 +221,9 @@ int run_plan(const PlanArgs& a) {
     os << buf;
   }
   if (!a.json.empty()) {
-    write_plan_json(a.json, make_plan_proto(model, topo, o, res.top[0]));
+    tessera::plan::Plan doc = make_plan_proto(model, topo, o, res.top[0]);
+    doc.set_schedule(schedule_of(res.top[0].choice, a.schedule));
+    write_plan_json(a.json, doc);
     os << "\nwrote " << a.json << "\n";
   }
   return 0;
@@ -228,6 +251,9 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--mbs", args->mbs, "Pin micro-batch size")->check(cli::positive(args->mbs));
   cmd->add_option("--virtual-stages", args->vstages, "Pin virtual stages per pipeline stage (interleaved 1F1B)")
       ->check(cli::positive(args->vstages));
+  cmd->add_option("--schedule", args->schedule,
+                  "Pin the pipeline schedule: gpipe|1f1b|interleaved (interleaved: --virtual-stages, default 2)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
   cmd->add_option("--zero1", args->zero1, "Pin ZeRO-1: on|off")->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--sequence-parallel", args->sp, "Pin sequence parallelism: on|off")
       ->check(CLI::IsMember({"on", "off"}));
