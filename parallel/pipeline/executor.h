@@ -28,7 +28,8 @@
 // max(now, sent + modeled link time), and the gap is a wait span (the
 // bubble). An op lasts the Device's modeled compute time it charged plus its
 // blocking TP communication. spans() holds the last run()'s forward,
-// backward and wait spans from the step's start.
+// backward and wait spans from the step's start, each also on the wall
+// clock (a wait there: the time blocked in the receive).
 //
 // Activation slots: a forward takes the lowest free slot of its chunk, its
 // backward frees it, so a chunk uses at most max_in_flight slots (1F1B: p -
@@ -66,12 +67,15 @@ class StageModule {
   virtual const float* backward(int chunk, int micro, int slot, const float* dout) = 0;
 };
 
-// One span of the last run() on the emulated clock (seconds from its start).
+// One span of the last run() on the emulated clock (seconds from its start),
+// and on the wall clock (seconds since the Unix epoch).
 struct PipeSpan {
   enum Kind { kForward = 0, kBackward = 1, kWait = 2 };
   Kind kind;
   int micro, chunk;  // of the op (a wait: of the op it waited for)
   double start, dur;
+  double tp_s = 0;  // of an op's dur: its blocking TP collectives
+  double wall_start = 0, wall_dur = 0;
 };
 
 class PipelineExecutor {
