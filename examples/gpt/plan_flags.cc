@@ -1,6 +1,7 @@
 #include "examples/gpt/plan_flags.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "parallel/model_config.h"
@@ -18,6 +19,15 @@ std::string schedule_flag(const std::string& plan_schedule) {
   return plan_schedule;  // gpipe, 1f1b (none: pp = 1, no schedule)
 }
 
+// A value in a message: booleans as on/off.
+template <typename T>
+auto shown(const T& v) {
+  if constexpr (std::is_same_v<T, bool>)
+    return std::string(v ? "on" : "off");
+  else
+    return v;
+}
+
 }  // namespace
 
 PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions& t, std::string& schedule,
@@ -28,7 +38,8 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
   // A value the plan sets: a flag the user gave must agree; else the plan's is taken.
   auto take = [&](const char* flag, const char* what, auto& field, auto plan_value) {
     if (given(flag)) {
-      if (field != plan_value) refuse("the plan has ", what, " ", plan_value, " but ", flag, " ", field, " was given");
+      if (field != plan_value)
+        refuse("the plan has ", what, " ", shown(plan_value), " but ", flag, " ", shown(field), " was given");
     } else {
       field = static_cast<std::remove_reference_t<decltype(field)>>(plan_value);
     }
