@@ -148,6 +148,7 @@ std::vector<RankBubble> trace_bubbles(const std::string& json, const std::string
     throw FormatError("trace '" + source + "': " + e.what());
   }
   std::vector<RankBubble> out;
+  out.reserve(by.size());
   for (const auto& [tid, b] : by) out.push_back(b);
   return out;
 }

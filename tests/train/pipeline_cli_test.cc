@@ -76,7 +76,7 @@ namespace {
 std::string write_plan(const TempDir& d, const std::string& name, const std::string& pins) {
   const std::string model = d.file("model.json");
   std::ofstream(model) << R"({"name": "test-gpt", "layers": 4, "hidden": 32, "heads": 4, "vocab": 256, "max_seq": 16})";
-  const std::string plan = d.file(name + ".json");
+  std::string plan = d.file(name + ".json");
   auto r = tessera::testing::run_command(std::string(TESSERA_BIN) + " plan --model " + model +
                                          " --topology trn1.32xlarge --device test-core --global-batch 4 --seq 16 "
                                          "--mbs 1 --recompute none --top 1 --json " +
@@ -160,7 +160,7 @@ TEST(PipelineCli, PlanThatDoesNotMatchTheJobIsRefused) {
 TEST(PipelineCli, ExportWithPipelineEqualsSerialExport) {
   TempDir d;
   auto exported = [&](const std::string& launcher, const std::string& args, const std::string& name) {
-    const std::string out = d.file(name + ".safetensors");
+    std::string out = d.file(name + ".safetensors");
     auto r = tessera::testing::run_command("OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=60 " + launcher + " " +
                                            TRAIN_GPT_BIN + " " + kModel + " " + args + " --export " + out);
     EXPECT_EQ(r.code, 0) << r.out;
