@@ -69,11 +69,16 @@ class AsyncWork final : public Work {
     std::lock_guard<std::mutex> lk(mu_);
     return done_;
   }
-  void finish(std::exception_ptr e) {
+  double modeled_seconds() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return modeled_;
+  }
+  void finish(std::exception_ptr e, double modeled) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       done_ = true;
       error_ = std::move(e);
+      modeled_ = modeled;
     }
     cv_.notify_all();
   }
@@ -82,6 +87,7 @@ class AsyncWork final : public Work {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  double modeled_ = 0;
   std::exception_ptr error_;
 };
 
@@ -414,6 +420,7 @@ class TransportCommunicator final : public Communicator {
         stopping = stop_;
       }
       std::exception_ptr err;
+      double modeled = 0;
       if (stopping) {
         err = std::make_exception_ptr(
             AbortedError(where(t.peer >= 0 ? "send" : coll_kind_name(t.kind)) + ": communicator destroyed"));
@@ -424,11 +431,12 @@ class TransportCommunicator final : public Communicator {
             p2p_locked(true, const_cast<void*>(t.send), t.count, t.dtype, t.peer, t.tag);
           else
             execute(t.kind, t.send, t.recv, t.count, t.dtype, t.op, 0);
+          modeled = last_model_.load();  // this call's: recorded under exec_mu_
         } catch (...) {
           err = std::current_exception();
         }
       }
-      t.work->finish(err);
+      t.work->finish(err, modeled);
       {
         std::lock_guard<std::mutex> lk(q_mu_);
         --pending_;

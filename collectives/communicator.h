@@ -106,6 +106,9 @@ class Work {
   // Blocks until done (bounded by the communicator timeout); rethrows its error.
   virtual void wait() = 0;
   virtual bool done() const = 0;
+  // After wait(): the modeled interconnect seconds of this call (what
+  // last_modeled_seconds() gives for a blocking one), for timelines.
+  virtual double modeled_seconds() const { return 0; }
 };
 
 class Communicator {

@@ -167,6 +167,15 @@ int run_plan(const PlanArgs& a) {
   if (given("--zero1")) o.pins.zero1 = a.zero1 == "on";
   if (given("--sequence-parallel")) o.pins.sequence_parallel = a.sp == "on";
   if (given("--recompute")) o.pins.recompute = parse_recompute(a.recompute);
+  // --schedule pins the virtual stages: 1 for gpipe and 1f1b, > 1 (default 2) for interleaved.
+  if (given("--schedule")) {
+    const bool interleaved = a.schedule == "interleaved";
+    TESSERA_ARG_CHECK(!given("--virtual-stages") || (a.vstages > 1) == interleaved, "--schedule ", a.schedule,
+                      " with --virtual-stages ", a.vstages, ": ",
+                      interleaved ? "interleaved needs --virtual-stages >= 2" : "only interleaved has virtual stages");
+    TESSERA_ARG_CHECK(!given("--pp") || a.pp > 1, "--schedule ", a.schedule, " needs --pp > 1 (got --pp ", a.pp, ")");
+    if (!given("--virtual-stages")) o.pins.virtual_stages = interleaved ? 2 : 1;
+  }
 
   PlannerResult res = parallel::plan(model, topo, o);
   std::ostream& os = std::cout;
@@ -202,7 +211,8 @@ int run_plan(const PlanArgs& a) {
     os << buf;
   }
   if (!a.json.empty()) {
-    write_plan_json(a.json, make_plan_proto(model, topo, o, res.top[0]));
+    tessera::plan::Plan doc = make_plan_proto(model, topo, o, res.top[0]);
+    write_plan_json(a.json, doc);
     os << "\nwrote " << a.json << "\n";
   }
   return 0;

@@ -57,6 +57,16 @@ tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& to
   const PlanCost& k = p.cost;
   tessera::plan::Plan out;
   out.set_model(model.name);
+  auto* shape = out.mutable_model_shape();
+  shape->set_family(model.family);
+  shape->set_layers(model.layers);
+  shape->set_hidden(model.hidden);
+  shape->set_heads(model.heads);
+  shape->set_kv_heads(model.kv_heads);
+  shape->set_ffn_hidden(model.ffn_hidden);
+  shape->set_vocab(model.vocab);
+  shape->set_max_seq(model.max_seq);
+  out.set_device(topo.device().name);
   out.set_topology(topo.name());
   out.set_cores(topo.num_cores());
   out.set_global_batch(opts.train.global_batch);
@@ -179,6 +189,11 @@ tessera::plan::Plan plan_from_json(const std::string& text, const std::string& s
     bad("recompute must be none, selective or full, not '" + p.recompute() + "'");
   if (p.schedule() != "none" && p.schedule() != "gpipe" && p.schedule() != "1f1b" && p.schedule() != "interleaved-1f1b")
     bad("schedule must be none, gpipe, 1f1b or interleaved-1f1b, not '" + p.schedule() + "'");
+  if ((p.schedule() == "none") != (p.pp() == 1))
+    bad("schedule '" + p.schedule() + "' with pp = " + std::to_string(p.pp()) + " (\"none\" is for pp = 1 only)");
+  if ((p.schedule() == "interleaved-1f1b") != (p.virtual_stages() > 1))
+    bad("schedule '" + p.schedule() + "' with virtual_stages = " + std::to_string(p.virtual_stages()) +
+        " (interleaved-1f1b and virtual_stages > 1 go together)");
   if (p.micro_batch() < 1 || p.virtual_stages() < 1) bad("micro_batch and virtual_stages must be positive");
   if (p.placement_size() != 0 && p.placement_size() != p.tp() * p.pp() * p.dp())
     bad("'placement' lists " + std::to_string(p.placement_size()) + " ranks, not tp*pp*dp");

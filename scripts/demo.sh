@@ -21,9 +21,15 @@ echo "== GPT-2 (4 layers, width 128, byte tokens) on 8 emulated trn1 cores: TP=2
 
 echo
 echo "== the same model on 8 emulated trn1 cores as a pipeline: TP=2 x PP=2 x DP=2, 1F1B, 4 micro-batches =="
+echo "-- the plan: tessera plan pinned to this layout (examples/gpt/demo_model.json is the model's sizes)"
+"$BIN/tessera" plan --model "$ROOT/examples/gpt/demo_model.json" --topology trn1.32xlarge --cores 8 \
+  --device trn1-core --precision fp32 --global-batch 16 --seq 128 --tp 2 --pp 2 --dp 2 --mbs 2 \
+  --schedule 1f1b --zero1 on --sequence-parallel off --recompute none --top 1 --json "$OUT/plan.json" \
+  > "$OUT/plan.txt"
+sed -n '/^Best plan/,/^  layers per stage/p' "$OUT/plan.txt"
+echo "-- train_gpt --plan $OUT/plan.json"
 "$BIN/tessera" run --nproc-per-node 8 --log-dir "$OUT/logs_pp" -- \
-  "$BIN/train_gpt" --tp 2 --pp 2 --dp 2 --schedule 1f1b --zero1 --layers 4 --hidden 128 --heads 4 --seq 128 \
-  --micro-batch 2 --global-batch 16 --steps "$PP_STEPS" --lr 3e-3 --device trn1-core \
+  "$BIN/train_gpt" --plan "$OUT/plan.json" --steps "$PP_STEPS" --lr 3e-3 \
   --log-json "$OUT/train_pp_log.jsonl" --trace "$OUT/pipeline_trace.json" \
   | tee "$OUT/train_pp.txt"
 
@@ -38,6 +44,7 @@ echo "demo: results in $OUT/"
 echo "  train.txt, train_log.jsonl     per-step loss, grad norm, tokens/s, modeled step time, MFU, peak memory"
 echo "  logs/                          one log file per rank"
 echo "  gpt2_tp2_dp4.safetensors       the trained weights, Hugging Face GPT-2 layout"
+echo "  plan.json, plan.txt           the plan tessera plan wrote for the pipeline run (predicted step time)"
 echo "  train_pp.txt, train_pp_log.jsonl, logs_pp/  the TP=2 x PP=2 x DP=2 pipeline run, with each stage's bubble"
 echo "  pipeline_trace.json            its last step per rank on the emulated clock (open in ui.perfetto.dev)"
 echo "  bench_all_reduce.{txt,json,png} all-reduce bandwidth table, JSON and plot"

@@ -231,8 +231,13 @@ class Watchdog {
 
 class Completed : public Work {
  public:
+  explicit Completed(double modeled = 0) : modeled_(modeled) {}
   void wait() override {}
   bool done() const override { return true; }
+  double modeled_seconds() const override { return modeled_; }
+
+ private:
+  double modeled_;
 };
 
 class MpiCommunicator;
@@ -363,15 +368,15 @@ class MpiCommunicator final : public Communicator {
 
   std::shared_ptr<Work> all_reduce_async(const void* s, void* r, size_t c, DType dt, ReduceOp op) override {
     all_reduce(s, r, c, dt, op);
-    return std::make_shared<Completed>();
+    return std::make_shared<Completed>(last_modeled_);
   }
   std::shared_ptr<Work> reduce_scatter_async(const void* s, void* r, size_t c, DType dt, ReduceOp op) override {
     reduce_scatter(s, r, c, dt, op);
-    return std::make_shared<Completed>();
+    return std::make_shared<Completed>(last_modeled_);
   }
   std::shared_ptr<Work> all_gather_async(const void* s, void* r, size_t c, DType dt) override {
     all_gather(s, r, c, dt);
-    return std::make_shared<Completed>();
+    return std::make_shared<Completed>(last_modeled_);
   }
 
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "examples/gpt/bootstrap.h"
+#include "examples/gpt/plan_flags.h"
 #include "examples/gpt/resume_flags.h"
 #include "examples/gpt/sgemm_bench.h"
 #include "launcher/cli.h"
@@ -27,6 +28,7 @@
 #include "parallel/models/gpt/trainer.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/trace.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
@@ -53,89 +55,57 @@ struct Flags {
   std::string save, resume, resume_dir;  // resume_dir: the checkpoint --resume resolved to ("" : start at step 0)
   int64_t save_every = 0, keep = 0;
   std::string schedule = "1f1b", stages, trace;
+  std::string plan;  // --plan FILE
+  std::string trace_clock = "emulated";
+  gpt::PlanRun plan_run;
 };
 
 // Pipeline timeline of the last step, every rank's spans gathered on rank 0
-// (collective over the world): prints each stage's bubble against the
-// schedule's (p-1)/(v m+p-1) and, with --trace, writes a Chrome/Perfetto
-// trace-event file (one track per rank, emulated-clock microseconds).
+// (collective over the world): prints each stage's bubble, read back from
+// the trace, against the schedule's (p-1)/(v m+p-1) and, with --trace, writes
+// the Chrome/Perfetto trace-event file (parallel/pipeline/trace.h).
 std::string human_time(double s);
 
 void report_pipeline(const Flags& f, const gpt::Job& job, models::gpt::Trainer& trainer) {
-  const auto* pipe = trainer.pipeline();
-  if (pipe == nullptr) return;
+  if (trainer.pipeline() == nullptr) return;
   const models::gpt::TrainOptions& o = trainer.options();
-  // Fixed size per rank: every op and at most one wait before it; kind -1 pads.
-  const size_t per_rank =
-      size_t{2} * 2 * static_cast<size_t>(o.micro_batches()) * static_cast<size_t>(o.virtual_stages) + 1;
-  std::vector<int64_t> mine(per_rank * 5, -1), all(mine.size() * static_cast<size_t>(job.world.size));
-  mine[0] = static_cast<int64_t>(pipe->timeline_s() * 1e9);
-  size_t k = 1;
-  for (const auto& sp : pipe->spans()) {
-    if (k >= per_rank) break;
-    int64_t* e = mine.data() + 5 * k++;
-    e[0] = sp.kind;
-    e[1] = sp.micro;
-    e[2] = sp.chunk;
-    e[3] = static_cast<int64_t>(sp.start * 1e9);
-    e[4] = static_cast<int64_t>(sp.dur * 1e9);
+  const auto clock = parallel::pipeline::parse_trace_clock(f.trace_clock);
+  const parallel::Mesh mesh({.tp = o.tp, .dp = o.dp, .pp = o.pp});
+  std::vector<std::string> names;
+  for (int r = 0; r < job.world.size; ++r) {
+    const parallel::MeshCoord c = mesh.coord(r);
+    names.push_back("rank " + std::to_string(r) + " (stage " + std::to_string(c.pp) + ", tp " + std::to_string(c.tp) +
+                    ", dp " + std::to_string(c.dp) + ")");
   }
-  if (job.comm) {
-    job.comm->all_gather(mine.data(), all.data(), mine.size(), DType::I64);
-  } else {
-    all = mine;
-  }
+  nlohmann::json other{{"schedule", parallel::pipeline::schedule_name(o.schedule)},
+                       {"pp", o.pp},
+                       {"tp", o.tp},
+                       {"dp", o.dp},
+                       {"virtual_stages", o.virtual_stages},
+                       {"micro_batches", o.micro_batches()},
+                       {"step", trainer.steps_done()}};
+  const std::string doc = parallel::pipeline::gather_trace(job.comm.get(), job.world.rank, trainer.step_trace(clock),
+                                                           clock, names, other.dump());
   if (job.world.rank != 0) return;
-  const int n = job.world.size;
-  int64_t end = 0;
-  for (int r = 0; r < n; ++r) end = std::max(end, all[static_cast<size_t>(r) * per_rank * 5]);
-  std::vector<double> busy(static_cast<size_t>(n), 0);
-  nlohmann::json events = nlohmann::json::array();
-  for (int r = 0; r < n; ++r) {
-    parallel::MeshCoord c = parallel::Mesh({.tp = o.tp, .dp = o.dp, .pp = o.pp}).coord(r);
-    events.push_back({{"name", "thread_name"},
-                      {"ph", "M"},
-                      {"pid", 0},
-                      {"tid", r},
-                      {"args",
-                       {{"name", "rank " + std::to_string(r) + " (stage " + std::to_string(c.pp) + ", tp " +
-                                     std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ")"}}}});
-    for (size_t i = 1; i < per_rank; ++i) {
-      const int64_t* e = all.data() + (static_cast<size_t>(r) * per_rank + i) * 5;
-      if (e[0] < 0) continue;
-      const bool wait = e[0] == 2;
-      if (!wait) busy[static_cast<size_t>(r)] += static_cast<double>(e[4]);
-      std::string name = wait ? "wait" : std::string(e[0] == 0 ? "F" : "B") + std::to_string(e[1]);
-      if (o.virtual_stages > 1 && !wait) name += "." + std::to_string(e[2]);
-      events.push_back({{"name", name},
-                        {"cat", wait ? "bubble" : (e[0] == 0 ? "forward" : "backward")},
-                        {"ph", "X"},
-                        {"pid", 0},
-                        {"tid", r},
-                        {"ts", static_cast<double>(e[3]) / 1e3},
-                        {"dur", static_cast<double>(e[4]) / 1e3},
-                        {"args", {{"micro_batch", e[1]}, {"chunk", e[2]}}}});
-    }
-  }
+  const auto bubbles = parallel::pipeline::trace_bubbles(doc, "the gathered trace");
   const double formula =
       parallel::pipeline::bubble_fraction(o.pp, static_cast<int>(o.micro_batches()), o.virtual_stages);
+  const nlohmann::json od = nlohmann::json::parse(doc).at("otherData");
   for (int s = 0; s < o.pp; ++s) {
-    const int r = parallel::Mesh({.tp = o.tp, .dp = o.dp, .pp = o.pp}).rank({.tp = 0, .dp = 0, .pp = s});
-    std::printf("bubble stage %d: %.1f%% of the last step's pipeline (%s on the emulated clock; %s: %.1f%%)\n", s,
-                end > 0 ? 100 * (1 - busy[static_cast<size_t>(r)] / static_cast<double>(end)) : 0.0,
-                human_time(static_cast<double>(end) * 1e-9).c_str(), parallel::pipeline::schedule_name(o.schedule),
+    const int r = mesh.rank({.tp = 0, .dp = 0, .pp = s});
+    double frac = 0;
+    for (const auto& b : bubbles)
+      if (b.rank == r) frac = b.fraction();
+    std::printf("bubble stage %d: %.1f%% of the last step's pipeline (%s clock; %s: %.1f%%)\n", s, 100 * frac,
+                parallel::pipeline::trace_clock_name(clock), parallel::pipeline::schedule_name(o.schedule),
                 100 * formula);
   }
+  if (clock == parallel::pipeline::TraceClock::kEmulated)
+    std::printf("timeline: pipeline %s, step %s on the emulated clock\n",
+                human_time(od.at("pipeline_us").get<double>() * 1e-6).c_str(),
+                human_time(od.at("step_us").get<double>() * 1e-6).c_str());
   if (!f.trace.empty()) {
-    nlohmann::json doc{{"traceEvents", events},
-                       {"displayTimeUnit", "ns"},
-                       {"otherData",
-                        {{"clock", "emulated"},
-                         {"schedule", parallel::pipeline::schedule_name(o.schedule)},
-                         {"pp", o.pp},
-                         {"virtual_stages", o.virtual_stages},
-                         {"micro_batches", o.micro_batches()}}}};
-    write_file_atomic(f.trace, doc.dump());
+    write_file_atomic(f.trace, doc);
     std::printf("trace %s\n", f.trace.c_str());
   }
   std::fflush(stdout);
@@ -194,6 +164,7 @@ void apply_resume_config(Flags& f, const CLI::App& app) {
 
 int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::ByteDataset>& dataset) {
   const bool lead = job.world.rank == 0;
+  if (!f.plan.empty()) gpt::check_plan_world(f.plan_run, job.world.size);
   const int need = f.t.tp * f.t.dp * f.t.pp;
   TESSERA_ARG_CHECK(job.world.size == need, "this job has ", job.world.size, " process(es) but --tp ", f.t.tp,
                     " x --pp ", f.t.pp, " x --dp ", f.t.dp, " = ", need, " are needed");
@@ -244,10 +215,11 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
           100 * parallel::pipeline::bubble_fraction(o.pp, static_cast<int>(o.micro_batches()), o.virtual_stages));
     std::fflush(stdout);
   }
-  std::vector<double> step_times, sgemm_between;
+  std::vector<double> step_times, sgemm_between, modeled_steps;
   for (int64_t s = trainer.steps_done(); s < o.steps; ++s) {
     models::gpt::StepRecord r = trainer.step();
     step_times.push_back(r.wall_s);
+    modeled_steps.push_back(r.modeled_step_s);
     // Loss and gradient norm are reduced over every rank, so all ranks stop here together.
     if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
       if (lead)
@@ -310,6 +282,17 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
     }
   }
   if (o.steps > 0) report_pipeline(f, job, trainer);
+  if (lead && !f.plan.empty() && !modeled_steps.empty()) {
+    // Step 1 first-touches every buffer; later steps are the steady state.
+    std::vector<double> v(modeled_steps.begin() + (modeled_steps.size() > 1 ? 1 : 0), modeled_steps.end());
+    std::sort(v.begin(), v.end());
+    const double emulated = v[v.size() / 2], predicted = f.plan_run.predicted_step_s;
+    std::printf("step time: predicted %s (%s), emulated %s (median modeled step%s, %+.1f%%)\n",
+                human_time(predicted).c_str(), f.plan.c_str(), human_time(emulated).c_str(),
+                modeled_steps.size() > 1 ? " after step 1" : "",
+                predicted > 0 ? 100 * (emulated - predicted) / predicted : 0.0);
+    std::fflush(stdout);
+  }
   if (!f.eval_text.empty()) {
     std::vector<int32_t> windows;
     int64_t n = parallel::data::eval_windows(f.eval_text, o.seq, f.eval_windows, &windows);
@@ -361,8 +344,14 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
   app.add_option("--virtual-stages", f.t.virtual_stages, "model chunks per pipeline rank (interleaved schedule)")
       ->check(cli::positive(f.t.virtual_stages));
-  app.add_option("--trace", f.trace,
-                 "pipeline runs: write the last step's timeline (Chrome/Perfetto trace-event JSON) to FILE");
+  app.add_option(
+      "--trace", f.trace,
+      "pipeline runs: write the last step's timeline, every rank (Chrome/Perfetto trace-event JSON), to FILE");
+  app.add_option("--trace-clock", f.trace_clock, "--trace's clock: emulated (the modeled device time) or wall")
+      ->check(CLI::IsMember({"emulated", "wall"}));
+  app.add_option("--plan", f.plan,
+                 "run a plan written by `tessera plan --json` (layout, micro-batch, schedule, partition, model sizes)")
+      ->check(CLI::ExistingFile);
   app.add_option("--stages", f.stages, "layers per pipeline stage, e.g. 3,3,2,2 (default: even, leftover to later)");
   app.add_flag("--sequence-parallel", f.t.sequence_parallel, "shard LayerNorm/residual activations over TP");
   app.add_option("--layers", f.t.model.layers, "transformer blocks")->check(cli::positive(f.t.model.layers));
@@ -424,16 +413,20 @@ int run(int argc, char** argv) {
   std::shared_ptr<parallel::data::ByteDataset> dataset;
   try {
     if (!f.init.empty()) apply_init_config(f, app);
-    f.t.schedule = parallel::pipeline::parse_schedule(f.schedule);
     if (!f.stages.empty()) f.t.stages = parallel::pipeline::parse_stages(f.stages);
-    TESSERA_ARG_CHECK(f.stages.empty() || app.count("--pp"), "--stages needs --pp (the number of stages)");
-    if (f.t.schedule == parallel::pipeline::Schedule::kInterleaved && !app.count("--virtual-stages"))
+    if (!f.plan.empty()) {
+      f.plan_run = gpt::apply_plan(f.plan, f.t, f.schedule, f.device, !f.init.empty(),
+                                   [&](const char* flag) { return app.count(flag) > 0; });
+      gpt::check_plan_world(f.plan_run, discover_world().size);
+    }
+    f.t.schedule = parallel::pipeline::parse_schedule(f.schedule);
+    TESSERA_ARG_CHECK(f.stages.empty() || app.count("--pp") || !f.plan.empty(),
+                      "--stages needs --pp (the number of stages)");
+    if (f.t.schedule == parallel::pipeline::Schedule::kInterleaved && !app.count("--virtual-stages") && f.plan.empty())
       f.t.virtual_stages = 2;  // Megatron's usual choice when only the schedule is named
     apply_resume_config(f, app);
     f.t.normalize();
     TESSERA_ARG_CHECK(f.trace.empty() || f.t.pp > 1, "--trace needs a pipeline (--pp > 1)");
-    TESSERA_ARG_CHECK(f.t.pp == 1 || f.export_path.empty(), "--export with --pp ", f.t.pp,
-                      " is not supported yet (export from a run with --pp 1)");
     if (discover_world().rank == 0) {
       if (!f.export_path.empty()) cli::check_output_file("--export", f.export_path);
       if (!f.log_json.empty()) cli::check_output_file("--log-json", f.log_json);

@@ -1,6 +1,7 @@
 #include "parallel/optim/optimizer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -9,6 +10,12 @@
 #include "runtime/sim_clock.h"
 
 namespace tessera::parallel::optim {
+
+namespace {
+double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+double compute_s(const Device* d) { return d ? d->clock().totals().compute_s : 0; }
+double modeled(const std::shared_ptr<collectives::Communicator>& c) { return c ? c->last_modeled_seconds() : 0; }
+}  // namespace
 
 DistributedOptimizer::DistributedOptimizer(const parallel::layers::ParallelState& ps,
                                            std::vector<parallel::layers::Parameter*> params, AdamWConfig config,
@@ -164,6 +171,7 @@ void DistributedOptimizer::launch(Bucket& b) {
   reduce_sp_partials(b);
   if (ps_.dp_size == 1) return;
   float* g = grads() + b.offset;
+  b.launch_wall_s = wall_now();
   if (cfg_.zero1) {
     size_t idx = &b - buckets_.data();
     b.work = ps_.dp->reduce_scatter_async(g, shard_grads_.data<float>() + shard_offset_[idx],
@@ -187,13 +195,20 @@ StepStats DistributedOptimizer::step(int64_t step) {
   // Parameters the model never reported (unused in this step) are reduced now, in order.
   for (size_t i = 0; i < params_.size(); ++i)
     if (!ready_[i]) grad_ready(params_[i]);
+  StepStats st;
+  const bool shard = cfg_.zero1 && ps_.dp_size > 1;
+  st.comm.reserve(buckets_.size() * (shard ? 2 : 1));
   Stopwatch wait_sw;
-  for (auto& b : buckets_) {
-    if (b.work) b.work->wait();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    if (b.work) {
+      b.work->wait();
+      st.comm.push_back({shard ? CommRecord::kReduceScatter : CommRecord::kAllReduce, static_cast<int>(i), b.size,
+                         b.work->modeled_seconds(), b.launch_wall_s});
+    }
     b.work.reset();
   }
   const double wait_s = wait_sw.seconds();
-  const bool shard = cfg_.zero1 && ps_.dp_size > 1;
   float* m = m_.data<float>();
   float* v = v_.data<float>();
   auto grad_of = [&](size_t s) {
@@ -203,6 +218,7 @@ StepStats DistributedOptimizer::step(int64_t step) {
   // Global norm: every element of every shard exactly once.
   // The norm and the update each run as one multi-tensor kernel over this
   // rank's segments (as apex/Megatron's fused optimizers): charged once.
+  const double norm0 = compute_s(ps_.device);
   double local = 0;
   int64_t normed = 0, updated = 0;
   for (size_t s = 0; s < segments_.size(); ++s) {
@@ -213,10 +229,20 @@ StepStats DistributedOptimizer::step(int64_t step) {
   }
   kern::charge(ps_.device, cost::sum_squares(normed));
   float sq = static_cast<float>(local);
-  if (shard) ps_.dp->all_reduce(&sq, &sq, 1, DType::F32, collectives::ReduceOp::Sum);
-  ps_.tp_all_reduce(&sq, 1);
-  if (ps_.pp_size > 1) ps_.pp->all_reduce(&sq, &sq, 1, DType::F32, collectives::ReduceOp::Sum);
-  StepStats st;
+  double norm_comm = 0;
+  if (shard) {
+    ps_.dp->all_reduce(&sq, &sq, 1, DType::F32, collectives::ReduceOp::Sum);
+    norm_comm += modeled(ps_.dp);
+  }
+  if (ps_.tp_size > 1) {
+    ps_.tp_all_reduce(&sq, 1);
+    norm_comm += modeled(ps_.tp);
+  }
+  if (ps_.pp_size > 1) {
+    ps_.pp->all_reduce(&sq, &sq, 1, DType::F32, collectives::ReduceOp::Sum);
+    norm_comm += modeled(ps_.pp);
+  }
+  st.norm_modeled_s = compute_s(ps_.device) - norm0 + norm_comm;
   st.wait_s = wait_s;
   st.grad_norm = std::sqrt(static_cast<double>(sq));
   st.clip_coef = 1.0;
@@ -225,6 +251,7 @@ StepStats DistributedOptimizer::step(int64_t step) {
 
   const float bias1 = static_cast<float>(1.0 - std::pow(cfg_.beta1, static_cast<double>(step)));
   const float bias2 = static_cast<float>(1.0 - std::pow(cfg_.beta2, static_cast<double>(step)));
+  const double update0 = compute_s(ps_.device);
   for (size_t s = 0; s < segments_.size(); ++s) {
     const Segment& sg = segments_[s];
     kern::adamw_update(nullptr, values() + segment_src_[s], grad_of(s), m + sg.offset, v + sg.offset, sg.size,
@@ -234,6 +261,7 @@ StepStats DistributedOptimizer::step(int64_t step) {
   }
   kern::charge(ps_.device, cost::adamw(updated));
 
+  st.update_modeled_s = compute_s(ps_.device) - update0;
   if (shard) {
     // Every rank updated its slice of each bucket; gather the slices back.
     auto& works = gather_works_;
@@ -243,9 +271,13 @@ StepStats DistributedOptimizer::step(int64_t step) {
       const int64_t ss = shard_size(bk);
       // In place: this rank's slice already sits at its slot of the bucket.
       const float* mine = values() + bk.offset + ps_.dp_rank * ss;
+      st.comm.push_back({CommRecord::kAllGather, static_cast<int>(b), bk.size, 0, wall_now()});
       works.push_back(ps_.dp->all_gather_async(mine, values() + bk.offset, static_cast<size_t>(ss), DType::F32));
     }
-    for (auto& w : works) w->wait();
+    for (size_t b = 0; b < works.size(); ++b) {
+      works[b]->wait();
+      st.comm[st.comm.size() - works.size() + b].modeled_s = works[b]->modeled_seconds();
+    }
     works.clear();
   }
   return st;

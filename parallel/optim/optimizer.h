@@ -49,6 +49,16 @@ struct AdamWConfig {
   int64_t bucket_elems = 1 << 20;  // ~4 MiB of fp32 per bucket
 };
 
+// One DP collective of a step, for timelines (parallel/pipeline/trace.h).
+struct CommRecord {
+  enum Kind { kAllReduce, kReduceScatter, kAllGather };
+  Kind kind;
+  int bucket;
+  int64_t elems;         // of the bucket
+  double modeled_s;      // on the emulated interconnect (Work::modeled_seconds)
+  double launch_wall_s;  // when it was issued, seconds since the Unix epoch
+};
+
 struct StepStats {
   double grad_norm = 0;  // before clipping
   double lr = 0;
@@ -56,6 +66,11 @@ struct StepStats {
   // Wall seconds this rank blocked on the gradient reductions after backward:
   // communication backward did not hide, plus waiting for slower DP peers.
   double wait_s = 0;
+  // For timelines: the DP reductions (in issue order), then the ZeRO-1
+  // all-gathers; the modeled seconds of the gradient norm (its kernels and
+  // small all-reduces) and of the AdamW update's kernels.
+  std::vector<CommRecord> comm;
+  double norm_modeled_s = 0, update_modeled_s = 0;
 };
 
 class DistributedOptimizer {
@@ -102,6 +117,7 @@ class DistributedOptimizer {
     int num_params = 0, pending = 0;
     bool launched = false;
     std::shared_ptr<collectives::Work> work;
+    double launch_wall_s = 0;
     // Sequence parallelism: runs (offset, size) of this bucket's parameters
     // whose TP ranks hold partial gradients, summed over TP in one call
     // before the bucket's DP reduction.

@@ -1,6 +1,7 @@
 #include "parallel/pipeline/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -15,6 +16,8 @@ namespace {
 // One tag for every pipeline message: the order of messages on a link is
 // what matches them (the transports check sizes and tags, in order).
 constexpr uint32_t kPipeTag = 0x5050;
+
+double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(const parallel::layers::ParallelState& ps, int v) : ps_(ps), v_(v) {
@@ -61,27 +64,34 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   };
   // Receives into `data`; waits on the emulated clock until it has arrived.
   auto receive = [&](collectives::Communicator& link, float* data, const PipeOp& op) {
+    const double w0 = wall_now();
     link.recv(data, count, DType::F32, 0, kPipeTag);
+    const double w1 = wall_now();
     const double transfer = link.last_modeled_seconds();
     int64_t sent = 0;
     std::memcpy(&sent, data + n, sizeof sent);
     const double arrive = static_cast<double>(sent) * 1e-9 + transfer;
     if (arrive > now_) {
-      spans_.push_back({PipeSpan::kWait, op.micro, op.chunk, now_, arrive - now_});
+      spans_.push_back({PipeSpan::kWait, op.micro, op.chunk, now_, arrive - now_, 0, w0, w1 - w0});
       wait_s_ += arrive - now_;
       now_ = arrive;
     }
   };
   // The op's modeled time: the compute it charged and its blocking TP communication.
-  auto op_clock = [&] {
-    double t = ps_.device ? ps_.device->clock().totals().compute_s : 0;
-    if (ps_.tp) t += ps_.tp->total_modeled_seconds();
-    return t;
+  struct Mark {
+    double clock, tp, wall;
   };
-  auto ran = [&](const PipeOp& op, double before) {
-    const double d = op_clock() - before;
-    spans_.push_back(
-        {op.kind == PipeOp::kForward ? PipeSpan::kForward : PipeSpan::kBackward, op.micro, op.chunk, now_, d});
+  auto op_clock = [&] {
+    Mark m{ps_.device ? ps_.device->clock().totals().compute_s : 0, ps_.tp ? ps_.tp->total_modeled_seconds() : 0,
+           wall_now()};
+    m.clock += m.tp;
+    return m;
+  };
+  auto ran = [&](const PipeOp& op, const Mark& before) {
+    const Mark after = op_clock();
+    const double d = after.clock - before.clock;
+    spans_.push_back({op.kind == PipeOp::kForward ? PipeSpan::kForward : PipeSpan::kBackward, op.micro, op.chunk, now_,
+                      d, after.tp - before.tp, before.wall, after.wall - before.wall});
     now_ += d;
   };
 
@@ -103,7 +113,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
         b[static_cast<size_t>(slot)] = true;
         TESSERA_CHECK(slot_of.emplace(std::make_pair(op.chunk, op.micro), slot).second, "micro-batch ", op.micro,
                       " of chunk ", op.chunk, " forwarded twice");
-        const double t0 = op_clock();
+        const Mark t0 = op_clock();
         const float* out = module.forward(op.chunk, op.micro, slot, first ? nullptr : act);
         ran(op, t0);
         if (forward_only) {
@@ -117,7 +127,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
         auto it = slot_of.find(std::make_pair(op.chunk, op.micro));
         TESSERA_CHECK(it != slot_of.end(), "backward of micro-batch ", op.micro, " of chunk ", op.chunk,
                       " before its forward");
-        const double t0 = op_clock();
+        const Mark t0 = op_clock();
         const float* din = module.backward(op.chunk, op.micro, it->second, last ? nullptr : grad);
         ran(op, t0);
         busy[static_cast<size_t>(op.chunk)][static_cast<size_t>(it->second)] = false;

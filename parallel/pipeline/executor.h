@@ -28,11 +28,12 @@
 // max(now, sent + modeled link time), and the gap is a wait span (the
 // bubble). An op lasts the Device's modeled compute time it charged plus its
 // blocking TP communication. spans() holds the last run()'s forward,
-// backward and wait spans from the step's start. The waits are charged to
-// the Device's clock as idle time; the link transfers they contain are
-// charged by the communicators as comm time too, so the step's modeled time
-// subtracts p2p_modeled_s() (a transfer that arrived while this rank was busy
-// cost it nothing).
+// backward and wait spans from the step's start, each also on the wall
+// clock (a wait there: the time blocked in the receive). The waits are
+// charged to the Device's clock as idle time; the link transfers they
+// contain are charged by the communicators as comm time too, so the step's
+// modeled time subtracts p2p_modeled_s() (a transfer that arrived while this
+// rank was busy cost it nothing).
 //
 // Activation slots: a forward takes the lowest free slot of its chunk, its
 // backward frees it, so a chunk uses at most max_in_flight slots (1F1B: p -
@@ -70,12 +71,15 @@ class StageModule {
   virtual const float* backward(int chunk, int micro, int slot, const float* dout) = 0;
 };
 
-// One span of the last run() on the emulated clock (seconds from its start).
+// One span of the last run() on the emulated clock (seconds from its start),
+// and on the wall clock (seconds since the Unix epoch).
 struct PipeSpan {
   enum Kind { kForward = 0, kBackward = 1, kWait = 2 };
   Kind kind;
   int micro, chunk;  // of the op (a wait: of the op it waited for)
   double start, dur;
+  double tp_s = 0;  // of an op's dur: its blocking TP collectives
+  double wall_start = 0, wall_dur = 0;
 };
 
 class PipelineExecutor {

@@ -629,6 +629,36 @@ TEST(PipelineTraining, SteadyStateStepsAllocateNothingOnDevice) {
   EXPECT_TRUE(f.empty()) << f;
 }
 
+// The same with TP, DP and ZeRO-1 around the pipeline (tp2 x pp2 x dp2, 8
+// ranks): the DP buckets, the ZeRO-1 shards and all-gathers, the embedding
+// sum and the pipeline buffers all come from step 1.
+TEST(PipelineTraining, SteadyStateTpPpDpStepsAllocateNothingOnDevice) {
+  kern::default_blas_threads();
+  auto res = collectives::test::run_ranks(8, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    collectives::CommOptions co;
+    co.device = &dev;
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, 2, 2, &dev, false, 2);
+    for (auto s : {parallel::pipeline::Schedule::k1F1B, parallel::pipeline::Schedule::kInterleaved}) {
+      parallel::models::gpt::TrainOptions o = tiny_options(256, 4);
+      o.tp = 2;
+      o.dp = 2;
+      o.pp = 2;
+      o.adamw.zero1 = true;
+      o.schedule = s;
+      o.virtual_stages = s == parallel::pipeline::Schedule::kInterleaved ? 2 : 1;
+      parallel::models::gpt::Trainer t(o, ps, dataset());
+      const std::string changes = steady_state_device_changes(t, dev);
+      TESSERA_CHECK(changes.empty(), "rank ", rank, " in steady ", parallel::pipeline::schedule_name(s),
+                    " steps: ", changes);
+    }
+    world->barrier();
+  });
+  std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+}
+
 // GPipe holds every micro-batch of the step at once.
 TEST(PipelineTraining, GpipeHoldsEveryMicroBatch) {
   kern::default_blas_threads();

@@ -66,8 +66,8 @@ TEST(TrainGptCli, BadInputExitsTwoBeforeTraining) {
            Case{"--pp 2 --schedule interleaved", "--pp 2 x --virtual-stages 2 is more than the model's 2 layers", true,
                 &kTiny2},
            Case{"--pp 2 --schedule interleaved --virtual-stages 1", "needs --virtual-stages >= 2", true, &kTiny2},
-           Case{"--pp 2 --export " + d.file("m.safetensors"), "--export with --pp 2 is not supported yet", true,
-                &kTiny2},
+           Case{"--pp 2 --trace-clock utc", "--trace-clock: utc not in {emulated,wall}", true, &kTiny2},
+           Case{"--plan " + d.file("no_plan.json"), "--plan: File does not exist: " + d.file("no_plan.json")},
            // One process for a tp1 x pp2 job: refused as the job starts.
            Case{"--pp 2", "this job has 1 process(es) but --tp 1 x --pp 2 x --dp 1 = 2 are needed", false, &kTiny2},
            Case{"--seed -1", "--seed: must be a non-negative integer, got '-1'"},

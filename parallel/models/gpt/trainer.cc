@@ -1,8 +1,10 @@
 #include "parallel/models/gpt/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/checkpoint/safetensors.h"
@@ -10,6 +12,10 @@
 #include "runtime/sim_clock.h"
 
 namespace tessera::parallel::models::gpt {
+
+namespace {
+double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+}  // namespace
 
 void TrainOptions::normalize() {
   model.validate(tp);
@@ -97,31 +103,70 @@ void Trainer::load_hf(const std::string& path) {
 }
 
 void Trainer::export_hf(const std::string& path) {
-  TESSERA_ARG_CHECK(ps_.pp_size == 1, "exporting a pipeline-parallel model (--pp ", ps_.pp_size,
-                    ") is not supported yet");
   const GptConfig& m = opts_.model;
-  const bool writer = ps_.global_rank() == 0;
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  const int p = ps_.pp_size;
+  // Each stage's TP rank 0 of DP rank 0 assembles its whole tensors; with
+  // pp > 1 they go to stage 0's over the PP group, in Hugging Face order.
+  const bool stage_lead = ps_.tp_rank == 0 && ps_.dp_rank == 0;
+  const parallel::layers::Parameter* copy = tied_copy();  // the first stage's wte is exported
+  std::map<std::string, Tensor> mine;
   std::vector<float> gathered;
-  for (parallel::layers::Parameter* p : model_->parameters()) {
-    Tensor full = writer ? Tensor::empty(p->full_shape, DType::F32) : Tensor();
-    if (p->tp_sharded()) {
-      gathered.resize(static_cast<size_t>(p->numel()) * ps_.tp_size);
-      ps_.tp_all_gather(p->value, gathered.data(), p->numel());
-      if (writer) {
+  for (parallel::layers::Parameter* prm : parameters()) {
+    if (prm == copy) continue;
+    Tensor full = stage_lead ? Tensor::empty(prm->full_shape, DType::F32) : Tensor();
+    if (prm->tp_sharded()) {
+      gathered.resize(static_cast<size_t>(prm->numel()) * ps_.tp_size);
+      ps_.tp_all_gather(prm->value, gathered.data(), prm->numel());
+      if (stage_lead) {
         for (int r = 0; r < ps_.tp_size; ++r) {
-          parallel::layers::Parameter shard = *p;
+          parallel::layers::Parameter shard = *prm;
           shard.tp_rank = r;
-          shard.value = gathered.data() + static_cast<size_t>(r) * p->numel();
+          shard.value = gathered.data() + static_cast<size_t>(r) * prm->numel();
           parallel::layers::store_shard(shard, full.data<float>());
         }
       }
-    } else if (writer) {
-      parallel::layers::store_shard(*p, full.data<float>());
+    } else if (stage_lead) {
+      parallel::layers::store_shard(*prm, full.data<float>());
     }
-    if (writer) tensors.emplace_back(p->name, full);
+    if (stage_lead) mine.emplace(prm->name, full);
   }
-  if (writer) {
+  if (!stage_lead) return;
+  // The pipeline rank holding a tensor: the embeddings are on virtual stage
+  // 0, ln_f on the last, block l on the virtual stage whose layers hold it;
+  // virtual stage vs is on rank vs mod pp.
+  const std::vector<int>& st = opts_.stages;
+  auto owner = [&](const std::string& name) {
+    const std::string block = "transformer.h.";
+    if (name.rfind(block, 0) != 0)
+      return name.rfind("transformer.ln_f.", 0) == 0 ? static_cast<int>(st.size() - 1) % p : 0;
+    const int64_t layer = std::stoll(name.substr(block.size()));
+    int64_t first = 0;
+    for (size_t vs = 0; vs < st.size(); ++vs) {
+      first += st[vs];
+      if (layer < first) return static_cast<int>(vs) % p;
+    }
+    throw InternalError("no pipeline stage holds " + name);
+  };
+  constexpr uint32_t kExportTag = 0x4558;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const parallel::layers::Parameter& l : GptModel::parameter_layout(m, ps_.tp_size, 0)) {
+    const int from = p > 1 ? owner(l.name) : 0;
+    if (ps_.pp_rank == 0) {
+      if (from == 0) {
+        auto it = mine.find(l.name);
+        TESSERA_CHECK(it != mine.end(), "stage 0 does not hold ", l.name);
+        tensors.emplace_back(l.name, it->second);
+      } else {
+        Tensor full = Tensor::empty(l.full_shape, DType::F32);
+        ps_.pp->recv(full.data<float>(), static_cast<size_t>(full.numel()), DType::F32, from, kExportTag);
+        tensors.emplace_back(l.name, full);
+      }
+    } else if (from == ps_.pp_rank) {
+      const Tensor& t = mine.at(l.name);
+      ps_.pp->send(t.data<float>(), static_cast<size_t>(t.numel()), DType::F32, 0, kExportTag);
+    }
+  }
+  if (ps_.global_rank() == 0) {
     parallel::checkpoint::write_gpt2_safetensors(
         path, parallel::checkpoint::Gpt2Config{m.vocab, m.seq, m.hidden, m.layers, m.heads}, tensors,
         {{"producer", "tessera train_gpt"}});
@@ -219,9 +264,14 @@ double Trainer::pipeline_step(float scale) {
 void Trainer::reduce_tied_embedding() {
   parallel::layers::Parameter* wte = tied_wte();
   if (wte == nullptr) return;
-  if (ps_.embed)
+  marks_.wall_embed0 = wall_now();
+  marks_.embed_s = 0;
+  if (ps_.embed) {
     ps_.embed->all_reduce(wte->grad, wte->grad, static_cast<size_t>(wte->numel()), DType::F32,
                           collectives::ReduceOp::Sum);
+    marks_.embed_s = ps_.embed->last_modeled_seconds();
+  }
+  marks_.wall_embed1 = wall_now();
   opt_->grad_ready(wte);
 }
 
@@ -250,7 +300,10 @@ StepRecord Trainer::step() {
   const int64_t g = opts_.global_batch, mb = opts_.micro_batch, s = opts_.seq;
   const int64_t per_rank = g / ps_.dp_size, micro = per_rank / mb;
   const float scale = static_cast<float>(1.0 / (static_cast<double>(g) * s));
+  marks_.wall_start = wall_now();
   opt_->zero_grad();
+  marks_.zero_grad_s = dev->clock().totals().compute_s - c0.compute_s;
+  marks_.wall_pipe = wall_now();
   double loss = 0;
   auto on_ready = [this](parallel::layers::Parameter* p) { opt_->grad_ready(p); };
   if (pipe_) loss = pipeline_step(scale);
@@ -263,12 +316,23 @@ StepRecord Trainer::step() {
       model_->backward(nullptr);
     }
   }
-  parallel::optim::StepStats st = opt_->step(step_);
+  marks_.wall_opt0 = wall_now();
+  marks_.stats = opt_->step(step_);
+  const parallel::optim::StepStats& st = marks_.stats;
+  marks_.wall_opt1 = wall_now();
   // The loss and the gradient wait, summed over DP in one call.
   float sums[2] = {static_cast<float>(loss * scale), static_cast<float>(st.wait_s)};
-  if (ps_.dp_size > 1) ps_.dp->all_reduce(sums, sums, 2, DType::F32, collectives::ReduceOp::Sum);
+  marks_.loss_s = 0;
+  if (ps_.dp_size > 1) {
+    ps_.dp->all_reduce(sums, sums, 2, DType::F32, collectives::ReduceOp::Sum);
+    marks_.loss_s += ps_.dp->last_modeled_seconds();
+  }
   // Only the last stage has a loss: the sum over stages gives it to all.
-  if (ps_.pp_size > 1) ps_.pp->all_reduce(sums, sums, 2, DType::F32, collectives::ReduceOp::Sum);
+  if (ps_.pp_size > 1) {
+    ps_.pp->all_reduce(sums, sums, 2, DType::F32, collectives::ReduceOp::Sum);
+    marks_.loss_s += ps_.pp->last_modeled_seconds();
+  }
+  marks_.wall_end = wall_now();
   const float mean = sums[0];
 
   StepRecord rec;
@@ -308,6 +372,85 @@ StepRecord Trainer::step() {
     rec.mfu = opts_.model.train_flops_per_token() * static_cast<double>(g * s) / (peak * rec.modeled_step_s);
   rec.peak_mem_bytes = dev->memory_stats().peak;
   return rec;
+}
+
+std::vector<parallel::pipeline::TraceSpan> Trainer::step_trace(parallel::pipeline::TraceClock clock) const {
+  using parallel::pipeline::PipeSpan;
+  using parallel::pipeline::TraceSpan;
+  std::vector<TraceSpan> out;
+  if (!pipe_ || step_ == 0) return out;
+  const bool wall = clock == parallel::pipeline::TraceClock::kWall;
+  const StepMarks& k = marks_;
+  auto span = [&](std::string name, const char* cat, int phase, double start, double dur) -> TraceSpan& {
+    out.push_back({std::move(name), cat, phase, start, dur, false, {}});
+    return out.back();
+  };
+  // Phase 0: zero_grad, then the pipeline.
+  const double z = k.zero_grad_s;
+  if (wall)
+    span("zero_grad", "optimizer", 0, k.wall_start, k.wall_pipe - k.wall_start);
+  else
+    span("zero_grad", "optimizer", 0, 0, z);
+  const bool chunks = opts_.virtual_stages > 1;
+  for (const PipeSpan& p : pipe_->spans()) {
+    std::string op = std::to_string(p.micro) + (chunks ? "." + std::to_string(p.chunk) : "");
+    const double start = wall ? p.wall_start : z + p.start, dur = wall ? p.wall_dur : p.dur;
+    if (p.kind == PipeSpan::kWait) {
+      // A forward waits for its input activation, a backward for its output gradient.
+      span("wait", "bubble", 0, start, dur).args = {{"micro_batch", p.micro}, {"chunk", p.chunk}};
+      continue;
+    }
+    const bool fwd = p.kind == PipeSpan::kForward;
+    span((fwd ? "F" : "B") + op, fwd ? "forward" : "backward", 0, start, dur).args = {
+        {"micro_batch", p.micro}, {"chunk", p.chunk}, {"tp_comm_us", p.tp_s * 1e6}};
+    if (p.tp_s > 0 && !wall)  // the op's TP collectives, summed (many small calls), at its end
+      span("TP collectives " + op, "tp_comm", 0, start + dur - p.tp_s, p.tp_s);
+  }
+  // Phase 1: after the pipeline.
+  double t = 0;
+  auto next = [&](std::string name, const char* cat, double dur) -> TraceSpan& {
+    TraceSpan& s = span(std::move(name), cat, 1, t, dur);
+    t += dur;
+    return s;
+  };
+  if (ps_.embed) {
+    if (wall)
+      span("tied embedding all-reduce", "collective", 1, k.wall_embed0, k.wall_embed1 - k.wall_embed0);
+    else
+      next("tied embedding all-reduce", "collective", k.embed_s);
+  }
+  auto comm_name = [](const parallel::optim::CommRecord& c) {
+    const char* kind = c.kind == parallel::optim::CommRecord::kAllReduce       ? "DP all-reduce"
+                       : c.kind == parallel::optim::CommRecord::kReduceScatter ? "DP reduce-scatter"
+                                                                               : "ZeRO-1 all-gather";
+    return std::string(kind) + " bucket " + std::to_string(c.bucket);
+  };
+  auto comm_args = [](const parallel::optim::CommRecord& c) {
+    return std::vector<std::pair<std::string, double>>{
+        {"bucket", c.bucket}, {"elems", static_cast<double>(c.elems)}, {"modeled_us", c.modeled_s * 1e6}};
+  };
+  const auto& comm = k.stats.comm;
+  if (wall) {
+    for (const auto& c : comm) {
+      TraceSpan& s = span(comm_name(c) + " issued", "dp_comm", 1, c.launch_wall_s, 0);
+      s.instant = true;
+      s.args = comm_args(c);
+    }
+    span("wait for DP gradients", "dp_comm", 1, k.wall_opt0, k.stats.wait_s);
+    span("optimizer step", "optimizer", 1, k.wall_opt0 + k.stats.wait_s, k.wall_opt1 - k.wall_opt0 - k.stats.wait_s);
+    span("loss all-reduce", "collective", 1, k.wall_opt1, k.wall_end - k.wall_opt1);
+    return out;
+  }
+  for (const auto& c : comm)
+    if (c.kind != parallel::optim::CommRecord::kAllGather)
+      next(comm_name(c), "dp_comm", c.modeled_s).args = comm_args(c);
+  next("gradient norm", "optimizer", k.stats.norm_modeled_s);
+  next("AdamW update", "optimizer", k.stats.update_modeled_s);
+  for (const auto& c : comm)
+    if (c.kind == parallel::optim::CommRecord::kAllGather)
+      next(comm_name(c), "dp_comm", c.modeled_s).args = comm_args(c);
+  if (ps_.dp_size > 1 || ps_.pp_size > 1) next("loss all-reduce", "collective", k.loss_s);
+  return out;
 }
 
 double Trainer::eval_windows(const std::vector<int32_t>& windows, int64_t count, int64_t seq) {

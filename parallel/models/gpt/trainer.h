@@ -29,6 +29,7 @@
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/trace.h"
 
 namespace tessera::parallel::models::gpt {
 
@@ -101,8 +102,10 @@ class Trainer {
   void init_random();
   // Loads Hugging Face GPT-2 weights (sizes must match the model).
   void load_hf(const std::string& path);
-  // Writes the full model in Hugging Face GPT-2 layout. Collective over TP;
-  // only global rank 0 (dp 0, tp 0) writes.
+  // Writes the full model in Hugging Face GPT-2 layout. Collective over TP
+  // and PP: each stage's TP shards are gathered, the stages' tensors sent to
+  // stage 0; only global rank 0 (dp 0, tp 0, stage 0) writes, the same file
+  // as a pp = 1 run (the last stage's tied copy of wte is not written).
   void export_hf(const std::string& path);
 
   // Training checkpoints (parallel/checkpoint/train_ckpt.h, trainer_state.cc),
@@ -119,6 +122,14 @@ class Trainer {
 
   // One optimizer step (steps count from 1).
   StepRecord step();
+  // pp > 1: the last step() as timeline spans of this rank
+  // (parallel/pipeline/trace.h): zero_grad and the pipeline's ops, with
+  // their TP collectives, and waits (phase 0), then the tied embedding's
+  // sum, each DP bucket's reduction, the gradient norm, the AdamW update,
+  // each ZeRO-1 all-gather and the loss sum (phase 1). On the wall clock the
+  // DP collectives are instants at their issue and one span for the wait on
+  // them. Empty before the first step or with pp == 1.
+  std::vector<parallel::pipeline::TraceSpan> step_trace(parallel::pipeline::TraceClock clock) const;
   int64_t steps_done() const { return step_; }
 
   // Mean next-token loss over `windows` [count, seq + 1] token windows
@@ -149,6 +160,13 @@ class Trainer {
   int64_t step_ = 0;
   std::string run_id_;  // set by the first save or by a load
   std::vector<int32_t> rows_, inputs_, targets_;
+  // The last step's figures for step_trace(): modeled seconds and wall times (seconds since the epoch).
+  struct StepMarks {
+    double zero_grad_s = 0, embed_s = 0, loss_s = 0;
+    double wall_start = 0, wall_pipe = 0, wall_embed0 = 0, wall_embed1 = 0, wall_opt0 = 0, wall_opt1 = 0, wall_end = 0;
+    parallel::optim::StepStats stats;
+  };
+  StepMarks marks_;
 };
 
 }  // namespace tessera::parallel::models::gpt

@@ -1,0 +1,141 @@
+#include "examples/gpt/plan_flags.h"
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "parallel/model_config.h"
+#include "parallel/plan_io.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+
+namespace tessera::gpt {
+
+namespace {
+
+// The train_gpt --schedule text for a plan's schedule field.
+std::string schedule_flag(const std::string& plan_schedule) {
+  if (plan_schedule == "interleaved-1f1b") return "interleaved";
+  return plan_schedule;  // gpipe, 1f1b (none: pp = 1, no schedule)
+}
+
+// A value in a message: booleans as on/off.
+template <typename T>
+auto shown(const T& v) {
+  if constexpr (std::is_same_v<T, bool>)
+    return std::string(v ? "on" : "off");
+  else
+    return v;
+}
+
+}  // namespace
+
+PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions& t, std::string& schedule,
+                   std::string& device, bool model_fixed, const std::function<bool(const char*)>& given) {
+  const tessera::plan::Plan p = parallel::read_plan_json(path);
+  const std::string where = "--plan " + path;
+  auto refuse = [&](const auto&... what) { throw InvalidArgument(detail::concat(where, ": ", what...)); };
+  // A value the plan sets: a flag the user gave must agree; else the plan's is taken.
+  auto take = [&](const char* flag, const char* what, auto& field, auto plan_value) {
+    if (given(flag)) {
+      if (field != plan_value)
+        refuse("the plan has ", what, " ", shown(plan_value), " but ", flag, " ", shown(field), " was given");
+    } else {
+      field = static_cast<std::remove_reference_t<decltype(field)>>(plan_value);
+    }
+  };
+
+  // What train_gpt can run.
+  if (p.precision() != "fp32")
+    refuse("the plan is for ", p.precision(),
+           " mixed precision; train_gpt trains in fp32 (plan with --precision fp32)");
+  if (p.recompute() != "none")
+    refuse("the plan recomputes activations (recompute ", p.recompute(),
+           "); train_gpt does not (plan with --recompute none)");
+  if (!p.rank_order().empty() && p.rank_order() != "tp-dp-pp")
+    refuse("the plan orders ranks ", p.rank_order(),
+           "; train_gpt places them tp-dp-pp (TP fastest, then DP, then PP: ", "plan with --order tp-dp-pp)");
+
+  // The model.
+  parallel::ModelConfig m;
+  if (p.has_model_shape()) {
+    const auto& s = p.model_shape();
+    m.name = p.model();
+    m.family = s.family();
+    m.layers = s.layers();
+    m.hidden = s.hidden();
+    m.heads = s.heads();
+    m.kv_heads = s.kv_heads();
+    m.ffn_hidden = s.ffn_hidden();
+    m.vocab = s.vocab();
+    m.max_seq = s.max_seq();
+  } else {
+    try {
+      m = parallel::ModelConfig::preset(p.model());
+    } catch (const InvalidArgument&) {
+      refuse("the plan records no model sizes (model '", p.model(),
+             "', written by an older tessera plan): write it again with tessera plan --json");
+    }
+  }
+  if (m.family != "gpt" || m.kv_heads != m.heads || m.ffn_hidden != 4 * m.hidden)
+    refuse("the plan's model '", m.name, "' (family ", m.family, ", ", m.kv_heads, " KV heads, ffn ", m.ffn_hidden,
+           ") is not a GPT-2 (family gpt, KV heads = heads, ffn = 4 x hidden), which train_gpt trains");
+  auto model_size = [&](const char* flag, const char* what, int64_t& field, int64_t plan_value) {
+    if (model_fixed && field != plan_value)
+      refuse("the plan's model has ", what, " ", plan_value, " but the --init model has ", field);
+    if (!model_fixed) take(flag, what, field, plan_value);
+  };
+  model_size("--layers", "layers", t.model.layers, m.layers);
+  model_size("--hidden", "hidden", t.model.hidden, m.hidden);
+  model_size("--heads", "heads", t.model.heads, m.heads);
+  model_size("--vocab", "vocab", t.model.vocab, m.vocab);
+  take("--seq", "seq", t.seq, static_cast<int64_t>(p.seq()));
+  if (!model_fixed) t.model.seq = t.seq;  // the context, as without a plan
+
+  // The device.
+  if (p.device().empty()) refuse("the plan records no device (written by an older tessera plan): write it again");
+  const auto presets = DeviceSpec::preset_names();
+  if (std::find(presets.begin(), presets.end(), p.device()) == presets.end())
+    refuse("the plan's device '", p.device(), "' is not an emulated core train_gpt knows");
+  take("--device", "device", device, p.device());
+
+  // The layout.
+  take("--tp", "tp", t.tp, p.tp());
+  take("--pp", "pp", t.pp, p.pp());
+  take("--dp", "dp", t.dp, p.dp());
+  take("--micro-batch", "micro-batch", t.micro_batch, static_cast<int64_t>(p.micro_batch()));
+  take("--global-batch", "global batch", t.global_batch, p.global_batch());
+  if (p.num_micro_batches() != 0 && int64_t{p.num_micro_batches()} * p.micro_batch() * p.dp() != p.global_batch())
+    throw FormatError(detail::concat("plan file '", path, "': ", p.num_micro_batches(), " micro-batches of ",
+                                     p.micro_batch(), " x dp ", p.dp(), " is not the global batch ", p.global_batch()));
+  if (p.pp() > 1) take("--schedule", "schedule", schedule, schedule_flag(p.schedule()));
+  take("--virtual-stages", "virtual stages", t.virtual_stages, p.virtual_stages());
+  bool zero1 = t.adamw.zero1, sp = t.sequence_parallel;
+  take("--zero1", "zero1", zero1, p.zero1());
+  take("--sequence-parallel", "sequence parallelism", sp, p.sequence_parallel());
+  t.adamw.zero1 = zero1;
+  t.sequence_parallel = sp;
+
+  // The partition: the plan lists layers per stage; chunk c of stage r is
+  // virtual stage c pp + r with stages[r] / v layers (parallel/planner.h).
+  const int v = p.virtual_stages(), pp = p.pp();
+  std::vector<int> stages(static_cast<size_t>(pp) * static_cast<size_t>(v));
+  for (int r = 0; r < pp; ++r) {
+    const int layers = p.stages(r);
+    if (layers % v != 0)
+      refuse("stage ", r, "'s ", layers, " layers do not split into ", v, " virtual stages of whole layers");
+    for (int c = 0; c < v; ++c) stages[static_cast<size_t>(c) * pp + r] = layers / v;
+  }
+  if (given("--stages") && t.stages != stages)
+    refuse("the plan has stages ", parallel::pipeline::stages_str(stages), " (layers per virtual stage) but --stages ",
+           parallel::pipeline::stages_str(t.stages), " was given");
+  t.stages = stages;
+  return PlanRun{path, p.tp() * p.pp() * p.dp(), p.step_time_s().total()};
+}
+
+void check_plan_world(const PlanRun& plan, int world_size) {
+  TESSERA_ARG_CHECK(world_size == plan.world_size, "--plan ", plan.path, " is for ", plan.world_size,
+                    " ranks (tp x pp x dp) but this job has ", world_size, " process(es)");
+}
+
+}  // namespace tessera::gpt
