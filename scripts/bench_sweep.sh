@@ -64,7 +64,7 @@ if [ "$CROSS" -eq 1 ]; then
       case "$op" in
         all_reduce) algos="oneshot direct rhd ring" ;;
         all_gather | reduce_scatter) algos="oneshot ring" ;;
-        broadcast) algos="oneshot direct tree" ;;
+        broadcast) algos="flat oneshot direct tree" ;;
         *) algos="" ;;
       esac
       for n in $RANKS; do
