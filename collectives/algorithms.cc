@@ -1117,6 +1117,12 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
     }
     add(f);
   }
+  // oneshot's limit: a rank reads (p-1) copies of the data after one round,
+  // where direct and ring read less after more rounds. With 2 ranks (a core
+  // each, rounds cost < 1 us) direct and ring overtake it above 1 KiB; with
+  // more ranks every round saved is a hand-off saved, and it stays fastest
+  // up to the 4 KiB a publish slot holds (docs/algorithms.md, "Crossovers").
+  const size_t oneshot_max = model && model->size == 2 ? size_t{1} << 10 : SharedMemoryPeers::kInlineBytes;
   switch (kind) {
     case CollKind::AllReduce:
       if (multi_host && model && model->hosts && model->hosts->valid && model->links) {
@@ -1133,7 +1139,7 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
         add(&g_ring);
         break;
       }
-      if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
+      if (bytes <= oneshot_max) add(&g_oneshot);
       add(&g_direct);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
@@ -1142,7 +1148,7 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
       break;
     case CollKind::ReduceScatter:
     case CollKind::AllGather:
-      if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
+      if (bytes <= oneshot_max) add(&g_oneshot);
       if (multi_host) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
       add(&g_ring);

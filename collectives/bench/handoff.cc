@@ -12,6 +12,9 @@
 //   spin         pause until done (OpenMPI's default; hopeless when ranks > CPUs)
 //   spinU        pause for U us, then FUTEX_WAIT
 //   yieldU       sched_yield() for U us, then FUTEX_WAIT
+//   adaptiveU    as yieldU, but a sched_yield() that took over 1 ms (the
+//                core went to some other task for a slice) makes this rank
+//                sleep at once in its waits of the next 50 ms (shm's wait)
 //
 //   tessera_handoff_bench [-n RANKS] [-i ROUNDS] [-k REPEATS] MODE...
 //
@@ -48,7 +51,7 @@ struct alignas(64) Shared {
   alignas(64) std::atomic<uint64_t> nvcsw, nivcsw;
 };
 
-enum class Kind { Futex, Yield, Spin, SpinThenFutex, YieldThenFutex };
+enum class Kind { Futex, Yield, Spin, SpinThenFutex, YieldThenFutex, Adaptive };
 struct Mode {
   std::string name;
   Kind kind;
@@ -114,6 +117,23 @@ void wait_round(Shared* s, uint64_t target, const Mode& m) {
         }
       break;
     }
+    case Kind::Adaptive: {
+      static Clock::time_point no_yield_until{};
+      auto now = Clock::now();
+      if (now < no_yield_until) break;
+      const auto end = now + std::chrono::microseconds(m.us);
+      while (now < end) {
+        if (done()) return;
+        ::sched_yield();
+        const auto after = Clock::now();
+        if (after - now > std::chrono::microseconds(1000)) {
+          no_yield_until = after + std::chrono::milliseconds(50);
+          break;
+        }
+        now = after;
+      }
+      break;
+    }
     case Kind::YieldThenFutex: {
       const auto end = Clock::now() + std::chrono::microseconds(m.us);
       while (Clock::now() < end) {
@@ -172,7 +192,7 @@ double run(const Mode& m, int n, long rounds, double* vcs, double* ivcs) {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "tessera_handoff_bench: %s\nusage: tessera_handoff_bench [-n RANKS] [-i ROUNDS] [-k REPEATS] "
-               "MODE...\n  MODE: futex | yield | spin | spinU | yieldU (U: microseconds, then futex)\n",
+               "MODE...\n  MODE: futex | yield | spin | spinU | yieldU | adaptiveU (U: microseconds, then futex)\n",
                why);
   std::exit(2);
 }
@@ -189,7 +209,8 @@ Mode parse_mode(const std::string& s) {
   if (s == "yield") return {s, Kind::Yield, 0};
   if (s == "spin") return {s, Kind::Spin, 0};
   for (const auto& [prefix, kind] : {std::pair<std::string, Kind>{"spin", Kind::SpinThenFutex},
-                                     std::pair<std::string, Kind>{"yield", Kind::YieldThenFutex}})
+                                     std::pair<std::string, Kind>{"yield", Kind::YieldThenFutex},
+                                     std::pair<std::string, Kind>{"adaptive", Kind::Adaptive}})
     if (s.rfind(prefix, 0) == 0 && s.size() > prefix.size()) return {s, kind, parse_long(s.c_str() + prefix.size(), 0)};
   usage(("unknown mode '" + s + "'").c_str());
 }

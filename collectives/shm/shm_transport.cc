@@ -644,7 +644,10 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     // futex wake costs the waker a system call and the sleeper a reschedule
     // interrupt), and sleeps once the window is over; any other wait sleeps
     // at once, since yielding ranks share a core with the rank doing the
-    // work (CFS runs the yielders, whose vruntime is lower, in turn).
+    // work (CFS runs the yielders, whose vruntime is lower, in turn). A
+    // yield that took over 1 ms means the core went to some other task for
+    // a slice (another job: a woken sleeper preempts it, a yielder waits
+    // behind it), so this rank's waits of the next 50 ms sleep at once.
     const auto yield = oversubscribed_ && !brief ? std::chrono::microseconds(0) : yield_;
     if (spin_.count() > 0) {
       while (Clock::now() - start < spin_) {
@@ -655,9 +658,18 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       }
     }
     if (yield.count() > 0) {
-      while (Clock::now() - start < spin_ + yield) {
-        if (ready()) return;
-        ::sched_yield();
+      auto now = Clock::now();
+      if (now >= no_yield_until_) {
+        while (now - start < spin_ + yield) {
+          if (ready()) return;
+          ::sched_yield();
+          const auto after = Clock::now();
+          if (after - now > kSlowYield) {
+            no_yield_until_ = after + kNoYieldFor;
+            break;
+          }
+          now = after;
+        }
       }
     }
     // Peers' processes (a system call each) are checked every 100 ms; their
@@ -723,6 +735,9 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   const int polls_ = oversubscribed_ ? 4 : 64;
   const std::chrono::microseconds spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed_ ? 0 : 50);
   const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 200 : 2000);
+  static constexpr std::chrono::microseconds kSlowYield{1000};
+  static constexpr std::chrono::milliseconds kNoYieldFor{50};
+  Clock::time_point no_yield_until_{};
   // Messages up to this size wait briefly (see wait_until).
   static constexpr size_t kBriefBytes = 4096;
   static bool brief(size_t bytes) { return bytes <= kBriefBytes; }
