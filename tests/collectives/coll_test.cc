@@ -388,7 +388,7 @@ INSTANTIATE_TEST_SUITE_P(Algos, ForcedAlgo,
 class FlatBroadcast : public ::testing::TestWithParam<int> {};
 
 TEST_P(FlatBroadcast, BackToBackFromEveryRoot) {
-  auto res = run_ranks(GetParam(), [](int rank, int size, std::shared_ptr<Store> store) {
+  auto res = run_ranks(GetParam(), [](int rank, int size, const std::shared_ptr<Store>& store) {
     CommOptions forced;
     forced.algo = "flat";
     forced.name = "flat";
