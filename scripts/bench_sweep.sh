@@ -2,13 +2,14 @@
 # The latency/bandwidth curve of tessera's collectives next to OpenMPI's,
 # measured in the same minutes (docs/bench.md, "The sweep").
 #
-#   scripts/bench_sweep.sh [-o DIR] [-r "2 4 8"] [-p "all_reduce ..."] [-n REPS] [--crossovers] [--bin TESSERA] [--base TESSERA]
+#   scripts/bench_sweep.sh [-o DIR] [-r "2 4 8"] [-p "all_reduce ..."] [-n REPS] [--crossovers] [--bin TESSERA] [--base TESSERA] [--report]
 #
 # For every op x ranks x size (8 B, 32 B, ... 32 MiB and 64 MiB) it runs
 # `tessera bench OP -r N --compare mpi` REPS times (default 3); every run
 # measures OpenMPI first (tessera_mpi_peer at its best settings), then
 # tessera. --base runs another build of tessera (e.g. main's) right after
 # each, so a change is compared with what it replaces in the same minutes.
+# --report only summarises DIR/raw.csv of an earlier (or interrupted) sweep.
 # DIR (default sweep-out/) gets:
 #   raw.csv    every run: rep,op,ranks,size_bytes,tessera_us,mpi_us,algorithm,mpi_setting,load1,base_us
 #   sweep.csv  medians:   op,ranks,size_bytes,tessera_us,mpi_us,mpi_over_tessera,algorithm,runs,load1_median,base_us
@@ -25,6 +26,7 @@ REPS=3
 CROSS=0
 BIN="$ROOT/build/bin/tessera"
 BASE=""
+REPORT=0
 usage() {
   sed -n '5p' "$0" | sed 's/^#  //' >&2
   exit 2
@@ -38,6 +40,7 @@ while [ $# -gt 0 ]; do
     --crossovers) CROSS=1; shift ;;
     --bin) BIN="$2"; shift 2 ;;
     --base) BASE="$2"; shift 2 ;;
+    --report) REPORT=1; shift ;;
     *) usage ;;
   esac
 done
@@ -97,19 +100,24 @@ if [ "$CROSS" -eq 1 ]; then
 fi
 
 raw="$OUT/raw.csv"
-echo "rep,op,ranks,size_bytes,tessera_us,mpi_us,algorithm,mpi_setting,load1,base_us" >"$raw"
-for rep in $(seq "$REPS"); do
-  for op in $OPS; do
-    for n in $RANKS; do
-      for band in "${BANDS[@]}"; do
-        read -r lo hi factor iters warm <<<"$band"
+[ "$REPORT" -eq 1 ] || echo "rep,op,ranks,size_bytes,tessera_us,mpi_us,algorithm,mpi_setting,load1,base_us" >"$raw"
+# Repeats innermost, so every finished band already has its REPS runs (an
+# interrupted sweep can still be summarised: --report).
+[ "$REPORT" -eq 1 ] || for op in $OPS; do
+  for n in $RANKS; do
+    for band in "${BANDS[@]}"; do
+      read -r lo hi factor iters warm <<<"$band"
+      for rep in $(seq "$REPS"); do
         load="$(cut -d' ' -f1 /proc/loadavg)"
-        "$BIN" bench "$op" -r "$n" -b "$lo" -e "$hi" -f "$factor" -n "$iters" -w "$warm" -c 0 --compare mpi \
-          --json "$tmp/s.json" >/dev/null
+        if ! "$BIN" bench "$op" -r "$n" -b "$lo" -e "$hi" -f "$factor" -n "$iters" -w "$warm" -c 0 --compare mpi \
+          --json "$tmp/s.json" >/dev/null; then
+          echo "bench_sweep: $op -r $n -b $lo -e $hi (run $rep) failed; left out" >&2
+          continue
+        fi
         echo '{"results": []}' >"$tmp/b.json"
         if [ -n "$BASE" ]; then
           "$BASE" bench "$op" -r "$n" -b "$lo" -e "$hi" -f "$factor" -n "$iters" -w "$warm" -c 0 \
-            --json "$tmp/b.json" >/dev/null
+            --json "$tmp/b.json" >/dev/null || echo '{"results": []}' >"$tmp/b.json"
         fi
         jq -r --arg rep "$rep" --arg op "$op" --arg n "$n" --arg load "$load" --slurpfile base "$tmp/b.json" \
           '($base[0].results | map({key: (.size_bytes | tostring), value: .oop.time_us}) | from_entries) as $b |
@@ -118,8 +126,8 @@ for rep in $(seq "$REPS"); do
           tr -d '"' >>"$raw"
       done
     done
+    echo "bench_sweep: $op at $n ranks done" >&2
   done
-  echo "bench_sweep: round $rep of $REPS done" >&2
 done
 
 # Medians per (op, ranks, size); the algorithm of the last run.

@@ -12,9 +12,10 @@
 //   spin         pause until done (OpenMPI's default; hopeless when ranks > CPUs)
 //   spinU        pause for U us, then FUTEX_WAIT
 //   yieldU       sched_yield() for U us, then FUTEX_WAIT
-//   adaptiveU    as yieldU, but a sched_yield() that took over 1 ms (the
-//                core went to some other task for a slice) makes this rank
-//                sleep at once in its waits of the next 50 ms (shm's wait)
+//   adaptiveU    as yieldU, but a wait that its yields did not end within U us,
+//                or a sched_yield() that took over 1 ms (the core went to some
+//                other task for a slice), makes this rank sleep at once in its
+//                waits of the next 50 ms (shm's wait)
 //
 //   tessera_handoff_bench [-n RANKS] [-i ROUNDS] [-k REPEATS] MODE...
 //
@@ -122,8 +123,12 @@ void wait_round(Shared* s, uint64_t target, const Mode& m) {
       auto now = Clock::now();
       if (now < no_yield_until) break;
       const auto end = now + std::chrono::microseconds(m.us);
-      while (now < end) {
+      for (;;) {
         if (done()) return;
+        if (now >= end) {
+          no_yield_until = now + std::chrono::milliseconds(50);
+          break;
+        }
         ::sched_yield();
         const auto after = Clock::now();
         if (after - now > std::chrono::microseconds(1000)) {

@@ -644,10 +644,11 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     // futex wake costs the waker a system call and the sleeper a reschedule
     // interrupt), and sleeps once the window is over; any other wait sleeps
     // at once, since yielding ranks share a core with the rank doing the
-    // work (CFS runs the yielders, whose vruntime is lower, in turn). A
-    // yield that took over 1 ms means the core went to some other task for
-    // a slice (another job: a woken sleeper preempts it, a yielder waits
-    // behind it), so this rank's waits of the next 50 ms sleep at once.
+    // work (CFS runs the yielders, whose vruntime is lower, in turn). A wait
+    // that its yields did not end within the window (or a yield that took
+    // over 1 ms) means the cores go to other tasks for slices (another job:
+    // a woken sleeper preempts it, a yielder queues behind it), so this
+    // rank's waits of the next 50 ms sleep at once.
     const auto yield = oversubscribed_ && !brief ? std::chrono::microseconds(0) : yield_;
     if (spin_.count() > 0) {
       while (Clock::now() - start < spin_) {
@@ -660,8 +661,12 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     if (yield.count() > 0) {
       auto now = Clock::now();
       if (now >= no_yield_until_) {
-        while (now - start < spin_ + yield) {
+        for (;;) {
           if (ready()) return;
+          if (now - start >= spin_ + yield) {
+            no_yield_until_ = now + kNoYieldFor;
+            break;
+          }
           ::sched_yield();
           const auto after = Clock::now();
           if (after - now > kSlowYield) {
