@@ -224,6 +224,10 @@ void copy_if_needed(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes) std::memmove(dst, src, bytes);
 }
 
+// Broadcasts up to this size go through `flat` on shared memory (the
+// crossover with oneshot/tree/direct, docs/algorithms.md).
+constexpr size_t kFlatBroadcastBytes = size_t{4} << 10;
+
 // Members 0..p-1 without allocating (p <= kMaxRanks).
 constexpr int kMaxRanks = 4096;
 const int* identity_members() {
@@ -913,6 +917,36 @@ class TreeAlgorithm final : public Algorithm {
   }
 };
 
+// ---------------------------------------------------------------- flat
+// Shared memory, small broadcasts: the root sends the buffer to every peer
+// through its channel to that peer and returns; each peer receives it. A
+// send only copies into a free slot of the channel (4 per peer), so the root
+// runs up to 4 broadcasts ahead of its slowest receiver and a receiver
+// waits for the root only, not for the group: when ranks outnumber cores,
+// back-to-back broadcasts cost far fewer hand-offs of a core than a publish
+// round (a barrier) or a tree's relays. Declines elsewhere (over TCP the
+// root's p-1 sends would be serial network hops).
+class FlatAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "flat"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    if (k.kind != CollKind::Broadcast || !c.transport->shared_memory()) return false;
+    const int p = c.size, r = c.rank;
+    const size_t bytes = k.count * dtype_size(k.dtype);
+    if (r == k.root) {
+      for (int j = 1; j < p; ++j) c.transport->send((k.root + j) % p, c.tag, k.recv, bytes);
+    } else {
+      c.transport->recv(k.root, c.tag, k.recv, bytes);
+    }
+    // Model: the root's p-1 transfers, one after another.
+    double t = 0;
+    for (int j = 0; j < p; ++j)
+      if (j != k.root) t += c.links->time(k.root, j, static_cast<double>(bytes));
+    c.model += t;
+    return true;
+  }
+};
+
 // ---------------------------------------------------------------- pairwise
 // All-to-all in p-1 steps: step s sends block r+s to rank r+s and receives
 // block r-s from rank r-s.
@@ -969,11 +1003,12 @@ TorusAlgorithm g_torus;
 DirectAlgorithm g_direct;
 OneshotAlgorithm g_oneshot;
 TreeAlgorithm g_tree;
+FlatAlgorithm g_flat;
 PairwiseAlgorithm g_pairwise;
 DisseminationAlgorithm g_dissemination;
 
-Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier,     &g_hier_rd,
-                           &g_rhd,     &g_ring,   &g_tree,  &g_pairwise, &g_dissemination};
+Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier,     &g_hier_rd,      &g_rhd,
+                           &g_ring,    &g_tree,   &g_flat,  &g_pairwise, &g_dissemination};
 
 bool pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 int log2i(int x) {
@@ -1043,6 +1078,12 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
     }
     add(f);
   }
+  // oneshot's limit: a rank reads (p-1) copies of the data after one round,
+  // where direct and ring read less after more rounds. With 2 ranks (a core
+  // each, rounds cost < 1 us) direct and ring overtake it above 1 KiB; with
+  // more ranks every round saved is a hand-off saved, and it stays fastest
+  // up to the 4 KiB a publish slot holds (docs/algorithms.md, "Crossovers").
+  const size_t oneshot_max = model && model->size == 2 ? size_t{1} << 10 : SharedMemoryPeers::kInlineBytes;
   switch (kind) {
     case CollKind::AllReduce:
       if (multi_host && model && model->hosts && model->hosts->valid && model->links) {
@@ -1059,7 +1100,7 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
         add(&g_ring);
         break;
       }
-      if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
+      if (bytes <= oneshot_max) add(&g_oneshot);
       add(&g_direct);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
@@ -1068,12 +1109,13 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
       break;
     case CollKind::ReduceScatter:
     case CollKind::AllGather:
-      if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
+      if (bytes <= oneshot_max) add(&g_oneshot);
       if (multi_host) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
       add(&g_ring);
       break;
     case CollKind::Broadcast:
+      if (bytes <= kFlatBroadcastBytes) add(&g_flat);
       if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
       if (bytes > (size_t{64} << 10)) add(&g_direct);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);

@@ -2,14 +2,17 @@
 # The latency/bandwidth curve of tessera's collectives next to OpenMPI's,
 # measured in the same minutes (docs/bench.md, "The sweep").
 #
-#   scripts/bench_sweep.sh [-o DIR] [-r "2 4 8"] [-p "all_reduce ..."] [-n REPS] [--crossovers] [--bin TESSERA]
+#   scripts/bench_sweep.sh [-o DIR] [-r "2 4 8"] [-p "all_reduce ..."] [-n REPS] [--crossovers] [--bin TESSERA] [--base TESSERA] [--report]
 #
 # For every op x ranks x size (8 B, 32 B, ... 32 MiB and 64 MiB) it runs
 # `tessera bench OP -r N --compare mpi` REPS times (default 3); every run
 # measures OpenMPI first (tessera_mpi_peer at its best settings), then
-# tessera. DIR (default sweep-out/) gets:
-#   raw.csv    every run: rep,op,ranks,size_bytes,tessera_us,mpi_us,algorithm,mpi_setting,load1
-#   sweep.csv  medians:   op,ranks,size_bytes,tessera_us,mpi_us,mpi_over_tessera,algorithm,runs,load1_median
+# tessera. --base runs another build of tessera (e.g. main's) right after
+# each, so a change is compared with what it replaces in the same minutes.
+# --report only summarises DIR/raw.csv of an earlier (or interrupted) sweep.
+# DIR (default sweep-out/) gets:
+#   raw.csv    every run: rep,op,ranks,size_bytes,tessera_us,mpi_us,algorithm,mpi_setting,load1,base_us
+#   sweep.csv  medians:   op,ranks,size_bytes,tessera_us,mpi_us,mpi_over_tessera,algorithm,runs,load1_median,base_us
 #   sweep.png  time vs size per op (gnuplot), or sweep.txt when gnuplot is missing
 # --crossovers instead times every algorithm that can serve each op (forced
 # with --algo) from 256 B to 256 KiB and writes crossovers.csv (medians) and
@@ -22,6 +25,8 @@ OPS="all_reduce all_gather reduce_scatter broadcast"
 REPS=3
 CROSS=0
 BIN="$ROOT/build/bin/tessera"
+BASE=""
+REPORT=0
 usage() {
   sed -n '5p' "$0" | sed 's/^#  //' >&2
   exit 2
@@ -34,11 +39,14 @@ while [ $# -gt 0 ]; do
     -n) REPS="$2"; shift 2 ;;
     --crossovers) CROSS=1; shift ;;
     --bin) BIN="$2"; shift 2 ;;
+    --base) BASE="$2"; shift 2 ;;
+    --report) REPORT=1; shift ;;
     *) usage ;;
   esac
 done
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || usage
 [ -x "$BIN" ] || { echo "bench_sweep: $BIN is not built (cmake --build build --target tessera)" >&2; exit 2; }
+[ -z "$BASE" ] || [ -x "$BASE" ] || { echo "bench_sweep: --base $BASE is not an executable" >&2; exit 2; }
 command -v jq >/dev/null || { echo "bench_sweep: needs jq (scripts/install-deps.sh)" >&2; exit 2; }
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export OPENBLAS_NUM_THREADS=1
@@ -49,6 +57,8 @@ trap 'rm -rf "$tmp"' EXIT
 # Size bands, each with enough calls to time it: "minbytes maxbytes factor iters warmup"
 # (8 B, 32 B, ... 32 MiB, and 64 MiB).
 BANDS=("8 32K 4 500 50" "128K 2M 4 40 5" "8M 32M 4 5 2" "64M 64M 2 5 2")
+# SWEEP_BANDS="8 8 4 100 10;64M 64M 2 3 1" replaces them (a quick check).
+if [ -n "${SWEEP_BANDS:-}" ]; then IFS=';' read -ra BANDS <<<"$SWEEP_BANDS"; fi
 
 median_csv() {  # stdin: key,value lines -> key,median,count (numeric keys sorted)
   sort -t, -k1,1 -k2,2g | awk -F, '
@@ -64,7 +74,7 @@ if [ "$CROSS" -eq 1 ]; then
       case "$op" in
         all_reduce) algos="oneshot direct rhd ring" ;;
         all_gather | reduce_scatter) algos="oneshot ring" ;;
-        broadcast) algos="oneshot direct tree" ;;
+        broadcast) algos="flat oneshot direct tree" ;;
         *) algos="" ;;
       esac
       for n in $RANKS; do
@@ -90,31 +100,44 @@ if [ "$CROSS" -eq 1 ]; then
 fi
 
 raw="$OUT/raw.csv"
-echo "rep,op,ranks,size_bytes,tessera_us,mpi_us,algorithm,mpi_setting,load1" >"$raw"
-for rep in $(seq "$REPS"); do
-  for op in $OPS; do
-    for n in $RANKS; do
-      for band in "${BANDS[@]}"; do
-        read -r lo hi factor iters warm <<<"$band"
+[ "$REPORT" -eq 1 ] || echo "rep,op,ranks,size_bytes,tessera_us,mpi_us,algorithm,mpi_setting,load1,base_us" >"$raw"
+# Repeats innermost, so every finished band already has its REPS runs (an
+# interrupted sweep can still be summarised: --report).
+[ "$REPORT" -eq 1 ] || for op in $OPS; do
+  for n in $RANKS; do
+    for band in "${BANDS[@]}"; do
+      read -r lo hi factor iters warm <<<"$band"
+      for rep in $(seq "$REPS"); do
         load="$(cut -d' ' -f1 /proc/loadavg)"
-        "$BIN" bench "$op" -r "$n" -b "$lo" -e "$hi" -f "$factor" -n "$iters" -w "$warm" -c 0 --compare mpi \
-          --json "$tmp/s.json" >/dev/null
-        jq -r --arg rep "$rep" --arg op "$op" --arg n "$n" --arg load "$load" \
-          '.results[] | select(.count > 0) | [$rep, $op, $n, .size_bytes, .oop.time_us, .compare_time_us,
-            .algorithm, (.compare_setting // ""), $load] | @csv' "$tmp/s.json" | tr -d '"' >>"$raw"
+        if ! "$BIN" bench "$op" -r "$n" -b "$lo" -e "$hi" -f "$factor" -n "$iters" -w "$warm" -c 0 --compare mpi \
+          --json "$tmp/s.json" >/dev/null; then
+          echo "bench_sweep: $op -r $n -b $lo -e $hi (run $rep) failed; left out" >&2
+          continue
+        fi
+        echo '{"results": []}' >"$tmp/b.json"
+        if [ -n "$BASE" ]; then
+          "$BASE" bench "$op" -r "$n" -b "$lo" -e "$hi" -f "$factor" -n "$iters" -w "$warm" -c 0 \
+            --json "$tmp/b.json" >/dev/null || echo '{"results": []}' >"$tmp/b.json"
+        fi
+        jq -r --arg rep "$rep" --arg op "$op" --arg n "$n" --arg load "$load" --slurpfile base "$tmp/b.json" \
+          '($base[0].results | map({key: (.size_bytes | tostring), value: .oop.time_us}) | from_entries) as $b |
+           .results[] | select(.count > 0) | [$rep, $op, $n, .size_bytes, .oop.time_us, .compare_time_us,
+            .algorithm, (.compare_setting // ""), $load, ($b[.size_bytes | tostring] // "")] | @csv' "$tmp/s.json" |
+          tr -d '"' >>"$raw"
       done
     done
+    echo "bench_sweep: $op at $n ranks done" >&2
   done
-  echo "bench_sweep: round $rep of $REPS done" >&2
 done
 
 # Medians per (op, ranks, size); the algorithm of the last run.
 {
-  echo "op,ranks,size_bytes,tessera_us,mpi_us,mpi_over_tessera,algorithm,runs,load1_median"
-  key() { awk -F, -v c="$1" 'NR > 1 { print $2 "|" $3 "|" $4 "," $c }' "$raw" | median_csv; }
+  echo "op,ranks,size_bytes,tessera_us,mpi_us,mpi_over_tessera,algorithm,runs,load1_median,base_us"
+  key() { awk -F, -v c="$1" 'NR > 1 { print $2 "|" $3 "|" $4 "," ($c == "" ? "nan" : $c) }' "$raw" | median_csv; }
   join -t, <(key 5 | sort) <(key 6 | sort) | join -t, - <(key 9 | sort) |
     join -t, - <(awk -F, 'NR > 1 { a[$2 "|" $3 "|" $4] = $7 } END { for (k in a) print k "," a[k] }' "$raw" | sort) |
-    awk -F'[|,]' '{ printf "%s,%s,%s,%.3f,%.3f,%.2f,%s,%s,%s\n", $1, $2, $3, $4, $6, ($4 > 0 ? $6 / $4 : 0), $10, $5, $8 }' |
+    join -t, - <(key 10 | sort) |
+    awk -F'[|,]' '{ printf "%s,%s,%s,%.3f,%.3f,%.2f,%s,%s,%s,%s\n", $1, $2, $3, $4, $6, ($4 > 0 ? $6 / $4 : 0), $10, $5, $8, ($11 == "nan" ? "" : $11) }' |
     sort -t, -k1,1 -k2,2n -k3,3n
 } >"$OUT/sweep.csv"
 

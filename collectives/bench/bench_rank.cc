@@ -1,10 +1,12 @@
 // One rank of `tessera bench` (bench_rank.h).
 #include "collectives/bench/bench_rank.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -52,6 +54,32 @@ NetModel topology_model(const std::string& spec, int nranks) {
   return t.net_model();
 }
 
+namespace {
+
+// With no more local ranks than CPUs, local rank i runs on the i-th CPU of
+// the process's affinity mask, as mpirun binds its ranks for the MPI column
+// (--bind-to core up to 2 ranks): two floating ranks that the scheduler puts
+// on one core spin against each other. TESSERA_BENCH_BIND=0 leaves them
+// floating; under mpirun, mpirun's binding stays.
+void bind_to_cpu(const World& w) {
+  if (w.local_size < 2 || mpi::under_mpirun() || env_or("TESSERA_BENCH_BIND") == "0") return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < w.local_size) return;
+  int seen = 0;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set) || seen++ != w.local_rank) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(c, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0)
+      spdlog::warn("bench: cannot bind to CPU {}: {}", c, std::strerror(errno));
+    return;
+  }
+}
+
+}  // namespace
+
 int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) {
   // Under a launcher (`tessera run`), join its job: its store, heartbeats,
   // abort on a failed peer.
@@ -62,6 +90,7 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
     throw InvalidArgument("-r " + std::to_string(a.nworkers) + " does not match the launcher's world size " +
                           std::to_string(w.size));
   init_logging(w.size > 1 ? w.rank : -1);
+  bind_to_cpu(w);
   const TransportKind kind = parse_transport(a.transport);
   // --compare mpi, started by `tessera bench -r N`: the front-end already ran
   // MPI's side (tessera_mpi_peer) and left its figures in this file, so this

@@ -18,7 +18,8 @@
 // sleeps; the rank whose publish completes a round wakes every rank asleep
 // in that round with one FUTEX_WAKE on the group's round bell. With a core
 // per rank, waiting spins briefly, then yields; when ranks outnumber cores
-// it sleeps almost at once (docs/threads.md). Sleeps are futex waits of at
+// a wait for a small message or a bufferless round yields for a short
+// window and any other sleeps at once (docs/threads.md). Sleeps are futex waits of at
 // most 100 ms; at each wake-up the abort flag and the peers' failed flags
 // are checked, every 100 ms the peers' liveness (pidfd), so an exited peer
 // is noticed well within a second.
@@ -53,7 +54,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kSlots = 4;
+constexpr size_t kSlots = 16;
 constexpr size_t kReasonBytes = 256;
 
 struct SlotHeader {
@@ -296,7 +297,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     check_peer(peer);
     SendState s{peer, tag, static_cast<const char*>(buf), bytes, 0, false};
     while (!s.done) {
-      if (!progress_send(s)) wait_until([&] { return can_send(peer); }, peer);
+      if (!progress_send(s)) wait_until([&] { return can_send(peer); }, peer, brief(bytes));
     }
   }
 
@@ -388,7 +389,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
             if (j != rank_ && pub(j)->fast[round % 2].seq.load(std::memory_order_relaxed) < round) missing = j;
           return false;
         },
-        -1, &missing, &g->round_bell);
+        -1, n == 0, &missing, &g->round_bell);
     for (int j = 0; j < size_; ++j) {
       const FastLine& f = pub(j)->fast[round % 2];
       const PubSlot& ps = pub(j)->slots[round % 2];
@@ -536,7 +537,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       bool b = !r.done && progress_recv(r, sink);
       if (a || b) continue;
       int blame = !r.done ? from : to;
-      wait_until([&] { return (!s.done && can_send(to)) || (!r.done && can_recv(from)); }, blame);
+      wait_until([&] { return (!s.done && can_send(to)) || (!r.done && can_recv(from)); }, blame,
+                 brief(std::max(sbytes, rbytes)));
     }
   }
 
@@ -622,12 +624,12 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     }
   }
 
-  // Waits until ready(); `peer` (or *peer_ref when given) is blamed on timeout.
   // Waits until ready(); `peer` (or *peer_ref when given) is blamed on
   // timeout. Sleeps on `bell` (default: this rank's doorbell), which whoever
-  // makes ready() true rings.
+  // makes ready() true rings. `brief`: the wait belongs to a small message or
+  // a publish round without buffers, so it usually ends within microseconds.
   template <typename Ready>
-  void wait_until(Ready ready, int peer, const int* peer_ref = nullptr, Bell* bell = nullptr) {
+  void wait_until(Ready ready, int peer, bool brief, const int* peer_ref = nullptr, Bell* bell = nullptr) {
     if (!bell) bell = &ctl(rank_)->doorbell;
     for (int i = 0; i < polls_; ++i) {
       if (ready()) return;
@@ -637,9 +639,17 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     const auto deadline = start + timeout_;
     // With a core per rank: spin, then yield, for short windows, since the
     // peer usually answers within microseconds and a sleep + wake costs more.
-    // When ranks outnumber cores both windows are 0: a waiter sleeps at once
-    // and so hands its core to a rank that can make progress (a yield would
-    // hand it to whatever else is runnable, e.g. another job, for a slice).
+    // When ranks outnumber cores there is no spin; a brief wait yields,
+    // which hands the core to the next runnable rank without a wake-up (a
+    // futex wake costs the waker a system call and the sleeper a reschedule
+    // interrupt), and sleeps once the window is over; any other wait sleeps
+    // at once, since yielding ranks share a core with the rank doing the
+    // work (CFS runs the yielders, whose vruntime is lower, in turn). A wait
+    // that its yields did not end within the window (or a yield that took
+    // over 1 ms) means the cores go to other tasks for slices (another job:
+    // a woken sleeper preempts it, a yielder queues behind it), so this
+    // rank's waits of the next 50 ms sleep at once.
+    const auto yield = oversubscribed_ && !brief ? std::chrono::microseconds(0) : yield_;
     if (spin_.count() > 0) {
       while (Clock::now() - start < spin_) {
         for (int k = 0; k < 16; ++k) {
@@ -648,10 +658,23 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
         }
       }
     }
-    if (yield_.count() > 0) {
-      while (Clock::now() - start < spin_ + yield_) {
-        if (ready()) return;
-        ::sched_yield();
+    if (yield.count() > 0) {
+      auto now = Clock::now();
+      if (now >= no_yield_until_) {
+        for (;;) {
+          if (ready()) return;
+          if (now - start >= spin_ + yield) {
+            no_yield_until_ = now + kNoYieldFor;
+            break;
+          }
+          ::sched_yield();
+          const auto after = Clock::now();
+          if (after - now > kSlowYield) {
+            no_yield_until_ = after + kNoYieldFor;
+            break;
+          }
+          now = after;
+        }
       }
     }
     // Peers' processes (a system call each) are checked every 100 ms; their
@@ -705,16 +728,24 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   const int rank_, size_;
   const std::chrono::milliseconds timeout_;
   // Busy waiting before sleeping (TESSERA_SHM_SPIN_US, TESSERA_SHM_YIELD_US;
-  // docs/threads.md has the measurements behind the defaults). With a core
-  // per rank, waiting busy for up to 2 ms avoids paying a wake-up (scheduler
-  // latency) whenever a peer is briefly preempted. When ranks outnumber
-  // cores, every microsecond a waiter keeps its core delays the rank it
-  // waits for (a pause takes ~70 ns here, so the old 64 polls + 5 us spin
-  // cost ~10 us per wait), so it polls a few times and sleeps.
+  // docs/threads.md has the measurements behind the defaults, made with
+  // tessera_handoff_bench). With a core per rank, waiting busy for up to 2 ms
+  // avoids paying a wake-up (scheduler latency) whenever a peer is briefly
+  // preempted. When ranks outnumber cores, every microsecond a waiter spins
+  // delays the rank it waits for (a pause takes ~70 ns here), so it polls a
+  // few times and then, for a small message or a publish round without
+  // buffers, yields for up to 200 us before it sleeps: a publish round of
+  // yielding ranks took half the time of sleeping ones.
   const bool oversubscribed_ = size_ > online_cpus();
   const int polls_ = oversubscribed_ ? 4 : 64;
   const std::chrono::microseconds spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed_ ? 0 : 50);
-  const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 0 : 2000);
+  const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 200 : 2000);
+  static constexpr std::chrono::microseconds kSlowYield{1000};
+  static constexpr std::chrono::milliseconds kNoYieldFor{50};
+  Clock::time_point no_yield_until_{};
+  // Messages up to this size wait briefly (see wait_until).
+  static constexpr size_t kBriefBytes = 4096;
+  static bool brief(size_t bytes) { return bytes <= kBriefBytes; }
   const std::string group_;
   const Layout layout_;
   std::vector<int> labels_;  // local rank -> rank named in messages

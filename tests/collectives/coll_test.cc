@@ -378,6 +378,47 @@ INSTANTIATE_TEST_SUITE_P(Algos, ForcedAlgo,
                                            Forced{"direct", 3}, Forced{"direct", 7}, Forced{"oneshot", 5}),
                          [](const auto& info) { return info.param.algo + "_p" + std::to_string(info.param.size); });
 
+// ---------------------------------------------------------------- flat broadcast
+
+// `flat` (shm): the root sends to every peer and returns, so it can run
+// several broadcasts ahead of its receivers; back-to-back broadcasts from
+// changing roots, then an all-reduce on the same channels, must each
+// deliver exactly the root's values. By default it serves broadcasts up to
+// 4 KiB on shared memory, and larger ones go elsewhere.
+class FlatBroadcast : public ::testing::TestWithParam<int> {};
+
+TEST_P(FlatBroadcast, BackToBackFromEveryRoot) {
+  auto res = run_ranks(GetParam(), [](int rank, int size, const std::shared_ptr<Store>& store) {
+    CommOptions forced;
+    forced.algo = "flat";
+    forced.name = "flat";
+    auto c = Communicator::create(store, rank, size, forced);
+    Buffers heap(false);
+    for (int rep = 0; rep < 3; ++rep)
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{5000}})
+        for (int root = 0; root < size; ++root) {
+          check_broadcast(*c, heap, count, DType::F32, root);
+          if (size > 1) COLL_REQUIRE(c->last_algorithm() == std::string("flat"), "served by ", c->last_algorithm());
+        }
+    // The root ran ahead through the channels: an all-reduce on them next.
+    check_all_reduce(*c, heap, 100003, DType::F32, ReduceOp::Sum, false, 3);
+    // 40 back-to-back 8-byte broadcasts (more than a channel's slots) from one root.
+    for (int i = 0; i < 40; ++i) check_broadcast(*c, heap, 2, DType::I32, size - 1);
+
+    CommOptions dflt;
+    dflt.name = "dflt";
+    auto d = Communicator::create(store, rank, size, dflt);
+    check_broadcast(*d, heap, 1024, DType::F32, 0);  // 4 KiB
+    if (size > 1) COLL_REQUIRE(d->last_algorithm() == std::string("flat"), "4 KiB served by ", d->last_algorithm());
+    check_broadcast(*d, heap, 1025, DType::F32, 0);
+    if (size > 1) COLL_REQUIRE(d->last_algorithm() != std::string("flat"), "4100 B served by flat");
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, FlatBroadcast, ::testing::Values(2, 3, 8),
+                         [](const auto& info) { return "p" + std::to_string(info.param); });
+
 // ---------------------------------------------------------------- 16-bit accumulation
 
 // bf16 and f16 reductions accumulate in f32 (communicator.h). Element i gets a
