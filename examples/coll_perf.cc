@@ -131,9 +131,10 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     // $TMPDIR/coll_perf-<pid>-XXXXXX; a killed run's is removed by the next (runtime/files.h).
     remove_stale_temps(temp_directory(), "coll_perf-");
-    dir = temp_directory() + "/coll_perf-" + std::to_string(::getpid()) + "-XXXXXX";
-    if (!::mkdtemp(dir.data())) {
-      std::perror("mkdtemp");
+    try {
+      dir = make_owned_temp_dir(temp_directory() + "/coll_perf-" + std::to_string(::getpid()) + "-XXXXXX");
+    } catch (const Error& e) {
+      std::fprintf(stderr, "coll_perf: %s\n", e.what());
       mpi::abort(1);
     }
   }

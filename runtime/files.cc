@@ -407,6 +407,20 @@ pid_t temp_owner(std::string_view name, std::string_view prefix) {
   return static_cast<pid_t>(pid);
 }
 
+std::string make_owned_temp_dir(std::string tmpl) {
+  if (!::mkdtemp(tmpl.data()))
+    throw Error(detail::concat(tmpl, ": cannot create a temporary directory: ", std::strerror(errno)));
+  const int fd = ::open(tmpl.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0 || ::flock(fd, LOCK_SH) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    ::rmdir(tmpl.c_str());
+    throw Error(detail::concat(tmpl, ": cannot lock the temporary directory: ", std::strerror(err)));
+  }
+  // `fd` stays open (and its lock held) for the life of the process.
+  return tmpl;
+}
+
 std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_view prefix) {
   std::vector<std::string> removed;
   DIR* d = ::opendir(dir.c_str());
@@ -426,6 +440,13 @@ std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_
       if (fd < 0) continue;
       const bool locked = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
       if (!locked && ::unlink(p.c_str()) == 0) removed.push_back(p);
+      ::close(fd);
+    } else if (S_ISDIR(st.st_mode)) {
+      const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) continue;
+      const bool locked = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+      std::error_code ec;
+      if (!locked && std::filesystem::remove_all(p, ec) > 0 && !ec) removed.push_back(p);
       ::close(fd);
     } else {
       std::error_code ec;

@@ -192,7 +192,7 @@ std::string sha256_hex(std::string_view bytes);
 //   write_file_atomic                  DIR/.NAME.tmp.<pid>.XXXXXX
 //   ckpt shard / reshard / consolidate OUT's parent/.OUT.tmp-<pid>
 //                                      (consolidate: .OUT.consolidated.tmp-<pid>)
-//   bench store directories            $TMPDIR/tessera-bench-<pid>[-<job id>]-XXXXXX
+//   bench store directories            $TMPDIR/tessera-bench-<pid>[-<job id>]-XXXXXX (flocked: make_owned_temp_dir)
 // Shared memory is memfd (runtime/shm_memory.h): it has no name and goes
 // with the last process that maps it.
 
@@ -205,11 +205,17 @@ bool process_alive(pid_t pid);
 // The pid that `name` carries after `prefix` ("<prefix><digits>" followed by
 // the end of the name, '.' or '-'), or 0 when `name` is not of that form.
 pid_t temp_owner(std::string_view name, std::string_view prefix);
+// Creates a directory from `tmpl` (its last six characters XXXXXX, as
+// mkdtemp) and keeps a shared flock on it until this process exits, so that
+// remove_stale_temps run in another PID namespace sharing the directory
+// (where this pid may look dead, or belong to nobody) leaves it alone.
+// Returns the path; throws Error naming it on failure.
+std::string make_owned_temp_dir(std::string tmpl);
 // Removes the entries of `dir` named `prefix` + <pid> + ... whose pid is not
 // alive: files, or directories with their contents. Never removes one whose
-// pid is alive or is this process, nor a regular file whose flock another
-// process holds (a writer in another PID namespace sharing the directory),
-// nor an entry owned by another user. Returns the paths removed; errors (a
+// pid is alive or is this process, nor a regular file or a directory whose
+// flock another process holds (a writer in another PID namespace sharing the
+// directory; make_owned_temp_dir), nor an entry owned by another user. Returns the paths removed; errors (a
 // missing directory, a race with another cleaner) are ignored.
 std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_view prefix);
 

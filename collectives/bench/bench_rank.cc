@@ -43,8 +43,7 @@ std::string make_temp_dir() {
   for (char c : env_or("TESSERA_JOB_ID").substr(0, 32))
     job += std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ? c : '_';
   std::string tmpl = tmp + "/tessera-bench-" + std::to_string(::getpid()) + (job.empty() ? "" : "-" + job) + "-XXXXXX";
-  if (!mkdtemp(tmpl.data())) throw Error("bench: cannot create a temporary store directory in " + tmpl);
-  return tmpl;
+  return make_owned_temp_dir(std::move(tmpl));
 }
 
 NetModel topology_model(const std::string& spec, int nranks) {

@@ -554,6 +554,49 @@ TEST(RemoveStaleTemps, KeepsADeadPidsFileThatIsStillLocked) {
   EXPECT_TRUE(d.entries().empty());
 }
 
+TEST(RemoveStaleTemps, KeepsADeadPidsDirectoryWhileItsOwnerLives) {
+  // A bench in another PID namespace (a test host of the multihost rig)
+  // sharing /tmp: the pid in its directory's name means nothing here, the
+  // lock make_owned_temp_dir holds for the owner's lifetime does.
+  TempDir d;
+  const std::string tmpl = d.file("tessera-bench-" + std::to_string(dead_pid()) + "-XXXXXX");
+  int to_child[2], from_child[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  ASSERT_EQ(::pipe(from_child), 0);
+  const pid_t owner = ::fork();
+  ASSERT_GE(owner, 0);
+  if (owner == 0) {
+    const std::string made = make_owned_temp_dir(tmpl);
+    const char ok = made.size() == tmpl.size() ? 1 : 0;
+    char go = 0;
+    if (::write(from_child[1], &ok, 1) != 1 || ::read(to_child[0], &go, 1) != 1) ::_exit(1);
+    ::_exit(0);  // the lock goes with the process
+  }
+  char ok = 0;
+  ASSERT_EQ(::read(from_child[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 1);
+  ASSERT_EQ(d.entries().size(), 1u);
+  EXPECT_TRUE(remove_stale_temps(d.path(), "tessera-bench-").empty());
+  EXPECT_EQ(d.entries().size(), 1u);
+  const char go = 1;
+  ASSERT_EQ(::write(to_child[1], &go, 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(owner, &status, 0), owner);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
+  EXPECT_EQ(remove_stale_temps(d.path(), "tessera-bench-").size(), 1u);
+  EXPECT_TRUE(d.entries().empty());
+}
+
+TEST(MakeOwnedTempDir, NamesTheTemplateWhenItCannotCreate) {
+  try {
+    make_owned_temp_dir("/nonexistent/tessera-dir/x-XXXXXX");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/tessera-dir/x-"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RemoveStaleTemps, MissingDirectoryIsNotAnError) {
   EXPECT_TRUE(remove_stale_temps("/nonexistent/tessera-dir", ".x.tmp.").empty());
 }
