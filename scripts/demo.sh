@@ -22,7 +22,7 @@ echo "== GPT-2 (4 layers, width 128, byte tokens) on 8 emulated trn1 cores: TP=2
 echo
 echo "== the same model on 8 emulated trn1 cores as a pipeline: TP=2 x PP=2 x DP=2, 1F1B, 4 micro-batches =="
 echo "-- the plan: tessera plan pinned to this layout (examples/gpt/demo_model.json is the model's sizes)"
-"$BIN/tessera" plan --model "$ROOT/examples/gpt/demo_model.json" --topology trn1.32xlarge --cores 8 \
+"$BIN/tessera" plan --model "$ROOT/examples/gpt/demo_model.json" --topology emulated:8 --cores 8 \
   --device trn1-core --precision fp32 --global-batch 16 --seq 128 --tp 2 --pp 2 --dp 2 --mbs 2 \
   --schedule 1f1b --zero1 on --sequence-parallel off --recompute none --top 1 --json "$OUT/plan.json" \
   > "$OUT/plan.txt"

@@ -290,7 +290,8 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
     std::printf("step time: predicted %s (%s), emulated %s (median modeled step%s, %+.1f%%)\n",
                 human_time(predicted).c_str(), f.plan.c_str(), human_time(emulated).c_str(),
                 modeled_steps.size() > 1 ? " after step 1" : "",
-                predicted > 0 ? 100 * (emulated - predicted) / predicted : 0.0);
+                // Rounded to the printed digit, + 0.0 so that a rounded -0 prints as +0.0.
+                predicted > 0 ? std::round(1000 * (emulated - predicted) / predicted) / 10 + 0.0 : 0.0);
     std::fflush(stdout);
   }
   if (!f.eval_text.empty()) {
