@@ -226,7 +226,6 @@ void copy_if_needed(void* dst, const void* src, size_t bytes) {
 
 // Broadcasts up to this size go through `flat` on shared memory (the
 // crossover with oneshot/tree/direct, docs/algorithms.md).
-constexpr size_t kFlatBroadcastBytes = size_t{4} << 10;
 
 // Members 0..p-1 without allocating (p <= kMaxRanks).
 constexpr int kMaxRanks = 4096;
@@ -1058,6 +1057,8 @@ std::vector<std::string> algorithm_names() {
   return v;
 }
 
+size_t oneshot_max_bytes(int group_size) { return group_size == 2 ? size_t{1} << 10 : SharedMemoryPeers::kInlineBytes; }
+
 int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
                          Algorithm** out, const AlgoContext* model) {
   int n = 0;
@@ -1083,7 +1084,7 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
   // each, rounds cost < 1 us) direct and ring overtake it above 1 KiB; with
   // more ranks every round saved is a hand-off saved, and it stays fastest
   // up to the 4 KiB a publish slot holds (docs/algorithms.md, "Crossovers").
-  const size_t oneshot_max = model && model->size == 2 ? size_t{1} << 10 : SharedMemoryPeers::kInlineBytes;
+  const size_t oneshot_max = oneshot_max_bytes(model ? model->size : 0);
   switch (kind) {
     case CollKind::AllReduce:
       if (multi_host && model && model->hosts && model->hosts->valid && model->links) {

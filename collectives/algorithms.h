@@ -129,5 +129,11 @@ constexpr int kMaxCandidates = 8;
 int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
                          Algorithm** out, const AlgoContext* model = nullptr);
 std::vector<std::string> algorithm_names();
+// The largest message oneshot serves for a group of `group_size` ranks
+// (0: unknown): 1 KiB for 2 ranks, else the 4 KiB a publish slot holds
+// (the crossovers measured in docs/algorithms.md).
+size_t oneshot_max_bytes(int group_size);
+// The largest broadcast `flat` serves.
+constexpr size_t kFlatBroadcastBytes = size_t{4} << 10;
 
 }  // namespace tessera::collectives

@@ -150,9 +150,16 @@ CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCost
   const int n = algorithm_candidates(kind, bytes, multi_dim, /*multi_host=*/false, "", cands);
   for (int i = 0; i < n; ++i) {
     const std::string name = cands[i]->name();
+    if (name == "flat") {
+      if (!g.shared_memory || kind != CollKind::Broadcast) continue;
+      double t = 0;  // the root writes to each peer in turn
+      for (int a = 1; a < p; ++a) t += g.links.time(0, a, b);
+      return {name, t};
+    }
     if (name == "oneshot") {
       const size_t published = kind == CollKind::ReduceScatter ? bytes * static_cast<size_t>(p) : bytes;
       if (!g.shared_memory || published > SharedMemoryPeers::kInlineBytes) continue;
+      if (kind != CollKind::Broadcast && bytes > oneshot_max_bytes(p)) continue;
       if (kind == CollKind::AllReduce || kind == CollKind::AllGather || kind == CollKind::ReduceScatter)
         return {name, p == 1 ? 0.0 : gather_from_peers_seconds(g.links, p, b)};
       if (kind == CollKind::Broadcast) {
