@@ -55,7 +55,8 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   };
   const double links0 = link_seconds();
   // Sends a copy of `data` with this rank's simulated time on `link`.
-  auto send = [&](collectives::Communicator& link, Tensor& buf, const float* data) {
+  auto send = [&](collectives::Communicator& link, Tensor& buf, const float* data, const PipeOp& op) {
+    spans_.push_back({PipeSpan::kSend, op.micro, op.chunk, now_, 0, 0, wall_now(), 0});
     float* c = parallel::layers::ensure_buffer(buf, ps_.device, wire);
     std::memcpy(c, data, sizeof(float) * static_cast<size_t>(n));
     const int64_t stamp = std::llround(now_ * 1e9);
@@ -70,12 +71,17 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
     const double transfer = link.last_modeled_seconds();
     int64_t sent = 0;
     std::memcpy(&sent, data + n, sizeof sent);
-    const double arrive = static_cast<double>(sent) * 1e-9 + transfer;
+    const double sent_at = static_cast<double>(sent) * 1e-9, arrive = sent_at + transfer;
     if (arrive > now_) {
-      spans_.push_back({PipeSpan::kWait, op.micro, op.chunk, now_, arrive - now_, 0, w0, w1 - w0});
+      // Idle until the peer sent (the schedule's bubble), then for the rest
+      // of the link transfer (point-to-point time the formula leaves out).
+      const double idle = std::max(0.0, sent_at - now_), link = arrive - std::max(now_, sent_at);
+      if (idle > 0) spans_.push_back({PipeSpan::kWait, op.micro, op.chunk, now_, idle, 0, w0, w1 - w0});
+      if (link > 0) spans_.push_back({PipeSpan::kTransfer, op.micro, op.chunk, now_ + idle, link, 0, w1, 0});
       wait_s_ += arrive - now_;
       now_ = arrive;
     }
+    spans_.push_back({PipeSpan::kRecv, op.micro, op.chunk, now_, 0, 0, w1, 0});
   };
   // The op's modeled time: the compute it charged and its blocking TP communication.
   struct Mark {
@@ -120,7 +126,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
           b[static_cast<size_t>(slot)] = false;
           slot_of.erase(std::make_pair(op.chunk, op.micro));
         }
-        if (!last) send(*ps_.act_next, act_out_[buf], out);
+        if (!last) send(*ps_.act_next, act_out_[buf], out, op);
       } else {
         TESSERA_CHECK(!forward_only, "a backward in a forward-only run");
         if (!last) receive(*ps_.grad_next, grad, op);
@@ -132,7 +138,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
         ran(op, t0);
         busy[static_cast<size_t>(op.chunk)][static_cast<size_t>(it->second)] = false;
         slot_of.erase(it);
-        if (!first) send(*ps_.grad_prev, grad_out_[buf], din);
+        if (!first) send(*ps_.grad_prev, grad_out_[buf], din, op);
       }
     }
   } catch (...) {

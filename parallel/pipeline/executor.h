@@ -72,11 +72,16 @@ class StageModule {
 };
 
 // One span of the last run() on the emulated clock (seconds from its start),
-// and on the wall clock (seconds since the Unix epoch).
+// and on the wall clock (seconds since the Unix epoch). A receive that had
+// to wait is a kWait span (idle until the peer sent: the bubble) and/or a
+// kTransfer span (the rest of the modeled link transfer). kSend and kRecv
+// are instants (dur 0): the send of an op's output (activation after a
+// forward, input gradient after a backward) and the moment a receive's data
+// is there.
 struct PipeSpan {
-  enum Kind { kForward = 0, kBackward = 1, kWait = 2 };
+  enum Kind { kForward = 0, kBackward = 1, kWait = 2, kSend = 3, kRecv = 4, kTransfer = 5 };
   Kind kind;
-  int micro, chunk;  // of the op (a wait: of the op it waited for)
+  int micro, chunk;  // of the op (a wait, send or receive: of the op it serves)
   double start, dur;
   double tp_s = 0;  // of an op's dur: its blocking TP collectives
   double wall_start = 0, wall_dur = 0;

@@ -143,6 +143,7 @@ std::vector<RankBubble> trace_bubbles(const std::string& json, const std::string
       const double dur = e.at("dur").get<double>();
       if (cat == "bubble") b.bubble_us += dur;
       if (cat == "forward" || cat == "backward") b.busy_us += dur;
+      if (cat == "p2p") b.p2p_us += dur;  // the pipeline's link transfers
     }
   } catch (const nlohmann::json::exception& e) {
     throw FormatError("trace '" + source + "': " + e.what());

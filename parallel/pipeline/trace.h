@@ -5,8 +5,9 @@
 //
 // One track (pid 0, tid = global rank) per rank. A rank's spans come in two
 // phases on the emulated clock: 0, the pipeline (forward/backward ops with
-// their aggregated TP collectives, and the waits for a neighbour's data:
-// the bubble), from the step's start; 1, what follows it (the tied
+// their aggregated TP collectives, the waits for a neighbour to send: the
+// bubble, the rest of the link transfers: "p2p", and instants for each send
+// and receive), from the step's start; 1, what follows it (the tied
 // embedding's sum, the DP gradient buckets, the optimizer, the ZeRO-1
 // all-gathers, the loss sum), from the end of phase 0. write_trace lines the
 // ranks up: phase 0 runs until the slowest rank's pipeline ends (the others
@@ -16,8 +17,9 @@
 // Unix epoch, shown from the earliest) and are not lined up.
 //
 // The bubble fraction of a rank read back from a trace is its "bubble" time
-// over its forward + backward + bubble time: the idle share of its pipeline
-// phase, (p - 1) / (v m + p - 1) for a balanced schedule.
+// over its forward + backward + bubble + p2p time: the idle share of its
+// pipeline phase not spent on a link transfer, (p - 1) / (v m + p - 1) for a
+// balanced schedule (the formula counts no transfer time).
 #pragma once
 
 #include <string>
@@ -56,8 +58,11 @@ std::string gather_trace(collectives::Communicator* world, int rank, const std::
 // document that is not a trace.
 struct RankBubble {
   int rank = 0;
-  double busy_us = 0, bubble_us = 0;
-  double fraction() const { return busy_us + bubble_us > 0 ? bubble_us / (busy_us + bubble_us) : 0; }
+  double busy_us = 0, bubble_us = 0, p2p_us = 0;
+  double fraction() const {
+    const double total = busy_us + bubble_us + p2p_us;
+    return total > 0 ? bubble_us / total : 0;
+  }
 };
 std::vector<RankBubble> trace_bubbles(const std::string& json, const std::string& source);
 

@@ -221,7 +221,7 @@ TEST(PipelineCli, TraceShowsEveryRanksStepAndTheScheduleBubble) {
     const nlohmann::json doc = nlohmann::json::parse(text);
     EXPECT_EQ(doc.at("otherData").at("clock"), "emulated");
     const size_t n = static_cast<size_t>(c.ranks);
-    std::vector<int> fwd(n, 0), bwd(n, 0), opt(n, 0), dp(n, 0), gather(n, 0);
+    std::vector<int> fwd(n, 0), bwd(n, 0), opt(n, 0), dp(n, 0), gather(n, 0), sends(n, 0), recvs(n, 0);
     std::vector<bool> named(n, false);
     for (const auto& e : doc.at("traceEvents")) {
       const int tid = e.at("tid").get<int>();
@@ -231,10 +231,16 @@ TEST(PipelineCli, TraceShowsEveryRanksStepAndTheScheduleBubble) {
         if (e.at("name") == "thread_name") named[t] = true;
         continue;
       }
+      const std::string cat = e.at("cat"), name = e.at("name");
+      if (e.at("ph") == "i") {  // the pipeline's sends and receives
+        ASSERT_EQ(cat, "p2p") << e.dump();
+        ASSERT_GE(e.at("ts").get<double>(), 0) << e.dump();
+        ++(name.rfind("send ", 0) == 0 ? sends : recvs)[t];
+        continue;
+      }
       ASSERT_EQ(e.at("ph"), "X") << e.dump();
       ASSERT_GE(e.at("dur").get<double>(), 0) << e.dump();
       ASSERT_GE(e.at("ts").get<double>(), 0) << e.dump();
-      const std::string cat = e.at("cat"), name = e.at("name");
       if (cat == "forward") ++fwd[t];
       if (cat == "backward") ++bwd[t];
       if (name == "AdamW update") ++opt[t];
@@ -249,6 +255,15 @@ TEST(PipelineCli, TraceShowsEveryRanksStepAndTheScheduleBubble) {
       EXPECT_EQ(fwd[t], c.m * c.v) << "rank " << t;
       EXPECT_EQ(bwd[t], c.m * c.v) << "rank " << t;
       EXPECT_EQ(opt[t], 1) << "rank " << t;
+      // Virtual stage chunk*p + stage sends its output forward unless it is
+      // the last, its input gradient back unless it is the first; it
+      // receives exactly what its neighbours send it.
+      const int stage = static_cast<int>(t) / (c.ranks / c.p), nv = c.p * c.v;
+      int links = 0;
+      for (int chunk = 0; chunk < c.v; ++chunk)
+        links += (chunk * c.p + stage < nv - 1 ? 1 : 0) + (chunk * c.p + stage > 0 ? 1 : 0);
+      EXPECT_EQ(sends[t], c.m * links) << "rank " << t;
+      EXPECT_EQ(recvs[t], c.m * links) << "rank " << t;
       if (c.dp_comm) {
         EXPECT_GE(dp[t], 2) << "rank " << t << ": a reduce-scatter per bucket";
         EXPECT_EQ(gather[t], dp[t]) << "rank " << t << ": an all-gather per bucket";

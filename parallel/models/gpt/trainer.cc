@@ -400,6 +400,16 @@ std::vector<parallel::pipeline::TraceSpan> Trainer::step_trace(parallel::pipelin
       span("wait", "bubble", 0, start, dur).args = {{"micro_batch", p.micro}, {"chunk", p.chunk}};
       continue;
     }
+    if (p.kind == PipeSpan::kTransfer) {
+      span("link transfer", "p2p", 0, start, dur).args = {{"micro_batch", p.micro}, {"chunk", p.chunk}};
+      continue;
+    }
+    if (p.kind == PipeSpan::kSend || p.kind == PipeSpan::kRecv) {
+      TraceSpan& s = span((p.kind == PipeSpan::kSend ? "send " : "recv ") + op, "p2p", 0, start, 0);
+      s.instant = true;
+      s.args = {{"micro_batch", p.micro}, {"chunk", p.chunk}};
+      continue;
+    }
     const bool fwd = p.kind == PipeSpan::kForward;
     span((fwd ? "F" : "B") + op, fwd ? "forward" : "backward", 0, start, dur).args = {
         {"micro_batch", p.micro}, {"chunk", p.chunk}, {"tp_comm_us", p.tp_s * 1e6}};
