@@ -120,7 +120,7 @@ for r in json.load(open(sys.argv[1]))["results"]:
   fi
 fi
 
-echo "medians over ${#H[@]} run(s):"
+echo "medians over $RUNS run(s):"
 [ ${#H[@]} -gt 0 ] && echo "  hier 64 MiB: $(median "${H[@]}") ms; ring/hier $(median "${R[@]}"); tcp-only ring/hier $(median "${T[@]}")"
 [ ${#Q[@]} -gt 0 ] && echo "  tcp 2x1: busbw $(median "${A[@]}") GB/s, raw TCP $(median "${B[@]}") GB/s, ratio $(median "${Q[@]}")"
 rm -rf "$OUT"
