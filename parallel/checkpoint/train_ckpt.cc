@@ -946,40 +946,66 @@ void consolidate_train_checkpoint(const std::string& dir, const std::string& out
   TrainCheckpoint ck(dir);
   const Gpt2Config c = train_checkpoint_gpt2_config(ck);
   ck.verify_all();
+  TESSERA_ARG_CHECK(!with_optimizer || ck.has_kind(StateKind::ExpAvg), "checkpoint ", ck.dir(),
+                    " holds no optimizer state");
+  // The weights in GPT-2's order, then (with_optimizer) each tensor's m and v.
+  struct Item {
+    Parameter full;  // the whole tensor, unsharded
+    StateKind kind;
+  };
+  std::vector<TensorSpec> specs;
+  std::vector<Item> items;
   const std::vector<std::string> names = gpt2_tensor_names(c);
-  std::vector<std::pair<std::string, Tensor>> weights, moments;
   for (const std::string& n : names) {
     auto it = ck.tensors().find(n);
     if (it == ck.tensors().end()) throw FormatError(concat("checkpoint ", ck.dir(), " lacks tensor ", n));
     const Shape& shape = it->second.shape;
-    const Parameter d = descriptor(n, shape, -1, 1, 1, 0);
-    Tensor w = Tensor::empty(shape, DType::F32);
-    ck.read(d, StateKind::Param, 0, d.numel(), w.data<float>());
-    weights.emplace_back(n, w);
-    if (with_optimizer) {
-      TESSERA_ARG_CHECK(ck.has_kind(StateKind::ExpAvg), "checkpoint ", ck.dir(), " holds no optimizer state");
+    const Shape want = gpt2_tensor_shape(c, n);
+    if (shape != want)
+      throw FormatError(concat("checkpoint ", ck.dir(), ": tensor ", n, " has shape ", shape_str(shape), ", ",
+                               gpt2_config_str(c), " has ", shape_str(want)));
+    specs.push_back({n, DType::F32, shape});
+    items.push_back({descriptor(n, shape, -1, 1, 1, 0), StateKind::Param});
+  }
+  if (with_optimizer)
+    for (size_t i = 0; i < names.size(); ++i)
       for (StateKind k : {StateKind::ExpAvg, StateKind::ExpAvgSq}) {
-        Tensor t = Tensor::empty(shape, DType::F32);
-        ck.read(d, k, 0, d.numel(), t.data<float>());
-        moments.emplace_back(concat("optimizer.", state_kind_name(k), ".", n), t);
+        specs.push_back({concat("optimizer.", state_kind_name(k), ".", names[i]), DType::F32, specs[i].shape});
+        items.push_back({items[i].full, k});
       }
-    }
-  }
-  const std::map<std::string, std::string> meta{
-      {"producer", "tessera ckpt consolidate"}, {"step", std::to_string(ck.step())}, {"run_id", ck.run_id()}};
-  if (!with_optimizer) {
-    write_gpt2_safetensors(out_file, c, weights, meta);
-    return;
-  }
-  std::map<std::string, std::string> all = meta;
-  all["format"] = "pt";
-  all["vocab_size"] = std::to_string(c.vocab);
-  all["n_positions"] = std::to_string(c.n_positions);
-  all["n_embd"] = std::to_string(c.hidden);
-  all["n_layer"] = std::to_string(c.layers);
-  all["n_head"] = std::to_string(c.heads);
-  for (auto& m : moments) weights.push_back(std::move(m));
-  write_safetensors(out_file, weights, all);
+  // The metadata write_gpt2_safetensors gives a model file.
+  const std::map<std::string, std::string> md{{"producer", "tessera ckpt consolidate"},
+                                              {"step", std::to_string(ck.step())},
+                                              {"run_id", ck.run_id()},
+                                              {"format", "pt"},
+                                              {"vocab_size", std::to_string(c.vocab)},
+                                              {"n_positions", std::to_string(c.n_positions)},
+                                              {"n_embd", std::to_string(c.hidden)},
+                                              {"n_layer", std::to_string(c.layers)},
+                                              {"n_head", std::to_string(c.heads)}};
+  const std::string header = safetensors_header(specs, md);
+  // Streamed through one reused buffer, so memory stays that buffer's size
+  // whatever the model's (a whole-model copy was the model's size).
+  constexpr int64_t kChunk = int64_t{4} << 20;  // elements: 16 MiB
+  std::vector<float> buf;
+  AtomicWriteOptions wo;
+  wo.direct = true;  // past the page cache, as save and the shard tools write
+  write_file_atomic(
+      out_file,
+      [&](FileSink& out) {
+        out.write(header.data(), header.size());
+        for (const Item& item : items) {
+          const int64_t n = item.full.numel();
+          if (buf.empty() && n > 0) buf.resize(static_cast<size_t>(std::min(n, kChunk)));
+          for (int64_t b = 0; b < n; b += kChunk) {
+            const int64_t e = std::min(n, b + kChunk);
+            if (static_cast<int64_t>(buf.size()) < e - b) buf.resize(static_cast<size_t>(e - b));
+            ck.read(item.full, item.kind, b, e, buf.data());
+            out.write(buf.data(), sizeof(float) * static_cast<size_t>(e - b));
+          }
+        }
+      },
+      wo);
 }
 
 }  // namespace tessera::parallel::checkpoint
