@@ -193,7 +193,9 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
           return 0;
         }
         cli::check_output_file("--out", args->out);
-        if (is_train_ckpt_path(args->path)) return run_train_consolidate(args->path, args->out, args->with_optimizer);
+        // A step directory, or a --save directory (its newest complete step), as shard and reshard take.
+        if (const auto step = parallel::checkpoint::resolve_train_checkpoint(args->path))
+          return run_train_consolidate(*step, args->out, args->with_optimizer);
         parallel::checkpoint::consolidate_gpt2(args->path, args->out, args->allow_nonfinite);
         std::printf("wrote %s\n", args->out.c_str());
         return 0;

@@ -333,6 +333,11 @@ TEST_F(TrainCkptCli, ConsolidateEqualsTheExportedWeights) {
     EXPECT_EQ(std::memcmp(got.bytes(g), want.bytes(e), e.end - e.begin), 0) << e.name;
   }
   EXPECT_EQ(got.metadata().at("n_head"), "4");
+  // The --save directory stands for its newest complete step, as for shard and reshard.
+  r = tessera_cmd("ckpt consolidate --out " + tmp_.file("s.safetensors") + " " + ref_->file("ck"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(tessera::testing::read_bytes(tmp_.file("s.safetensors")),
+            tessera::testing::read_bytes(tmp_.file("c.safetensors")));
   r = tessera_cmd("ckpt consolidate --with-optimizer --out " + tmp_.file("o.safetensors") + " " + ckpt(6));
   ASSERT_EQ(r.code, 0) << r.out;
   tessera::parallel::checkpoint::SafetensorsReader opt(tmp_.file("o.safetensors"));
