@@ -16,12 +16,14 @@
 #include <vector>
 
 #include "parallel/checkpoint/safetensors.h"
+#include "runtime/error.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using tessera::detail::concat;
 using tessera::testing::CommandResult;
 using tessera::testing::read_bytes;
 using tessera::testing::run_command;
@@ -103,7 +105,7 @@ class TrainCkptCli : public ::testing::Test {
     // shard and reshard check every hash before using a byte, as resume does.
     for (const char* cmd : {"shard", "reshard"}) {
       const std::string out = tmp_.file(std::string("out_") + cmd);
-      CommandResult c = tessera_cmd(std::string("ckpt ") + cmd + " --tp 2 --out " + out + " " + dir);
+      CommandResult c = tessera_cmd(concat("ckpt ", cmd, " --tp 2 --out ", out, " ", dir));
       EXPECT_NE(c.code, 0) << cmd << ": " << c.out;
       for (const std::string& w : want)
         EXPECT_NE(c.out.find(w), std::string::npos) << cmd << ": missing '" << w << "' in\n" << c.out;
@@ -488,9 +490,9 @@ TEST_F(TrainCkptCli, ShardOfATrainingCheckpointEqualsShardOfItsConsolidation) {
     const std::string a = tmp_.file("a"), b = tmp_.file("b");
     fs::remove_all(a);
     fs::remove_all(b);
-    r = tessera_cmd("ckpt shard " + layout + " --out " + a + " " + ckpt(4));
+    r = tessera_cmd(concat("ckpt shard ", layout, " --out ", a, " ", ckpt(4)));
     ASSERT_EQ(r.code, 0) << r.out;
-    r = tessera_cmd("ckpt shard " + layout + " --out " + b + " " + tmp_.file("c4.safetensors"));
+    r = tessera_cmd(concat("ckpt shard ", layout, " --out ", b, " ", tmp_.file("c4.safetensors")));
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(shard_set(a), shard_set(b));
     r = tessera_cmd("ckpt verify " + a);
@@ -534,7 +536,7 @@ TEST_F(TrainCkptCli, ReshardOfATrainingCheckpointKeepsTheStateExactly) {
   const std::string r2 = tmp_.file("r2") + "/step_00000002";
   for (const std::string& d : {r1, r2}) {
     const std::string out = tmp_.file(fs::path(d).parent_path().filename().string() + ".safetensors");
-    r = tessera_cmd("ckpt consolidate --with-optimizer --out " + out + " " + d);
+    r = tessera_cmd(concat("ckpt consolidate --with-optimizer --out ", out, " ", d));
     ASSERT_EQ(r.code, 0) << r.out;
   }
   r = tessera_cmd("ckpt consolidate --with-optimizer --out " + tmp_.file("src.safetensors") + " " + ckpt(2));
