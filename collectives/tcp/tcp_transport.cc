@@ -484,6 +484,9 @@ class TcpTransport final : public Transport {
   void wait_op(Connection& c, Op& op, const char* what);
   [[noreturn]] void fail_op(Connection& c, Op& op, const char* what);
   void consume_all(Connection& c, RecvSink& sink);
+  // sink.consume(off, data, len), called without mu_; a throwing sink fails
+  // the transport and ends the receive before the exception goes on.
+  void consume_or_fail(Connection& c, Op& op, RecvSink& sink, size_t off, const void* data, size_t len);
   void shutdown_all();  // tells every peer and closes every connection (any thread, once)
 
   std::shared_ptr<Store> store_;
@@ -1017,6 +1020,23 @@ TcpTransport::~TcpTransport() {
     if (c) c->stop();
 }
 
+void TcpTransport::consume_or_fail(Connection& c, Op& op, RecvSink& sink, size_t off, const void* data, size_t len) {
+  try {
+    sink.consume(off, data, len);
+  } catch (const std::exception& e) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (!failed_) set_failed_locked(Kind::Aborted, c.peer_, std::string("receive sink failed: ") + e.what());
+    }
+    // The io thread only touches the connection's own staging and eager
+    // buffers, so nothing of the caller's is in use once we return.
+    shutdown_all();
+    std::lock_guard<std::mutex> g(mu_);
+    op.active = false;
+    throw;
+  }
+}
+
 // Caller thread: hands each staged fragment to the sink in order, freeing the
 // stage (and resuming a paused io thread) after each. Each wait is bounded by
 // the timeout; a failure or a throwing sink fails the transport.
@@ -1041,18 +1061,7 @@ void TcpTransport::consume_all(Connection& c, RecvSink& sink) {
       fail_op(c, op, "recv from");
     }
     lk.unlock();
-    try {
-      sink.consume(0, c.eager_.data(), op.bytes);
-    } catch (const std::exception& e) {
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        if (!failed_) set_failed_locked(Kind::Aborted, c.peer_, std::string("receive sink failed: ") + e.what());
-      }
-      shutdown_all();
-      std::lock_guard<std::mutex> g(mu_);
-      op.active = false;
-      throw;
-    }
+    consume_or_fail(c, op, sink, 0, c.eager_.data(), op.bytes);
     lk.lock();
     release_eager_locked(c);
     op.complete = true;
@@ -1073,20 +1082,7 @@ void TcpTransport::consume_all(Connection& c, RecvSink& sink) {
     const unsigned char* data = c.stage_[k].data();
     const size_t len = c.stage_len_[k], off = c.stage_off_[k];
     lk.unlock();
-    try {
-      sink.consume(off, data, len);
-    } catch (const std::exception& e) {
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        if (!failed_) set_failed_locked(Kind::Aborted, c.peer_, std::string("receive sink failed: ") + e.what());
-      }
-      // The io thread only touches the connection's own staging buffers, so
-      // nothing of the caller's is in use once we return.
-      shutdown_all();
-      std::lock_guard<std::mutex> g(mu_);
-      op.active = false;
-      throw;
-    }
+    consume_or_fail(c, op, sink, off, data, len);
     consumed += len;
     lk.lock();
     c.stage_full_[k] = false;
