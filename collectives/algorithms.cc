@@ -224,9 +224,6 @@ void copy_if_needed(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes) std::memmove(dst, src, bytes);
 }
 
-// Broadcasts up to this size go through `flat` on shared memory (the
-// crossover with oneshot/tree/direct, docs/algorithms.md).
-
 // Members 0..p-1 without allocating (p <= kMaxRanks).
 constexpr int kMaxRanks = 4096;
 const int* identity_members() {

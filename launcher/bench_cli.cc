@@ -383,7 +383,8 @@ int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
   const std::string figures = dir + "/mpi.txt";
   bench::write_compare_figures(figures, best);
   std::string settings = library + "tessera_mpi_peer run before tessera's ranks: mpirun";
-  for (size_t i = 1; i < mpirun_prefix(n).size(); ++i) settings += " " + mpirun_prefix(n)[i];
+  const std::vector<std::string> prefix = mpirun_prefix(n);
+  for (size_t i = 1; i < prefix.size(); ++i) settings += " " + prefix[i];
   settings += over
                   ? " (ranks > " + std::to_string(online_cpus()) +
                         " CPUs), mpi_yield_when_idle 0 and 1 each measured, the faster kept per size"

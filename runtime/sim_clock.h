@@ -47,6 +47,11 @@ class SimClock {
   std::atomic<double> compute_s_{0}, comm_s_{0}, idle_s_{0}, flops_{0}, bytes_{0}, kernels_{0};
 };
 
+// Seconds since the Unix epoch (trace timestamps on the wall clock).
+inline double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // Wall-clock stopwatch.
 class Stopwatch {
  public:

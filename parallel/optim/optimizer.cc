@@ -12,7 +12,6 @@
 namespace tessera::parallel::optim {
 
 namespace {
-double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 double compute_s(const Device* d) { return d ? d->clock().totals().compute_s : 0; }
 double modeled(const std::shared_ptr<collectives::Communicator>& c) { return c ? c->last_modeled_seconds() : 0; }
 }  // namespace

@@ -17,7 +17,6 @@ namespace {
 // what matches them (the transports check sizes and tags, in order).
 constexpr uint32_t kPipeTag = 0x5050;
 
-double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(const parallel::layers::ParallelState& ps, int v) : ps_(ps), v_(v) {
@@ -157,13 +156,6 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   p2p_s_ = link_seconds() - links0;
   if (ps_.device) ps_.device->clock().charge_idle(wait_s_);
   TESSERA_CHECK(slot_of.empty(), slot_of.size(), " micro-batch(es) forwarded without a backward");
-}
-
-double PipelineExecutor::bubble_fraction() const {
-  double wait = 0;
-  for (const PipeSpan& sp : spans_)
-    if (sp.kind == PipeSpan::kWait) wait += sp.dur;
-  return now_ > 0 ? wait / now_ : 0;
 }
 
 }  // namespace tessera::parallel::pipeline

@@ -98,12 +98,9 @@ class PipelineExecutor {
   void run(const std::vector<PipeOp>& ops, int m, StageModule& module, bool forward_only = false);
 
   const std::vector<PipeSpan>& spans() const { return spans_; }
-  // Of the last run(): its length on the emulated clock, and the waits' share of it.
-  double timeline_s() const { return now_; }
-  double bubble_fraction() const;
-  // Of the last run(): the waits' total, and the modeled seconds the
-  // pipeline links charged to this rank's clock (sends and receives).
-  double wait_s() const { return wait_s_; }
+  // Of the last run(): the modeled seconds the pipeline links charged to
+  // this rank's clock (sends and receives). Its bubble is read from the
+  // trace (trace.h, trace_bubbles).
   double p2p_modeled_s() const { return p2p_s_; }
 
  private:

@@ -13,10 +13,6 @@
 
 namespace tessera::parallel::models::gpt {
 
-namespace {
-double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
-}  // namespace
-
 void TrainOptions::normalize() {
   model.validate(tp);
   TESSERA_ARG_CHECK(tp >= 1 && dp >= 1 && pp >= 1, "--tp, --dp and --pp must be >= 1");
