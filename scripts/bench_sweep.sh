@@ -159,7 +159,7 @@ if command -v gnuplot >/dev/null; then
     done
     echo "unset multiplot"
   } >"$OUT/sweep.gp"
-  gnuplot "$OUT/sweep.gp" 2>/dev/null || sed -i 's/pngcairo/png/' "$OUT/sweep.gp" && gnuplot "$OUT/sweep.gp"
+  gnuplot "$OUT/sweep.gp" 2>/dev/null || { sed -i 's/pngcairo/png/' "$OUT/sweep.gp" && gnuplot "$OUT/sweep.gp"; }
   echo "bench_sweep: $OUT/sweep.csv, $OUT/sweep.png"
 else
   column -s, -t "$OUT/sweep.csv" >"$OUT/sweep.txt"

@@ -1,10 +1,11 @@
 // Prediction equals emulation: for layouts the demo and the tests run on 8
 // emulated cores, `tessera plan --json` pinned to the layout (on the
 // emulated:8 topology, the device and precision of the run) predicts the
-// modeled step time train_gpt logs (--log-json, steady-state steps) within
-// 10%. Both sum the same per-kernel and per-collective costs
-// (runtime/kernel_cost.h, collectives/coll_cost.h), so a gap means one side
-// runs or charges something the other does not count.
+// modeled step time train_gpt logs (--log-json, steady-state steps). The
+// issue asks for 10%; both sum the same per-kernel and per-collective costs
+// (runtime/kernel_cost.h, collectives/coll_cost.h), so they must agree to
+// 0.5%: the smallest single charge either side could drop or add (the loss
+// all-reduce, a ZeRO-1 bucket's all-gather) is about 0.5-1% of a step here.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,7 +97,7 @@ TEST(PredictEqualsEmulation, WithinTenPercent) {
     ASSERT_GT(e, 0);
     std::printf("%-28s predicted %8.1f us  emulated %8.1f us  error %+.2f%%\n", l.name.c_str(), p * 1e6, e * 1e6,
                 100 * (p - e) / e);
-    EXPECT_NEAR(p, e, 0.10 * e) << "predicted " << p << " s, emulated " << e << " s";
+    EXPECT_NEAR(p, e, 0.005 * e) << "predicted " << p << " s, emulated " << e << " s";
   }
 }
 
