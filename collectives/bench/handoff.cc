@@ -12,10 +12,9 @@
 //   spin         pause until done (OpenMPI's default; hopeless when ranks > CPUs)
 //   spinU        pause for U us, then FUTEX_WAIT
 //   yieldU       sched_yield() for U us, then FUTEX_WAIT
-//   adaptiveU    as yieldU, but a wait that its yields did not end within U us,
-//                or a sched_yield() that took over 1 ms (the core went to some
-//                other task for a slice), makes this rank sleep at once in its
-//                waits of the next 50 ms (shm's wait)
+//   adaptiveU    as yieldU, but slow yields (the core went to some other task
+//                for a slice) make this rank sleep at once in its waits for a
+//                backoff period (shm's wait: collectives/shm/yield_policy.h)
 //
 //   tessera_handoff_bench [-n RANKS] [-i ROUNDS] [-k REPEATS] MODE...
 //
@@ -39,6 +38,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "collectives/shm/yield_policy.h"
 
 namespace {
 
@@ -119,24 +120,8 @@ void wait_round(Shared* s, uint64_t target, const Mode& m) {
       break;
     }
     case Kind::Adaptive: {
-      static Clock::time_point no_yield_until{};
-      auto now = Clock::now();
-      if (now < no_yield_until) break;
-      const auto end = now + std::chrono::microseconds(m.us);
-      for (;;) {
-        if (done()) return;
-        if (now >= end) {
-          no_yield_until = now + std::chrono::milliseconds(50);
-          break;
-        }
-        ::sched_yield();
-        const auto after = Clock::now();
-        if (after - now > std::chrono::microseconds(1000)) {
-          no_yield_until = after + std::chrono::milliseconds(50);
-          break;
-        }
-        now = after;
-      }
+      static tessera::collectives::shm::YieldPolicy policy;
+      if (policy.yield_until(done, Clock::now(), std::chrono::microseconds(m.us))) return;
       break;
     }
     case Kind::YieldThenFutex: {

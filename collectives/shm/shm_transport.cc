@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "collectives/host.h"
+#include "collectives/shm/yield_policy.h"
 #include "runtime/shm_memory.h"
 
 namespace tessera::collectives::shm {
@@ -644,11 +645,10 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     // futex wake costs the waker a system call and the sleeper a reschedule
     // interrupt), and sleeps once the window is over; any other wait sleeps
     // at once, since yielding ranks share a core with the rank doing the
-    // work (CFS runs the yielders, whose vruntime is lower, in turn). A wait
-    // that its yields did not end within the window (or a yield that took
-    // over 1 ms) means the cores go to other tasks for slices (another job:
-    // a woken sleeper preempts it, a yielder queues behind it), so this
-    // rank's waits of the next 50 ms sleep at once.
+    // work (CFS runs the yielders, whose vruntime is lower, in turn).
+    // YieldPolicy stops the yielding for a while when yields come back slow
+    // (the cores go to other tasks for slices: a woken sleeper preempts
+    // them, a yielder queues behind them).
     const auto yield = oversubscribed_ && !brief ? std::chrono::microseconds(0) : yield_;
     if (spin_.count() > 0) {
       while (Clock::now() - start < spin_) {
@@ -658,25 +658,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
         }
       }
     }
-    if (yield.count() > 0) {
-      auto now = Clock::now();
-      if (now >= no_yield_until_) {
-        for (;;) {
-          if (ready()) return;
-          if (now - start >= spin_ + yield) {
-            no_yield_until_ = now + kNoYieldFor;
-            break;
-          }
-          ::sched_yield();
-          const auto after = Clock::now();
-          if (after - now > kSlowYield) {
-            no_yield_until_ = after + kNoYieldFor;
-            break;
-          }
-          now = after;
-        }
-      }
-    }
+    if (yield.count() > 0 && yield_policy_.yield_until(ready, start, spin_ + yield)) return;
     // Peers' processes (a system call each) are checked every 100 ms; their
     // failed flags (plain loads) at every wake-up.
     auto last_check = start;
@@ -740,9 +722,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   const int polls_ = oversubscribed_ ? 4 : 64;
   const std::chrono::microseconds spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed_ ? 0 : 50);
   const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 200 : 2000);
-  static constexpr std::chrono::microseconds kSlowYield{1000};
-  static constexpr std::chrono::milliseconds kNoYieldFor{50};
-  Clock::time_point no_yield_until_{};
+  YieldPolicy yield_policy_;
   // Messages up to this size wait briefly (see wait_until).
   static constexpr size_t kBriefBytes = 4096;
   static bool brief(size_t bytes) { return bytes <= kBriefBytes; }
