@@ -10,7 +10,7 @@
 //   - a control block: the segment's token, the doorbell (futex word the
 //     owner sleeps on in point-to-point waits), the owner's failed flag and
 //     reason, the publish rounds of SharedMemoryPeers; group rank 0's also
-//     holds the group's round counter and the bell of publish waits;
+//     holds the bell of publish waits;
 //   - one inbound channel per peer: a single-producer single-consumer ring of
 //     kSlots fixed-size slots that the peer writes and the owner reads.
 // Whoever changes something another rank may wait for (a message posted, a
@@ -18,7 +18,7 @@
 // sleeps; the rank whose publish completes a round wakes every rank asleep
 // in that round with one FUTEX_WAKE on the group's round bell. With a core
 // per rank, waiting spins briefly, then yields; when ranks outnumber cores
-// a wait for a small message or a bufferless round yields for a short
+// a wait for a small message or a round with little data yields for a short
 // window and any other sleeps at once (docs/threads.md). Sleeps are futex waits of at
 // most 100 ms; at each wake-up the abort flag and the peers' failed flags
 // are checked, every 100 ms the peers' liveness (pidfd), so an exited peer
@@ -86,12 +86,10 @@ struct alignas(64) Control {
   std::atomic<uint32_t> failed;
   std::atomic<uint32_t> closed;  // the owner destroyed its transport (a clean exit)
   char reason[kReasonBytes];
-  // Used in group rank 0's segment only: publish rounds of the whole group.
-  // `arrivals` counts every rank's publishes of every round, so round r is
-  // complete once it reaches r * size; the rank whose arrival completes it
-  // rings `round_bell` once for all the sleepers.
-  alignas(64) std::atomic<uint64_t> arrivals;
-  Bell round_bell;
+  // Used in group rank 0's segment only: the bell publish rounds sleep on.
+  // The rank whose seq completes a round (it sees every peer's seq of the
+  // round after storing its own) rings it once for all the sleepers.
+  alignas(64)   Bell round_bell;
 };
 
 struct PubSlot {
@@ -373,24 +371,27 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     fl.inline_bytes = static_cast<uint32_t>(inline_bytes);
     if (small && inline_bytes) std::memcpy(fl.data, inline_data, inline_bytes);
     fl.seq.store(round, std::memory_order_seq_cst);
-    // The round is complete once the group's counter holds every rank's
-    // arrival (each rank's slot is written before its arrival, so the acquire
-    // load below sees every slot). The counter, not the seqs, decides: a
-    // rank leaves round r only after every arrival of round r was counted,
-    // so the arrival that completes a round is unambiguous, and only that
-    // rank wakes the sleepers, with one FUTEX_WAKE for all of them.
-    Control* g = group_ctl();
-    const uint64_t target = round * static_cast<uint64_t>(size_);
-    if (g->arrivals.fetch_add(1, std::memory_order_seq_cst) + 1 == target) ring_bell(g->round_bell);
+    // The round is complete once every rank's seq of it is stored (each
+    // rank's slot is written before its seq, so these loads see every slot).
+    // A rank reaches round s+2 only after round s+1 completed, so a seq of
+    // this parity is this round's or older. Seq_cst stores and loads: the
+    // rank whose store is last sees all the others and rings the round bell
+    // if anyone sleeps (a sleeper counts itself, then checks the seqs again);
+    // two ranks may both see it complete and ring, which costs only a wake.
     int missing = -1;  // blamed on timeout: a rank that has not published
-    wait_until(
-        [&] {
-          if (g->arrivals.load(std::memory_order_acquire) >= target) return true;
-          for (int j = 0; j < size_; ++j)
-            if (j != rank_ && pub(j)->fast[round % 2].seq.load(std::memory_order_relaxed) < round) missing = j;
+    const auto complete = [&] {
+      for (int j = 0; j < size_; ++j)
+        if (j != rank_ && pub(j)->fast[round % 2].seq.load(std::memory_order_seq_cst) < round) {
+          missing = j;
           return false;
-        },
-        -1, n == 0, &missing, &g->round_bell);
+        }
+      return true;
+    };
+    Bell& bell = group_ctl()->round_bell;
+    if (complete())
+      ring_bell(bell);
+    else
+      wait_until(complete, -1, brief_round(n, sizes), &missing, &bell);
     for (int j = 0; j < size_; ++j) {
       const FastLine& f = pub(j)->fast[round % 2];
       const PubSlot& ps = pub(j)->slots[round % 2];
@@ -472,7 +473,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     }
   }
   void ring(int j) { ring_bell(ctl(j)->doorbell); }
-  // Group rank 0's segment holds the publish rounds' counter and bell.
+  // Group rank 0's segment holds the publish rounds' bell.
   Control* group_ctl() const { return ctl(0); }
   // A failure, abort or close: every waiter of every rank must look again.
   void ring_everyone() {
@@ -726,6 +727,15 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   // Messages up to this size wait briefly (see wait_until).
   static constexpr size_t kBriefBytes = 4096;
   static bool brief(size_t bytes) { return bytes <= kBriefBytes; }
+  // A publish round waits briefly without buffers, or when the buffers are
+  // small enough that the work between rounds (an algorithm reads and
+  // writes about their bytes) takes microseconds.
+  static constexpr size_t kBriefRoundBytes = size_t{64} << 10;
+  static bool brief_round(int n, const size_t* sizes) {
+    size_t total = 0;
+    for (int i = 0; i < n; ++i) total += sizes[i];
+    return total <= kBriefRoundBytes;
+  }
   const std::string group_;
   const Layout layout_;
   std::vector<int> labels_;  // local rank -> rank named in messages
