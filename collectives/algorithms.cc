@@ -718,10 +718,12 @@ class TorusAlgorithm final : public Algorithm {
 };
 
 // ---------------------------------------------------------------- shm direct
-// Shared memory only: every rank reduces its block of the vector reading
-// all peers' buffers in place, then copies the other blocks from their
-// owners. Two publish rounds (exchange pointers; reduced and done reading).
-// Declines (after the first round, which every rank sees alike) when some
+// Shared memory only, ranks reading and writing each other's buffers in
+// place: all-reduce (each rank reduces its block of the vector from all
+// peers' send buffers and writes it into every peer's recv), all-gather
+// (each copies the peers' blocks), reduce-scatter (each reduces its block),
+// broadcast (each copies the root's buffer). Two publish rounds (exchange
+// pointers; done reading and writing). Declines (after the first round, which every rank sees alike) when some
 // rank's buffers are outside every shared arena.
 class DirectAlgorithm final : public Algorithm {
  public:
@@ -737,6 +739,8 @@ class DirectAlgorithm final : public Algorithm {
     }
     if (p == 1 || p > 64) return false;
     if (k.kind == CollKind::AllReduce) return all_reduce(c, *shm, k, es);
+    if (k.kind == CollKind::AllGather) return all_gather(c, *shm, k, es);
+    if (k.kind == CollKind::ReduceScatter) return reduce_scatter(c, *shm, k, es);
     if (k.kind == CollKind::Broadcast) return broadcast(c, *shm, k, es);
     return false;
   }
@@ -788,6 +792,46 @@ class DirectAlgorithm final : public Algorithm {
     // Model: each rank pulls p-1 blocks from its peers, then pushes its
     // block to p-1 peers (the same link traffic as reduce-scatter + all-gather).
     c.model += 2 * gather_from_peers_seconds(*c.links, p, static_cast<double>(part(n, p, 0).len * es));
+    return true;
+  }
+
+  // Every rank copies each peer's block from the peer's send buffer into its
+  // own recv (one copy of (p-1) blocks, where a ring copies each block into
+  // a channel slot and out again), then a round: done reading.
+  bool all_gather(AlgoContext& c, SharedMemoryPeers& shm, const CollCall& k, size_t es) {
+    const int p = c.size, r = c.rank;
+    const size_t blk = k.count * es;
+    void* ptrs[128];
+    if (!exchange(shm, k.send, blk, k.recv, blk * static_cast<size_t>(p), ptrs, p)) return false;
+    char* recv = static_cast<char*>(k.recv);
+    for (int i = 0; i < p; ++i) {
+      const int j = (r + i) % p;
+      copy_if_needed(recv + static_cast<size_t>(j) * blk, j == r ? k.send : peer(ptrs, j, 0), blk);
+    }
+    shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every peer's block read
+    c.model += gather_from_peers_seconds(*c.links, p, static_cast<double>(blk));
+    return true;
+  }
+
+  // Every rank reduces block r of all ranks' send buffers, read in place, in
+  // cache-sized pieces, into its recv; then a round: done reading.
+  bool reduce_scatter(AlgoContext& c, SharedMemoryPeers& shm, const CollCall& k, size_t es) {
+    const int p = c.size, r = c.rank;
+    const size_t n = k.count, blk = n * es;
+    void* ptrs[128];
+    if (!exchange(shm, k.send, blk * static_cast<size_t>(p), k.recv, blk, ptrs, p)) return false;
+    constexpr size_t kPiece = 16384;
+    char* out = static_cast<char*>(k.recv);
+    const size_t base = static_cast<size_t>(r) * blk;
+    for (size_t done = 0; done < n; done += kPiece) {
+      const size_t len = std::min(kPiece, n - done), off = base + done * es;
+      // Own contribution first: in place, `out` is this rank's send block r.
+      reduce2(out + done * es, peer(ptrs, r, 0) + off, peer(ptrs, (r + 1) % p, 0) + off, len, k.dtype, k.op);
+      for (int j = 2; j < p; ++j)
+        reduce2(out + done * es, out + done * es, peer(ptrs, (r + j) % p, 0) + off, len, k.dtype, k.op);
+    }
+    shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every peer's block r read
+    c.model += gather_from_peers_seconds(*c.links, p, static_cast<double>(blk));
     return true;
   }
 
@@ -1108,6 +1152,7 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
     case CollKind::ReduceScatter:
     case CollKind::AllGather:
       if (bytes <= oneshot_max) add(&g_oneshot);
+      add(&g_direct);
       if (multi_host) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
       add(&g_ring);

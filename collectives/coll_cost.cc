@@ -173,6 +173,8 @@ CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCost
       if (p == 1 || p > 64) continue;
       if (kind == CollKind::AllReduce)
         return {name, 2 * gather_from_peers_seconds(g.links, p, static_cast<double>(part_len(count, p, 0) * es))};
+      if (kind == CollKind::AllGather || kind == CollKind::ReduceScatter)
+        return {name, gather_from_peers_seconds(g.links, p, b)};
       if (kind == CollKind::Broadcast) {
         double worst = 0;
         for (int a = 0; a < p; ++a) worst = std::max(worst, g.links.time(0, a, b));

@@ -359,9 +359,10 @@ TEST_P(ForcedAlgo, AllReduceMatchesReference) {
               COLL_REQUIRE(c->last_algorithm() == f.algo, "forced ", f.algo, " but ", c->last_algorithm(), " served");
           }
     }
-    if (f.algo == "torus" || f.algo == "ring") {
-      for (size_t count : {size_t{0}, size_t{1}, size_t{1000}}) {
+    if (f.algo == "torus" || f.algo == "ring" || f.algo == "direct") {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{20011}}) {
         check_reduce_scatter(*c, arena, count, DType::F32, ReduceOp::Sum, false);
+        if (size > 1) COLL_REQUIRE(c->last_algorithm() == f.algo, "reduce_scatter served by ", c->last_algorithm());
         check_reduce_scatter(*c, arena, count, DType::I32, ReduceOp::Min, true);
         check_all_gather(*c, arena, count, DType::I64, false);
         check_all_gather(*c, arena, count, DType::F16, true);
