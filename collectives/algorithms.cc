@@ -1100,6 +1100,8 @@ std::vector<std::string> algorithm_names() {
 
 size_t oneshot_max_bytes(int group_size) { return group_size == 2 ? size_t{1} << 10 : SharedMemoryPeers::kInlineBytes; }
 
+size_t direct_broadcast_min_bytes(int group_size) { return group_size <= 4 ? size_t{4} << 10 : size_t{32} << 10; }
+
 int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
                          Algorithm** out, const AlgoContext* model) {
   int n = 0;
@@ -1160,7 +1162,7 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
     case CollKind::Broadcast:
       if (bytes <= kFlatBroadcastBytes) add(&g_flat);
       if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
-      if (bytes > (size_t{64} << 10)) add(&g_direct);
+      if (bytes > direct_broadcast_min_bytes(model ? model->size : 0)) add(&g_direct);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);
       add(&g_tree);
       break;

@@ -135,5 +135,9 @@ std::vector<std::string> algorithm_names();
 size_t oneshot_max_bytes(int group_size);
 // The largest broadcast `flat` serves.
 constexpr size_t kFlatBroadcastBytes = size_t{4} << 10;
+// Broadcasts above this many bytes go to `direct` (peers copy the root's
+// buffer in place) for a group of `group_size` ranks (0: unknown): 4 KiB up
+// to 4 ranks, 32 KiB above (the crossovers in docs/algorithms.md).
+size_t direct_broadcast_min_bytes(int group_size);
 
 }  // namespace tessera::collectives

@@ -176,6 +176,7 @@ CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCost
       if (kind == CollKind::AllGather || kind == CollKind::ReduceScatter)
         return {name, gather_from_peers_seconds(g.links, p, b)};
       if (kind == CollKind::Broadcast) {
+        if (bytes <= direct_broadcast_min_bytes(p)) continue;
         double worst = 0;
         for (int a = 0; a < p; ++a) worst = std::max(worst, g.links.time(0, a, b));
         return {name, worst};
