@@ -89,7 +89,7 @@ struct alignas(64) Control {
   // Used in group rank 0's segment only: the bell publish rounds sleep on.
   // The rank whose seq completes a round (it sees every peer's seq of the
   // round after storing its own) rings it once for all the sleepers.
-  alignas(64)   Bell round_bell;
+  alignas(64) Bell round_bell;
 };
 
 struct PubSlot {
