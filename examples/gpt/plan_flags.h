@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "parallel/models/gpt/trainer.h"
 
@@ -15,6 +16,9 @@ struct PlanRun {
   std::string path;
   int world_size = 1;           // tp x pp x dp of the plan
   double predicted_step_s = 0;  // the plan's step_time_s.total
+  // The plan's stage_bubble_fraction: each stage's predicted bubble, as a
+  // trace reads it (empty for pp = 1 and in older plans).
+  std::vector<double> stage_bubble;
 };
 
 // Reads the plan at `path` and fills `t` (tp, pp, dp, micro-batch, global

@@ -62,7 +62,8 @@ struct Flags {
 
 // Pipeline timeline of the last step, every rank's spans gathered on rank 0
 // (collective over the world): prints each stage's bubble, read back from
-// the trace, against the schedule's (p-1)/(v m+p-1) and, with --trace, writes
+// the trace, against the schedule's (p-1)/(v m+p-1) (and, with --plan, the
+// plan's prediction for the stage) and, with --trace, writes
 // the Chrome/Perfetto trace-event file (parallel/pipeline/trace.h).
 std::string human_time(double s);
 
@@ -96,9 +97,17 @@ void report_pipeline(const Flags& f, const gpt::Job& job, models::gpt::Trainer& 
     double frac = 0;
     for (const auto& b : bubbles)
       if (b.rank == r) frac = b.fraction();
-    std::printf("bubble stage %d: %.1f%% of the last step's pipeline (%s clock; %s: %.1f%%)\n", s, 100 * frac,
+    // With a plan, on the clock the planner predicts: its value for the stage too.
+    const std::vector<double>& planned = f.plan_run.stage_bubble;
+    std::string plan_text;
+    if (clock == parallel::pipeline::TraceClock::kEmulated && static_cast<int>(planned.size()) == o.pp) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "; planned %.1f%%", 100 * planned[static_cast<size_t>(s)]);
+      plan_text = buf;
+    }
+    std::printf("bubble stage %d: %.1f%% of the last step's pipeline (%s clock; %s: %.1f%%%s)\n", s, 100 * frac,
                 parallel::pipeline::trace_clock_name(clock), parallel::pipeline::schedule_name(o.schedule),
-                100 * formula);
+                100 * formula, plan_text.c_str());
   }
   if (clock == parallel::pipeline::TraceClock::kEmulated)
     std::printf("timeline: pipeline %s, step %s on the emulated clock\n",
