@@ -37,4 +37,12 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
 // Exit 2 with a message naming the plan unless the job has the plan's world size.
 void check_plan_world(const PlanRun& plan, int world_size);
 
+// Each pipeline stage's bubble fraction, as a trace of this run reads it,
+// predicted by the planner's cost model (parallel/cost_model.h) for the
+// run's layout on `device` with train_gpt's communicators (what `tessera
+// plan --topology emulated:N --precision fp32` pinned to the layout
+// predicts). Empty for pp = 1 and for interleaved chunks of unequal sizes,
+// which the cost model does not take. `t` is normalized.
+std::vector<double> predicted_stage_bubbles(const parallel::models::gpt::TrainOptions& t, const std::string& device);
+
 }  // namespace tessera::gpt

@@ -288,6 +288,18 @@ TEST(PipelineCli, TraceShowsEveryRanksStepAndTheScheduleBubble) {
       EXPECT_NEAR(bubbles[t].fraction(), want, 0.03)
           << "rank " << t << " bubble " << bubbles[t].fraction() << " schedule " << want;
     }
+    // train_gpt prints each stage's bubble with the cost model's prediction
+    // for the stage, which is what the trace reads (to the printed 0.1%).
+    for (int s = 0; s < c.p; ++s) {
+      const size_t at = r.out.find("bubble stage " + std::to_string(s) + ": ");
+      ASSERT_NE(at, std::string::npos) << r.out;
+      const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+      const size_t p = line.find("; predicted ");
+      ASSERT_NE(p, std::string::npos) << line;
+      const double predicted = std::stod(line.substr(p + std::strlen("; predicted ")));
+      const double traced = 100 * bubbles[static_cast<size_t>(s) * static_cast<size_t>(c.ranks / c.p)].fraction();
+      EXPECT_NEAR(predicted, traced, 0.051) << line;
+    }
   }
 }
 

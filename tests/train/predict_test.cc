@@ -132,7 +132,8 @@ TEST(PredictEqualsEmulation, StepTimeAndEachStagesBubble) {
     ASSERT_EQ(stage.size(), static_cast<size_t>(l.pp));
     ASSERT_EQ(e.bubbles.size(), 8u);
     const double formula = plan.at("schedule_bubble_fraction").get<double>();
-    EXPECT_NEAR(formula, (l.pp - 1.0) / (l.v * (kGlobalBatch / (l.dp * l.mbs)) + l.pp - 1.0), 1e-12);
+    const int m = kGlobalBatch / (l.dp * l.mbs);  // micro-batches per DP rank
+    EXPECT_NEAR(formula, (l.pp - 1.0) / (l.v * m + l.pp - 1.0), 1e-12);
     std::printf("%-28s bubble per rank, trace / planned (formula %.1f%%):", l.name.c_str(), 100 * formula);
     for (const auto& b : e.bubbles) {
       const double want = stage.at(static_cast<size_t>(b.rank / (l.tp * l.dp)));
