@@ -91,6 +91,20 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
   os << "  step time (stage " << k.time_stage << " paces the pipeline): compute " << f(k.time.compute, 4)
      << " s, tp_comm " << f(k.time.tp_comm, 4) << " s, pp_comm " << f(k.time.pp_comm, 4) << " s, bubble "
      << f(k.time.bubble, 4) << " s, dp_comm " << f(k.time.dp_comm, 4) << " s, total " << f(k.time.total, 4) << " s\n";
+  if (c.pp > 1 && !k.stage_bubbles.empty()) {
+    // What a trace of the step shows (trace_bubbles), against the equal-stage formula.
+    os << "  bubble per stage (idle share of its pipeline phase, as the trace reads it):";
+    const int p = static_cast<int>(k.stage_bubbles.size());
+    for (int i = 0; i < p; ++i) {
+      if (i < 6 || i >= p - 2)
+        os << " stage " << i << " " << f(100 * k.stage_bubbles[static_cast<size_t>(i)].fraction(), 1) << "%"
+           << (i + 1 < p ? "," : "");
+      else if (i == 6)
+        os << " ...";
+    }
+    os << "; schedule (p-1)/(v m+p-1) = "
+       << f(100 * pipeline::bubble_fraction(c.pp, k.num_micro_batches, c.virtual_stages), 1) << "% (equal stages)\n";
+  }
   os << "  FLOPs per step " << f(k.flops_per_step / 1e15, 2) << " PFLOP, achieved "
      << f(k.achieved_flops_per_device / 1e12, 2) << " TFLOP/s per device, MFU " << f(100 * k.mfu, 1) << "%\n";
   os << "  layers per stage: " << stages_text(c.stage_layers);

@@ -188,6 +188,8 @@ PipelineTimes simulate_pipeline(pipeline::Schedule schedule, int p, int m, int v
   PipelineTimes out;
   out.end.assign(static_cast<size_t>(p), 0.0);
   out.wait.assign(static_cast<size_t>(p), 0.0);
+  out.idle.assign(static_cast<size_t>(p), 0.0);
+  out.link.assign(static_cast<size_t>(p), 0.0);
   for (bool progress = true; progress;) {
     progress = false;
     for (int s = 0; s < p; ++s) {
@@ -204,6 +206,8 @@ PipelineTimes simulate_pipeline(pipeline::Schedule schedule, int p, int m, int v
           const double arrive = sent + transfer_s;
           if (arrive > now) {
             out.wait[su] += arrive - now;
+            out.idle[su] += std::max(0.0, sent - now);
+            out.link[su] += arrive - std::max(now, sent);
             now = arrive;
           }
         }
@@ -458,7 +462,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   PipelineTimes pipe;
   if (p == 1) {
     pipe.end = {mb * per_mb[0].total()};
-    pipe.wait = {0.0};
+    pipe.wait = pipe.idle = pipe.link = {0.0};
   } else if (2.0 * p * v * mb <= 2e4) {
     const double wire = 4.0 * static_cast<double>(sc.activation_elems() + 2);  // + the sender's timestamp
     const double transfer = collectives::p2p_seconds(nets.link, 0, nets.link.size > 1 ? 1 : 0, wire);
@@ -468,6 +472,8 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     for (const Pass& x : per_mb) slowest = std::max(slowest, x.total());
     for (int s = 0; s < p; ++s) {
       pipe.wait.push_back(static_cast<double>(p - 1) / v * slowest);
+      pipe.idle.push_back(pipe.wait.back());  // no transfers in the closed form
+      pipe.link.push_back(0.0);
       pipe.end.push_back(mb * per_mb[static_cast<size_t>(s)].total() + pipe.wait.back());
     }
   }
@@ -475,6 +481,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   PlanCost out;
   out.num_micro_batches = mb;
   double worst_mem = -1, worst_time = -1;
+  std::vector<double> zero_grad(static_cast<size_t>(p), 0.0);  // each stage's, before its pipeline
   for (int s = 0; s < p; ++s) {
     const int layers = c.stage_layers[static_cast<size_t>(s)];
     const bool first = s == 0, last = s == p - 1;
@@ -507,7 +514,8 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     // Gradient buckets of bucket_elems in gradient order (the last one partial).
     const auto P = static_cast<int64_t>(std::llround(params));
     const int64_t E = train_.bucket_elems, nb = std::max<int64_t>(1, (P + E - 1) / E);
-    tb.compute += sc.k(cost::fill(P));  // zero_grad
+    zero_grad[static_cast<size_t>(s)] = sc.k(cost::fill(P));
+    tb.compute += zero_grad[static_cast<size_t>(s)];
     const double sp_elems = layers * layer_replicated +
                             (first && m.learned_positions() ? static_cast<double>(m.max_seq) * m.hidden : 0.0) +
                             (last ? (m.has_bias() ? 2.0 : 1.0) * m.hidden : 0.0);
@@ -539,6 +547,18 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
       worst_time = tb.total;
       out.time = tb;
       out.time_stage = s;
+    }
+  }
+  // Each stage's pipeline phase as its trace track shows it: zero_grad, then
+  // the pipeline, then (the drain, a bubble) until the slowest stage's ends.
+  if (p > 1) {
+    double phase0 = 0;
+    for (int s = 0; s < p; ++s)
+      phase0 = std::max(phase0, zero_grad[static_cast<size_t>(s)] + pipe.end[static_cast<size_t>(s)]);
+    for (int s = 0; s < p; ++s) {
+      const auto su = static_cast<size_t>(s);
+      const double drain = phase0 - zero_grad[su] - pipe.end[su];
+      out.stage_bubbles.push_back({pipe.end[su] - pipe.wait[su], pipe.idle[su] + drain, pipe.link[su]});
     }
   }
   const TimeBreakdown& tm = out.time;

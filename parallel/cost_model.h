@@ -74,16 +74,32 @@ struct TimeBreakdown {
   double compute = 0, tp_comm = 0, pp_comm = 0, bubble = 0, dp_comm = 0, total = 0;  // seconds
 };
 
+// One pipeline stage's share of the step's pipeline phase (zero_grad, then
+// its forwards and backwards, until the slowest stage's last op ends), as a
+// trace shows it (parallel/pipeline/trace.h, trace_bubbles): busy, its
+// forward and backward ops (their TP collectives included); bubble, idle
+// until a neighbour sent plus the drain after its own last op; p2p, the rest
+// of the link transfers it waited for. fraction() is trace_bubbles' bubble
+// fraction, (p - 1) / (v m + p - 1) when the stages are equal and the links free.
+struct StageBubble {
+  double busy = 0, bubble = 0, p2p = 0;  // seconds
+  double fraction() const {
+    const double total = busy + bubble + p2p;
+    return total > 0 ? bubble / total : 0;
+  }
+};
+
 struct PlanCost {
   MemoryBreakdown memory;  // of the stage that needs the most
   int memory_stage = 0;
   TimeBreakdown time;
   int time_stage = 0;  // the slowest stage, which paces the pipeline
   int num_micro_batches = 0;
-  double flops_per_step = 0;             // hardware FLOPs (with recompute), Narayanan et al.
-  double model_flops_per_step = 0;       // without recompute
-  double achieved_flops_per_device = 0;  // flops_per_step / (step time * cores)
-  double mfu = 0;                        // model FLOPs / (step time * cores * peak)
+  double flops_per_step = 0;               // hardware FLOPs (with recompute), Narayanan et al.
+  double model_flops_per_step = 0;         // without recompute
+  double achieved_flops_per_device = 0;    // flops_per_step / (step time * cores)
+  double mfu = 0;                          // model FLOPs / (step time * cores * peak)
+  std::vector<StageBubble> stage_bubbles;  // per pipeline stage (empty for pp = 1)
 };
 
 // ---- the formulas, exposed for tests and docs ------------------------------------
@@ -131,6 +147,9 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& placement)
 // transfer). fwd/bwd[s][c]: seconds of chunk c's forward/backward on stage s.
 struct PipelineTimes {
   std::vector<double> end, wait;  // per stage: when its last op ends, and its waits' total
+  // The waits split as the executor traces them: idle until the neighbour
+  // sent (the bubble), then the rest of the link transfer (p2p); idle + link = wait.
+  std::vector<double> idle, link;
 };
 PipelineTimes simulate_pipeline(pipeline::Schedule schedule, int p, int m, int v,
                                 const std::vector<std::vector<double>>& fwd,

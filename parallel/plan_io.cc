@@ -104,6 +104,9 @@ tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& to
   out.set_flops_per_step(k.flops_per_step);
   out.set_achieved_flops_per_device(k.achieved_flops_per_device);
   out.set_mfu(k.mfu);
+  for (const StageBubble& b : k.stage_bubbles) out.add_stage_bubble_fraction(b.fraction());
+  out.set_schedule_bubble_fraction(c.pp > 1 ? pipeline::bubble_fraction(c.pp, k.num_micro_batches, c.virtual_stages)
+                                            : 0.0);
 
   for (const auto& d : topo.dims()) out.add_topology_dims(d.name);
   Mesh mesh({.tp = c.tp, .dp = c.dp, .pp = c.pp}, opts.order);
@@ -195,6 +198,11 @@ tessera::plan::Plan plan_from_json(const std::string& text, const std::string& s
     bad("schedule '" + p.schedule() + "' with virtual_stages = " + std::to_string(p.virtual_stages()) +
         " (interleaved-1f1b and virtual_stages > 1 go together)");
   if (p.micro_batch() < 1 || p.virtual_stages() < 1) bad("micro_batch and virtual_stages must be positive");
+  if (p.stage_bubble_fraction_size() != 0 && p.stage_bubble_fraction_size() != p.pp())
+    bad("'stage_bubble_fraction' has " + std::to_string(p.stage_bubble_fraction_size()) +
+        " entries for pp = " + std::to_string(p.pp()));
+  for (double b : p.stage_bubble_fraction())
+    if (!(b >= 0 && b <= 1)) bad("a stage's bubble fraction must be in [0, 1], not " + std::to_string(b));
   if (p.placement_size() != 0 && p.placement_size() != p.tp() * p.pp() * p.dp())
     bad("'placement' lists " + std::to_string(p.placement_size()) + " ranks, not tp*pp*dp");
   try {

@@ -4,7 +4,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "parallel/cost_model.h"
 #include "parallel/model_config.h"
+#include "parallel/pipeline/partition.h"
 #include "parallel/plan_io.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -130,12 +132,54 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
     refuse("the plan has stages ", parallel::pipeline::stages_str(stages), " (layers per virtual stage) but --stages ",
            parallel::pipeline::stages_str(t.stages), " was given");
   t.stages = stages;
-  return PlanRun{path, p.tp() * p.pp() * p.dp(), p.step_time_s().total()};
+  return PlanRun{path, p.tp() * p.pp() * p.dp(), p.step_time_s().total(),
+                 std::vector<double>(p.stage_bubble_fraction().begin(), p.stage_bubble_fraction().end())};
 }
 
 void check_plan_world(const PlanRun& plan, int world_size) {
   TESSERA_ARG_CHECK(world_size == plan.world_size, "--plan ", plan.path, " is for ", plan.world_size,
                     " ranks (tp x pp x dp) but this job has ", world_size, " process(es)");
+}
+
+std::vector<double> predicted_stage_bubbles(const parallel::models::gpt::TrainOptions& t, const std::string& device) {
+  const int pp = t.pp, v = t.virtual_stages, layers = static_cast<int>(t.model.layers);
+  if (pp <= 1) return {};
+  // The cost model splits interleaved chunks evenly (the planner's only partition for v > 1).
+  if (v > 1 && t.stages != parallel::pipeline::stage_layers(layers, pp * v)) return {};
+  std::vector<int> per_stage(static_cast<size_t>(pp), 0);  // chunk c of stage r is virtual stage c pp + r
+  for (int c = 0; c < v; ++c)
+    for (int r = 0; r < pp; ++r)
+      per_stage[static_cast<size_t>(r)] += t.stages[static_cast<size_t>(c) * static_cast<size_t>(pp) + r];
+  parallel::ModelConfig m;
+  m.name = "train_gpt";
+  m.family = "gpt";
+  m.layers = layers;
+  m.hidden = static_cast<int>(t.model.hidden);
+  m.heads = m.kv_heads = static_cast<int>(t.model.heads);
+  m.ffn_hidden = 4 * m.hidden;
+  m.vocab = static_cast<int>(t.model.vocab);
+  m.max_seq = static_cast<int>(t.model.seq);
+  parallel::TrainingConfig tc;
+  tc.global_batch = t.global_batch;
+  tc.seq = static_cast<int>(t.seq);
+  tc.fp32 = true;  // train_gpt's only precision
+  tc.bucket_elems = t.adamw.bucket_elems;
+  const parallel::CostModel cm(m, DeviceSpec::preset(device), tc);
+  parallel::PlanChoice c;
+  c.tp = t.tp;
+  c.pp = pp;
+  c.dp = t.dp;
+  c.micro_batch = static_cast<int>(t.micro_batch);
+  c.virtual_stages = v;
+  c.schedule = t.schedule;
+  c.zero1 = t.adamw.zero1;
+  c.sequence_parallel = t.sequence_parallel;
+  c.stage_layers = per_stage;
+  const parallel::PlanCost k = cm.evaluate(c, parallel::emulated_group_nets(t.tp, pp, t.dp));
+  std::vector<double> out;
+  out.reserve(k.stage_bubbles.size());
+  for (const parallel::StageBubble& b : k.stage_bubbles) out.push_back(b.fraction());
+  return out;
 }
 
 }  // namespace tessera::gpt

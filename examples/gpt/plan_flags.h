@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "parallel/models/gpt/trainer.h"
 
@@ -15,6 +16,9 @@ struct PlanRun {
   std::string path;
   int world_size = 1;           // tp x pp x dp of the plan
   double predicted_step_s = 0;  // the plan's step_time_s.total
+  // The plan's stage_bubble_fraction: each stage's predicted bubble, as a
+  // trace reads it (empty for pp = 1 and in older plans).
+  std::vector<double> stage_bubble;
 };
 
 // Reads the plan at `path` and fills `t` (tp, pp, dp, micro-batch, global
@@ -32,5 +36,13 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
 
 // Exit 2 with a message naming the plan unless the job has the plan's world size.
 void check_plan_world(const PlanRun& plan, int world_size);
+
+// Each pipeline stage's bubble fraction, as a trace of this run reads it,
+// predicted by the planner's cost model (parallel/cost_model.h) for the
+// run's layout on `device` with train_gpt's communicators (what `tessera
+// plan --topology emulated:N --precision fp32` pinned to the layout
+// predicts). Empty for pp = 1 and for interleaved chunks of unequal sizes,
+// which the cost model does not take. `t` is normalized.
+std::vector<double> predicted_stage_bubbles(const parallel::models::gpt::TrainOptions& t, const std::string& device);
 
 }  // namespace tessera::gpt

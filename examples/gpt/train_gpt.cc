@@ -62,7 +62,8 @@ struct Flags {
 
 // Pipeline timeline of the last step, every rank's spans gathered on rank 0
 // (collective over the world): prints each stage's bubble, read back from
-// the trace, against the schedule's (p-1)/(v m+p-1) and, with --trace, writes
+// the trace, against the schedule's (p-1)/(v m+p-1) and the planner's
+// prediction for the stage (the plan's with --plan) and, with --trace, writes
 // the Chrome/Perfetto trace-event file (parallel/pipeline/trace.h).
 std::string human_time(double s);
 
@@ -91,14 +92,25 @@ void report_pipeline(const Flags& f, const gpt::Job& job, models::gpt::Trainer& 
   const double formula =
       parallel::pipeline::bubble_fraction(o.pp, static_cast<int>(o.micro_batches()), o.virtual_stages);
   const nlohmann::json od = nlohmann::json::parse(doc).at("otherData");
+  const std::vector<double> predicted =
+      f.plan.empty() ? gpt::predicted_stage_bubbles(o, f.device) : f.plan_run.stage_bubble;
   for (int s = 0; s < o.pp; ++s) {
     const int r = mesh.rank({.tp = 0, .dp = 0, .pp = s});
     double frac = 0;
     for (const auto& b : bubbles)
       if (b.rank == r) frac = b.fraction();
-    std::printf("bubble stage %d: %.1f%% of the last step's pipeline (%s clock; %s: %.1f%%)\n", s, 100 * frac,
+    // On the clock the planner predicts: the plan's value for the stage, or
+    // without a plan the cost model's for this run's layout.
+    std::string plan_text;
+    if (clock == parallel::pipeline::TraceClock::kEmulated && static_cast<int>(predicted.size()) == o.pp) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "; %s %.1f%%", f.plan.empty() ? "predicted" : "planned",
+                    100 * predicted[static_cast<size_t>(s)]);
+      plan_text = buf;
+    }
+    std::printf("bubble stage %d: %.1f%% of the last step's pipeline (%s clock; %s: %.1f%%%s)\n", s, 100 * frac,
                 parallel::pipeline::trace_clock_name(clock), parallel::pipeline::schedule_name(o.schedule),
-                100 * formula);
+                100 * formula, plan_text.c_str());
   }
   if (clock == parallel::pipeline::TraceClock::kEmulated)
     std::printf("timeline: pipeline %s, step %s on the emulated clock\n",

@@ -183,11 +183,24 @@ TEST(CostModel, SimulatedPipelineHasTheSchedulesBubble) {
     EXPECT_NEAR(t.end[0], (v * m + p - 1) * (f + b), 1e-12);
     EXPECT_NEAR(t.wait[0], (p - 1) * (f + b), 1e-12);
     EXPECT_NEAR(t.wait[0] / t.end[0], pipeline::bubble_fraction(p, m, v), 1e-12);
-    for (int st = 0; st < p; ++st) EXPECT_NEAR(t.end[st] - t.wait[st], m * 3.0, 1e-12);
+    for (int st = 0; st < p; ++st) {
+      EXPECT_NEAR(t.end[st] - t.wait[st], m * 3.0, 1e-12);
+      EXPECT_DOUBLE_EQ(t.idle[st], t.wait[st]);  // free links: every wait is idle
+      EXPECT_DOUBLE_EQ(t.link[st], 0.0);
+    }
   }
-  // A link transfer delays every hop of the fill and the drain.
+  // A link transfer delays every hop of the fill and the drain. Stage 1
+  // idles until stage 0's F0 is sent (at 1), then waits 0.5 for the
+  // transfer; stage 0 idles from 1 until B0 is sent (at 1 + 0.5 + 1 + 2), then
+  // 0.5 for its transfer.
   std::vector<std::vector<double>> fwd(2, {1.0}), bwd(2, {2.0});
-  EXPECT_NEAR(simulate_pipeline(Schedule::k1F1B, 2, 1, 1, fwd, bwd, 0.5).end[0], 1 + 0.5 + 1 + 2 + 0.5 + 2, 1e-12);
+  PipelineTimes t = simulate_pipeline(Schedule::k1F1B, 2, 1, 1, fwd, bwd, 0.5);
+  EXPECT_NEAR(t.end[0], 1 + 0.5 + 1 + 2 + 0.5 + 2, 1e-12);
+  EXPECT_NEAR(t.idle[1], 1.0, 1e-12);
+  EXPECT_NEAR(t.link[1], 0.5, 1e-12);
+  EXPECT_NEAR(t.idle[0], 0.5 + 1 + 2, 1e-12);
+  EXPECT_NEAR(t.link[0], 0.5, 1e-12);
+  for (int st = 0; st < 2; ++st) EXPECT_NEAR(t.idle[st] + t.link[st], t.wait[st], 1e-12);
 }
 
 // A serial Trainer on one emulated core charges exactly what the cost model

@@ -275,6 +275,45 @@ namespace {
 
 // jq and Python read the plan's 64-bit integers as numbers; files in
 // protobuf's own JSON form (int64 as strings) still read.
+// A pipeline plan lists each stage's predicted bubble (as trace_bubbles reads
+// a trace) and the schedule's formula; plans without them (older files) read.
+TEST(PlanIo, StageBubbles) {
+  ModelConfig m = ModelConfig::preset("gpt2-124m");
+  Topology t = Topology::preset("trn1.32xlarge");
+  PlannerOptions o = opts(32, 1024, 1);
+  o.pins.pp = 4;
+  o.pins.virtual_stages = 1;
+  o.pins.schedule = pipeline::Schedule::k1F1B;
+  PlannerResult r = plan(m, t, o);
+  const PlanCost& k = r.top[0].cost;
+  ASSERT_EQ(k.stage_bubbles.size(), 4u);
+  for (const StageBubble& b : k.stage_bubbles) {
+    EXPECT_GT(b.busy, 0);
+    EXPECT_GT(b.bubble, 0);  // the fill and the drain
+    EXPECT_DOUBLE_EQ(b.fraction(), b.bubble / (b.busy + b.bubble + b.p2p));
+  }
+  tessera::plan::Plan p = make_plan_proto(m, t, o, r.top[0]);
+  ASSERT_EQ(p.stage_bubble_fraction_size(), 4);
+  for (int s = 0; s < 4; ++s)
+    EXPECT_DOUBLE_EQ(p.stage_bubble_fraction(s), k.stage_bubbles[static_cast<size_t>(s)].fraction());
+  EXPECT_DOUBLE_EQ(p.schedule_bubble_fraction(), 3.0 / (k.num_micro_batches + 3.0));
+  const std::string json = plan_to_json(p);
+  EXPECT_NE(json.find("\"stage_bubble_fraction\""), std::string::npos);
+  EXPECT_EQ(plan_from_json(json, "p.json").SerializeAsString(), p.SerializeAsString());
+
+  // An older plan, without the fields.
+  nlohmann::json old = nlohmann::json::parse(json);
+  old.erase("stage_bubble_fraction");
+  old.erase("schedule_bubble_fraction");
+  EXPECT_EQ(plan_from_json(old.dump(), "old.json").stage_bubble_fraction_size(), 0);
+  // One value per stage, each a fraction.
+  for (const char* bad : {"[0.1, 0.2]", "[0.1, 0.2, 0.3, 1.5]"}) {
+    nlohmann::json j = nlohmann::json::parse(json);
+    j["stage_bubble_fraction"] = nlohmann::json::parse(bad);
+    EXPECT_THROW(plan_from_json(j.dump(), "p.json"), FormatError) << bad;
+  }
+}
+
 TEST(PlanIo, Int64FieldsAreJsonNumbersAndStringFormStillReads) {
   ModelConfig m = ModelConfig::preset("gpt2-124m");
   Topology t = Topology::preset("trn1.32xlarge");

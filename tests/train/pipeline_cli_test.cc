@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -108,6 +110,18 @@ TEST(PipelineCli, PlanRunsItsLayoutAndMatchesSerial) {
   EXPECT_NE(r.out.find("schedule gpipe"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("step time: predicted "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(", emulated "), std::string::npos) << r.out;
+  // Each stage's bubble from the trace, with the plan's prediction for it beside it.
+  ASSERT_EQ(j.at("stage_bubble_fraction").size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    char want[96];
+    std::snprintf(want, sizeof want, "; planned %.1f%%)",
+                  100 * j.at("stage_bubble_fraction").at(static_cast<size_t>(s)).get<double>());
+    const size_t at = r.out.find("bubble stage " + std::to_string(s) + ": ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_TRUE(line.size() > std::strlen(want) && line.substr(line.size() - std::strlen(want)) == want)
+        << "want '" << want << "' at the end of '" << line << "'";
+  }
 
   // Interleaved: the plan's virtual stages and partition (one layer per virtual stage).
   const std::string inter = write_plan(d, "inter", kPlanPins + " --schedule interleaved");
@@ -194,7 +208,8 @@ TEST(PipelineCli, ExportWithPipelineEqualsSerialExport) {
 // bucket's collective on each rank, and each rank's bubble read back from the
 // events (trace_bubbles) near the schedule's (p-1)/(v m+p-1): the stages are
 // balanced (4 blocks each; the head and the embeddings are small next to
-// them), so only the pipeline fill and drain are idle.
+// them), so only the pipeline fill and drain are idle. Ranks are placed
+// tp-dp-pp: rank t is on stage t / (ranks / p).
 struct TraceCase {
   std::string args;
   int ranks, p, v, m;
@@ -206,6 +221,8 @@ TEST(PipelineCli, TraceShowsEveryRanksStepAndTheScheduleBubble) {
   for (const TraceCase& c :
        {TraceCase{"--pp 4 --schedule 1f1b", 4, 4, 1, 8, false}, TraceCase{"--pp 4 --schedule gpipe", 4, 4, 1, 8, false},
         TraceCase{"--pp 2 --schedule interleaved --virtual-stages 2", 2, 2, 2, 8, false},
+        TraceCase{"--pp 4 --schedule interleaved --virtual-stages 2", 4, 4, 2, 8, false},  // 8 chunks of 2 blocks
+        TraceCase{"--tp 2 --pp 2 --schedule 1f1b", 4, 2, 1, 8, false},
         TraceCase{"--pp 2 --dp 2 --schedule 1f1b --zero1 --bucket-mb 0.25", 4, 2, 1, 4, true}}) {
     SCOPED_TRACE(c.args);
     const std::string trace = d.file("trace.json");
@@ -270,6 +287,18 @@ TEST(PipelineCli, TraceShowsEveryRanksStepAndTheScheduleBubble) {
       }
       EXPECT_NEAR(bubbles[t].fraction(), want, 0.03)
           << "rank " << t << " bubble " << bubbles[t].fraction() << " schedule " << want;
+    }
+    // train_gpt prints each stage's bubble with the cost model's prediction
+    // for the stage, which is what the trace reads (to the printed 0.1%).
+    for (int s = 0; s < c.p; ++s) {
+      const size_t at = r.out.find("bubble stage " + std::to_string(s) + ": ");
+      ASSERT_NE(at, std::string::npos) << r.out;
+      const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+      const size_t p = line.find("; predicted ");
+      ASSERT_NE(p, std::string::npos) << line;
+      const double predicted = std::stod(line.substr(p + std::strlen("; predicted ")));
+      const double traced = 100 * bubbles[static_cast<size_t>(s) * static_cast<size_t>(c.ranks / c.p)].fraction();
+      EXPECT_NEAR(predicted, traced, 0.051) << line;
     }
   }
 }
