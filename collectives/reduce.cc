@@ -55,8 +55,9 @@ bool has_avx2() {
 // input, use streaming stores (when the CPU has them): an output this large
 // is not read again soon from the cache (the next step sends it, or the
 // caller reads it later), and the pieces the shm algorithms reduce to push
-// on while still in cache (16 KiB) stay far below it.
-constexpr size_t kStreamingBytes = size_t{256} << 10;
+// on while still in cache (16 KiB) and the shm transport's fragments (at
+// most 512 KiB, whose result a ring sends on next) stay below it.
+constexpr size_t kStreamingBytes = size_t{1} << 20;
 
 template <typename T, typename F>
 void apply(T* dst, const T* a, const T* b, size_t n, F f) {

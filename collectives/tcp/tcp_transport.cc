@@ -75,8 +75,10 @@ constexpr size_t kChunk = size_t{1} << 20;
 constexpr size_t kMaxAbortReason = 2048;
 // Sink fragments: the reading thread reads each into the connection's
 // staging buffer and hands it to the sink at once, so it is still in this
-// core's cache when the sink reads it (docs/threads.md).
-constexpr size_t kSinkChunk = size_t{256} << 10;
+// core's cache when the sink reads it (docs/threads.md); as large as
+// reduce2's streaming threshold, so a large reduction writes its output
+// with streaming stores.
+constexpr size_t kSinkChunk = size_t{1} << 20;
 // Small messages (latency, docs/threads.md): the caller writes them itself
 // (no hand-off to the writing thread) and the reading thread reads them
 // ahead into an eager buffer, so a recv posted after they arrived takes
@@ -854,18 +856,26 @@ std::string advertised_address(bool spans_hosts) {
                         "' has no non-loopback IPv4 address; set TESSERA_TCP_ADDR to this host's address");
 }
 
-void set_socket_options(tcp::socket& s) {
+int socket_buffer_bytes() {
+  const char* e = std::getenv("TESSERA_TCP_SOCKBUF");
+  if (!e || !*e) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(e, &end, 10);
+  if (errno != 0 || *end != '\0' || v < 0 || v > (1L << 30))
+    throw InvalidArgument(std::string("TESSERA_TCP_SOCKBUF='") + e +
+                          "' is not a byte count from 0 to 1073741824 (0: the kernel's buffer autotuning)");
+  return static_cast<int>(v);
+}
+
+void set_socket_options(tcp::socket& s, int buffer_bytes) {
   s.set_option(tcp::no_delay(true));
-  // Larger kernel buffers let the sender run ahead of the reader by a few
-  // chunks (the kernel caps these at net.core.{w,r}mem_max). Setting them
-  // turns the kernel's buffer autotuning off for the socket;
-  // TESSERA_TCP_SOCKBUF=0 leaves it on (to compare), N sets N bytes.
-  int bytes = 4 << 20;
-  if (const char* e = std::getenv("TESSERA_TCP_SOCKBUF"); e && *e) bytes = std::atoi(e);
-  if (bytes <= 0) return;
+  // Setting the buffers turns the kernel's autotuning off for the socket
+  // (and the kernel caps them at net.core.{w,r}mem_max).
+  if (buffer_bytes <= 0) return;
   boost::system::error_code ec;
-  s.set_option(asio::socket_base::send_buffer_size(bytes), ec);
-  s.set_option(asio::socket_base::receive_buffer_size(bytes), ec);
+  s.set_option(asio::socket_base::send_buffer_size(buffer_bytes), ec);
+  s.set_option(asio::socket_base::receive_buffer_size(buffer_bytes), ec);
 }
 
 namespace {
@@ -891,6 +901,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
   conns_.resize(size);
   const auto deadline = Clock::now() + options_.timeout;
   const std::string where = "tcp transport (group '" + options_.name + "', rank " + std::to_string(rank) + ")";
+  const int sockbuf = socket_buffer_bytes();
 
   // Listener first, then publish: a peer that reads our endpoint can connect at once.
   asio::io_context setup;
@@ -940,7 +951,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
                                detail::concat(where, ": cannot connect to rank ", j, " at ", ep, ": ", ec.message()));
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      set_socket_options(sock);
+      set_socket_options(sock, sockbuf);
       uint32_t hello[3] = {kHello, static_cast<uint32_t>(rank), channel};
       asio::write(sock, asio::buffer(hello, sizeof hello), ec);
       if (ec) throw TransportError(Kind::PeerDead, j, where + ": handshake with rank " + std::to_string(j) + " failed");
@@ -990,7 +1001,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
       ::close(fd);
       throw TransportError(Kind::PeerDead, j, where + ": socket of rank " + std::to_string(j) + ": " + ec.message());
     }
-    set_socket_options(target);
+    set_socket_options(target, sockbuf);
     ++accepted;
   }
   for (auto& c : conns_)

@@ -182,9 +182,11 @@ TEST_F(TcpTransportTest, ThrowingSinkFailsTheReceiveWithItsOwnException) {
 }
 
 // The ring's reduce-scatter over TCP reduces each fragment in the reading
-// thread (ReduceSink, streaming stores for large outputs): all-reduce of an
-// odd count (whole and partial fragments) for every dtype and op, out of
-// place and in place, against the exact serial result.
+// thread (ReduceSink): all-reduce of an odd count for every dtype and op,
+// out of place and in place, against the exact serial result. With 2 ranks
+// the 4- and 8-byte dtypes' blocks are a whole 1 MiB fragment (written with
+// streaming stores out of place) and a partial one; 2-byte dtypes and 3
+// ranks have only partial fragments.
 double all_reduce_input(int rank, size_t i) { return static_cast<double>((rank * 7 + i * 3 + (i >> 9)) % 5) - 1.0; }
 
 double stored(DType dt, double v) {
@@ -235,7 +237,7 @@ double get(DType dt, const void* buf, size_t i) {
 }
 
 TEST_F(TcpTransportTest, RingAllReduceReducingInTheReadingThreadIsExact) {
-  const size_t n = 3 * size_t{65536} + 5;
+  const size_t n = 655365;
   for (int p : {2, 3}) {
     SCOPED_TRACE("ranks " + std::to_string(p));
     auto codes = test::run_ranks(p, [&](int r) {
@@ -347,6 +349,18 @@ TEST_F(TcpTransportTest, SmallMessagesReadAheadSurviveTheSenderExiting) {
   });
   EXPECT_EQ(codes[0], 0);
   EXPECT_EQ(codes[1], 0);
+}
+
+TEST(TcpSocketBuffers, AutotuningByDefaultAndABadValueIsRefused) {
+  ::unsetenv("TESSERA_TCP_SOCKBUF");
+  EXPECT_EQ(tcp::socket_buffer_bytes(), 0);
+  ::setenv("TESSERA_TCP_SOCKBUF", "1048576", 1);
+  EXPECT_EQ(tcp::socket_buffer_bytes(), 1048576);
+  for (const char* bad : {"4M", "-1", "abc", "99999999999"}) {
+    ::setenv("TESSERA_TCP_SOCKBUF", bad, 1);
+    EXPECT_THROW(tcp::socket_buffer_bytes(), InvalidArgument) << bad;
+  }
+  ::unsetenv("TESSERA_TCP_SOCKBUF");
 }
 
 TEST_F(TcpTransportTest, TagOrSizeMismatchIsAProtocolError) {

@@ -83,10 +83,10 @@ void check(DType dt, size_t n, size_t shift) {
   }
 }
 
-// Element counts: tiny, odd, one under and over the 256 KiB threshold (in
-// bytes of T), and large odd ones that end in a partial tile.
+// Element counts: tiny, odd, one under and over the 1 MiB threshold (in
+// bytes of T), and a large odd one that ends in a partial tile.
 std::vector<size_t> sizes(size_t es) {
-  const size_t t = (size_t{256} << 10) / es;
+  const size_t t = (size_t{1} << 20) / es;
   return {0, 1, 7, 255, 1023, t - 1, t, t + 13, 3 * t + 777};
 }
 
@@ -99,7 +99,7 @@ TEST(Reduce2, ExactForEveryDtypeAndOpAcrossTheStreamingThreshold) {
 }
 
 TEST(Reduce2, StreamsOnlyLargeOutOfPlaceOutputs) {
-  const size_t big = (size_t{256} << 10) / 4;
+  const size_t big = (size_t{1} << 20) / 4;
   EXPECT_FALSE(reduce2_streams(big - 1, DType::F32, false));
   EXPECT_FALSE(reduce2_streams(big, DType::F32, true));
   EXPECT_FALSE(reduce2_streams(big, DType::BF16, false));  // not a kernel dtype
