@@ -187,7 +187,9 @@ TEST_F(TcpTransportTest, ThrowingSinkFailsTheReceiveWithItsOwnException) {
 // the 4- and 8-byte dtypes' blocks are a whole 1 MiB fragment (written with
 // streaming stores out of place) and a partial one; 2-byte dtypes and 3
 // ranks have only partial fragments.
-double all_reduce_input(int rank, size_t i) { return static_cast<double>((rank * 7 + i * 3 + (i >> 9)) % 5) - 1.0; }
+double all_reduce_input(int rank, size_t i) {
+  return static_cast<double>((static_cast<size_t>(rank) * 7 + i * 3 + (i >> 9)) % 5) - 1.0;
+}
 
 double stored(DType dt, double v) {
   switch (dt) {
