@@ -3,6 +3,13 @@
 #include <algorithm>
 #include <cstdint>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define TESSERA_REDUCE_STREAMING 1
+#else
+#define TESSERA_REDUCE_STREAMING 0
+#endif
+
 namespace tessera::collectives {
 
 namespace {
@@ -10,8 +17,54 @@ namespace {
 // Plain loops over __restrict-free pointers that the compiler vectorises
 // (dst may alias an input, so no restrict).
 template <typename T, typename F>
-void apply(T* dst, const T* a, const T* b, size_t n, F f) {
+void apply_cached(T* dst, const T* a, const T* b, size_t n, F f) {
   for (size_t i = 0; i < n; ++i) dst[i] = f(a[i], b[i]);
+}
+
+#if TESSERA_REDUCE_STREAMING
+// Streaming stores (docs/algorithms.md, "Reduction kernels"): each 1 KiB
+// tile is computed into a local buffer by the same vectorised loop, then
+// written to dst with non-temporal 32-byte stores, which skip reading dst's
+// lines into the cache first (a cold dst otherwise costs a read for every
+// line written: a third more memory traffic for an out-of-place reduction
+// that is bound by memory). Only for dst aliasing neither input (an in-place
+// dst is in the cache already, where a plain store is cheaper).
+template <typename T, typename F>
+__attribute__((target("avx2"))) void apply_streaming(T* dst, const T* a, const T* b, size_t n, F f) {
+  constexpr size_t kTile = 1024 / sizeof(T), kVec = 32 / sizeof(T);
+  size_t i = 0;
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) % 32) != 0; ++i) dst[i] = f(a[i], b[i]);
+  alignas(32) T tile[kTile];
+  for (; i + kTile <= n; i += kTile) {
+    for (size_t j = 0; j < kTile; ++j) tile[j] = f(a[i + j], b[i + j]);
+    for (size_t j = 0; j < kTile; j += kVec)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + j),
+                          _mm256_load_si256(reinterpret_cast<const __m256i*>(tile + j)));
+  }
+  for (; i < n; ++i) dst[i] = f(a[i], b[i]);
+  _mm_sfence();  // the stores are weakly ordered: visible before anyone is told
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+#endif
+
+// Outputs of at least this many bytes, written to a dst that aliases neither
+// input, use streaming stores (when the CPU has them): an output this large
+// is not read again soon from the cache (the next step sends it, or the
+// caller reads it later), and the pieces the shm algorithms reduce to push
+// on while still in cache (16 KiB) and the shm transport's fragments (at
+// most 512 KiB, whose result a ring sends on next) stay below it.
+constexpr size_t kStreamingBytes = size_t{1} << 20;
+
+template <typename T, typename F>
+void apply(T* dst, const T* a, const T* b, size_t n, F f) {
+#if TESSERA_REDUCE_STREAMING
+  if (n * sizeof(T) >= kStreamingBytes && dst != a && dst != b && has_avx2()) return apply_streaming(dst, a, b, n, f);
+#endif
+  apply_cached(dst, a, b, n, f);
 }
 
 template <typename T>
@@ -71,6 +124,15 @@ void reduce2(void* dst, const void* a, const void* b, size_t n, DType dtype, Red
     default:
       TESSERA_CHECK(false, "reduce2 on ", dtype_name(dtype), " (reduced in f32 by the communicator)");
   }
+}
+
+bool reduce2_streams(size_t n, DType dtype, bool aliased) {
+#if TESSERA_REDUCE_STREAMING
+  return !aliased && kernel_dtype(dtype) && n * dtype_size(dtype) >= kStreamingBytes && has_avx2();
+#else
+  (void)n, (void)dtype, (void)aliased;
+  return false;
+#endif
 }
 
 void divide(void* buf, size_t n, DType dtype, int divisor) {

@@ -10,8 +10,13 @@
 
 namespace tessera::collectives {
 
-// dst[i] = a[i] op b[i] for n elements (dst may alias a or b).
+// dst[i] = a[i] op b[i] for n elements (dst may alias a or b). Large
+// out-of-place outputs (reduce2_streams) are written with streaming stores,
+// bypassing the cache; the results are the same either way.
 void reduce2(void* dst, const void* a, const void* b, size_t n, DType dtype, ReduceOp op);
+// True when reduce2 of n elements writes with streaming stores (dst aliasing
+// neither input: !aliased; at least 1 MiB; an x86-64 CPU with AVX2).
+bool reduce2_streams(size_t n, DType dtype, bool aliased);
 // buf[i] /= divisor (Avg; integers truncate toward zero).
 void divide(void* buf, size_t n, DType dtype, int divisor);
 // True for dtypes the kernels take directly.

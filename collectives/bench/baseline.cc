@@ -47,17 +47,16 @@ struct Mem {
   size_t n_;
 };
 
-// The baseline streams four times: with the TCP transport's socket options
-// (tcp::set_socket_options) and with the kernel's buffer autotuning (only
-// TCP_NODELAY), each over one connection carrying both directions and over
-// two connections, one per direction (as the transport wires a peer pair),
-// and reports the best of each figure, so it is the best raw TCP here, not
-// only what the transport's settings get.
-void tune(tcp::socket& s, bool transport_options) {
-  if (transport_options)
-    tcp_transport::set_socket_options(s);
-  else
-    s.set_option(tcp::no_delay(true));
+// The baseline streams four times: with fixed socket buffers
+// (TESSERA_TCP_SOCKBUF bytes, else 4 MiB) and with the kernel's buffer
+// autotuning (the TCP transport's default), both with TCP_NODELAY, each over
+// one connection carrying both directions and over two connections, one per
+// direction (as the transport wires a peer pair), and reports the best of
+// each figure, so it is the best raw TCP here, not only what the transport's
+// settings get.
+void tune(tcp::socket& s, bool fixed_buffers) {
+  const int fixed = tcp_transport::socket_buffer_bytes() > 0 ? tcp_transport::socket_buffer_bytes() : 4 << 20;
+  tcp_transport::set_socket_options(s, fixed_buffers ? fixed : 0);
 }
 
 // Both ends run the same script: phase 1, A streams to B; phase 2, both stream
@@ -134,7 +133,7 @@ TcpBaseline measure_tcp_loopback(Communicator& comm, size_t bytes, int reps) {
     comm.broadcast(ep, 2, DType::I64, 1);
     const auto peer = ep[1] ? asio::ip::address_v4(static_cast<uint32_t>(ep[1])) : asio::ip::address_v4::loopback();
     for (int variant = 0; variant < 4; ++variant) {
-      const bool transport_options = variant % 2 == 0, two = variant >= 2;
+      const bool fixed_buffers = variant % 2 == 0, two = variant >= 2;
       tcp::socket s(io), s2(io);
       if (comm.rank() == 0) {
         s.connect(tcp::endpoint(peer, static_cast<uint16_t>(ep[0])));
@@ -144,8 +143,8 @@ TcpBaseline measure_tcp_loopback(Communicator& comm, size_t bytes, int reps) {
         if (two) acc->accept(s2);
       }
       if (comm.rank() <= 1) {
-        tune(s, transport_options);
-        if (two) tune(s2, transport_options);
+        tune(s, fixed_buffers);
+        if (two) tune(s2, fixed_buffers);
         const TcpBaseline b = run_stream(s, two ? &s2 : nullptr, comm.rank() == 0, bytes, reps);
         if (comm.rank() == 0) best(b);
       }

@@ -51,6 +51,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -72,13 +73,12 @@ constexpr uint32_t kHello = 0x7e55e110;
 constexpr size_t kChunk = size_t{1} << 20;
 // An abort message carries the sender's reason, up to this many bytes.
 constexpr size_t kMaxAbortReason = 2048;
-// Sink fragments: small enough to stay in cache between the read and the
-// reduction, large enough to amortise the hand-off.
-constexpr size_t kSinkChunk = size_t{256} << 10;
-// Staging buffers per connection: the io thread reads up to this many
-// fragments ahead of the caller's reduction, so a caller that is scheduled
-// late (a loaded machine) does not stall the socket after every fragment.
-constexpr int kStages = 16;
+// Sink fragments: the reading thread reads each into the connection's
+// staging buffer and hands it to the sink at once, so it is still in this
+// core's cache when the sink reads it (docs/threads.md); as large as
+// reduce2's streaming threshold, so a large reduction writes its output
+// with streaming stores.
+constexpr size_t kSinkChunk = size_t{1} << 20;
 // Small messages (latency, docs/threads.md): the caller writes them itself
 // (no hand-off to the writing thread) and the reading thread reads them
 // ahead into an eager buffer, so a recv posted after they arrived takes
@@ -162,7 +162,8 @@ struct Op {
   size_t bytes = 0;
   size_t done = 0;
   uint32_t tag = 0;
-  RecvSink* sink = nullptr;  // sendrecv_sink: payload goes through the staging buffers
+  RecvSink* sink = nullptr;       // sendrecv_sink: the reading thread hands the payload to it
+  std::exception_ptr sink_error;  // what the sink threw (it goes on to the caller)
   bool active = false;
   bool matched = false;  // the io thread paired a header with this op (recv)
   bool complete = false;
@@ -203,16 +204,10 @@ class Connection {
   Op send_op_, recv_op_;
   std::atomic<bool> dead_{false};
 
-  // Sink receives: kStages staging buffers, filled by the io thread and consumed
-  // by the caller, so the caller reduces fragment k while k+1 is read.
-  // Allocated (and pre-faulted) on first use, then reused. Flags under mu_.
-  std::vector<unsigned char> stage_[kStages];
-  bool stage_full_[kStages] = {};
-  size_t stage_len_[kStages] = {}, stage_off_[kStages] = {};
-  bool io_paused_ = false;  // the io thread waits for a free stage
-  int fill_idx_ = 0;        // io thread only
-  HandlerMemory mem_resume_;
-  void post_resume();
+  // Sink receives: the reading thread reads each fragment into this buffer
+  // and calls the sink on it, then reads the next. Allocated (and
+  // pre-faulted) by the caller on first use, then reused.
+  std::vector<unsigned char> stage_;
 
   // Eager receive (messages of at most kEager bytes): the reading thread reads
   // the payload here before (or while) a recv is posted; the caller takes it.
@@ -254,6 +249,7 @@ class Connection {
   }
   void read_payload();
   void read_payload_sink();
+  void fail_sink(std::exception_ptr e, const std::string& what);
   void write_header();
   void write_payload();
   void fail(Kind kind, const std::string& what, bool writer = false);
@@ -314,14 +310,12 @@ class TcpTransport final : public Transport {
     Connection& ct = *conns_[to];
     Connection& cf = *conns_[from];
     if (rbytes == 0) return sendrecv(to, sbuf, sbytes, from, nullptr, 0, tag);
-    if (cf.stage_[0].empty()) {
-      for (auto& st : cf.stage_) st.assign(kSinkChunk, 0);  // once per connection, pre-faulted
-    }
+    if (cf.stage_.empty()) cf.stage_.assign(kSinkChunk, 0);  // once per connection, pre-faulted
     begin_recv(cf, tag, nullptr, rbytes, &sink);
     std::exception_ptr first;
     const bool sending = start_send_after_recv(ct, tag, sbuf, sbytes, first);
     try {
-      consume_all(cf, sink);
+      finish_sink_recv(cf, sink);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
@@ -339,11 +333,9 @@ class TcpTransport final : public Transport {
     check_peer(from);
     Connection& cf = *conns_[from];
     if (bytes == 0) return recv(from, tag, nullptr, 0);
-    if (cf.stage_[0].empty()) {
-      for (auto& st : cf.stage_) st.assign(kSinkChunk, 0);  // once per connection, pre-faulted
-    }
+    if (cf.stage_.empty()) cf.stage_.assign(kSinkChunk, 0);  // once per connection, pre-faulted
     begin_recv(cf, tag, nullptr, bytes, &sink);
-    consume_all(cf, sink);
+    finish_sink_recv(cf, sink);
   }
 
   void abort(const std::string& reason) override {
@@ -423,10 +415,8 @@ class TcpTransport final : public Transport {
       c.recv_op_.tag = tag;
       c.recv_op_.sink = sink;
       c.recv_op_.active = true;
-      for (bool& f : c.stage_full_) f = false;
-      c.io_paused_ = false;
       // A small message read ahead: taken here (sink receives consume it in
-      // consume_all), no thread involved.
+      // finish_sink_recv), no thread involved.
       if (c.eager_full_) {
         if (!sink)
           take_eager_locked(c, c.recv_op_);
@@ -483,10 +473,7 @@ class TcpTransport final : public Transport {
   }
   void wait_op(Connection& c, Op& op, const char* what);
   [[noreturn]] void fail_op(Connection& c, Op& op, const char* what);
-  void consume_all(Connection& c, RecvSink& sink);
-  // sink.consume(off, data, len), called without mu_; a throwing sink fails
-  // the transport and ends the receive before the exception goes on.
-  void consume_or_fail(Connection& c, Op& op, RecvSink& sink, size_t off, const void* data, size_t len);
+  void finish_sink_recv(Connection& c, RecvSink& sink);
   void shutdown_all();  // tells every peer and closes every connection (any thread, once)
 
   std::shared_ptr<Store> store_;
@@ -710,7 +697,6 @@ void Connection::try_match() {
                                     std::to_string(bytes) + " bytes, peer sent tag " + std::to_string(in_hdr_.tag) +
                                     " and " + std::to_string(in_hdr_.bytes) + " bytes");
   if (recv_op_.sink) {
-    fill_idx_ = 0;
     read_payload_sink();
   } else {
     read_payload();
@@ -739,47 +725,45 @@ void Connection::read_eager() {
   asio::async_read(socket_, asio::buffer(eager_.data(), n), bind_slot(mem_read_, done));
 }
 
-void Connection::post_resume() {
-  asio::post(io_, bind_slot(mem_resume_, [this] { read_payload_sink(); }));
-}
-
-// Reads the next fragment into a free staging buffer; pauses when both are
-// full (the caller's consume resumes it). The operation completes when the
-// caller has consumed everything (TcpTransport::sendrecv_sink).
+// Reads the next fragment into the staging buffer and hands it to the sink
+// on this thread (the caller sleeps in wait_op until the last one is
+// consumed). A sink that throws fails the connection and the transport; the
+// caller rethrows what it threw.
 void Connection::read_payload_sink() {
-  Op& op = recv_op_;
-  const int k = fill_idx_ % kStages;
-  {
-    std::lock_guard<std::mutex> lk(t_.mu_);
-    if (op.done == op.bytes || op.failed || !op.active) return;
-    if (stage_full_[k]) {
-      io_paused_ = true;
-      return;
-    }
-  }
-  const size_t n = std::min(stage_[k].size(), op.bytes - op.done);
-  asio::async_read(socket_, asio::buffer(stage_[k].data(), n),
-                   bind_slot(mem_read_, [this, k, n](const boost::system::error_code& ec, size_t) {
+  Op& op = recv_op_;  // only this thread touches done while matched
+  const size_t n = std::min(stage_.size(), op.bytes - op.done);
+  asio::async_read(socket_, asio::buffer(stage_.data(), n),
+                   bind_slot(mem_read_, [this, n](const boost::system::error_code& ec, size_t) {
                      if (ec) {
                        return fail(Kind::PeerDead, ec == asio::error::eof ? "connection closed by peer mid-message"
                                                                           : "read from peer failed: " + ec.message());
                      }
-                     bool last;
+                     Op& o = recv_op_;
+                     try {
+                       o.sink->consume(o.done, stage_.data(), n);
+                     } catch (const std::exception& e) {
+                       return fail_sink(std::current_exception(), e.what());
+                     } catch (...) {
+                       return fail_sink(std::current_exception(), "unknown exception");
+                     }
+                     o.done += n;
+                     if (o.done < o.bytes) return read_payload_sink();
                      {
                        std::lock_guard<std::mutex> lk(t_.mu_);
-                       stage_full_[k] = true;
-                       stage_len_[k] = n;
-                       stage_off_[k] = recv_op_.done;
-                       recv_op_.done += n;
-                       last = recv_op_.done == recv_op_.bytes;
+                       o.complete = true;
                      }
                      t_.cv_.notify_all();
-                     ++fill_idx_;
-                     if (last)
-                       read_header();
-                     else
-                       read_payload_sink();
+                     read_header();
                    }));
+}
+
+void Connection::fail_sink(std::exception_ptr e, const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lk(t_.mu_);
+    recv_op_.sink_error = std::move(e);
+    if (!t_.failed_) t_.set_failed_locked(Kind::Aborted, peer_, "receive sink failed: " + what);
+  }
+  fail(Kind::Aborted, "receive sink failed: " + what);
 }
 
 void Connection::read_payload() {
@@ -872,18 +856,26 @@ std::string advertised_address(bool spans_hosts) {
                         "' has no non-loopback IPv4 address; set TESSERA_TCP_ADDR to this host's address");
 }
 
-void set_socket_options(tcp::socket& s) {
+int socket_buffer_bytes() {
+  const char* e = std::getenv("TESSERA_TCP_SOCKBUF");
+  if (!e || !*e) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(e, &end, 10);
+  if (errno != 0 || *end != '\0' || v < 0 || v > (1L << 30))
+    throw InvalidArgument(std::string("TESSERA_TCP_SOCKBUF='") + e +
+                          "' is not a byte count from 0 to 1073741824 (0: the kernel's buffer autotuning)");
+  return static_cast<int>(v);
+}
+
+void set_socket_options(tcp::socket& s, int buffer_bytes) {
   s.set_option(tcp::no_delay(true));
-  // Larger kernel buffers let the sender run ahead of the reader by a few
-  // chunks (the kernel caps these at net.core.{w,r}mem_max). Setting them
-  // turns the kernel's buffer autotuning off for the socket;
-  // TESSERA_TCP_SOCKBUF=0 leaves it on (to compare), N sets N bytes.
-  int bytes = 4 << 20;
-  if (const char* e = std::getenv("TESSERA_TCP_SOCKBUF"); e && *e) bytes = std::atoi(e);
-  if (bytes <= 0) return;
+  // Setting the buffers turns the kernel's autotuning off for the socket
+  // (and the kernel caps them at net.core.{w,r}mem_max).
+  if (buffer_bytes <= 0) return;
   boost::system::error_code ec;
-  s.set_option(asio::socket_base::send_buffer_size(bytes), ec);
-  s.set_option(asio::socket_base::receive_buffer_size(bytes), ec);
+  s.set_option(asio::socket_base::send_buffer_size(buffer_bytes), ec);
+  s.set_option(asio::socket_base::receive_buffer_size(buffer_bytes), ec);
 }
 
 namespace {
@@ -909,6 +901,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
   conns_.resize(size);
   const auto deadline = Clock::now() + options_.timeout;
   const std::string where = "tcp transport (group '" + options_.name + "', rank " + std::to_string(rank) + ")";
+  const int sockbuf = socket_buffer_bytes();
 
   // Listener first, then publish: a peer that reads our endpoint can connect at once.
   asio::io_context setup;
@@ -958,7 +951,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
                                detail::concat(where, ": cannot connect to rank ", j, " at ", ep, ": ", ec.message()));
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      set_socket_options(sock);
+      set_socket_options(sock, sockbuf);
       uint32_t hello[3] = {kHello, static_cast<uint32_t>(rank), channel};
       asio::write(sock, asio::buffer(hello, sizeof hello), ec);
       if (ec) throw TransportError(Kind::PeerDead, j, where + ": handshake with rank " + std::to_string(j) + " failed");
@@ -1008,7 +1001,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
       ::close(fd);
       throw TransportError(Kind::PeerDead, j, where + ": socket of rank " + std::to_string(j) + ": " + ec.message());
     }
-    set_socket_options(target);
+    set_socket_options(target, sockbuf);
     ++accepted;
   }
   for (auto& c : conns_)
@@ -1020,78 +1013,45 @@ TcpTransport::~TcpTransport() {
     if (c) c->stop();
 }
 
-void TcpTransport::consume_or_fail(Connection& c, Op& op, RecvSink& sink, size_t off, const void* data, size_t len) {
+// Caller thread, after begin_recv with a sink: a small message comes
+// through the eager buffer and is consumed here, in place; a large one is
+// consumed by the reading thread fragment by fragment (read_payload_sink)
+// while this thread waits for the last. A throwing sink fails the transport
+// and ends the receive before its exception goes on.
+void TcpTransport::finish_sink_recv(Connection& c, RecvSink& sink) {
+  Op& op = c.recv_op_;
+  if (op.bytes > kEager) return wait_op(c, op, "recv from");
+  std::unique_lock<std::mutex> lk(mu_);
+  const auto deadline = Clock::now() + options_.timeout;
+  while (!c.eager_full_ && !op.failed && !failed_) {
+    if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) break;
+  }
+  if (!c.eager_full_ || op.failed) {
+    lk.unlock();
+    fail_op(c, op, "recv from");
+  }
+  if (c.eager_tag_ != op.tag || c.eager_bytes_ != op.bytes) {
+    eager_mismatch_locked(c, op);
+    lk.unlock();
+    fail_op(c, op, "recv from");
+  }
+  lk.unlock();
   try {
-    sink.consume(off, data, len);
+    sink.consume(0, c.eager_.data(), op.bytes);
   } catch (const std::exception& e) {
     {
       std::lock_guard<std::mutex> g(mu_);
       if (!failed_) set_failed_locked(Kind::Aborted, c.peer_, std::string("receive sink failed: ") + e.what());
     }
-    // The io thread only touches the connection's own staging and eager
-    // buffers, so nothing of the caller's is in use once we return.
+    // The reading thread only touches the connection's own eager buffer
+    // here, so nothing of the caller's is in use once we return.
     shutdown_all();
     std::lock_guard<std::mutex> g(mu_);
     op.active = false;
     throw;
   }
-}
-
-// Caller thread: hands each staged fragment to the sink in order, freeing the
-// stage (and resuming a paused io thread) after each. Each wait is bounded by
-// the timeout; a failure or a throwing sink fails the transport.
-void TcpTransport::consume_all(Connection& c, RecvSink& sink) {
-  Op& op = c.recv_op_;
-  size_t consumed = 0;
-  int k = 0;
-  std::unique_lock<std::mutex> lk(mu_);
-  if (op.bytes <= kEager) {
-    // A small message always comes through the eager buffer, consumed in place.
-    const auto deadline = Clock::now() + options_.timeout;
-    while (!c.eager_full_ && !op.failed && !failed_) {
-      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) break;
-    }
-    if (!c.eager_full_ || op.failed) {
-      lk.unlock();
-      fail_op(c, op, "recv from");
-    }
-    if (c.eager_tag_ != op.tag || c.eager_bytes_ != op.bytes) {
-      eager_mismatch_locked(c, op);
-      lk.unlock();
-      fail_op(c, op, "recv from");
-    }
-    lk.unlock();
-    consume_or_fail(c, op, sink, 0, c.eager_.data(), op.bytes);
-    lk.lock();
-    release_eager_locked(c);
-    op.complete = true;
-    op.active = false;
-    return;
-  }
-  while (consumed < op.bytes) {
-    const auto deadline = Clock::now() + options_.timeout;
-    while (!c.stage_full_[k] && !op.failed && !failed_ && !(consumed == 0 && c.eager_full_)) {
-      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) break;
-    }
-    // A small message where this large one was expected.
-    if (!c.stage_full_[k] && c.eager_full_ && !op.failed) eager_mismatch_locked(c, op);
-    if (!c.stage_full_[k]) {
-      lk.unlock();
-      fail_op(c, op, "recv from");
-    }
-    const unsigned char* data = c.stage_[k].data();
-    const size_t len = c.stage_len_[k], off = c.stage_off_[k];
-    lk.unlock();
-    consume_or_fail(c, op, sink, off, data, len);
-    consumed += len;
-    lk.lock();
-    c.stage_full_[k] = false;
-    if (c.io_paused_) {
-      c.io_paused_ = false;
-      c.post_resume();
-    }
-    k = (k + 1) % kStages;
-  }
+  lk.lock();
+  release_eager_locked(c);
   op.complete = true;
   op.active = false;
 }
@@ -1135,9 +1095,13 @@ void TcpTransport::fail_op(Connection& c, Op& op, const char* what) {
   lk.unlock();
   shutdown_all();
   lk.lock();
-  // (A sink op only ever touches the connection's own staging buffers.)
-  if (!op.sink) cv_.wait_for(lk, std::chrono::seconds(5), [&] { return op.complete || op.failed; });
+  // The reading thread may still be in a read into the caller's buffer or in
+  // the caller's sink: wait until it lets go (a small sink message is
+  // consumed by the caller, so the wait ends at once).
+  if (!op.sink || op.bytes > kEager)
+    cv_.wait_for(lk, std::chrono::seconds(5), [&] { return op.complete || op.failed; });
   op.active = false;
+  if (op.sink_error) std::rethrow_exception(std::exchange(op.sink_error, nullptr));
   throw TransportError(
       k, peer,
       std::string("tcp ") + what + " rank " + std::to_string(c.peer_) + " (group '" + options_.name + "'): " + msg);

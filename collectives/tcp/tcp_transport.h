@@ -34,8 +34,15 @@ struct TcpOptions {
 // address (InvalidArgument naming TESSERA_TCP_ADDR when there is none).
 std::string advertised_address(bool spans_hosts);
 
-// Socket options of every connection: TCP_NODELAY, and the kernel buffers.
-void set_socket_options(boost::asio::ip::tcp::socket& s);
+// The socket buffer size the transport sets: TESSERA_TCP_SOCKBUF bytes; 0
+// (the default, or TESSERA_TCP_SOCKBUF=0) leaves the kernel's buffer
+// autotuning on (docs/bench.md, "TCP transport", compares it with fixed
+// buffers). Throws InvalidArgument for a value that is not a byte count.
+int socket_buffer_bytes();
+
+// Socket options of every connection: TCP_NODELAY, and SO_SNDBUF/SO_RCVBUF
+// of `buffer_bytes` when it is positive (0: autotuning).
+void set_socket_options(boost::asio::ip::tcp::socket& s, int buffer_bytes);
 
 // Collective over the group: every member calls it with stores sharing keys.
 std::unique_ptr<Transport> create_transport(std::shared_ptr<Store> store, int rank, int size,

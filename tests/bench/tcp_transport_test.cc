@@ -5,14 +5,21 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "collectives/communicator.h"
 #include "collectives/store.h"
+#include "runtime/dtype.h"
 #include "tests/bench/rank_fork.h"
 #include "tests/test_timeouts.h"
 
@@ -124,6 +131,163 @@ TEST_F(TcpTransportTest, SinkReceivesFragmentsInOrder) {
   }
 }
 
+// A sink that throws: the reading thread calls it (large messages), so its
+// exception crosses to the caller. sendrecv_sink rethrows the sink's own
+// exception, later calls fail at once, and the peer fails fast (told why),
+// not at the timeout.
+class ThrowingSink final : public RecvSink {
+ public:
+  void consume(size_t off, const void*, size_t) override {
+    if (off > 0) throw std::runtime_error("sink refuses offset " + std::to_string(off));
+  }
+};
+
+TEST_F(TcpTransportTest, ThrowingSinkFailsTheReceiveWithItsOwnException) {
+  auto codes = test::run_ranks(2, [&](int r) {
+    auto t = make(r, 2, /*timeout_ms=*/60000, "throw/");
+    const size_t bytes = size_t{3} << 20;  // several fragments
+    std::vector<uint8_t> s(bytes, 1), got(bytes);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto fast = [&] { return std::chrono::steady_clock::now() - t0 < test_time::scaled(std::chrono::seconds(10)); };
+    if (r == 1) {
+      ThrowingSink sink;
+      try {
+        t->sendrecv_sink(0, s.data(), bytes, 0, bytes, sink, 1);
+        return false;
+      } catch (const std::runtime_error& e) {
+        if (dynamic_cast<const TransportError*>(&e) || std::string(e.what()).find("refuses") == std::string::npos)
+          return false;
+      }
+      try {
+        t->send(0, 2, s.data(), 8);
+        return false;
+      } catch (const TransportError&) {
+      }
+      return fast();
+    }
+    // Rank 0 receives into a sink that takes everything; its peer fails
+    // mid-message, which fails this receive (or the send) well before the
+    // timeout.
+    CopySink sink(got);
+    try {
+      t->sendrecv_sink(1, s.data(), bytes, 1, bytes, sink, 1);
+      std::vector<uint8_t> more(8);
+      t->recv(1, 2, more.data(), more.size());
+      return false;
+    } catch (const TransportError& e) {
+      return e.peer() == 1 && fast();
+    }
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// The ring's reduce-scatter over TCP reduces each fragment in the reading
+// thread (ReduceSink): all-reduce of an odd count for every dtype and op,
+// out of place and in place, against the exact serial result. With 2 ranks
+// the 4- and 8-byte dtypes' blocks are a whole 1 MiB fragment (written with
+// streaming stores out of place) and a partial one; 2-byte dtypes and 3
+// ranks have only partial fragments.
+double all_reduce_input(int rank, size_t i) {
+  return static_cast<double>((static_cast<size_t>(rank) * 7 + i * 3 + (i >> 9)) % 5) - 1.0;
+}
+
+double stored(DType dt, double v) {
+  switch (dt) {
+    case DType::BF16:
+      return bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(v)));
+    case DType::F16:
+      return f16_bits_to_float(float_to_f16_bits(static_cast<float>(v)));
+    default:
+      return v;
+  }
+}
+
+void put(DType dt, void* buf, size_t i, double v) {
+  switch (dt) {
+    case DType::F32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      return;
+    case DType::BF16:
+      static_cast<uint16_t*>(buf)[i] = float_to_bf16_bits(static_cast<float>(v));
+      return;
+    case DType::F16:
+      static_cast<uint16_t*>(buf)[i] = float_to_f16_bits(static_cast<float>(v));
+      return;
+    case DType::I32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::I64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      return;
+  }
+}
+
+double get(DType dt, const void* buf, size_t i) {
+  switch (dt) {
+    case DType::F32:
+      return static_cast<const float*>(buf)[i];
+    case DType::BF16:
+      return bf16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::F16:
+      return f16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::I32:
+      return static_cast<const int32_t*>(buf)[i];
+    case DType::I64:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+  }
+  return 0;
+}
+
+TEST_F(TcpTransportTest, RingAllReduceReducingInTheReadingThreadIsExact) {
+  const size_t n = 655365;
+  for (int p : {2, 3}) {
+    SCOPED_TRACE("ranks " + std::to_string(p));
+    auto codes = test::run_ranks(p, [&](int r) {
+      CommOptions o;
+      o.transport = TransportKind::Tcp;
+      o.timeout = std::chrono::milliseconds(60000);
+      o.name = "tcp-ring";
+      auto c =
+          Communicator::create(std::make_shared<PrefixStore>(make_file_store(dir_), "ar" + std::to_string(p)), r, p, o);
+      for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64}) {
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg}) {
+          // Inputs are small integers, so every result but a float average
+          // over 3 ranks is exact in every dtype.
+          if (op == ReduceOp::Avg && p == 3 && is_floating(dt)) continue;
+          for (bool inplace : {false, true}) {
+            std::vector<unsigned char> send(n * dtype_size(dt)), recv(n * dtype_size(dt));
+            for (size_t i = 0; i < n; ++i) put(dt, send.data(), i, all_reduce_input(r, i));
+            if (inplace) recv = send;
+            c->all_reduce(inplace ? recv.data() : send.data(), recv.data(), n, dt, op);
+            if (c->last_algorithm() != "ring") {
+              std::fprintf(stderr, "served by %s\n", c->last_algorithm().c_str());
+              return false;
+            }
+            for (size_t i = 0; i < n; ++i) {
+              double want = all_reduce_input(0, i);
+              for (int j = 1; j < p; ++j) {
+                const double v = all_reduce_input(j, i);
+                want = op == ReduceOp::Prod  ? want * v
+                       : op == ReduceOp::Min ? std::min(want, v)
+                       : op == ReduceOp::Max ? std::max(want, v)
+                                             : want + v;
+              }
+              if (op == ReduceOp::Avg) want = is_floating(dt) ? want / p : std::trunc(want / p);
+              if (get(dt, recv.data(), i) != stored(dt, want)) {
+                std::fprintf(stderr, "%s %s%s element %zu: %g, expected %g\n", dtype_name(dt), reduce_op_name(op),
+                             inplace ? " in place" : "", i, get(dt, recv.data(), i), want);
+                return false;
+              }
+            }
+          }
+        }
+      }
+      return true;
+    });
+    for (int r = 0; r < p; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  }
+}
+
 // Small messages (at most 64 KiB) are written by the caller and read ahead
 // into the connection's eager buffer. Rank 0 sends a run of them (and one
 // large one between) before rank 1 posts anything, then exits at once: rank
@@ -187,6 +351,18 @@ TEST_F(TcpTransportTest, SmallMessagesReadAheadSurviveTheSenderExiting) {
   });
   EXPECT_EQ(codes[0], 0);
   EXPECT_EQ(codes[1], 0);
+}
+
+TEST(TcpSocketBuffers, AutotuningByDefaultAndABadValueIsRefused) {
+  ::unsetenv("TESSERA_TCP_SOCKBUF");
+  EXPECT_EQ(tcp::socket_buffer_bytes(), 0);
+  ::setenv("TESSERA_TCP_SOCKBUF", "1048576", 1);
+  EXPECT_EQ(tcp::socket_buffer_bytes(), 1048576);
+  for (const char* bad : {"4M", "-1", "abc", "99999999999"}) {
+    ::setenv("TESSERA_TCP_SOCKBUF", bad, 1);
+    EXPECT_THROW(tcp::socket_buffer_bytes(), InvalidArgument) << bad;
+  }
+  ::unsetenv("TESSERA_TCP_SOCKBUF");
 }
 
 TEST_F(TcpTransportTest, TagOrSizeMismatchIsAProtocolError) {
