@@ -316,8 +316,12 @@ class TcpTransport final : public Transport {
     const bool sending = start_send_after_recv(ct, tag, sbuf, sbytes, first);
     try {
       finish_sink_recv(cf, sink);
-    } catch (...) {
+    } catch (const TransportError&) {
       if (!first) first = std::current_exception();
+    } catch (...) {
+      // The sink's own exception is the root cause, even when the failure
+      // it caused already stopped the send from starting.
+      first = std::current_exception();
     }
     if (sending) {
       try {
