@@ -191,51 +191,13 @@ double all_reduce_input(int rank, size_t i) {
   return static_cast<double>((static_cast<size_t>(rank) * 7 + i * 3 + (i >> 9)) % 5) - 1.0;
 }
 
-double stored(DType dt, double v) {
-  switch (dt) {
-    case DType::BF16:
-      return bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(v)));
-    case DType::F16:
-      return f16_bits_to_float(float_to_f16_bits(static_cast<float>(v)));
-    default:
-      return v;
-  }
-}
-
-void put(DType dt, void* buf, size_t i, double v) {
-  switch (dt) {
-    case DType::F32:
-      static_cast<float*>(buf)[i] = static_cast<float>(v);
-      return;
-    case DType::BF16:
-      static_cast<uint16_t*>(buf)[i] = float_to_bf16_bits(static_cast<float>(v));
-      return;
-    case DType::F16:
-      static_cast<uint16_t*>(buf)[i] = float_to_f16_bits(static_cast<float>(v));
-      return;
-    case DType::I32:
-      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
-      return;
-    case DType::I64:
-      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
-      return;
-  }
-}
-
-double get(DType dt, const void* buf, size_t i) {
-  switch (dt) {
-    case DType::F32:
-      return static_cast<const float*>(buf)[i];
-    case DType::BF16:
-      return bf16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
-    case DType::F16:
-      return f16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
-    case DType::I32:
-      return static_cast<const int32_t*>(buf)[i];
-    case DType::I64:
-      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
-  }
-  return 0;
+// Every value here is a small integer or half of one, exact in f32, so f32
+// is the go-between for every dtype (runtime/dtype.h's convert rounds as a
+// store into that dtype would).
+std::vector<float> as_f32(DType dt, const void* buf, size_t n) {
+  std::vector<float> out(n);
+  convert(buf, dt, out.data(), DType::F32, n);
+  return out;
 }
 
 TEST_F(TcpTransportTest, RingAllReduceReducingInTheReadingThreadIsExact) {
@@ -256,7 +218,9 @@ TEST_F(TcpTransportTest, RingAllReduceReducingInTheReadingThreadIsExact) {
           if (op == ReduceOp::Avg && p == 3 && is_floating(dt)) continue;
           for (bool inplace : {false, true}) {
             std::vector<unsigned char> send(n * dtype_size(dt)), recv(n * dtype_size(dt));
-            for (size_t i = 0; i < n; ++i) put(dt, send.data(), i, all_reduce_input(r, i));
+            std::vector<float> in(n), want(n);
+            for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(all_reduce_input(r, i));
+            convert(in.data(), DType::F32, send.data(), dt, n);
             if (inplace) recv = send;
             c->all_reduce(inplace ? recv.data() : send.data(), recv.data(), n, dt, op);
             if (c->last_algorithm() != "ring") {
@@ -264,21 +228,27 @@ TEST_F(TcpTransportTest, RingAllReduceReducingInTheReadingThreadIsExact) {
               return false;
             }
             for (size_t i = 0; i < n; ++i) {
-              double want = all_reduce_input(0, i);
+              double w = all_reduce_input(0, i);
               for (int j = 1; j < p; ++j) {
                 const double v = all_reduce_input(j, i);
-                want = op == ReduceOp::Prod  ? want * v
-                       : op == ReduceOp::Min ? std::min(want, v)
-                       : op == ReduceOp::Max ? std::max(want, v)
-                                             : want + v;
+                w = op == ReduceOp::Prod  ? w * v
+                    : op == ReduceOp::Min ? std::min(w, v)
+                    : op == ReduceOp::Max ? std::max(w, v)
+                                          : w + v;
               }
-              if (op == ReduceOp::Avg) want = is_floating(dt) ? want / p : std::trunc(want / p);
-              if (get(dt, recv.data(), i) != stored(dt, want)) {
+              if (op == ReduceOp::Avg) w = is_floating(dt) ? w / p : std::trunc(w / p);
+              want[i] = static_cast<float>(w);
+            }
+            // The expected values as stored in dt, read back like the result.
+            std::vector<unsigned char> stored(n * dtype_size(dt));
+            convert(want.data(), DType::F32, stored.data(), dt, n);
+            const std::vector<float> got = as_f32(dt, recv.data(), n), exact = as_f32(dt, stored.data(), n);
+            for (size_t i = 0; i < n; ++i)
+              if (got[i] != exact[i]) {
                 std::fprintf(stderr, "%s %s%s element %zu: %g, expected %g\n", dtype_name(dt), reduce_op_name(op),
-                             inplace ? " in place" : "", i, get(dt, recv.data(), i), want);
+                             inplace ? " in place" : "", i, got[i], exact[i]);
                 return false;
               }
-            }
           }
         }
       }
