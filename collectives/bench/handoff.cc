@@ -39,10 +39,13 @@
 #include <string>
 #include <vector>
 
+#include "collectives/shm/futex.h"
 #include "collectives/shm/yield_policy.h"
 
 namespace {
 
+using tessera::collectives::shm::cpu_relax;
+using tessera::collectives::shm::futex;
 using Clock = std::chrono::steady_clock;
 
 struct alignas(64) Shared {
@@ -59,18 +62,6 @@ struct Mode {
   Kind kind;
   long us;  // window of SpinThenFutex / YieldThenFutex
 };
-
-long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const struct timespec* ts) {
-  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 void ring(Shared* s) {
   if (s->sleepers.load(std::memory_order_seq_cst)) {

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "collectives/host.h"
+#include "collectives/shm/futex.h"
 #include "collectives/shm/yield_policy.h"
 #include "runtime/shm_memory.h"
 
@@ -158,10 +159,6 @@ std::chrono::microseconds env_us(const char* name, long dflt) {
 // CPUs of the host (not this process's affinity: mpirun binds each rank to one).
 int online_cpus() { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
 
-long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const struct timespec* ts) {
-  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
-}
-
 std::string to_hex(const unsigned char* p, size_t n) {
   static const char* d = "0123456789abcdef";
   std::string s;
@@ -170,14 +167,6 @@ std::string to_hex(const unsigned char* p, size_t n) {
     s += d[p[i] & 15];
   }
   return s;
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 class ShmTransport final : public Transport, public SharedMemoryPeers {
