@@ -51,6 +51,22 @@ void int64_strings_to_numbers(nlohmann::ordered_json& j, const google::protobuf:
 }
 }  // namespace
 
+std::optional<ModelConfig> plan_model(const tessera::plan::Plan& plan) {
+  if (!plan.has_model_shape()) return std::nullopt;
+  const auto& s = plan.model_shape();
+  ModelConfig m;
+  m.name = plan.model();
+  m.family = s.family();
+  m.layers = s.layers();
+  m.hidden = s.hidden();
+  m.heads = s.heads();
+  m.kv_heads = s.kv_heads();
+  m.ffn_hidden = s.ffn_hidden();
+  m.vocab = s.vocab();
+  m.max_seq = s.max_seq();
+  return m;
+}
+
 tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& topo, const PlannerOptions& opts,
                                     const RankedPlan& p, bool with_placement) {
   const PlanChoice& c = p.choice;

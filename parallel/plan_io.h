@@ -7,6 +7,7 @@
 // Pure functions; no shared state.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "parallel/planner.h"
@@ -26,6 +27,10 @@ tessera::plan::Plan plan_from_json(const std::string& text, const std::string& s
 // The device mesh a plan describes (tp, pp, dp and rank_order), for training
 // to build its groups with Mesh::tp_group(rank) and friends.
 Mesh plan_mesh(const tessera::plan::Plan& plan);
+
+// The model a plan records (name and sizes, as make_plan_proto writes them);
+// nullopt for a plan written before plans recorded the sizes.
+std::optional<ModelConfig> plan_model(const tessera::plan::Plan& plan);
 
 // Written with write_file_atomic (runtime/files.h): a reader sees the old plan
 // or the new one. InvalidArgument when the file cannot be created (bad path),

@@ -60,17 +60,8 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
 
   // The model.
   parallel::ModelConfig m;
-  if (p.has_model_shape()) {
-    const auto& s = p.model_shape();
-    m.name = p.model();
-    m.family = s.family();
-    m.layers = s.layers();
-    m.hidden = s.hidden();
-    m.heads = s.heads();
-    m.kv_heads = s.kv_heads();
-    m.ffn_hidden = s.ffn_hidden();
-    m.vocab = s.vocab();
-    m.max_seq = s.max_seq();
+  if (auto recorded = parallel::plan_model(p)) {
+    m = *recorded;
   } else {
     try {
       m = parallel::ModelConfig::preset(p.model());

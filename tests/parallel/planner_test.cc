@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <tuple>
 #include <typeinfo>
 
 #include "parallel/plan_io.h"
@@ -245,6 +246,17 @@ TEST(PlanIo, RoundTripAndRejects) {
     EXPECT_NE(json.find(field), std::string::npos) << field;
   tessera::plan::Plan back = plan_from_json(json, "p.json");
   EXPECT_EQ(back.SerializeAsString(), p.SerializeAsString());
+  // The model reads back as written; a plan without sizes has none.
+  const auto model = plan_model(back);
+  ASSERT_TRUE(model.has_value());
+  EXPECT_EQ(model->name, m.name);
+  EXPECT_EQ(model->family, m.family);
+  EXPECT_EQ(std::tie(model->layers, model->hidden, model->heads, model->kv_heads, model->ffn_hidden, model->vocab,
+                     model->max_seq),
+            std::tie(m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab, m.max_seq));
+  tessera::plan::Plan bare = p;
+  bare.clear_model_shape();
+  EXPECT_FALSE(plan_model(bare).has_value());
 
   auto expect_bad = [](const std::string& text, const std::string& needle) {
     try {
