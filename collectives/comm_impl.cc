@@ -302,7 +302,6 @@ class TransportCommunicator final : public Communicator {
 
   void blocking(CollKind kind, const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root) {
     drain();
-    std::lock_guard<std::mutex> lk(exec_mu_);
     execute(kind, send, recv, count, dtype, op, root);
   }
 
@@ -347,9 +346,10 @@ class TransportCommunicator final : public Communicator {
   }
 
   void record(const char* algo, double model) {
-    last_algo_.store(algo);
-    last_model_.store(model);
-    total_model_.store(total_model_.load() + model);
+    // Relaxed: statistics, and seq_cst stores would drain the store buffer.
+    last_algo_.store(algo, std::memory_order_relaxed);
+    last_model_.store(model, std::memory_order_relaxed);
+    total_model_.store(total_model_.load(std::memory_order_relaxed) + model, std::memory_order_relaxed);
     if (options_.device) options_.device->clock().charge_comm(model);
   }
 
@@ -364,11 +364,10 @@ class TransportCommunicator final : public Communicator {
     check_peer(peer, coll, tag);
     check_buf(buf, count, coll);
     drain();
-    std::lock_guard<std::mutex> lk(exec_mu_);
     p2p_locked(is_send, buf, count, dtype, peer, tag);
   }
 
-  // Under exec_mu_ (the calling thread's blocking p2p, or the progress thread's send_async).
+  // On the calling thread once drained, or on the progress thread (send_async).
   void p2p_locked(bool is_send, void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
     const char* coll = is_send ? "send" : "recv";
     guarded(coll, [&] {
@@ -401,7 +400,7 @@ class TransportCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lk(q_mu_);
       if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
       queue_.push_back(Task{kind, send, recv, count, dtype, op, w, peer, tag});
-      ++pending_;
+      pending_.fetch_add(1, std::memory_order_relaxed);
     }
     q_cv_.notify_all();
     return w;
@@ -426,12 +425,11 @@ class TransportCommunicator final : public Communicator {
             AbortedError(where(t.peer >= 0 ? "send" : coll_kind_name(t.kind)) + ": communicator destroyed"));
       } else {
         try {
-          std::lock_guard<std::mutex> lk(exec_mu_);
           if (t.peer >= 0)
             p2p_locked(true, const_cast<void*>(t.send), t.count, t.dtype, t.peer, t.tag);
           else
             execute(t.kind, t.send, t.recv, t.count, t.dtype, t.op, 0);
-          modeled = last_model_.load();  // this call's: recorded under exec_mu_
+          modeled = last_model_.load(std::memory_order_relaxed);  // this call's (this thread recorded it)
         } catch (...) {
           err = std::current_exception();
         }
@@ -439,7 +437,7 @@ class TransportCommunicator final : public Communicator {
       t.work->finish(err, modeled);
       {
         std::lock_guard<std::mutex> lk(q_mu_);
-        --pending_;
+        pending_.fetch_sub(1, std::memory_order_release);
       }
       q_cv_.notify_all();
     }
@@ -447,9 +445,9 @@ class TransportCommunicator final : public Communicator {
 
   // Blocking calls run after every async call issued before them.
   void drain() {
+    if (pending_.load(std::memory_order_acquire) == 0) return;  // no lock: the common case
     std::unique_lock<std::mutex> lk(q_mu_);
-    if (pending_ == 0) return;
-    q_cv_.wait(lk, [&] { return pending_ == 0; });
+    q_cv_.wait(lk, [&] { return pending_.load(std::memory_order_acquire) == 0; });
   }
 
   std::shared_ptr<Store> store_;
@@ -463,7 +461,6 @@ class TransportCommunicator final : public Communicator {
   bool multi_dim_ = false;
   HostLevels hosts_;
 
-  std::mutex exec_mu_;  // one collective at a time on the transport
   uint32_t seq_ = 0;
   int split_seq_ = 0;
   Workspace ws_, wide_in_, wide_out_;
@@ -482,7 +479,12 @@ class TransportCommunicator final : public Communicator {
   std::mutex q_mu_;
   std::condition_variable q_cv_;
   std::deque<Task> queue_;
-  int pending_ = 0;
+  // Async calls submitted and not finished. Only the calling thread submits
+  // (docs/threads.md), so once it reads 0 here the progress thread is idle
+  // until its next submit: calls on the transport never overlap, with no
+  // lock per call (a locked instruction would wait for the stores of the
+  // previous call's messages to leave the store buffer).
+  std::atomic<int> pending_{0};
   bool stop_ = false;
   std::thread progress_;
 };

@@ -3,7 +3,8 @@
 // Each rank owns one segment per communicator (a memfd, so nothing can be
 // left in /dev/shm), created, pre-faulted and published once; the peers map
 // it through /proc/<pid>/fd. The endpoint published in the store is
-// "PID FD BYTES TOKEN HOSTKEY NAME": a peer whose HOSTKEY (collectives/host.h)
+// "PID FD BYTES TOKEN FENCES HOSTKEY NAME" (FENCES: 1 if the rank has
+// asymmetric fences, futex.h): a peer whose HOSTKEY (collectives/host.h)
 // differs is refused without touching /proc, and a mapped segment whose
 // header does not hold TOKEN (128 random bits) is not the peer's. A segment
 // holds:
@@ -59,15 +60,62 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kSlots = 16;
 constexpr size_t kReasonBytes = 256;
 
+// A slot's first cache line, the only state a channel has (no head or tail
+// counters, after FastForward): the sender writes the header and the
+// payload, then stores `seq` (the fragment's index in the channel + 1, mod
+// 2^32) last, and writes slot i only once its previous occupant, i - kSlots,
+// is `freed` (that index + 1). The receiver polls `seq` of the slot it
+// expects next and stores `freed` once it has consumed it. A fragment that
+// fits inline (kInlineFrag bytes, in the header's own line) thus moves one
+// cache line to the receiver and back per message.
 struct SlotHeader {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> freed;
   uint32_t tag;
   uint32_t first;  // 1 on a message's first fragment
   uint64_t msg_bytes;
   uint64_t frag_bytes;
-  uint64_t pad;
 };
-constexpr size_t kSlotHeader = 64;  // keep payloads cache-line aligned
+constexpr size_t kSlotHeader = 64;  // larger payloads start cache-line aligned
 static_assert(sizeof(SlotHeader) <= kSlotHeader);
+constexpr size_t kInlineFrag = kSlotHeader - sizeof(SlotHeader);
+char* frag_data(char* slot, size_t frag) { return slot + (frag <= kInlineFrag ? sizeof(SlotHeader) : kSlotHeader); }
+
+// Messages of at most kBoxMaxBytes go through a channel's box instead of its
+// slots (after the fast boxes of OpenMPI's vader BTL): a byte ring of
+// kBoxBytes in the owner's segment holding packed records, 16-byte header
+// then the payload rounded up to 16, so two 8-byte messages share a cache
+// line and a sender runs up to kBoxBytes / 32 messages ahead of its
+// receiver. The owner polls `seq` of the record at its read offset and,
+// once it has consumed it, stores the offset in `read`, which the sender
+// re-reads only when its cached copy says the box is full. Each record's
+// writer also zeroes the `seq` word just past it, so the owner never takes
+// stale bytes of an older lap for a record. A record that would cross the
+// box's end is written at its start and announced by a skip record at the
+// old offset. Both sides know a message's size, so each takes it from the
+// box or the slots alike; each is FIFO.
+constexpr size_t kBoxBytes = 8192;
+constexpr size_t kBoxAlign = 16;
+constexpr size_t kBoxMaxBytes = 256;
+struct BoxRecord {
+  std::atomic<uint32_t> seq;  // box_mark(index); 0: nothing yet
+  uint32_t tag;
+  uint32_t bytes;
+  uint32_t skip;  // 1: the record is at the box's start
+};
+static_assert(sizeof(BoxRecord) == kBoxAlign && kBoxBytes % kBoxAlign == 0);
+constexpr size_t box_record_bytes(size_t bytes) {
+  return sizeof(BoxRecord) + (bytes + kBoxAlign - 1) / kBoxAlign * kBoxAlign;
+}
+// Never 0, which marks "nothing yet".
+uint32_t box_mark(uint64_t index) { return static_cast<uint32_t>(index % 0xffffffffu) + 1; }
+struct alignas(64) BoxCtl {
+  std::atomic<uint64_t> read;  // bytes the owner consumed, skips included
+};
+struct alignas(64) Box {
+  BoxCtl ctl;
+  alignas(64) char ring[kBoxBytes];
+};
 
 constexpr size_t kTokenBytes = 16;
 
@@ -119,19 +167,10 @@ struct alignas(64) PubBlock {
   PubSlot slots[2];
 };
 
-// Inbound channel control, indexed by the sending peer. head: written by the
-// sender (slots produced); tail: written by the owner (slots consumed).
-struct alignas(64) ChannelCtl {
-  std::atomic<uint64_t> head;
-  char pad0[56];
-  std::atomic<uint64_t> tail;
-  char pad1[56];
-};
-
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
 
 struct Layout {
-  size_t slot_payload = 0, slot_bytes = 0, control = 0, pub = 0, chan_ctl = 0, chan_data = 0, total = 0;
+  size_t slot_payload = 0, slot_bytes = 0, control = 0, pub = 0, boxes = 0, chan_data = 0, total = 0;
   Layout(int p) {
     // Per-peer inbound budget: ~4 MiB split among the peers, 32 KiB..512 KiB slots.
     size_t per_peer = (size_t{4} << 20) / static_cast<size_t>(std::max(1, p - 1));
@@ -141,8 +180,8 @@ struct Layout {
     slot_bytes = payload + kSlotHeader;
     control = 0;
     pub = sizeof(Control);
-    chan_ctl = pub + sizeof(PubBlock);
-    chan_data = chan_ctl + sizeof(ChannelCtl) * static_cast<size_t>(p);
+    boxes = pub + sizeof(PubBlock);
+    chan_data = boxes + sizeof(Box) * static_cast<size_t>(p);
     total = chan_data + slot_bytes * kSlots * static_cast<size_t>(p);
   }
 };
@@ -184,7 +223,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     TESSERA_CHECK(static_cast<int>(labels_.size()) == size_, "shm transport: ", labels_.size(), " labels for ", size_,
                   " ranks");
     own_ = ShmSegment::create(layout_.total, "comm-" + options.name, /*prefault=*/true);
-    std::memset(own_->data(), 0, sizeof(Control) + sizeof(PubBlock) + sizeof(ChannelCtl) * size_);
+    std::memset(own_->data(), 0, sizeof(Control) + sizeof(PubBlock));  // slots: a new memfd reads as zeros
     unsigned char token[kTokenBytes];
     {
       std::random_device rd;
@@ -195,10 +234,11 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     }
     std::memcpy(ctl(rank_, own_->data())->token, token, kTokenBytes);
     const HostIdentity host = this_host();
+    const int fences = asymmetric_fences() ? 1 : 0;  // registers this process first
     {
       std::ostringstream os;
-      os << ::getpid() << ' ' << own_->fd() << ' ' << own_->size() << ' ' << to_hex(token, kTokenBytes) << ' '
-         << host.key << ' ' << host.name;
+      os << ::getpid() << ' ' << own_->fd() << ' ' << own_->size() << ' ' << to_hex(token, kTokenBytes) << ' ' << fences
+         << ' ' << host.key << ' ' << host.name;
       store->set("shm/" + std::to_string(rank_), os.str());
     }
     // Every endpoint first, and every host checked, before anything is
@@ -208,6 +248,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       int pid = 0, fd = -1;
       size_t bytes = 0;
       std::string token;
+      int fences = 0;
     };
     std::vector<Endpoint> eps(size_);
     for (int j = 0; j < size_; ++j) {
@@ -222,7 +263,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       }
       std::istringstream is(v);
       std::string peer_key, peer_name;
-      is >> eps[j].pid >> eps[j].fd >> eps[j].bytes >> eps[j].token >> peer_key;
+      is >> eps[j].pid >> eps[j].fd >> eps[j].bytes >> eps[j].token >> eps[j].fences >> peer_key;
       std::getline(is >> std::ws, peer_name);
       TESSERA_CHECK(is && eps[j].bytes >= layout_.total, "bad shm endpoint '", v, "' from rank ", label(j));
       if (peer_key != host.key)
@@ -231,6 +272,11 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
                                  "', not on this host '" + host.name +
                                  "'; shared memory cannot reach another host (use the tcp transport)");
     }
+    // Light fences only if every rank has them (a sleeper without membarrier
+    // could miss a light store).
+    light_ = fences == 1;
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_ && eps[j].fences != 1) light_ = false;
     segs_.resize(size_);
     pids_.resize(size_, 0);
     pidfds_.resize(size_, -1);
@@ -261,6 +307,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
                                  "'s (its token differs from the one rank " + label(j) + " published)");
     }
     send_head_.assign(size_, 0);
+    for (auto* v : {&box_written_, &box_freed_, &box_read_, &box_sent_, &box_received_}) v->assign(size_, 0);
     recv_tail_.assign(size_, 0);
     peer_ptrs_.assign(static_cast<size_t>(size_) * kMaxBuffers, nullptr);
     peer_inline_.assign(size_, nullptr);
@@ -285,7 +332,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     check_peer(peer);
     SendState s{peer, tag, static_cast<const char*>(buf), bytes, 0, false};
     while (!s.done) {
-      if (!progress_send(s)) wait_until([&] { return can_send(peer); }, peer, brief(bytes));
+      if (!progress_send(s)) wait_until([&] { return can_send(peer, bytes); }, peer, brief(bytes));
     }
   }
 
@@ -437,10 +484,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   static Control* ctl(int, void* seg) { return static_cast<Control*>(seg); }
   std::string label(int j) const { return std::to_string(labels_[j]); }
   PubBlock* pub(int j) const { return reinterpret_cast<PubBlock*>(static_cast<char*>(segs_[j]) + layout_.pub); }
-  // Channel in `owner`'s segment carrying messages from `sender`.
-  ChannelCtl* chan(int owner, int sender) const {
-    return reinterpret_cast<ChannelCtl*>(static_cast<char*>(segs_[owner]) + layout_.chan_ctl) + sender;
-  }
+  // Slot `index` of the channel in `owner`'s segment carrying messages from `sender`.
   char* slot(int owner, int sender, uint64_t index) const {
     return static_cast<char*>(segs_[owner]) + layout_.chan_data +
            (static_cast<size_t>(sender) * kSlots + index % kSlots) * layout_.slot_bytes;
@@ -451,7 +495,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
                       " of ", size_);
   }
 
-  // Called after a seq_cst store of the state a sleeper on `b` may wait for.
+  // Called after a store of the state a sleeper on `b` may wait for: a
+  // seq_cst store, or for a doorbell with light_, a release store (futex.h).
   // Dekker-style with the waiter (which increments `sleepers` and then
   // re-checks its state): either we see it asleep and wake it, or it sees
   // our state change; so a busy peer costs only this load.
@@ -470,26 +515,118 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     ring_bell(group_ctl()->round_bell);
   }
 
-  bool can_send(int peer) const {
-    return send_head_[peer] - chan(peer, rank_)->tail.load(std::memory_order_acquire) < kSlots;
+  static SlotHeader* header(char* slot) { return reinterpret_cast<SlotHeader*>(slot); }
+  static uint32_t mark(uint64_t index) { return static_cast<uint32_t>(index + 1); }
+  bool can_send(int peer, size_t bytes) {
+    if (bytes <= kBoxMaxBytes) return box_fits(peer, bytes);
+    const uint64_t i = send_head_[peer];
+    return i < kSlots || header(slot(peer, rank_, i))->freed.load(std::memory_order_acquire) == mark(i - kSlots);
   }
-  bool can_recv(int peer) const { return chan(rank_, peer)->head.load(std::memory_order_acquire) > recv_tail_[peer]; }
+  bool can_recv(int peer, size_t bytes) const {
+    if (bytes <= kBoxMaxBytes)
+      return record(box(rank_, peer), box_read_[peer] % kBoxBytes)->seq.load(std::memory_order_acquire) ==
+             box_mark(box_received_[peer]);
+    const uint64_t i = recv_tail_[peer];
+    return header(slot(rank_, peer, i))->seq.load(std::memory_order_acquire) == mark(i);
+  }
+
+  // ---- boxes (messages of at most kBoxMaxBytes) ----
+  // The box in `owner`'s segment carrying messages from `sender`.
+  Box* box(int owner, int sender) const {
+    return reinterpret_cast<Box*>(static_cast<char*>(segs_[owner]) + layout_.boxes) + sender;
+  }
+  static BoxRecord* record(Box* b, size_t pos) { return reinterpret_cast<BoxRecord*>(b->ring + pos); }
+  static char* payload(BoxRecord* r) { return reinterpret_cast<char*>(r) + sizeof(BoxRecord); }
+  // Bytes a message of `bytes` takes at write offset `w`: the skip to the
+  // box's start if it would cross the end, the record, and the next
+  // record's header, which the writer zeroes.
+  static size_t box_need(uint64_t w, size_t bytes) {
+    const size_t pos = w % kBoxBytes, rec = box_record_bytes(bytes);
+    return (pos + rec > kBoxBytes ? kBoxBytes - pos : 0) + rec + sizeof(BoxRecord);
+  }
+  bool box_fits(int peer, size_t bytes) {
+    const uint64_t w = box_written_[peer], need = box_need(w, bytes);
+    if (w + need - box_freed_[peer] <= kBoxBytes) return true;
+    box_freed_[peer] = box(peer, rank_)->ctl.read.load(std::memory_order_acquire);
+    return w + need - box_freed_[peer] <= kBoxBytes;
+  }
+  // Posts one message; box_fits() said it fits.
+  void box_send(int peer, uint32_t tag, const void* buf, size_t bytes) {
+    Box* b = box(peer, rank_);
+    const uint64_t w = box_written_[peer];
+    const size_t pos = w % kBoxBytes, rec = box_record_bytes(bytes);
+    const bool wrap = pos + rec > kBoxBytes;
+    const size_t at = wrap ? 0 : pos;
+    BoxRecord* r = record(b, at);
+    r->tag = tag;
+    r->bytes = static_cast<uint32_t>(bytes);
+    r->skip = 0;
+    if (bytes) std::memcpy(payload(r), buf, bytes);
+    record(b, (at + rec) % kBoxBytes)->seq.store(0, std::memory_order_relaxed);
+    const uint32_t m = box_mark(box_sent_[peer]++);
+    if (wrap) {
+      // The record first, then the skip that leads the owner to it.
+      r->seq.store(m, std::memory_order_release);
+      BoxRecord* skip = record(b, pos);
+      skip->tag = tag;
+      skip->bytes = static_cast<uint32_t>(bytes);
+      skip->skip = 1;
+      store_change(skip->seq, m);
+    } else {
+      store_change(r->seq, m);
+    }
+    box_written_[peer] = w + (wrap ? kBoxBytes - pos : 0) + rec;
+    ring(peer);
+  }
+  // Takes the message can_recv() saw.
+  void box_recv(RecvState& rs, RecvSink& sink) {
+    const int peer = rs.peer;
+    Box* b = box(rank_, peer);
+    uint64_t& rd = box_read_[peer];
+    size_t pos = rd % kBoxBytes;
+    const size_t rec = box_record_bytes(rs.bytes);
+    BoxRecord* r = record(b, pos);
+    const bool wrap = pos + rec > kBoxBytes;
+    if (r->skip && wrap && r->tag == rs.tag && r->bytes == rs.bytes) {
+      rd += kBoxBytes - pos;
+      pos = 0;
+      r = record(b, 0);
+    }
+    if (r->tag != rs.tag || r->bytes != rs.bytes || r->skip || pos + rec > kBoxBytes ||
+        r->seq.load(std::memory_order_acquire) != box_mark(box_received_[peer]))
+      fail(TransportError::Kind::Protocol, peer,
+           detail::concat("protocol mismatch receiving from rank ", label(peer), ": expected tag ", rs.tag, " and ",
+                          rs.bytes, " bytes, got tag ", r->tag, " and ", r->bytes, " bytes",
+                          r->skip ? " (a skip record)" : ""));
+    sink.consume(0, payload(r), rs.bytes);
+    rd += rec;
+    ++box_received_[peer];
+    store_change(b->ctl.read, rd);
+    ring(peer);
+    rs.done = true;
+  }
 
   // Writes as many fragments as there are free slots; true if any was written.
   bool progress_send(SendState& s) {
+    if (s.bytes <= kBoxMaxBytes) {
+      if (!box_fits(s.peer, s.bytes)) return false;
+      box_send(s.peer, s.tag, s.buf, s.bytes);
+      s.done = true;
+      return true;
+    }
     bool any = false;
-    while (!s.done && can_send(s.peer)) {
+    while (!s.done && can_send(s.peer, s.bytes)) {
       char* sl = slot(s.peer, rank_, send_head_[s.peer]);
-      auto* h = reinterpret_cast<SlotHeader*>(sl);
+      SlotHeader* h = header(sl);
       const size_t frag = std::min(layout_.slot_payload, s.bytes - s.off);
       h->tag = s.tag;
       h->first = (s.off == 0);
       h->msg_bytes = s.bytes;
       h->frag_bytes = frag;
-      if (frag) std::memcpy(sl + kSlotHeader, s.buf + s.off, frag);
+      if (frag) std::memcpy(frag_data(sl, frag), s.buf + s.off, frag);
       s.off += frag;
       s.done = (s.off == s.bytes);
-      chan(s.peer, rank_)->head.store(++send_head_[s.peer], std::memory_order_seq_cst);
+      store_change(h->seq, mark(send_head_[s.peer]++));
       ring(s.peer);
       any = true;
     }
@@ -497,19 +634,26 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   }
 
   bool progress_recv(RecvState& r, RecvSink& sink) {
+    if (r.bytes <= kBoxMaxBytes) {
+      if (!can_recv(r.peer, r.bytes)) return false;
+      box_recv(r, sink);
+      return true;
+    }
     bool any = false;
-    while (!r.done && can_recv(r.peer)) {
+    while (!r.done && can_recv(r.peer, r.bytes)) {
       char* sl = slot(rank_, r.peer, recv_tail_[r.peer]);
-      const auto* h = reinterpret_cast<const SlotHeader*>(sl);
-      if (h->tag != r.tag || h->msg_bytes != r.bytes || (h->first != 0) != (r.off == 0)) {
+      const SlotHeader* h = header(sl);
+      if (h->tag != r.tag || h->msg_bytes != r.bytes || (h->first != 0) != (r.off == 0) ||
+          h->frag_bytes > std::min(layout_.slot_payload, r.bytes - r.off) || (h->frag_bytes == 0 && r.bytes != 0)) {
         fail(TransportError::Kind::Protocol, r.peer,
              detail::concat("protocol mismatch receiving from rank ", label(r.peer), ": expected tag ", r.tag, " and ",
-                            r.bytes, " bytes, got tag ", h->tag, " and ", h->msg_bytes, " bytes"));
+                            r.bytes, " bytes, got tag ", h->tag, " and ", h->msg_bytes, " bytes (a fragment of ",
+                            h->frag_bytes, " at offset ", r.off, ")"));
       }
-      sink.consume(r.off, sl + kSlotHeader, h->frag_bytes);
+      sink.consume(r.off, frag_data(sl, h->frag_bytes), h->frag_bytes);
       r.off += h->frag_bytes;
       r.done = (r.off == r.bytes);
-      chan(rank_, r.peer)->tail.store(++recv_tail_[r.peer], std::memory_order_seq_cst);
+      store_change(header(sl)->freed, mark(recv_tail_[r.peer]++));
       ring(r.peer);
       any = true;
     }
@@ -528,7 +672,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       bool b = !r.done && progress_recv(r, sink);
       if (a || b) continue;
       int blame = !r.done ? from : to;
-      wait_until([&] { return (!s.done && can_send(to)) || (!r.done && can_recv(from)); }, blame,
+      wait_until([&] { return (!s.done && can_send(to, sbytes)) || (!r.done && can_recv(from, rbytes)); }, blame,
                  brief(std::max(sbytes, rbytes)));
     }
   }
@@ -621,7 +765,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   // a publish round without buffers, so it usually ends within microseconds.
   template <typename Ready>
   void wait_until(Ready ready, int peer, bool brief, const int* peer_ref = nullptr, Bell* bell = nullptr) {
-    if (!bell) bell = &ctl(rank_)->doorbell;
+    const bool doorbell = bell == nullptr;
+    if (doorbell) bell = &ctl(rank_)->doorbell;
     for (int i = 0; i < polls_; ++i) {
       if (ready()) return;
       cpu_relax();
@@ -656,6 +801,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     for (;;) {
       const uint32_t word = bell->word.load(std::memory_order_seq_cst);
       bell->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (doorbell && light_) heavy_barrier();  // the peers' changes are light (futex.h)
       if (ready()) {
         bell->sleepers.fetch_sub(1, std::memory_order_relaxed);
         return;
@@ -709,6 +855,18 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   // buffers, yields for up to 200 us before it sleeps: a publish round of
   // yielding ranks took half the time of sleeping ones.
   const bool oversubscribed_ = size_ > online_cpus();
+  // Point-to-point changes (a message posted, a slot or box space freed) are
+  // stored with light fences when every rank of the group has them
+  // (asymmetric_fences() in futex.h); set in the constructor.
+  bool light_ = false;
+  // Stores such a change (constant orders: GCC makes any run-time order seq_cst).
+  template <typename T>
+  void store_change(std::atomic<T>& a, T v) const {
+    if (light_)
+      a.store(v, std::memory_order_release);
+    else
+      a.store(v, std::memory_order_seq_cst);
+  }
   const int polls_ = oversubscribed_ ? 4 : 64;
   const std::chrono::microseconds spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed_ ? 0 : 50);
   const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 200 : 2000);
@@ -732,7 +890,10 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   std::vector<std::unique_ptr<ShmSegment>> peer_segs_;
   std::vector<void*> segs_;
   std::vector<int> pids_, pidfds_;
-  std::vector<uint64_t> send_head_, recv_tail_;
+  std::vector<uint64_t> send_head_, recv_tail_;  // fragments sent to / received from each peer
+  // Boxes, per peer: bytes written and the owner's read offset last seen;
+  // bytes read; messages sent and received.
+  std::vector<uint64_t> box_written_, box_freed_, box_read_, box_sent_, box_received_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> marked_{false};
   mutable std::mutex abort_mu_;

@@ -6,10 +6,13 @@
 // uses inputs that only an f32 accumulation sums right. Send buffers are
 // checked bit for bit after every out-of-place call.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "runtime/device.h"
@@ -418,6 +421,68 @@ TEST_P(FlatBroadcast, BackToBackFromEveryRoot) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, FlatBroadcast, ::testing::Values(2, 3, 8),
+                         [](const auto& info) { return "p" + std::to_string(info.param); });
+
+// ---------------------------------------------------------------- channels
+// Messages of at most 256 bytes go through a channel's box (packed records
+// in a byte ring that wraps every 8 KiB), larger ones through its slots; both
+// sides pick by size, and each is FIFO. Every rank sends a stream to the next
+// and receives one from the previous, at once, mixing sizes on both sides of
+// the limit and 0 bytes, 3000 messages (the box wraps many times, with skip
+// records), each of its own bytes, so a stale record of an older lap or a
+// mixed-up order is caught. First, a receiver that starts 50 ms late makes
+// its sender fill the box and sleep; the receiver's takes must wake it.
+class Channels : public ::testing::TestWithParam<int> {};
+
+TEST_P(Channels, SmallAndLargeMessagesInterleavedInOrder) {
+  auto res = run_ranks(GetParam(), [](int rank, int size, const std::shared_ptr<Store>& store) {
+    CommOptions o;
+    o.name = "chan";
+    auto c = Communicator::create(store, rank, size, o);
+    // Counts of 2-byte elements: 0 to 4000 bytes, 254, 256 and 258 among them.
+    const size_t counts[] = {0, 1, 3, 4, 8, 15, 16, 17, 50, 64, 100, 127, 128, 129, 2000, 4, 128, 1};
+    const int to = (rank + 1) % size, from = (rank + size - 1) % size;
+    auto byte_of = [](int sender, int msg, size_t i) {
+      return static_cast<unsigned char>((static_cast<size_t>(sender) * 131 + static_cast<size_t>(msg) * 7 + i) % 251);
+    };
+    std::vector<unsigned char> out(4001), in(4001);
+    // Rank 0 streams 1000 8-byte messages to rank 1, which starts late: the
+    // box (8 KiB, 32 bytes a record) fills, rank 0 sleeps on it, and rank
+    // 1's takes must wake it.
+    for (int m = 0; m < 1000; ++m) {
+      if (rank == 0) {
+        for (size_t i = 0; i < 8; ++i) out[i] = byte_of(0, m, i);
+        c->send(out.data(), 4, DType::BF16, 1, 7);
+      } else if (rank == 1) {
+        if (m == 0) usleep(50000);
+        c->recv(in.data(), 4, DType::BF16, 0, 7);
+        for (size_t i = 0; i < 8; ++i) COLL_REQUIRE(in[i] == byte_of(0, m, i), "streamed message ", m, " byte ", i);
+      }
+    }
+    const int n = 3000;
+    for (int m = 0; m < n; ++m) {
+      const size_t count = counts[static_cast<size_t>(m) % std::size(counts)], bytes = 2 * count;
+      for (size_t i = 0; i < bytes; ++i) out[i] = byte_of(rank, m, i);
+      std::fill(in.begin(), in.end(), 0xEE);
+      const uint32_t tag = static_cast<uint32_t>(m % 5);
+      // Even ranks send first, odd ranks receive first: both orders in one run.
+      if (rank % 2 == 0) {
+        c->send(out.data(), count, DType::BF16, to, tag);
+        c->recv(in.data(), count, DType::BF16, from, tag);
+      } else {
+        c->recv(in.data(), count, DType::BF16, from, tag);
+        c->send(out.data(), count, DType::BF16, to, tag);
+      }
+      for (size_t i = 0; i < bytes; ++i)
+        COLL_REQUIRE(in[i] == byte_of(from, m, i), "message ", m, " (", bytes, " B) byte ", i, ": got ",
+                     static_cast<int>(in[i]), ", want ", static_cast<int>(byte_of(from, m, i)));
+      COLL_REQUIRE(in[bytes] == 0xEE, "message ", m, " (", bytes, " B) wrote past its end");
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, Channels, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "p" + std::to_string(info.param); });
 
 // ---------------------------------------------------------------- 16-bit accumulation
