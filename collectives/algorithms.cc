@@ -34,6 +34,8 @@ const char* coll_kind_name(CollKind k) {
   return "?";
 }
 
+double Algorithm::predict(const GroupCostModel&, CollKind, size_t, size_t) const { return -1; }
+
 LinkCosts::LinkCosts(const NetModel& net, const std::vector<int>& nodes) : p_(static_cast<int>(nodes.size())) {
   lat_.assign(nodes.size() * nodes.size(), 0.0);
   bw_.assign(nodes.size() * nodes.size(), 0.0);
@@ -167,6 +169,12 @@ inline Range part(size_t n, int parts, int i) {
 
 inline int mod(int a, int m) { return ((a % m) + m) % m; }
 
+std::vector<int> members_in_order(int p) {
+  std::vector<int> v(static_cast<size_t>(p));
+  for (int i = 0; i < p; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
 // Reduces each arriving fragment into dst = src op fragment.
 class ReduceSink final : public RecvSink {
  public:
@@ -239,6 +247,14 @@ const int* identity_members() {
 class RingAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "ring"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+    const std::vector<int> all = members_in_order(g.size);
+    if (kind == CollKind::AllReduce)
+      return 2 * ring_phase_seconds(g.links, all.data(), g.size, static_cast<double>(part(count, g.size, 0).len * es));
+    if (kind == CollKind::ReduceScatter || kind == CollKind::AllGather)
+      return ring_phase_seconds(g.links, all.data(), g.size, static_cast<double>(count * es));
+    return -1;
+  }
   bool run(AlgoContext& c, const CollCall& k) override {
     const int p = c.size, r = c.rank;
     const size_t es = dtype_size(k.dtype);
@@ -515,6 +531,9 @@ class HierRdAlgorithm final : public Algorithm {
 class RhdAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "rhd"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+    return kind == CollKind::AllReduce ? rhd_all_reduce_seconds(g.links, g.size, count, es) : -1;
+  }
   bool run(AlgoContext& c, const CollCall& k) override {
     if (k.kind != CollKind::AllReduce) return false;
     const int p = c.size, r = c.rank;
@@ -596,6 +615,20 @@ class RhdAlgorithm final : public Algorithm {
 class TorusAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "torus"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+    const TorusShape& ts = g.torus;
+    if (!ts.valid || std::any_of(ts.extent.begin(), ts.extent.end(), [](int e) { return e > 64; })) return -1;
+    if (g.size == 1) return 0;
+    if (kind == CollKind::AllReduce) {
+      // The larger half, on rings in one direction (the other runs at once).
+      const double blk = static_cast<double>(part((count + 1) / 2, g.size, 0).len * es);
+      return torus_reduce_scatter_seconds(g, blk) + torus_all_gather_seconds(g, blk);
+    }
+    if (!ts.identity) return -1;
+    if (kind == CollKind::ReduceScatter) return torus_reduce_scatter_seconds(g, static_cast<double>(count * es));
+    if (kind == CollKind::AllGather) return torus_all_gather_seconds(g, static_cast<double>(count * es));
+    return -1;
+  }
   bool run(AlgoContext& c, const CollCall& k) override {
     const TorusShape& ts = *c.torus;
     if (!ts.valid || c.size > kMaxRanks) return false;
@@ -728,6 +761,23 @@ class TorusAlgorithm final : public Algorithm {
 class DirectAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "direct"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+    const int p = g.size;
+    const double b = static_cast<double>(count * es);
+    if (!g.shared_memory) return -1;
+    if (kind == CollKind::Barrier) return 0;
+    if (p == 1 || p > 64) return -1;
+    if (kind == CollKind::AllReduce)
+      return 2 * gather_from_peers_seconds(g.links, p, static_cast<double>(part(count, p, 0).len * es));
+    if (kind == CollKind::AllGather || kind == CollKind::ReduceScatter) return gather_from_peers_seconds(g.links, p, b);
+    if (kind == CollKind::Broadcast) {
+      if (count * es <= direct_broadcast_min_bytes(p)) return -1;
+      double worst = 0;
+      for (int a = 0; a < p; ++a) worst = std::max(worst, g.links.time(0, a, b));
+      return worst;
+    }
+    return -1;
+  }
   bool run(AlgoContext& c, const CollCall& k) override {
     SharedMemoryPeers* shm = c.transport->shared_memory();
     if (!shm) return false;
@@ -863,6 +913,22 @@ class DirectAlgorithm final : public Algorithm {
 class OneshotAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "oneshot"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+    const int p = g.size;
+    const size_t bytes = count * es;
+    const double b = static_cast<double>(bytes);
+    const size_t published = kind == CollKind::ReduceScatter ? bytes * static_cast<size_t>(p) : bytes;
+    if (!g.shared_memory || published > SharedMemoryPeers::kInlineBytes) return -1;
+    if (kind != CollKind::Broadcast && bytes > oneshot_max_bytes(p)) return -1;
+    if (kind == CollKind::AllReduce || kind == CollKind::AllGather || kind == CollKind::ReduceScatter)
+      return p == 1 ? 0.0 : gather_from_peers_seconds(g.links, p, b);
+    if (kind == CollKind::Broadcast) {
+      double worst = 0;
+      for (int a = 1; a < p; ++a) worst = std::max(worst, g.links.time(0, a, b));
+      return worst;
+    }
+    return -1;
+  }
   bool run(AlgoContext& c, const CollCall& k) override {
     SharedMemoryPeers* shm = c.transport->shared_memory();
     if (!shm) return false;
@@ -917,6 +983,10 @@ class OneshotAlgorithm final : public Algorithm {
 class TreeAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "tree"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+    if (kind != CollKind::Broadcast && kind != CollKind::Reduce) return -1;
+    return tree_seconds(g.links, g.size, 0, static_cast<double>(count * es));
+  }
   bool run(AlgoContext& c, const CollCall& k) override {
     const int p = c.size, r = c.rank;
     const size_t es = dtype_size(k.dtype), bytes = k.count * es;
@@ -969,6 +1039,12 @@ class TreeAlgorithm final : public Algorithm {
 class FlatAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "flat"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+    if (!g.shared_memory || kind != CollKind::Broadcast) return -1;
+    double t = 0;  // the root writes to each peer in turn
+    for (int a = 1; a < g.size; ++a) t += g.links.time(0, a, static_cast<double>(count * es));
+    return t;
+  }
   bool run(AlgoContext& c, const CollCall& k) override {
     if (k.kind != CollKind::Broadcast || !c.transport->shared_memory()) return false;
     const int p = c.size, r = c.rank;
@@ -993,6 +1069,17 @@ class FlatAlgorithm final : public Algorithm {
 class PairwiseAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "pairwise"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+    if (kind != CollKind::AllToAll) return -1;
+    const int p = g.size;
+    double t = 0;
+    for (int s = 1; s < p; ++s) {
+      double w = 0;
+      for (int a = 0; a < p; ++a) w = std::max(w, g.links.time(a, (a + s) % p, static_cast<double>(count * es)));
+      t += w;
+    }
+    return t;
+  }
   bool run(AlgoContext& c, const CollCall& k) override {
     if (k.kind != CollKind::AllToAll) return false;
     const int p = c.size, r = c.rank;
@@ -1022,6 +1109,17 @@ class PairwiseAlgorithm final : public Algorithm {
 class DisseminationAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "dissemination"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t, size_t) const override {
+    if (kind != CollKind::Barrier) return -1;
+    const int p = g.size;
+    double t = 0;
+    for (int d = 1; d < p; d <<= 1) {
+      double w = 0;
+      for (int a = 0; a < p; ++a) w = std::max(w, g.links.time(a, (a + d) % p, 0));
+      t += w;
+    }
+    return t;
+  }
   bool run(AlgoContext& c, const CollCall& k) override {
     if (k.kind != CollKind::Barrier) return false;
     const int p = c.size, r = c.rank;

@@ -109,12 +109,20 @@ struct AlgoContext {
   double model = 0;  // modeled seconds charged by the schedule
 };
 
+struct GroupCostModel;  // coll_cost.h
+
 class Algorithm {
  public:
   virtual ~Algorithm() = default;
   virtual const char* name() const = 0;
   // Serves the call or returns false (declined) without side effects.
   virtual bool run(AlgoContext& ctx, const CollCall& call) = 0;
+  // The seconds run() charges for `count` elements of `elem` bytes each (as
+  // run() gets them: bf16/f16 reductions widened) over a group on one host
+  // described by `g`, or a negative value where run() would decline; next
+  // to run() so the two keep the same rules (coll_cost.h predict()). The
+  // default: never predicted (the multi-host algorithms).
+  virtual double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t elem) const;
 };
 
 // The registry. Fills `out` (room for kMaxCandidates) with the algorithms

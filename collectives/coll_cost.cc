@@ -39,10 +39,9 @@ std::vector<int> torus_line(const TorusShape& ts, int i) {
   return m;
 }
 
-// The torus algorithm's schedule (TorusAlgorithm in algorithms.cc) as seen
-// from group rank 0: reduce-scatter from the slowest dim to the fastest,
-// all-gather back; `block` bytes per linear block.
-double torus_reduce_scatter(const GroupCostModel& g, double block) {
+}  // namespace
+
+double torus_reduce_scatter_seconds(const GroupCostModel& g, double block) {
   const TorusShape& ts = g.torus;
   double t = 0;
   int glo = 0, ghi = g.size;
@@ -55,7 +54,7 @@ double torus_reduce_scatter(const GroupCostModel& g, double block) {
   }
   return t;
 }
-double torus_all_gather(const GroupCostModel& g, double block) {
+double torus_all_gather_seconds(const GroupCostModel& g, double block) {
   const TorusShape& ts = g.torus;
   double t = 0;
   int span = 1;
@@ -67,8 +66,6 @@ double torus_all_gather(const GroupCostModel& g, double block) {
   }
   return t;
 }
-
-}  // namespace
 
 double ring_phase_seconds(const LinkCosts& links, const int* members, int m, double block_bytes) {
   if (m <= 1) return 0;
@@ -140,89 +137,18 @@ GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nod
 double p2p_seconds(const GroupCostModel& g, int a, int b, double bytes) { return g.links.time(a, b, bytes); }
 
 CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCostModel& g) {
-  const int p = g.size;
   const bool reducing = kind == CollKind::AllReduce || kind == CollKind::ReduceScatter || kind == CollKind::Reduce;
   const size_t es = (reducing && !kernel_dtype(dtype)) ? 4 : dtype_size(dtype);
-  const size_t bytes = count * es;
-  const double b = static_cast<double>(bytes);
   const bool multi_dim = g.torus.valid && g.torus.extent.size() >= 2;
   Algorithm* cands[kMaxCandidates];
-  const int n = algorithm_candidates(kind, bytes, multi_dim, /*multi_host=*/false, "", cands);
+  const int n = algorithm_candidates(kind, count * es, multi_dim, /*multi_host=*/false, "", cands);
+  // The first candidate that would serve, as in the communicator.
   for (int i = 0; i < n; ++i) {
-    const std::string name = cands[i]->name();
-    if (name == "flat") {
-      if (!g.shared_memory || kind != CollKind::Broadcast) continue;
-      double t = 0;  // the root writes to each peer in turn
-      for (int a = 1; a < p; ++a) t += g.links.time(0, a, b);
-      return {name, t};
-    }
-    if (name == "oneshot") {
-      const size_t published = kind == CollKind::ReduceScatter ? bytes * static_cast<size_t>(p) : bytes;
-      if (!g.shared_memory || published > SharedMemoryPeers::kInlineBytes) continue;
-      if (kind != CollKind::Broadcast && bytes > oneshot_max_bytes(p)) continue;
-      if (kind == CollKind::AllReduce || kind == CollKind::AllGather || kind == CollKind::ReduceScatter)
-        return {name, p == 1 ? 0.0 : gather_from_peers_seconds(g.links, p, b)};
-      if (kind == CollKind::Broadcast) {
-        double worst = 0;
-        for (int a = 1; a < p; ++a) worst = std::max(worst, g.links.time(0, a, b));
-        return {name, worst};
-      }
-    } else if (name == "direct") {
-      if (!g.shared_memory) continue;
-      if (kind == CollKind::Barrier) return {name, 0.0};
-      if (p == 1 || p > 64) continue;
-      if (kind == CollKind::AllReduce)
-        return {name, 2 * gather_from_peers_seconds(g.links, p, static_cast<double>(part_len(count, p, 0) * es))};
-      if (kind == CollKind::AllGather || kind == CollKind::ReduceScatter)
-        return {name, gather_from_peers_seconds(g.links, p, b)};
-      if (kind == CollKind::Broadcast) {
-        if (bytes <= direct_broadcast_min_bytes(p)) continue;
-        double worst = 0;
-        for (int a = 0; a < p; ++a) worst = std::max(worst, g.links.time(0, a, b));
-        return {name, worst};
-      }
-    } else if (name == "torus") {
-      const TorusShape& ts = g.torus;
-      if (!ts.valid || std::any_of(ts.extent.begin(), ts.extent.end(), [](int e) { return e > 64; })) continue;
-      if (p == 1) return {name, 0.0};
-      if (kind == CollKind::AllReduce) {
-        // The larger half, on rings in one direction (the other runs at once).
-        const double blk = static_cast<double>(part_len((count + 1) / 2, p, 0) * es);
-        return {name, torus_reduce_scatter(g, blk) + torus_all_gather(g, blk)};
-      }
-      if (!ts.identity) continue;
-      if (kind == CollKind::ReduceScatter) return {name, torus_reduce_scatter(g, b)};
-      if (kind == CollKind::AllGather) return {name, torus_all_gather(g, b)};
-    } else if (name == "rhd") {
-      if (kind == CollKind::AllReduce) return {name, rhd_all_reduce_seconds(g.links, p, count, es)};
-    } else if (name == "ring") {
-      const std::vector<int> all = identity(p);
-      if (kind == CollKind::AllReduce)
-        return {name, 2 * ring_phase_seconds(g.links, all.data(), p, static_cast<double>(part_len(count, p, 0) * es))};
-      if (kind == CollKind::ReduceScatter || kind == CollKind::AllGather)
-        return {name, ring_phase_seconds(g.links, all.data(), p, b)};
-    } else if (name == "tree") {
-      if (kind == CollKind::Broadcast || kind == CollKind::Reduce) return {name, tree_seconds(g.links, p, 0, b)};
-    } else if (name == "pairwise") {
-      double t = 0;
-      for (int s = 1; s < p; ++s) {
-        double w = 0;
-        for (int a = 0; a < p; ++a) w = std::max(w, g.links.time(a, (a + s) % p, b));
-        t += w;
-      }
-      return {name, t};
-    } else if (name == "dissemination") {
-      double t = 0;
-      for (int d = 1; d < p; d <<= 1) {
-        double w = 0;
-        for (int a = 0; a < p; ++a) w = std::max(w, g.links.time(a, (a + d) % p, 0));
-        t += w;
-      }
-      return {name, t};
-    }
-    // hier, hier_rd: groups spanning hosts only; the next candidate serves.
+    const double t = cands[i]->predict(g, kind, count, es);
+    if (t >= 0) return {cands[i]->name(), t};
   }
-  throw InvalidArgument(detail::concat("no algorithm predicted for ", coll_kind_name(kind), " over ", p, " ranks"));
+  throw InvalidArgument(
+      detail::concat("no algorithm predicted for ", coll_kind_name(kind), " over ", g.size, " ranks"));
 }
 
 }  // namespace tessera::collectives

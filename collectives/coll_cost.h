@@ -3,7 +3,9 @@
 // communicator's clock as they run, and predict() gives, without running
 // anything, the algorithm the communicator would pick for a call and the
 // seconds it would charge, so the planner (parallel/cost_model.h) costs a
-// collective exactly as an emulated run models it. docs/algorithms.md lists
+// collective exactly as an emulated run models it: it asks the candidates in
+// the communicator's order, each through Algorithm::predict, which sits
+// next to the algorithm's run() and declines where run() would. docs/algorithms.md lists
 // the schedules and their closed forms on a uniform ring.
 //
 // Scope of predict(): groups on one host. With shared memory (the ranks of
@@ -54,6 +56,11 @@ struct CollPrediction {
 // reduce-scatter: of the result per rank); reductions of bf16/f16 are
 // widened to f32 as the communicator does.
 CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCostModel& g);
+// The torus algorithm's phases as seen from group rank 0 (g.torus valid):
+// reduce-scatter from the slowest dim to the fastest, all-gather back;
+// `block` bytes per linear block.
+double torus_reduce_scatter_seconds(const GroupCostModel& g, double block);
+double torus_all_gather_seconds(const GroupCostModel& g, double block);
 // A point-to-point transfer of `bytes` from group rank a to b.
 double p2p_seconds(const GroupCostModel& g, int a, int b, double bytes);
 
