@@ -871,8 +871,11 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   const std::chrono::microseconds spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed_ ? 0 : 50);
   const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 200 : 2000);
   YieldPolicy yield_policy_;
-  // Messages up to this size wait briefly (see wait_until).
-  static constexpr size_t kBriefBytes = 4096;
+  // Messages up to this size wait briefly (see wait_until): as for rounds,
+  // the sender produces one in microseconds. At 4 KiB, 8-rank broadcasts of
+  // 8 KiB by `flat` took 35-60 us (each receiver slept and was woken) and
+  // 3.5-9 us at 64 KiB (docs/algorithms.md, "Crossovers").
+  static constexpr size_t kBriefBytes = size_t{64} << 10;
   static bool brief(size_t bytes) { return bytes <= kBriefBytes; }
   // A publish round waits briefly without buffers, or when the buffers are
   // small enough that the work between rounds (an algorithm reads and
