@@ -879,8 +879,10 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   static bool brief(size_t bytes) { return bytes <= kBriefBytes; }
   // A publish round waits briefly without buffers, or when the buffers are
   // small enough that the work between rounds (an algorithm reads and
-  // writes about their bytes) takes microseconds.
-  static constexpr size_t kBriefRoundBytes = size_t{64} << 10;
+  // writes about their bytes) takes microseconds. At 64 KiB, every 128 KiB
+  // direct broadcast, all-gather and reduce-scatter at 4 ranks slept in its
+  // rounds: 34-44 us against 8.6-9.5 at 256 KiB (load 3-4, docs/bench.md).
+  static constexpr size_t kBriefRoundBytes = size_t{256} << 10;
   static bool brief_round(int n, const size_t* sizes) {
     size_t total = 0;
     for (int i = 0; i < n; ++i) total += sizes[i];
