@@ -1040,7 +1040,7 @@ class FlatAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "flat"; }
   double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
-    if (!g.shared_memory || kind != CollKind::Broadcast) return -1;
+    if (!g.shared_memory || kind != CollKind::Broadcast || count * es > flat_broadcast_max_bytes(g.size)) return -1;
     double t = 0;  // the root writes to each peer in turn
     for (int a = 1; a < g.size; ++a) t += g.links.time(0, a, static_cast<double>(count * es));
     return t;
@@ -1198,7 +1198,9 @@ std::vector<std::string> algorithm_names() {
 
 size_t oneshot_max_bytes(int group_size) { return group_size == 2 ? size_t{1} << 10 : SharedMemoryPeers::kInlineBytes; }
 
-size_t direct_broadcast_min_bytes(int group_size) { return group_size <= 4 ? size_t{4} << 10 : size_t{32} << 10; }
+size_t flat_broadcast_max_bytes(int group_size) { return group_size == 2 ? size_t{4} << 10 : size_t{32} << 10; }
+
+size_t direct_broadcast_min_bytes(int group_size) { return group_size <= 2 ? size_t{4} << 10 : size_t{32} << 10; }
 
 int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
                          Algorithm** out, const AlgoContext* model) {
@@ -1258,7 +1260,7 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
       add(&g_ring);
       break;
     case CollKind::Broadcast:
-      if (bytes <= kFlatBroadcastBytes) add(&g_flat);
+      if (bytes <= flat_broadcast_max_bytes(model ? model->size : 0)) add(&g_flat);
       if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
       if (bytes > direct_broadcast_min_bytes(model ? model->size : 0)) add(&g_direct);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);

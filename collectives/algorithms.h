@@ -141,11 +141,13 @@ std::vector<std::string> algorithm_names();
 // (0: unknown): 1 KiB for 2 ranks, else the 4 KiB a publish slot holds
 // (the crossovers measured in docs/algorithms.md).
 size_t oneshot_max_bytes(int group_size);
-// The largest broadcast `flat` serves.
-constexpr size_t kFlatBroadcastBytes = size_t{4} << 10;
+// The largest broadcast `flat` serves by default for a group of
+// `group_size` ranks (0: unknown, the largest): 4 KiB for 2 ranks, 32 KiB
+// above (the crossovers in docs/algorithms.md).
+size_t flat_broadcast_max_bytes(int group_size);
 // Broadcasts above this many bytes go to `direct` (peers copy the root's
-// buffer in place) for a group of `group_size` ranks (0: unknown): 4 KiB up
-// to 4 ranks, 32 KiB above (the crossovers in docs/algorithms.md).
+// buffer in place) for a group of `group_size` ranks (0: unknown, the
+// smallest): 4 KiB for 2 ranks, 32 KiB above, where `flat` stops.
 size_t direct_broadcast_min_bytes(int group_size);
 
 }  // namespace tessera::collectives

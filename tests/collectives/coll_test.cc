@@ -388,7 +388,8 @@ INSTANTIATE_TEST_SUITE_P(Algos, ForcedAlgo,
 // several broadcasts ahead of its receivers; back-to-back broadcasts from
 // changing roots, then an all-reduce on the same channels, must each
 // deliver exactly the root's values. By default it serves broadcasts up to
-// 4 KiB on shared memory, and larger ones go elsewhere.
+// 4 KiB on shared memory at 2 ranks and 32 KiB above, and larger ones go
+// elsewhere.
 class FlatBroadcast : public ::testing::TestWithParam<int> {};
 
 TEST_P(FlatBroadcast, BackToBackFromEveryRoot) {
@@ -412,10 +413,12 @@ TEST_P(FlatBroadcast, BackToBackFromEveryRoot) {
     CommOptions dflt;
     dflt.name = "dflt";
     auto d = Communicator::create(store, rank, size, dflt);
-    check_broadcast(*d, heap, 1024, DType::F32, 0);  // 4 KiB
-    if (size > 1) COLL_REQUIRE(d->last_algorithm() == std::string("flat"), "4 KiB served by ", d->last_algorithm());
-    check_broadcast(*d, heap, 1025, DType::F32, 0);
-    if (size > 1) COLL_REQUIRE(d->last_algorithm() != std::string("flat"), "4100 B served by flat");
+    // flat_broadcast_max_bytes: 4 KiB for 2 ranks, 32 KiB above.
+    const size_t most = size == 2 ? 1024 : 8192;
+    check_broadcast(*d, heap, most, DType::F32, 0);
+    COLL_REQUIRE(d->last_algorithm() == std::string("flat"), 4 * most, " B served by ", d->last_algorithm());
+    check_broadcast(*d, heap, most + 1, DType::F32, 0);
+    COLL_REQUIRE(d->last_algorithm() != std::string("flat"), 4 * most + 4, " B served by flat");
   });
   EXPECT_EQ(failures(res), "");
 }
