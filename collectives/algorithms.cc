@@ -489,8 +489,8 @@ class HierAlgorithm final : public Algorithm {
 // L host-mates (shared memory), then recursive doubling among the H ranks of
 // the same local index (one per host, TCP): log2(L) + log2(H) exchanges of
 // the whole vector, the fewest steps (and cross-host steps) of any
-// algorithm here. Each exchange sends a copy of the current vector and
-// reduces the partner's into it on arrival; every combine is of two values
+// algorithm here. Each exchange sends the current vector and reduces the
+// partner's with it, on arrival, into a second buffer; every combine is of two values
 // and commutative, so all ranks end bitwise equal. Declines unless L and H
 // are powers of two.
 class HierRdAlgorithm final : public Algorithm {
@@ -502,15 +502,18 @@ class HierRdAlgorithm final : public Algorithm {
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
     if ((L & (L - 1)) != 0 || (H & (H - 1)) != 0) return false;
     const size_t bytes = k.count * dtype_size(k.dtype);
-    char* buf = static_cast<char*>(k.recv);
-    copy_if_needed(buf, k.send, bytes);
-    char* ws = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
+    char* const out = static_cast<char*>(k.recv);
+    copy_if_needed(out, k.send, bytes);
+    // Each exchange sends `cur` and reduces the partner's vector with it
+    // into the other buffer, which becomes `cur` (no copy per exchange).
+    char* cur = out;
+    char* next = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
     auto level = [&](const std::vector<int>& members, int pos, int m) {
       for (int mask = 1; mask < m; mask <<= 1) {
         const int partner = members[static_cast<size_t>(pos ^ mask)];
-        if (bytes) std::memcpy(ws, buf, bytes);
-        ReduceSink sink(buf, ws, k.dtype, k.op);
-        c.transport->sendrecv_sink(partner, ws, bytes, partner, bytes, sink, c.tag);
+        ReduceSink sink(next, cur, k.dtype, k.op);
+        c.transport->sendrecv_sink(partner, cur, bytes, partner, bytes, sink, c.tag);
+        std::swap(cur, next);
         double t = 0;
         for (int a = 0; a < m; ++a)
           t = std::max(t, c.links->time(members[static_cast<size_t>(a)], members[static_cast<size_t>(a ^ mask)],
@@ -520,6 +523,7 @@ class HierRdAlgorithm final : public Algorithm {
     };
     level(h.local, h.local_pos, L);
     level(h.cross, h.cross_pos, H);
+    if (cur != out && bytes) std::memcpy(out, cur, bytes);
     return true;
   }
 };

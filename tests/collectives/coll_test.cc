@@ -674,6 +674,13 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
       for (ReduceOp op : kOps)
         for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}})
           check_all_reduce(*c, heap, count, dt, op, false, seed++);
+    // Small ones take hier_rd where hosts hold equal powers of two (>= 2) of
+    // ranks (two by four: log2 4 + log2 2 = 3 exchanges, so the result ends
+    // in the workspace and is copied out).
+    if (l.name == "two_by_two" || l.name == "interleaved" || l.name == "two_by_four") {
+      check_all_reduce(*c, heap, 7, DType::F32, ReduceOp::Sum, false, seed++);
+      COLL_REQUIRE(c->last_algorithm() == std::string("hier_rd"), "7 floats served by ", c->last_algorithm());
+    }
     for (size_t count : {size_t{1}, size_t{1000}}) {
       check_reduce_scatter(*c, heap, count, DType::F32, ReduceOp::Sum, false);
       check_all_gather(*c, heap, count, DType::I32, true);
@@ -768,7 +775,8 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
 INSTANTIATE_TEST_SUITE_P(Layouts, Hosts,
                          ::testing::Values(Layout{"two_by_two", {0, 0, 1, 1}}, Layout{"interleaved", {0, 1, 0, 1}},
                                            Layout{"three_and_two", {0, 0, 0, 1, 1}},
-                                           Layout{"one_and_three", {0, 1, 1, 1}}, Layout{"one_per_host", {0, 1, 2}}),
+                                           Layout{"one_and_three", {0, 1, 1, 1}}, Layout{"one_per_host", {0, 1, 2}},
+                                           Layout{"two_by_four", {0, 0, 0, 0, 1, 1, 1, 1}}),
                          [](const auto& info) { return info.param.name; });
 
 // Shared memory forced across hosts is refused, naming the other host, before
