@@ -353,7 +353,8 @@ StepRecord Trainer::step() {
     // figures on every rank (after the clock was read, so uncharged).
     float mine[4] = {static_cast<float>(rec.modeled_step_s), static_cast<float>(rec.modeled_compute_s),
                      static_cast<float>(rec.modeled_comm_s), static_cast<float>(rec.modeled_idle_s)};
-    std::vector<float> all(4 * static_cast<size_t>(ps_.pp_size));
+    std::vector<float>& all = stage_figures_;
+    all.resize(4 * static_cast<size_t>(ps_.pp_size));  // allocates at the first step only
     ps_.pp->all_gather(mine, all.data(), 4, DType::F32);
     size_t slow = 0;
     for (size_t i = 1; i < static_cast<size_t>(ps_.pp_size); ++i)

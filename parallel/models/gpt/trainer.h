@@ -160,6 +160,7 @@ class Trainer {
   int64_t step_ = 0;
   std::string run_id_;  // set by the first save or by a load
   std::vector<int32_t> rows_, inputs_, targets_;
+  std::vector<float> stage_figures_;  // each stage's modeled step, compute, comm, idle
   // The last step's figures for step_trace(): modeled seconds and wall times (seconds since the epoch).
   struct StepMarks {
     double zero_grad_s = 0, embed_s = 0, loss_s = 0;
