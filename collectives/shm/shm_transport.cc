@@ -736,9 +736,11 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       reason[kReasonBytes - 1] = 0;
       return Failure{TransportError::Kind::PeerFailed, j, "peer rank " + label(j) + " " + reason};
     };
-    if (auto f = crashed(prefer_peer)) return f;
-    for (int j = 0; j < size_; ++j)
-      if (auto f = crashed(j)) return f;
+    if (check_processes) {
+      if (auto f = crashed(prefer_peer)) return f;
+      for (int j = 0; j < size_; ++j)
+        if (auto f = crashed(j)) return f;
+    }
     if (auto f = failed(prefer_peer)) return f;
     for (int j = 0; j < size_; ++j)
       if (auto f = failed(j)) return f;
