@@ -55,6 +55,24 @@ run_on_hosts() {
   done
 }
 
+# Like run_on_hosts with 2 hosts, but as 4 nodes of one rank each, node i on
+# host i % 2: ranks 0 and 2 share mh0, 1 and 3 mh1, so in `bench sendrecv`
+# (rank r sends to r+1) every pair crosses hosts, both pairs at once, and each
+# host runs two ranks: the load a 2 x 2 collective puts on the wire between
+# them. Writes $OUT/run.i and $OUT/rc.i for nodes 0..3.
+run_crossed() {
+  local pids=()
+  for ((i = 0; i < 4; ++i)); do
+    rig_exec $((i % 2)) env TESSERA_JOB_TOKEN="$TOKEN" "$BIN/tessera" run --nnodes 4 --node-rank "$i" \
+      --nproc-per-node 1 --coordinator "$RIG_SUBNET_PREFIX.1:29500" --rdzv-timeout 60 -- "$@" >"$OUT/run.$i" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < 4; ++i)); do
+    wait "${pids[$i]}"
+    echo $? >"$OUT/rc.$i"
+  done
+}
+
 # mpirun from the rig's head node over its hosts (launch agent instead of ssh).
 mpirun_on_hosts() {
   local np="$1"
@@ -416,8 +434,11 @@ PY
   delay | delay_model)
     # 100 us more on every link between the hosts (RIG_DELAY_US: the rig's
     # delayed wire, rig_wire.cc; this kernel has no sch_netem). The model is
-    # given the links' figures measured by ping-pong in the same minute
-    # (one-way alpha = half the round trip of 8 B, bandwidth from 64 KiB).
+    # given the links' figures measured by `bench sendrecv` in the same minute
+    # (one-way alpha = half the round trip of 8 B, bandwidth from 64 KiB):
+    # between hosts under the load of the all-reduce's cross-host step (2
+    # ranks per host, both cross-host pairs at once: run_crossed), inside a
+    # host by a 2-rank ping-pong on mh0.
     # delay: the wire adds at least 100 us one way, and the small all-reduce
     # across 2 hosts x 2 ranks (the model given the measured latencies) is
     # exact and takes the log-step algorithm (hier_rd) at every size from
@@ -430,12 +451,18 @@ PY
       fail "no $wire (build target tessera_rig_wire)"
       exit 1
     }
-    RIG_DELAY_US=100 RIG_WIRE="$wire" rig_up 2 || exit 1
+    # A core per host (RIG_HOST_CPUS), as machines have their own: otherwise
+    # the 4 ranks and the wire share both cores and every hand-off waits for
+    # the other host's work. Each host then has 2 ranks on one core, which
+    # the shm transport cannot tell (it counts the machine's online CPUs), so
+    # it gets the waits it uses when ranks outnumber cores: no spinning,
+    # yielding up to 200 us.
+    export TESSERA_SHM_SPIN_US=0 TESSERA_SHM_YIELD_US=200
+    RIG_HOST_CPUS=1 RIG_DELAY_US=100 RIG_WIRE="$wire" rig_up 2 || exit 1
     rounds=1
     [ "$CASE" = delay_model ] && rounds=5
     for ((k = 1; k <= rounds; ++k)); do
-      run_on_hosts 2 1 TESSERA_TRANSPORT=tcp -- "$BIN/tessera" bench sendrecv -b 8 -e 64K -f 8192 -n 100 -w 20 \
-        --json "$OUT/x$k.json"
+      run_crossed "$BIN/tessera" bench sendrecv -b 8 -e 64K -f 8192 -n 100 -w 20 --json "$OUT/x$k.json"
       rig_exec 0 "$BIN/tessera" bench sendrecv -r 2 -b 8 -e 64K -f 8192 -n 100 -w 20 --json "$OUT/l$k.json" \
         >"$OUT/l$k.out" 2>&1
       links="$(python3 - "$OUT/x$k.json" "$OUT/l$k.json" <<'PY'
@@ -449,7 +476,7 @@ print(" ".join(out))
 PY
 )" || {
         fail "round $k: link ping-pong failed"
-        tail -n 5 "$OUT/run.0" "$OUT/l$k.out"
+        tail -n 5 "$OUT/run.0" "$OUT/run.1" "$OUT/l$k.out"
         continue
       }
       read -r inter intra <<<"$links"

@@ -31,6 +31,14 @@
 # TUN devices and the wire is a process, tests/multihost/rig_wire.cc
 # ($RIG_WIRE: the built tessera_rig_wire), that forwards each packet to its
 # destination N us after reading it. The bridge and veth pairs are not made.
+# TCP between the hosts then uses cubic (a route attribute; see rig_up).
+#
+# CPUs (opt-in): with RIG_HOST_CPUS=1 set before rig_up, everything rig_exec
+# starts on host I is confined (taskset) to the I-th (mod their number) of
+# the CPUs the test may use, so the test hosts do not compete for each
+# other's cores, as machines do not (2 hosts on 2 cores: a core each). With
+# the delayed wire and 2 hosts, the wire forwards each host's packets on the
+# core of the host they go to, as that host's own network stack would run.
 
 RIG_SUBNET_PREFIX=10.77.0
 RIG_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -43,7 +51,7 @@ rig_can_run() {
     echo "not root: cannot create network namespaces"
     return 1
   fi
-  for t in ip unshare nsenter; do
+  for t in ip unshare nsenter taskset; do
     command -v "$t" >/dev/null || {
       echo "missing $t (iproute2 / util-linux)"
       return 1
@@ -82,6 +90,9 @@ rig_up() {
   trap 'rig_down; exit 130' INT
   trap 'rig_down; exit 143' TERM
   rig_reap_stale
+  # The CPUs this test may run on (its affinity), for RIG_HOST_CPUS.
+  RIG_PIN="${RIG_HOST_CPUS:-}"
+  read -r -a RIG_CPU_LIST <<<"$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
   local br="$RIG_NAME-br"
   local delayed="${RIG_DELAY_US:-}" wire_args=()
   ip netns add "$br"
@@ -114,7 +125,11 @@ rig_up() {
     if [ -n "$delayed" ]; then
       ip -n "$ns" tuntap add dev eth0 mode tun
       ip -n "$ns" link set eth0 mtu 65520
-      wire_args+=("/run/netns/$ns=$RIG_SUBNET_PREFIX.$((i + 1))")
+      # With a core per host and 2 hosts, what host i sends is forwarded on
+      # the other host's core (rig_wire.cc says why).
+      local on=""
+      [ -n "$RIG_PIN" ] && [ "$RIG_K" = 2 ] && on="@${RIG_CPU_LIST[$(((1 - i) % ${#RIG_CPU_LIST[@]}))]}"
+      wire_args+=("/run/netns/$ns=$RIG_SUBNET_PREFIX.$((i + 1))$on")
     else
       # Both ends are created inside the host's namespace, then one end moves to
       # the bridge's: neither ever exists in the root namespace.
@@ -125,6 +140,16 @@ rig_up() {
     fi
     ip -n "$ns" addr add "$RIG_SUBNET_PREFIX.$((i + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
+    if [ -n "$delayed" ]; then
+      # TCP between the hosts uses cubic (Debian's default) rather than this
+      # kernel's default, BBR: BBR paces a message's segments with a timer,
+      # and a 64 KiB message (with its 16-byte header one segment more than
+      # the 65520-byte MTU holds) then waited for a late timer wake-up on
+      # top of the delay (a 2 x 2 all-reduce of 64 KiB: 520 us, 320 us with
+      # cubic). Best effort: the rig runs without it.
+      ip -n "$ns" route replace "$RIG_SUBNET_PREFIX.0/24" dev eth0 congctl cubic 2>/dev/null ||
+        echo "rig: cannot make TCP use cubic on mh$i (BBR's pacing then adds to the delay)" >&2
+    fi
     ip netns exec "$ns" unshare --pid --fork --uts --mount --ipc --mount-proc --propagation private \
       bash -c 'hostname "$1" && mount -t tmpfs -o size=1g,mode=1777 tmpfs /dev/shm &&
                mount --bind "$2" /etc/hosts && : >"$3" && exec sleep infinity' \
@@ -164,9 +189,10 @@ rig_up() {
 }
 
 rig_exec() {
-  local i="$1"
+  local i="$1" pin=()
   shift
-  nsenter -t "${RIG_PIDS[$i]}" -n -p -u -m -i -- bash -c 'cd "$0" && exec "$@"' "$PWD" "$@"
+  [ -n "${RIG_PIN:-}" ] && pin=(taskset -c "${RIG_CPU_LIST[$((i % ${#RIG_CPU_LIST[@]}))]}")
+  nsenter -t "${RIG_PIDS[$i]}" -n -p -u -m -i -- "${pin[@]}" bash -c 'cd "$0" && exec "$@"' "$PWD" "$@"
 }
 
 # Like rig_exec, in the background; prints nothing (use $!).
@@ -198,5 +224,6 @@ rig_down() {
   RIG_PIDS=()
   RIG_HOLDERS=()
   RIG_NAME=""
+  RIG_PIN=""
   return 0
 }

@@ -6,16 +6,35 @@
 // tc/BPF setup can hold a packet for a while. Instead each host's eth0 is a
 // TUN device and this process is the wire between them: it reads every IPv4
 // packet a host sends, and writes it to the host that owns the destination
-// address DELAY microseconds after it read it. One FIFO suffices: every
-// packet is held for the same time, so the deadlines come in arrival order.
+// address DELAY microseconds after it read it.
 //
-//   tessera_rig_wire DELAY_US READY_FILE NETNS_PATH=ADDR ...
+// One thread per sending device, like each host's own outgoing link: packets
+// going opposite ways (the two directions of an exchange) or from different
+// hosts never wait for each other's forwarding, only packets one host sends
+// share its thread, in order. Each thread needs only one FIFO: every packet
+// is held for the same time, so its deadlines come in arrival order.
+//
+// The hold is kept exact on a VM, where a timer sleep overshoots by tens of
+// microseconds (measured: median 21-27 us, p90 40-55 us on the 2-core
+// rig): each thread sleeps until its measured overshoot before the deadline
+// and spins (reading new packets meanwhile) for the rest; the overshoot
+// estimate follows the sleeps (an exponential average, at most kMaxEarly).
+//
+//   tessera_rig_wire DELAY_US READY_FILE NETNS_PATH=ADDR[@CPU] ...
 //
 // Each NETNS_PATH (/run/netns/NAME) must hold a persistent TUN device named
-// eth0 (`ip tuntap add dev eth0 mode tun`) with address ADDR. READY_FILE is
+// eth0 (`ip tuntap add dev eth0 mode tun`) with address ADDR. With @CPU, the
+// thread forwarding what that device sends runs on CPU only: writing a packet
+// into a device runs the receiving host's network stack and wakes its
+// reader in the writing thread, so on a rig whose hosts each have a core of
+// their own (rig.sh, RIG_HOST_CPUS) it belongs on the core of the host it
+// sends to (measured on 2 hosts x 2 ranks, 100 us: a small all-reduce took
+// 180-200 us so, 270-330 us with the threads anywhere else). READY_FILE is
 // created once every device is attached. It runs until killed. To keep the
 // delay fixed on a loaded machine it asks for SCHED_FIFO and a 1 ns timer
-// slack (both best effort: it says so on stderr when it cannot).
+// slack (both best effort: it says so on stderr when it cannot). With
+// RIG_WIRE_STATS=1 it prints each thread's hold times (read to write) after
+// a SIGUSR1, when that thread next wakes, and clears them.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/if.h>
@@ -26,15 +45,22 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "collectives/shm/futex.h"
 
 namespace {
 
@@ -67,14 +93,152 @@ int attach(const std::string& path) {
 struct Packet {
   int64_t due;
   int to;
-  std::vector<unsigned char> bytes;
+  size_t len;
+  std::vector<unsigned char> bytes;  // kMaxPacket long (never resized: no zero-filling per read)
+};
+
+constexpr size_t kMaxQueued = 8192;  // per sender; beyond this the wire drops, as a full queue does
+constexpr size_t kMaxPacket = 65536;
+constexpr int64_t kMaxEarly = 60000;  // ns: the most a thread spins before a deadline
+constexpr int64_t kMargin = 3000;     // ns woken before the expected overshoot
+constexpr int64_t kSpinPoll = 2000;   // ns between reads while spinning
+
+// SIGUSR1 count; each thread prints its figures when it sees a new one.
+std::atomic<unsigned> g_dumps{0};
+void on_usr1(int) { g_dumps.fetch_add(1); }
+
+// One sending device's forwarding: reads what it sends, writes each packet
+// to its destination's device `delay_ns` later.
+class Sender {
+ public:
+  Sender(size_t self, const std::vector<int>& fds, const std::vector<uint32_t>& addrs, int64_t delay_ns, bool stats)
+      : self_(self), fds_(fds), addrs_(addrs), delay_ns_(delay_ns), stats_(stats) {}
+
+  [[noreturn]] void run() {
+    for (;;) {
+      deliver_due();
+      if (stats_ && g_dumps.load() != dumps_seen_) {
+        dumps_seen_ = g_dumps.load();
+        dump();
+      }
+      if (queue_.empty()) {
+        wait_readable(-1);
+        read_all();
+        continue;
+      }
+      const int64_t due = queue_.front().due;
+      const int64_t sleep_until = due - early_;
+      int64_t now = now_ns();
+      if (sleep_until > now) {
+        if (wait_readable(sleep_until - now)) {
+          read_all();
+          continue;  // woken by a packet: sleep again for what is left
+        }
+        now = now_ns();
+        // A timer wake: learn how far past its time it came.
+        const int64_t over = std::max<int64_t>(0, now - sleep_until);
+        over_avg_ += (over - over_avg_) / 8;
+        early_ = std::min(kMaxEarly, over_avg_ + kMargin);
+      }
+      // Spin to the deadline, taking in what arrives meanwhile (a read
+      // every kSpinPoll, so a packet's time is at most that late).
+      for (int64_t next_read = 0, t = now_ns(); t < due; t = now_ns()) {
+        if (t >= next_read) {
+          read_all();
+          next_read = now_ns() + kSpinPoll;
+        }
+        tessera::collectives::shm::cpu_relax();
+      }
+    }
+  }
+
+ private:
+  // True when the device became readable within `ns` (< 0: no limit).
+  bool wait_readable(int64_t ns) {
+    pollfd pf{fds_[self_], POLLIN, 0};
+    timespec ts{};
+    timespec* tsp = nullptr;
+    if (ns >= 0) {
+      ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+      ts.tv_nsec = static_cast<long>(ns % 1000000000);
+      tsp = &ts;
+    }
+    const int r = ppoll(&pf, 1, tsp, nullptr);
+    if (r < 0 && errno != EINTR) die("poll");
+    return r > 0;
+  }
+
+  void deliver_due() {
+    const int64_t now = now_ns();
+    while (!queue_.empty() && queue_.front().due <= now) {
+      Packet& p = queue_.front();
+      // A full device queue on the receiving side drops the packet (TCP resends).
+      [[maybe_unused]] const ssize_t w = write(fds_[static_cast<size_t>(p.to)], p.bytes.data(), p.len);
+      if (stats_) held_.push_back(now_ns() - (p.due - delay_ns_));
+      spare_.push_back(std::move(p.bytes));
+      queue_.pop_front();
+    }
+  }
+
+  void read_all() {
+    for (;;) {
+      std::vector<unsigned char> buf;
+      if (spare_.empty()) {
+        buf.resize(kMaxPacket);
+      } else {
+        buf = std::move(spare_.back());
+        spare_.pop_back();
+      }
+      const ssize_t n = read(fds_[self_], buf.data(), buf.size());
+      const int64_t now = now_ns();
+      if (n <= 0) {
+        spare_.push_back(std::move(buf));
+        return;
+      }
+      // IPv4 only: the destination address is at bytes 16..19.
+      int to = -1;
+      if (n >= 20 && (buf[0] >> 4) == 4 && queue_.size() < kMaxQueued) {
+        uint32_t dst = 0;
+        std::memcpy(&dst, buf.data() + 16, 4);
+        for (size_t j = 0; j < addrs_.size(); ++j)
+          if (addrs_[j] == dst && j != self_) to = static_cast<int>(j);
+      }
+      if (to < 0) {
+        spare_.push_back(std::move(buf));
+        continue;
+      }
+      queue_.push_back(Packet{now + delay_ns_, to, static_cast<size_t>(n), std::move(buf)});
+    }
+  }
+
+  void dump() {
+    if (held_.empty()) return;
+    std::sort(held_.begin(), held_.end());
+    const size_t n = held_.size();
+    std::fprintf(stderr,
+                 "tessera_rig_wire: device %zu: %zu packets held (us): p10 %.1f median %.1f p90 %.1f max %.1f\n", self_,
+                 n, static_cast<double>(held_[n / 10]) / 1e3, static_cast<double>(held_[n / 2]) / 1e3,
+                 static_cast<double>(held_[n * 9 / 10]) / 1e3, static_cast<double>(held_.back()) / 1e3);
+    held_.clear();
+  }
+
+  size_t self_;
+  const std::vector<int>& fds_;
+  const std::vector<uint32_t>& addrs_;
+  int64_t delay_ns_;
+  bool stats_;
+  std::deque<Packet> queue_;
+  std::vector<std::vector<unsigned char>> spare_;  // buffers of sent packets, reused
+  int64_t over_avg_ = 0, early_ = kMargin;
+  unsigned dumps_seen_ = 0;
+  std::vector<int64_t> held_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: tessera_rig_wire DELAY_US READY_FILE NETNS_PATH=ADDR ...\n");
+    std::fprintf(stderr, "usage: tessera_rig_wire DELAY_US READY_FILE NETNS_PATH=ADDR[@CPU] ...\n");
     return 2;
   }
   char* end = nullptr;
@@ -84,85 +248,61 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t delay_ns = static_cast<int64_t>(delay_us) * 1000;
-  std::vector<int> fds;
+  std::vector<int> fds, cpus;
   std::vector<uint32_t> addrs;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     const auto eq = a.find('=');
+    bool ok = eq != std::string::npos;
+    std::string addr = ok ? a.substr(eq + 1) : "";
+    int cpu = -1;
+    if (const auto at = addr.find('@'); ok && at != std::string::npos) {
+      const std::string c = addr.substr(at + 1);
+      addr.resize(at);
+      char* e = nullptr;
+      const long v = std::strtol(c.c_str(), &e, 10);
+      ok = !c.empty() && *e == '\0' && v >= 0 && v < CPU_SETSIZE;
+      cpu = static_cast<int>(v);
+    }
     in_addr ip{};
-    if (eq == std::string::npos || inet_pton(AF_INET, a.substr(eq + 1).c_str(), &ip) != 1) {
-      std::fprintf(stderr, "tessera_rig_wire: expected NETNS_PATH=IPV4_ADDR, got '%s'\n", argv[i]);
+    if (!ok || inet_pton(AF_INET, addr.c_str(), &ip) != 1) {
+      std::fprintf(stderr, "tessera_rig_wire: expected NETNS_PATH=IPV4_ADDR[@CPU], got '%s'\n", argv[i]);
       return 2;
     }
     fds.push_back(attach(a.substr(0, eq)));
     addrs.push_back(ip.s_addr);
+    cpus.push_back(cpu);
   }
+  const char* st = std::getenv("RIG_WIRE_STATS");
+  const bool stats = st && std::strcmp(st, "1") == 0;
+  if (stats) {
+    struct sigaction sa {};
+    sa.sa_handler = on_usr1;
+    sigaction(SIGUSR1, &sa, nullptr);
+  }
+  // Threads made below inherit both (glibc's default PTHREAD_INHERIT_SCHED).
   if (prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL) != 0) std::perror("tessera_rig_wire: timer slack");
   sched_param sp{};
   sp.sched_priority = 10;
   if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0) std::perror("tessera_rig_wire: SCHED_FIFO (delay less exact)");
+  std::vector<std::unique_ptr<Sender>> senders;
+  for (size_t i = 0; i < fds.size(); ++i) senders.push_back(std::make_unique<Sender>(i, fds, addrs, delay_ns, stats));
+  std::vector<std::thread> threads;
+  // Runs device i's forwarding on this thread, on its CPU when it has one.
+  auto serve = [&senders, &cpus](size_t i) {
+    if (cpus[i] >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpus[i], &set);
+      if (sched_setaffinity(0, sizeof set, &set) != 0) die("cannot run on CPU " + std::to_string(cpus[i]));
+    }
+    senders[i]->run();
+  };
+  for (size_t i = 1; i < senders.size(); ++i) threads.emplace_back(serve, i);
   {
     const int r = open(argv[2], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (r < 0) die(std::string("cannot create ") + argv[2]);
     close(r);
   }
-
-  std::vector<pollfd> pfds(fds.size());
-  for (size_t i = 0; i < fds.size(); ++i) pfds[i] = pollfd{fds[i], POLLIN, 0};
-  std::deque<Packet> queue;
-  std::vector<std::vector<unsigned char>> spare;  // buffers of sent packets, reused
-  constexpr size_t kMaxQueued = 8192;             // beyond this the wire drops, as a full queue does
-  constexpr size_t kMaxPacket = 65536;
-  for (;;) {
-    int64_t now = now_ns();
-    while (!queue.empty() && queue.front().due <= now) {
-      Packet& p = queue.front();
-      // A full device queue on the receiving side drops the packet (TCP resends).
-      [[maybe_unused]] const ssize_t w = write(fds[static_cast<size_t>(p.to)], p.bytes.data(), p.bytes.size());
-      spare.push_back(std::move(p.bytes));
-      queue.pop_front();
-    }
-    timespec ts{};
-    timespec* tsp = nullptr;
-    if (!queue.empty()) {
-      const int64_t left = queue.front().due - now;
-      ts.tv_sec = static_cast<time_t>(left / 1000000000);
-      ts.tv_nsec = static_cast<long>(left % 1000000000);
-      tsp = &ts;
-    }
-    if (ppoll(pfds.data(), pfds.size(), tsp, nullptr) < 0 && errno != EINTR) die("poll");
-    now = now_ns();
-    for (auto& pf : pfds) {
-      if ((pf.revents & POLLIN) == 0) continue;
-      for (;;) {
-        std::vector<unsigned char> buf;
-        if (!spare.empty()) {
-          buf = std::move(spare.back());
-          spare.pop_back();
-        }
-        buf.resize(kMaxPacket);
-        const ssize_t n = read(pf.fd, buf.data(), buf.size());
-        if (n <= 0) {
-          spare.push_back(std::move(buf));
-          break;
-        }
-        buf.resize(static_cast<size_t>(n));
-        // IPv4 only: the destination address is at bytes 16..19.
-        if (n < 20 || (buf[0] >> 4) != 4 || queue.size() >= kMaxQueued) {
-          spare.push_back(std::move(buf));
-          continue;
-        }
-        uint32_t dst = 0;
-        std::memcpy(&dst, buf.data() + 16, 4);
-        int to = -1;
-        for (size_t j = 0; j < addrs.size(); ++j)
-          if (addrs[j] == dst) to = static_cast<int>(j);
-        if (to < 0) {
-          spare.push_back(std::move(buf));
-          continue;
-        }
-        queue.push_back(Packet{now + delay_ns, to, std::move(buf)});
-      }
-    }
-  }
+  serve(0);
 }
