@@ -3,8 +3,10 @@
 // Each rank owns one segment per communicator (a memfd, so nothing can be
 // left in /dev/shm), created, pre-faulted and published once; the peers map
 // it through /proc/<pid>/fd. The endpoint published in the store is
-// "PID FD BYTES TOKEN FENCES HOSTKEY NAME" (FENCES: 1 if the rank has
-// asymmetric fences, futex.h): a peer whose HOSTKEY (collectives/host.h)
+// "PID FD BYTES TOKEN FENCES CPUS HOSTKEY NAME" (FENCES: 1 if the rank has
+// asymmetric fences, futex.h; CPUS: its affinity mask, in hex; ranks
+// outnumber CPUs when the union of the masks has fewer than the group has
+// ranks): a peer whose HOSTKEY (collectives/host.h)
 // differs is refused without touching /proc, and a mapped segment whose
 // header does not hold TOKEN (128 random bits) is not the peer's. A segment
 // holds:
@@ -196,7 +198,38 @@ std::chrono::microseconds env_us(const char* name, long dflt) {
 }
 
 // CPUs of the host (not this process's affinity: mpirun binds each rank to one).
-int online_cpus() { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
+// The CPUs this process may run on (its affinity: taskset, cpusets, an MPI
+// binding), as hex digits, CPU 0 in the low bit of the first.
+std::string cpu_mask_hex() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) {
+    const long n = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    for (long c = 0; c < n && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), &set);
+  }
+  std::string hex;
+  for (int c = 0; c < CPU_SETSIZE; c += 4) {
+    int d = 0;
+    for (int k = 0; k < 4; ++k) d |= CPU_ISSET(c + k, &set) ? 1 << k : 0;
+    hex += "0123456789abcdef"[d];
+  }
+  while (hex.size() > 1 && hex.back() == '0') hex.pop_back();
+  return hex;
+}
+
+// Ors a mask of cpu_mask_hex() into `cpus` (one flag per CPU); false if it is not one.
+bool add_cpu_mask(const std::string& hex, std::vector<bool>& cpus) {
+  if (hex.empty() || hex.size() > CPU_SETSIZE / 4) return false;
+  if (cpus.size() < 4 * hex.size()) cpus.resize(4 * hex.size(), false);
+  for (size_t i = 0; i < hex.size(); ++i) {
+    const char ch = hex[i];
+    const int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+    if (d < 0) return false;
+    for (int k = 0; k < 4; ++k)
+      if (d & (1 << k)) cpus[4 * i + static_cast<size_t>(k)] = true;
+  }
+  return true;
+}
 
 std::string to_hex(const unsigned char* p, size_t n) {
   static const char* d = "0123456789abcdef";
@@ -235,10 +268,11 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     std::memcpy(ctl(rank_, own_->data())->token, token, kTokenBytes);
     const HostIdentity host = this_host();
     const int fences = asymmetric_fences() ? 1 : 0;  // registers this process first
+    const std::string my_cpus = cpu_mask_hex();
     {
       std::ostringstream os;
       os << ::getpid() << ' ' << own_->fd() << ' ' << own_->size() << ' ' << to_hex(token, kTokenBytes) << ' ' << fences
-         << ' ' << host.key << ' ' << host.name;
+         << ' ' << my_cpus << ' ' << host.key << ' ' << host.name;
       store->set("shm/" + std::to_string(rank_), os.str());
     }
     // Every endpoint first, and every host checked, before anything is
@@ -247,7 +281,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     struct Endpoint {
       int pid = 0, fd = -1;
       size_t bytes = 0;
-      std::string token;
+      std::string token, cpus;
       int fences = 0;
     };
     std::vector<Endpoint> eps(size_);
@@ -263,7 +297,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       }
       std::istringstream is(v);
       std::string peer_key, peer_name;
-      is >> eps[j].pid >> eps[j].fd >> eps[j].bytes >> eps[j].token >> eps[j].fences >> peer_key;
+      is >> eps[j].pid >> eps[j].fd >> eps[j].bytes >> eps[j].token >> eps[j].fences >> eps[j].cpus >> peer_key;
       std::getline(is >> std::ws, peer_name);
       TESSERA_CHECK(is && eps[j].bytes >= layout_.total, "bad shm endpoint '", v, "' from rank ", label(j));
       if (peer_key != host.key)
@@ -277,6 +311,13 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     light_ = fences == 1;
     for (int j = 0; j < size_; ++j)
       if (j != rank_ && eps[j].fences != 1) light_ = false;
+    // Every rank computes the same union, so all wait alike.
+    std::vector<bool> cpus;
+    add_cpu_mask(my_cpus, cpus);
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_)
+        TESSERA_CHECK(add_cpu_mask(eps[j].cpus, cpus), "bad CPU mask '", eps[j].cpus, "' from rank ", label(j));
+    set_waits(size_ > static_cast<int>(std::count(cpus.begin(), cpus.end(), true)));
     segs_.resize(size_);
     pids_.resize(size_, 0);
     pidfds_.resize(size_, -1);
@@ -856,7 +897,9 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   // few times and then, for a small message or a publish round without
   // buffers, yields for up to 200 us before it sleeps: a publish round of
   // yielding ranks took half the time of sleeping ones.
-  const bool oversubscribed_ = size_ > online_cpus();
+  // Whether the group's ranks outnumber the CPUs they may run on together
+  // (the union of their affinities), set in the constructor.
+  bool oversubscribed_ = false;
   // Point-to-point changes (a message posted, a slot or box space freed) are
   // stored with light fences when every rank of the group has them
   // (asymmetric_fences() in futex.h); set in the constructor.
@@ -869,9 +912,14 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     else
       a.store(v, std::memory_order_seq_cst);
   }
-  const int polls_ = oversubscribed_ ? 4 : 64;
-  const std::chrono::microseconds spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed_ ? 0 : 50);
-  const std::chrono::microseconds yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed_ ? 200 : 2000);
+  int polls_ = 64;
+  std::chrono::microseconds spin_{0}, yield_{0};
+  void set_waits(bool oversubscribed) {
+    oversubscribed_ = oversubscribed;
+    polls_ = oversubscribed ? 4 : 64;
+    spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed ? 0 : 50);
+    yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed ? 200 : 2000);
+  }
   YieldPolicy yield_policy_;
   // Messages up to this size wait briefly (see wait_until): as for rounds,
   // the sender produces one in microseconds. At 4 KiB, 8-rank broadcasts of
