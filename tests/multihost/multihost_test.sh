@@ -454,10 +454,8 @@ PY
     # A core per host (RIG_HOST_CPUS), as machines have their own: otherwise
     # the 4 ranks and the wire share both cores and every hand-off waits for
     # the other host's work. Each host then has 2 ranks on one core, which
-    # the shm transport cannot tell (it counts the machine's online CPUs), so
-    # it gets the waits it uses when ranks outnumber cores: no spinning,
-    # yielding up to 200 us.
-    export TESSERA_SHM_SPIN_US=0 TESSERA_SHM_YIELD_US=200
+    # the shm transport sees in their affinity masks (it waits as when ranks
+    # outnumber cores: no spinning).
     RIG_HOST_CPUS=1 RIG_DELAY_US=100 RIG_WIRE="$wire" rig_up 2 || exit 1
     rounds=1
     [ "$CASE" = delay_model ] && rounds=5
