@@ -356,6 +356,10 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     // that dies right after creation fails the others' first collective,
     // not their creation.
     publish(nullptr, nullptr, 0, nullptr, 0);
+    // Slow yields while the group's processes started (loading, mapping)
+    // must not make the first collectives sleep: at 4 ranks the first size
+    // a bench run timed took 11.4 us for 8 B against 3.2 when timed later.
+    yield_policy_.reset();
   }
 
   ~ShmTransport() override {

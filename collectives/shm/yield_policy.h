@@ -62,6 +62,13 @@ class YieldPolicy {
 
   Clock::duration backoff() const { return backoff_; }
 
+  // Forgets the verdicts so far (the waits of a group's creation span its
+  // ranks' process startup, which says nothing of the load that follows).
+  void reset() {
+    no_yield_until_ = {};
+    backoff_ = kMinBackoff;
+  }
+
  private:
   void slow(Clock::time_point now) {
     if (now - no_yield_until_ >= kCleanYielding) backoff_ = kMinBackoff;
