@@ -16,15 +16,17 @@
 // rounds within 2x of its fastest, and the two figures must agree within
 // 25%.
 //
-// Why 25% holds (measured 21:05-21:20 UTC, load 3-6, 10 runs of both cases):
-// the ratio of the clean means was 0.96-1.01 at 2 ranks and 0.97-1.13 at 3
-// ranks (fastest rounds: 0.92-1.01 and 1.02-1.07). At 3 ranks OpenMPI itself
-// is bimodal (2.1 or 3.3 us, by how the ranks fall on the cores), which the
-// mean absorbs where a median or a minimum would flip between the modes.
-// Per-round ratios range 0.02-50 (one side preempted), so single rounds or
-// the median of 11 round ratios (failed 2 of 10 runs at load 5-11) are no
-// test. A comparison under the wrong conditions (MPI inside tessera's
-// processes, beside tessera's polling threads) was off by 20-70x.
+// Why 25% holds (measured 21:57-22:10 UTC, load 4-7, 10 runs of each case):
+// the ratio of the clean means was 0.94-1.07 at 2 ranks and 0.97-1.19 at 3
+// ranks. At 3 ranks OpenMPI itself is bimodal (2.1 or 3.3 us, by how the
+// ranks fall on the cores; the same in the bench and the standalone loop),
+// which the mean absorbs where a median or a minimum would flip between the
+// modes (a fastest-round ratio also met a standalone round at 0.22 us
+// against a usual 0.37: 1.69). Per-round ratios range 0.02-50 (one side
+// preempted), so single rounds or the median of 11 round ratios (failed 2 of
+// 10 runs at load 5-11) are no test. A comparison under the wrong conditions
+// (MPI inside tessera's processes, beside tessera's polling threads) was off
+// by 20-70x.
 //
 // 8 bytes is the size the complaint was about. 4 KiB is no use here:
 // MPI's own time at 2 ranks is bimodal from run to run there (0.85 or
