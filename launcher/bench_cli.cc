@@ -389,7 +389,9 @@ int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
                   ? " (ranks > " + std::to_string(online_cpus()) +
                         " CPUs), mpi_yield_when_idle 0 and 1 each measured, the faster kept per size"
                   : " (ranks <= " + std::to_string(online_cpus()) + " CPUs: no --oversubscribe, MPI's default binding)";
-  settings += "; a size's timed calls capped at about 2 s (JSON compare_setting: iters)";
+  settings +=
+      "; a size's warm-up capped at about 0.5 s and its timed calls at about 2 s (JSON compare_setting: "
+      "iters, warmup)";
   setenv("TESSERA_BENCH_MPI_FIGURES", figures.c_str(), 1);
   setenv("TESSERA_BENCH_MPI_SETTINGS", settings.c_str(), 1);
   return n > 1 ? spawn_local(n) : bench::run_rank(a, cfg, nullptr);

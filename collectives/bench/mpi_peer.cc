@@ -15,9 +15,10 @@
 // ...); COUNT is the row's element count (the gathered buffer for
 // all_gather, the input for reduce_scatter and all_to_all). FILE gets, from
 // rank 0, a line `# library <MPI library version>` and then `COUNT TIME_US
-// iters=N` per count. --budget S caps the timed calls of a size at about S
-// seconds (measured on the warm-up; at least 5 calls). Bad arguments exit 2
-// with usage.
+// iters=N warmup=M` per count (the calls timed and warmed up). --budget S
+// caps the timed calls of a size at about S seconds (measured on the
+// warm-up; at least 5 calls) and its warm-up at about S / 4 (measured on
+// the first 5 calls). Bad arguments exit 2 with usage.
 #include <mpi.h>
 
 #include <algorithm>
@@ -164,18 +165,29 @@ int main(int argc, char** argv) {
     return usage(rank, "unknown OP '" + op + "'");
 
   std::vector<double> times;
-  std::vector<long> used;
+  std::vector<long> used, warmed;
   for (long count : counts) {
     MPI_Barrier(MPI_COMM_WORLD);
-    double w0 = MPI_Wtime();
-    for (long i = 0; i < warmup; ++i) call(count);
+    const double w0 = MPI_Wtime();
     // A setting that makes a call take milliseconds (mpi_yield_when_idle 0
     // with ranks > cores on a busy machine) would take minutes at ITERS:
-    // rank 0 caps the iterations so one size takes about `budget` seconds
-    // (at least 5 calls; the file says how many ran).
+    // rank 0 caps the warm-up at about budget / 4 seconds (timed on its
+    // first 5 calls) and the iterations so one size takes about `budget`
+    // seconds (at least 5 calls; the file says how many ran). Calls of
+    // microseconds are never capped.
+    long warm = warmup;
+    const long probe = std::min(warmup, 5L);
+    for (long i = 0; i < probe; ++i) call(count);
+    if (budget > 0 && warmup > probe) {
+      const double per_probe = (MPI_Wtime() - w0) / static_cast<double>(probe);
+      if (per_probe * static_cast<double>(warmup) > budget / 4)
+        warm = std::max(probe, static_cast<long>(budget / 4 / per_probe));
+      MPI_Bcast(&warm, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    }
+    for (long i = probe; i < warm; ++i) call(count);
     long it = iters;
-    if (warmup > 0 && budget > 0) {
-      const double per_warm = (MPI_Wtime() - w0) / static_cast<double>(warmup);
+    if (warm > 0 && budget > 0) {
+      const double per_warm = (MPI_Wtime() - w0) / static_cast<double>(warm);
       if (per_warm * static_cast<double>(iters) > budget) it = std::max(5L, static_cast<long>(budget / per_warm));
     }
     MPI_Bcast(&it, 1, MPI_LONG, 0, MPI_COMM_WORLD);
@@ -187,6 +199,7 @@ int main(int argc, char** argv) {
     MPI_Reduce(&per, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     times.push_back(sum / n * 1e6);
     used.push_back(it);
+    warmed.push_back(warm);
   }
   int code = 0;
   if (rank == 0) {
@@ -201,7 +214,8 @@ int main(int argc, char** argv) {
       code = 1;
     } else {
       std::fprintf(f, "# library %s\n", first.c_str());
-      for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%ld %.6f iters=%ld\n", counts[i], times[i], used[i]);
+      for (size_t i = 0; i < counts.size(); ++i)
+        std::fprintf(f, "%ld %.6f iters=%ld warmup=%ld\n", counts[i], times[i], used[i], warmed[i]);
       if (std::fclose(f) != 0) code = 1;
     }
   }

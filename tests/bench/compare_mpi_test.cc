@@ -1,47 +1,136 @@
 // `tessera bench --compare mpi` is honest: the MPI figure it prints agrees
-// with a standalone MPI_Allreduce loop (tests/bench/osu_allreduce.cc) run
-// under mpirun with the same settings in the same minutes, and the output
-// says which settings were used.
+// within 25% with a standalone MPI_Allreduce loop (tests/bench/
+// osu_allreduce.cc) run under mpirun with the same settings in the same
+// minutes, and the output says which settings were used.
 //
-// Tolerance: the medians of three alternating runs agree within a factor of
-// 2. The machine these tests run on is shared (2 cores, several jobs), so
-// single runs move by more than 25%; a comparison that runs MPI under the
-// wrong conditions (--oversubscribe with a core per rank, tessera's threads
-// polling beside MPI's) was off by 20-70x, which this catches.
+// The two measure the same thing: the same mpirun flags (--oversubscribe
+// only when the ranks outnumber the CPUs), the yield mode the bench kept, the
+// same warm-up and timed call counts (read from the bench's JSON), a barrier
+// and then back-to-back calls, the mean over ranks, and no thread of
+// tessera's alive in either. What differs from run to run is the machine
+// (2 cores shared by several jobs), so both run many times in the same
+// minutes: each round runs the standalone loop, the bench, and the
+// standalone loop again; 15 rounds of 20000 calls (~8 ms) at 2 ranks, 12
+// rounds of 5000 calls (~10-20 ms) at cores + 1 ranks. A round that another
+// job preempted is 2-200x slower; each side's figure is the mean of its
+// rounds within 2x of its fastest, and the two figures must agree within
+// 25%.
+//
+// Why 25% holds (measured 21:57-22:10 UTC, load 4-7, 10 runs of each case):
+// the ratio of the clean means was 0.94-1.07 at 2 ranks and 0.97-1.19 at 3
+// ranks. At 3 ranks OpenMPI itself is bimodal (2.1 or 3.3 us, by how the
+// ranks fall on the cores; the same in the bench and the standalone loop),
+// which the mean absorbs where a median or a minimum would flip between the
+// modes (a fastest-round ratio also met a standalone round at 0.22 us
+// against a usual 0.37: 1.69). Per-round ratios range 0.02-50 (one side
+// preempted), so single rounds or the median of 11 round ratios (failed 2 of
+// 10 runs at load 5-11) are no test. A comparison under the wrong conditions
+// (MPI inside tessera's processes, beside tessera's polling threads) was off
+// by 20-70x.
+//
+// 8 bytes is the size the complaint was about. 4 KiB is no use here:
+// MPI's own time at 2 ranks is bimodal from run to run there (0.85 or
+// 2.8-5.6 us, in the bench and the standalone loop alike).
 #include <gtest/gtest.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "tests/checkpoint/test_util.h"
+#include "tests/test_timeouts.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+
+constexpr int kWarmup = 100;
+constexpr double kTolerance = 0.25;
 
 int cpus() {
   cpu_set_t set;
   return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+// The mean of the rounds within 2x of the fastest. A round that another job
+// preempted is 2-200x slower (a time slice is milliseconds, a call
+// microseconds); OpenMPI's two placements of 3 ranks on 2 cores differ by
+// 1.6x, and both are kept.
+double clean_mean(const std::vector<double>& v) {
+  const double fastest = *std::min_element(v.begin(), v.end());
+  double sum = 0;
+  int n = 0;
+  for (double x : v) {
+    if (x > 2 * fastest) continue;
+    sum += x;
+    ++n;
+  }
+  return sum / n;
 }
 
-double osu_us(int n, const std::string& yield, int iters) {
+// No command may hang the test: each gets two minutes (scaled).
+std::string bounded(const std::string& cmd) {
+  return "timeout -k 5 " + std::to_string(std::lround(tessera::test_time::seconds(120))) + " " + cmd;
+}
+
+// The number after `key` in `setting` ("yield_when_idle=1 iters=300 warmup=100"), or "".
+std::string setting_value(const std::string& setting, const std::string& key) {
+  const auto at = setting.find(key);
+  if (at == std::string::npos) return "";
+  const auto from = at + key.size();
+  return setting.substr(from, setting.find(' ', from) - from);
+}
+
+// How the bench ran MPI for the row: the yield mode ("" when it passed
+// none) and the calls timed and warmed up.
+struct MpiRun {
+  double us = 0;
+  std::string yield;
+  long iters = 0, warmup = 0;
+};
+
+MpiRun bench_run(const std::string& js, int n, bool over, long iters) {
+  auto r = tessera::testing::run_command(bounded(std::string(TESSERA_BIN) + " bench allr -r " + std::to_string(n) +
+                                                 " -b 8 -e 8 -n " + std::to_string(iters) + " -w " +
+                                                 std::to_string(kWarmup) + " --compare mpi --json " + js));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("# mpi: "), std::string::npos) << r.out;  // the settings are printed
+  std::ifstream f(js);
+  const auto j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.contains("results") || j["results"].size() != 1u) {
+    ADD_FAILURE() << "no one-row JSON report in " << js << "\n" << r.out;
+    return {};
+  }
+  const std::string settings = j.value("compare_settings", "");
+  EXPECT_EQ(settings.find("mpirun --oversubscribe -np") != std::string::npos, over) << settings;
+  EXPECT_EQ(settings.find("mpi_yield_when_idle 0 and 1") != std::string::npos, over) << settings;
+  const auto& row = j["results"][0];
+  const std::string setting = row.value("compare_setting", "");
+  MpiRun m;
+  m.us = row.value("compare_time_us", 0.0);
+  m.yield = setting_value(setting, "yield_when_idle=");
+  m.iters = std::atol(setting_value(setting, "iters=").c_str());
+  m.warmup = std::atol(setting_value(setting, "warmup=").c_str());
+  EXPECT_EQ(!m.yield.empty(), over) << setting;  // both modes measured, the faster kept
+  EXPECT_GT(m.iters, 0) << setting;
+  return m;
+}
+
+// The standalone loop with the bench's settings for the row.
+double osu_us(int n, bool over, const MpiRun& as) {
   std::string cmd = "mpirun ";
-  if (n > cpus()) cmd += "--oversubscribe ";
+  if (over) cmd += "--oversubscribe ";
   cmd += "-np " + std::to_string(n) + " ";
-  if (!yield.empty()) cmd += "--mca mpi_yield_when_idle " + yield + " ";
-  cmd += std::string(OSU_ALLREDUCE_BIN) + " 2 " + std::to_string(iters) + " 100";
-  auto r = tessera::testing::run_command(cmd);
+  if (!as.yield.empty()) cmd += "--mca mpi_yield_when_idle " + as.yield + " ";
+  cmd += std::string(OSU_ALLREDUCE_BIN) + " 2 " + std::to_string(as.iters) + " " + std::to_string(as.warmup);
+  auto r = tessera::testing::run_command(bounded(cmd));
   EXPECT_EQ(r.code, 0) << r.out;
   auto at = r.out.find("avg_us ");
   EXPECT_NE(at, std::string::npos) << r.out;
@@ -67,37 +156,36 @@ class CompareMpi : public ::testing::TestWithParam<int> {
 TEST_P(CompareMpi, MpiColumnAgreesWithAStandaloneMpiAllreduceLoop) {
   const int n = GetParam() == 0 ? 2 : cpus() + 1;
   const bool over = n > cpus();
-  const int iters = over ? 300 : 2000;
+  const long iters = over ? 5000 : 20000;
+  const int rounds = over ? 12 : 15;
+  // Each round: the standalone loop (with the previous round's settings),
+  // the bench, the standalone loop again (with this round's; the first
+  // reruns if they differ).
+  MpiRun prev{0, over ? "1" : "", iters, kWarmup};
   std::vector<double> bench, osu;
-  for (int round = 0; round < 3; ++round) {
-    const std::string js = dir_ + "/c" + std::to_string(round) + ".json";
-    auto r =
-        tessera::testing::run_command(std::string(TESSERA_BIN) + " bench allr -r " + std::to_string(n) +
-                                      " -b 8 -e 8 -n " + std::to_string(iters) + " -w 100 --compare mpi --json " + js);
-    ASSERT_EQ(r.code, 0) << r.out;
-    std::ifstream f(js);
-    auto j = nlohmann::json::parse(f);
-    const std::string settings = j["compare_settings"];
-    EXPECT_EQ(settings.find("mpirun --oversubscribe -np") != std::string::npos, over) << settings;
-    EXPECT_EQ(settings.find("mpi_yield_when_idle 0 and 1") != std::string::npos, over) << settings;
-    EXPECT_NE(r.out.find("# mpi: "), std::string::npos) << r.out;  // the settings are printed
-    ASSERT_EQ(j["results"].size(), 1u);
-    const auto& row = j["results"][0];
-    bench.push_back(row["compare_time_us"].get<double>());
-    // The standalone loop runs with the yield mode the bench found faster.
-    std::string yield;
-    const std::string setting = row.value("compare_setting", "");
-    if (auto at = setting.find("yield_when_idle="); at != std::string::npos) yield = setting.substr(at + 16, 1);
-    EXPECT_EQ(!yield.empty(), over) << setting;
-    osu.push_back(osu_us(n, yield, iters));
+  std::string seen;
+  for (int round = 0; round < rounds; ++round) {
+    double before = osu_us(n, over, prev);
+    const MpiRun b = bench_run(dir_ + "/c" + std::to_string(round) + ".json", n, over, iters);
+    if (::testing::Test::HasFailure()) return;
+    if (b.yield != prev.yield || b.iters != prev.iters || b.warmup != prev.warmup) before = osu_us(n, over, b);
+    const double after = osu_us(n, over, b);
+    prev = b;
+    ASSERT_GT(b.us, 0.0);
+    ASSERT_GT(before, 0.0);
+    ASSERT_GT(after, 0.0);
+    bench.push_back(b.us);
+    osu.insert(osu.end(), {before, after});
+    seen += " " + std::to_string(before).substr(0, 5) + "/" + std::to_string(b.us).substr(0, 5) + "/" +
+            std::to_string(after).substr(0, 5);
   }
-  const double b = median(bench), o = median(osu);
-  ASSERT_GT(b, 0.0);
-  ASSERT_GT(o, 0.0);
-  EXPECT_LT(b / o, 2.0) << "--compare mpi " << b << " us, standalone " << o << " us";
-  EXPECT_GT(b / o, 0.5) << "--compare mpi " << b << " us, standalone " << o << " us";
-  std::cout << n << " ranks, 8-byte all-reduce: --compare mpi median " << b << " us, standalone median " << o
-            << " us\n";
+  const double b = clean_mean(bench), o = clean_mean(osu);
+  const double fb = *std::min_element(bench.begin(), bench.end()), fo = *std::min_element(osu.begin(), osu.end());
+  EXPECT_LE(std::abs(b / o - 1), kTolerance) << "mean of the clean rounds: --compare mpi " << b << " us, standalone "
+                                             << o << " us; rounds (us, bench/standalone):" << seen;
+  std::cout << n << " ranks, 8-byte all-reduce, " << rounds << " rounds: clean means --compare mpi " << b
+            << " us, standalone " << o << " us, ratio " << b / o << "; fastest " << fb << " / " << fo << " us, ratio "
+            << fb / fo << "; rounds (us):" << seen << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CompareMpi, ::testing::Values(0, 1),

@@ -2,8 +2,8 @@
 // osu_allreduce (skip warm-up calls, time the rest, average the per-call
 // latency over the ranks with MPI_Reduce), written independently of the
 // bench's MPI peer so the test can hold `--compare mpi` to it. The calls are
-// timed back to back, as the bench times them (OSU times each call between
-// barriers).
+// timed back to back after one barrier, as the bench times them (OSU times
+// each call between barriers); the test passes the bench's call counts.
 //
 //   mpirun -np N osu_allreduce COUNT ITERS SKIP    prints "avg_us X" (rank 0)
 #include <mpi.h>
