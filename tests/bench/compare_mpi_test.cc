@@ -89,10 +89,10 @@ std::string setting_value(const std::string& setting, const std::string& key) {
 }
 
 // How the bench ran MPI for the row: the yield mode ("" when it passed
-// none) and the calls timed and warmed up.
+// none), the binding, and the calls timed and warmed up.
 struct MpiRun {
   double us = 0;
-  std::string yield;
+  std::string yield, bind;  // bind: "" for OpenMPI's default binding
   long iters = 0, warmup = 0;
 };
 
@@ -116,6 +116,7 @@ MpiRun bench_run(const std::string& js, int n, bool over, long iters) {
   MpiRun m;
   m.us = row.value("compare_time_us", 0.0);
   m.yield = setting_value(setting, "yield_when_idle=");
+  m.bind = setting_value(setting, "bind=");
   m.iters = std::atol(setting_value(setting, "iters=").c_str());
   m.warmup = std::atol(setting_value(setting, "warmup=").c_str());
   EXPECT_EQ(!m.yield.empty(), over) << setting;  // both modes measured, the faster kept
@@ -129,6 +130,7 @@ double osu_us(int n, bool over, const MpiRun& as) {
   if (over) cmd += "--oversubscribe ";
   cmd += "-np " + std::to_string(n) + " ";
   if (!as.yield.empty()) cmd += "--mca mpi_yield_when_idle " + as.yield + " ";
+  if (!as.bind.empty()) cmd += "--bind-to " + as.bind + " ";
   cmd += std::string(OSU_ALLREDUCE_BIN) + " 2 " + std::to_string(as.iters) + " " + std::to_string(as.warmup);
   auto r = tessera::testing::run_command(bounded(cmd));
   EXPECT_EQ(r.code, 0) << r.out;
@@ -161,14 +163,15 @@ TEST_P(CompareMpi, MpiColumnAgreesWithAStandaloneMpiAllreduceLoop) {
   // Each round: the standalone loop (with the previous round's settings),
   // the bench, the standalone loop again (with this round's; the first
   // reruns if they differ).
-  MpiRun prev{0, over ? "1" : "", iters, kWarmup};
+  MpiRun prev{0, over ? "1" : "", "", iters, kWarmup};
   std::vector<double> bench, osu;
   std::string seen;
   for (int round = 0; round < rounds; ++round) {
     double before = osu_us(n, over, prev);
     const MpiRun b = bench_run(dir_ + "/c" + std::to_string(round) + ".json", n, over, iters);
     if (::testing::Test::HasFailure()) return;
-    if (b.yield != prev.yield || b.iters != prev.iters || b.warmup != prev.warmup) before = osu_us(n, over, b);
+    if (b.yield != prev.yield || b.bind != prev.bind || b.iters != prev.iters || b.warmup != prev.warmup)
+      before = osu_us(n, over, b);
     const double after = osu_us(n, over, b);
     prev = b;
     ASSERT_GT(b.us, 0.0);
