@@ -55,19 +55,23 @@ NetModel topology_model(const std::string& spec, int nranks) {
 
 namespace {
 
-// With no more local ranks than CPUs, local rank i runs on the i-th CPU of
-// the process's affinity mask, as mpirun binds its ranks for the MPI column
-// (--bind-to core up to 2 ranks): two floating ranks that the scheduler puts
-// on one core spin against each other. TESSERA_BENCH_BIND=0 leaves them
+// Local rank i runs on CPU i mod n of the process's affinity mask (n CPUs),
+// as mpirun binds its ranks for the MPI column (--bind-to core up to 2
+// ranks; with more ranks than CPUs, --bind-to core:overload-allowed is one of
+// the settings measured): two floating ranks that the scheduler puts on one
+// core spin against each other, and with more ranks than CPUs, pinned pairs
+// hand their core to each other. The 4-rank 8-byte all-reduce on 2 CPUs took
+// 1.42-1.51 us bound, 1.42-2.71 floating. TESSERA_BENCH_BIND=0 leaves them
 // floating; under mpirun, mpirun's binding stays.
 void bind_to_cpu(const World& w) {
   if (w.local_size < 2 || mpi::under_mpirun() || env_or("TESSERA_BENCH_BIND") == "0") return;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < w.local_size) return;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return;
   int seen = 0;
+  const int want = w.local_rank % CPU_COUNT(&set);
   for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &set) || seen++ != w.local_rank) continue;
+    if (!CPU_ISSET(c, &set) || seen++ != want) continue;
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(c, &one);
