@@ -625,7 +625,8 @@ class TorusAlgorithm final : public Algorithm {
     if (g.size == 1) return 0;
     if (kind == CollKind::AllReduce) {
       // The larger half, on rings in one direction (the other runs at once).
-      const double blk = static_cast<double>(part((count + 1) / 2, g.size, 0).len * es);
+      const size_t half = (count + 1) / 2;  // elements
+      const double blk = static_cast<double>(part(half, g.size, 0).len * es);
       return torus_reduce_scatter_seconds(g, blk) + torus_all_gather_seconds(g, blk);
     }
     if (!ts.identity) return -1;
