@@ -169,12 +169,6 @@ inline Range part(size_t n, int parts, int i) {
 
 inline int mod(int a, int m) { return ((a % m) + m) % m; }
 
-std::vector<int> members_in_order(int p) {
-  std::vector<int> v(static_cast<size_t>(p));
-  for (int i = 0; i < p; ++i) v[static_cast<size_t>(i)] = i;
-  return v;
-}
-
 // Reduces each arriving fragment into dst = src op fragment.
 class ReduceSink final : public RecvSink {
  public:
@@ -248,11 +242,12 @@ class RingAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "ring"; }
   double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
-    const std::vector<int> all = members_in_order(g.size);
+    if (g.size > kMaxRanks) return -1;  // as run()
+    const int* all = identity_members();
     if (kind == CollKind::AllReduce)
-      return 2 * ring_phase_seconds(g.links, all.data(), g.size, static_cast<double>(part(count, g.size, 0).len * es));
+      return 2 * ring_phase_seconds(g.links, all, g.size, static_cast<double>(part(count, g.size, 0).len * es));
     if (kind == CollKind::ReduceScatter || kind == CollKind::AllGather)
-      return ring_phase_seconds(g.links, all.data(), g.size, static_cast<double>(count * es));
+      return ring_phase_seconds(g.links, all, g.size, static_cast<double>(count * es));
     return -1;
   }
   bool run(AlgoContext& c, const CollCall& k) override {

@@ -364,11 +364,11 @@ class TransportCommunicator final : public Communicator {
     check_peer(peer, coll, tag);
     check_buf(buf, count, coll);
     drain();
-    p2p_locked(is_send, buf, count, dtype, peer, tag);
+    p2p_run(is_send, buf, count, dtype, peer, tag);
   }
 
   // On the calling thread once drained, or on the progress thread (send_async).
-  void p2p_locked(bool is_send, void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
+  void p2p_run(bool is_send, void* buf, size_t count, DType dtype, int peer, uint32_t tag) {
     const char* coll = is_send ? "send" : "recv";
     guarded(coll, [&] {
       const size_t bytes = count * dtype_size(dtype);
@@ -426,7 +426,7 @@ class TransportCommunicator final : public Communicator {
       } else {
         try {
           if (t.peer >= 0)
-            p2p_locked(true, const_cast<void*>(t.send), t.count, t.dtype, t.peer, t.tag);
+            p2p_run(true, const_cast<void*>(t.send), t.count, t.dtype, t.peer, t.tag);
           else
             execute(t.kind, t.send, t.recv, t.count, t.dtype, t.op, 0);
           modeled = last_model_.load(std::memory_order_relaxed);  // this call's (this thread recorded it)

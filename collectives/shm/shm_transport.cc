@@ -66,7 +66,7 @@ constexpr size_t kReasonBytes = 256;
 // counters, after FastForward): the sender writes the header and the
 // payload, then stores `seq` (the fragment's index in the channel + 1, mod
 // 2^32) last, and writes slot i only once its previous occupant, i - kSlots,
-// is `freed` (that index + 1). The receiver polls `seq` of the slot it
+// is `freed` (seq_mark of that index). The receiver polls `seq` of the slot it
 // expects next and stores `freed` once it has consumed it. A fragment that
 // fits inline (kInlineFrag bytes, in the header's own line) thus moves one
 // cache line to the receiver and back per message.
@@ -100,7 +100,7 @@ constexpr size_t kBoxBytes = 8192;
 constexpr size_t kBoxAlign = 16;
 constexpr size_t kBoxMaxBytes = 256;
 struct BoxRecord {
-  std::atomic<uint32_t> seq;  // box_mark(index); 0: nothing yet
+  std::atomic<uint32_t> seq;  // seq_mark(index); 0: nothing yet
   uint32_t tag;
   uint32_t bytes;
   uint32_t skip;  // 1: the record is at the box's start
@@ -109,8 +109,9 @@ static_assert(sizeof(BoxRecord) == kBoxAlign && kBoxBytes % kBoxAlign == 0);
 constexpr size_t box_record_bytes(size_t bytes) {
   return sizeof(BoxRecord) + (bytes + kBoxAlign - 1) / kBoxAlign * kBoxAlign;
 }
-// Never 0, which marks "nothing yet".
-uint32_t box_mark(uint64_t index) { return static_cast<uint32_t>(index % 0xffffffffu) + 1; }
+// The sequence word of message or fragment `index` of a channel's box or
+// slots; never 0, which marks "nothing yet" (a fresh segment reads as zeros).
+uint32_t seq_mark(uint64_t index) { return static_cast<uint32_t>(index % 0xffffffffu) + 1; }
 struct alignas(64) BoxCtl {
   std::atomic<uint64_t> read;  // bytes the owner consumed, skips included
 };
@@ -561,18 +562,17 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
   }
 
   static SlotHeader* header(char* slot) { return reinterpret_cast<SlotHeader*>(slot); }
-  static uint32_t mark(uint64_t index) { return static_cast<uint32_t>(index + 1); }
   bool can_send(int peer, size_t bytes) {
     if (bytes <= kBoxMaxBytes) return box_fits(peer, bytes);
     const uint64_t i = send_head_[peer];
-    return i < kSlots || header(slot(peer, rank_, i))->freed.load(std::memory_order_acquire) == mark(i - kSlots);
+    return i < kSlots || header(slot(peer, rank_, i))->freed.load(std::memory_order_acquire) == seq_mark(i - kSlots);
   }
   bool can_recv(int peer, size_t bytes) const {
     if (bytes <= kBoxMaxBytes)
       return record(box(rank_, peer), box_read_[peer] % kBoxBytes)->seq.load(std::memory_order_acquire) ==
-             box_mark(box_received_[peer]);
+             seq_mark(box_received_[peer]);
     const uint64_t i = recv_tail_[peer];
-    return header(slot(rank_, peer, i))->seq.load(std::memory_order_acquire) == mark(i);
+    return header(slot(rank_, peer, i))->seq.load(std::memory_order_acquire) == seq_mark(i);
   }
 
   // ---- boxes (messages of at most kBoxMaxBytes) ----
@@ -608,7 +608,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     r->skip = 0;
     if (bytes) std::memcpy(payload(r), buf, bytes);
     record(b, (at + rec) % kBoxBytes)->seq.store(0, std::memory_order_relaxed);
-    const uint32_t m = box_mark(box_sent_[peer]++);
+    const uint32_t m = seq_mark(box_sent_[peer]++);
     if (wrap) {
       // The record first, then the skip that leads the owner to it.
       r->seq.store(m, std::memory_order_release);
@@ -622,6 +622,11 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     }
     box_written_[peer] = w + (wrap ? kBoxBytes - pos : 0) + rec;
     ring(peer);
+  }
+  [[noreturn]] void mismatch(const RecvState& r, uint32_t tag, uint64_t bytes, const std::string& what) {
+    fail(TransportError::Kind::Protocol, r.peer,
+         detail::concat("protocol mismatch receiving from rank ", label(r.peer), ": expected tag ", r.tag, " and ",
+                        r.bytes, " bytes, got tag ", tag, " and ", bytes, " bytes", what));
   }
   // Takes the message can_recv() saw.
   void box_recv(RecvState& rs, RecvSink& sink) {
@@ -638,11 +643,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       r = record(b, 0);
     }
     if (r->tag != rs.tag || r->bytes != rs.bytes || r->skip || pos + rec > kBoxBytes ||
-        r->seq.load(std::memory_order_acquire) != box_mark(box_received_[peer]))
-      fail(TransportError::Kind::Protocol, peer,
-           detail::concat("protocol mismatch receiving from rank ", label(peer), ": expected tag ", rs.tag, " and ",
-                          rs.bytes, " bytes, got tag ", r->tag, " and ", r->bytes, " bytes",
-                          r->skip ? " (a skip record)" : ""));
+        r->seq.load(std::memory_order_acquire) != seq_mark(box_received_[peer]))
+      mismatch(rs, r->tag, r->bytes, r->skip ? " (a skip record)" : "");
     sink.consume(0, payload(r), rs.bytes);
     rd += rec;
     ++box_received_[peer];
@@ -671,7 +673,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       if (frag) std::memcpy(frag_data(sl, frag), s.buf + s.off, frag);
       s.off += frag;
       s.done = (s.off == s.bytes);
-      store_change(h->seq, mark(send_head_[s.peer]++));
+      store_change(h->seq, seq_mark(send_head_[s.peer]++));
       ring(s.peer);
       any = true;
     }
@@ -690,15 +692,12 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       const SlotHeader* h = header(sl);
       if (h->tag != r.tag || h->msg_bytes != r.bytes || (h->first != 0) != (r.off == 0) ||
           h->frag_bytes > std::min(layout_.slot_payload, r.bytes - r.off) || (h->frag_bytes == 0 && r.bytes != 0)) {
-        fail(TransportError::Kind::Protocol, r.peer,
-             detail::concat("protocol mismatch receiving from rank ", label(r.peer), ": expected tag ", r.tag, " and ",
-                            r.bytes, " bytes, got tag ", h->tag, " and ", h->msg_bytes, " bytes (a fragment of ",
-                            h->frag_bytes, " at offset ", r.off, ")"));
+        mismatch(r, h->tag, h->msg_bytes, detail::concat(" (a fragment of ", h->frag_bytes, " at offset ", r.off, ")"));
       }
       sink.consume(r.off, frag_data(sl, h->frag_bytes), h->frag_bytes);
       r.off += h->frag_bytes;
       r.done = (r.off == r.bytes);
-      store_change(header(sl)->freed, mark(recv_tail_[r.peer]++));
+      store_change(header(sl)->freed, seq_mark(recv_tail_[r.peer]++));
       ring(r.peer);
       any = true;
     }

@@ -434,7 +434,8 @@ INSTANTIATE_TEST_SUITE_P(Sizes, FlatBroadcast, ::testing::Values(2, 3, 8),
 // the limit and 0 bytes, 3000 messages (the box wraps many times, with skip
 // records), each of its own bytes, so a stale record of an older lap or a
 // mixed-up order is caught. First, a receiver that starts 50 ms late makes
-// its sender fill the box and sleep; the receiver's takes must wake it.
+// its sender fill the box and sleep, so the full-box path and its wake-up
+// run (a lost wake-up would only show as a delay of up to 100 ms, not fail).
 class Channels : public ::testing::TestWithParam<int> {};
 
 TEST_P(Channels, SmallAndLargeMessagesInterleavedInOrder) {
