@@ -182,6 +182,20 @@ class TransportCommunicator final : public Communicator {
   void recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
     p2p(false, buf, count, dtype, peer, tag);
   }
+  void sendrecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src, DType dtype,
+                uint32_t tag) override {
+    check_peer(dst, "sendrecv", tag);
+    check_peer(src, "sendrecv", tag);
+    check_buf(send, send_count, "sendrecv send");
+    check_buf(recv, recv_count, "sendrecv recv");
+    drain();
+    guarded("sendrecv", [&] {
+      const size_t es = dtype_size(dtype), sb = send_count * es, rb = recv_count * es;
+      transport_->sendrecv(dst, send, sb, src, recv, rb, tag | kP2PTagBit);
+      record("p2p", std::max(links_.time(rank_, dst, static_cast<double>(sb)),
+                             links_.time(src, rank_, static_cast<double>(rb))));
+    });
+  }
   std::shared_ptr<Work> all_reduce_async(const void* send, void* recv, size_t count, DType dtype,
                                          ReduceOp op) override {
     check_buf(send, count, "all_reduce send");

@@ -138,6 +138,12 @@ class Communicator {
   virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
   virtual void send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0) = 0;
   virtual void recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0) = 0;
+  // Sends send_count elements to `dst` while receiving recv_count from `src`
+  // (MPI_Sendrecv; nccl-tests' sendrecv in one call): both directions move at
+  // once, and a ring of ranks calling it together never deadlocks. dst and
+  // src may be the same peer; the buffers must not overlap.
+  virtual void sendrecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src,
+                        DType dtype, uint32_t tag = 0) = 0;
   virtual void barrier() = 0;
 
   // Asynchronous all-reduce (gradient buckets); completes in issue order.

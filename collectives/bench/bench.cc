@@ -339,22 +339,14 @@ void issue(Communicator& c, BenchOp op, const Call& k, DType dt, ReduceOp redop,
       c.reduce(k.send, k.recv, k.count, dt, redop, root);
       break;
     case BenchOp::SendRecv: {
-      // Each rank sends to rank+1 and receives from rank-1 (nccl-tests'
-      // sendrecv). Blocking calls: even ranks send first, odd ranks receive
-      // first, so the ring always has a receiver to drain into.
+      // Each rank sends to rank+1 while receiving from rank-1, both at once
+      // (nccl-tests' sendrecv; MPI_Sendrecv in the MPI column).
       int n = c.size(), r = c.rank();
       if (n == 1) {
         std::memcpy(k.recv, k.send, k.count * dtype_size(dt));
         break;
       }
-      int to = (r + 1) % n, from = (r + n - 1) % n;
-      if (r % 2 == 0) {
-        c.send(k.send, k.count, dt, to, 7);
-        c.recv(k.recv, k.count, dt, from, 7);
-      } else {
-        c.recv(k.recv, k.count, dt, from, 7);
-        c.send(k.send, k.count, dt, to, 7);
-      }
+      c.sendrecv(k.send, k.count, (r + 1) % n, k.recv, k.count, (r + n - 1) % n, dt, 7);
       break;
     }
   }

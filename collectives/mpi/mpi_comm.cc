@@ -352,6 +352,19 @@ class MpiCommunicator final : public Communicator {
               "recv");
     model(net_.p2p_time(world(peer), world(rank_), bytes(count, dt)), "recv");
   }
+  void sendrecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src, DType dt,
+                uint32_t tag) override {
+    Guard g(*this, "sendrecv");
+    check_root(dst, "sendrecv");
+    check_root(src, "sendrecv");
+    const int t = static_cast<int>(tag & 0x7fff);
+    check_mpi(MPI_Sendrecv(send, as_int(send_count, "sendrecv"), mpi_type(dt), dst, t, recv,
+                           as_int(recv_count, "sendrecv"), mpi_type(dt), src, t, comm_, MPI_STATUS_IGNORE),
+              "sendrecv");
+    model(std::max(net_.p2p_time(world(rank_), world(dst), bytes(send_count, dt)),
+                   net_.p2p_time(world(src), world(rank_), bytes(recv_count, dt))),
+          "sendrecv");
+  }
   std::shared_ptr<Work> send_async(const void* buf, size_t count, DType dt, int peer, uint32_t tag) override {
     Guard g(*this, "send");
     check_root(peer, "send");

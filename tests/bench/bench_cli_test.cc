@@ -151,6 +151,15 @@ TEST_F(BenchCli, RunsUnderMpirun) {
   EXPECT_EQ(j["ranks"], 2);
   EXPECT_EQ(j["transport"], "mpi");
   for (const auto& row : j["results"]) EXPECT_EQ(row["oop"]["wrong"], 0);
+  // sendrecv over MPI (MPI_Sendrecv), checked; 3 ranks, so the ranks a rank
+  // sends to and receives from differ.
+  RunResult sr = run(std::string("bench sendrecv --transport mpi -b 1K -e 1M -f 32 -n 2 -w 1 --json ") + js,
+                     std::string("mpirun --oversubscribe -np 3"));
+  ASSERT_EQ(sr.code, 0) << sr.out;
+  auto js2 = read_json(js);
+  EXPECT_EQ(js2["ranks"], 3);
+  ASSERT_EQ(js2["results"].size(), 3u);  // 1K, 32K, 1M
+  for (const auto& row : js2["results"]) EXPECT_EQ(row["oop"]["wrong"], 0);
   // shm under mpirun: the store directory travels over MPI.
   RunResult s = run("bench allg --transport shm -b 1K -e 8K -f 8 -n 1 -w 0", "mpirun --oversubscribe -np 2");
   EXPECT_EQ(s.code, 0) << s.out;

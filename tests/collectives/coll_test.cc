@@ -233,6 +233,35 @@ void check_all_to_all(Communicator& c, Buffers& b, size_t count, DType dt, bool 
                    ": block ", j, " element ", i);
 }
 
+// sendrecv around rings of every shift: rank r sends to r+s and receives
+// from r-s, at once (a 2 MiB message, more than a TCP socket buffer, would
+// deadlock a sendrecv that sent before it received). Different sizes each
+// way; the buffers are checked exactly and the send buffer left unchanged.
+void check_sendrecv(Communicator& c, size_t count) {
+  const int p = c.size(), r = c.rank();
+  for (int s = 1; s < p; ++s) {
+    const int to = (r + s) % p, from = (r + p - s) % p;
+    std::vector<int64_t> out(count + static_cast<size_t>(r)), in(count + static_cast<size_t>(from), -1);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = int64_t{r} * 1000003 + int64_t{s} * 7 + static_cast<int64_t>(i);
+    const std::vector<int64_t> sent = out;
+    c.sendrecv(out.data(), out.size(), to, in.data(), in.size(), from, DType::I64, 11);
+    COLL_REQUIRE(out == sent, "sendrecv shift ", s, ": send buffer changed");
+    for (size_t i = 0; i < in.size(); ++i)
+      COLL_REQUIRE(in[i] == int64_t{from} * 1000003 + int64_t{s} * 7 + static_cast<int64_t>(i), "sendrecv shift ", s,
+                   " count ", count, ": element ", i, " got ", in[i]);
+  }
+  if (p > 1) {
+    int64_t x = 0;
+    bool threw = false;
+    try {
+      c.sendrecv(&x, 1, r, &x, 1, (r + 1) % p, DType::I64, 11);
+    } catch (const InvalidArgument& e) {
+      threw = std::string(e.what()).find("sendrecv: peer") != std::string::npos;
+    }
+    COLL_REQUIRE(threw, "sendrecv to itself was not refused");
+  }
+}
+
 // ---------------------------------------------------------------- sweeps
 
 class WorldSize : public ::testing::TestWithParam<int> {};
@@ -304,6 +333,8 @@ TEST_P(WorldSize, OtherCollectives) {
       }
       for (size_t i = 0; i < in.size(); ++i)
         COLL_REQUIRE(in[i] == int64_t{prev} * 1000 + static_cast<int64_t>(i), "p2p ", i);
+      check_sendrecv(*c, 1000);
+      if (size <= kLargeMaxRanks) check_sendrecv(*c, size_t{1} << 18);
     }
     // Large: broadcast from an arena (direct) and the heap (tree), reduce-scatter.
     if (size > kLargeMaxRanks) return;
@@ -768,6 +799,8 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
           COLL_REQUIRE(y == a * 100 + b, "p2p ", a, "->", b, " got ", y);
         }
       }
+    check_sendrecv(*c, 5);
+    check_sendrecv(*c, size_t{1} << 18);
     c->barrier();
   });
   EXPECT_EQ(failures(res), "");

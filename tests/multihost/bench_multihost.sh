@@ -14,8 +14,8 @@
 #  2. TCP across the bridge (veth): 64 MiB all-reduce over 2 hosts x 1 rank
 #     with --baseline (raw TCP between the same two ranks, both directions at
 #     once); the ratio of the all-reduce's busbw to that baseline.
-#  3. Small messages across hosts: the links measured first by ping-pong
-#     (`bench sendrecv`: one-way alpha = half the round trip of 8 B,
+#  3. Small messages across hosts: the links measured first by exchange
+#     (`bench sendrecv`, both directions at once: one-way alpha = its time at 8 B,
 #     bandwidth from 64 KiB; between hosts over TCP, inside a host over shm),
 #     then the 8 B - 64 KiB all-reduce over 2 x 2 with those figures given to
 #     the model (TESSERA_NET_INTER_HOST / _INTRA_HOST): measured and modeled
@@ -100,12 +100,12 @@ for ((k = 1; k <= RUNS; ++k)); do
 done
 
 # 3. Small messages across hosts, against the model given the links' figures
-# measured just before (ping-pong).
+# measured just before (exchanges).
 if has 3 && run_job 1 lat_tcp TESSERA_TRANSPORT=tcp -- sendrecv -b 8 -e 64K -f 8192 -n 200 -w 20 &&
   rig_exec 0 "$BIN/tessera" bench sendrecv -r 2 -b 8 -e 64K -f 8192 -n 200 -w 20 --json "$OUT/lat_shm.json" >/dev/null 2>&1; then
   figs() { python3 -c '
 import json, sys
-r = {x["size_bytes"]: x["oop"]["time_us"] / 2 for x in json.load(open(sys.argv[1]))["results"]}
+r = {x["size_bytes"]: x["oop"]["time_us"] for x in json.load(open(sys.argv[1]))["results"]}
 print("%.2f,%.4f" % (r[8], 65536 / max(r[65536] - r[8], 1e-3) / 1e3))' "$1"; }
   inter="$(figs "$OUT/lat_tcp.json")" intra="$(figs "$OUT/lat_shm.json")"
   echo "links (load $(load)): between hosts (tcp) $inter, inside a host (shm) $intra (one-way us, GB/s)"

@@ -435,10 +435,11 @@ PY
     # 100 us more on every link between the hosts (RIG_DELAY_US: the rig's
     # delayed wire, rig_wire.cc; this kernel has no sch_netem). The model is
     # given the links' figures measured by `bench sendrecv` in the same minute
-    # (one-way alpha = half the round trip of 8 B, bandwidth from 64 KiB):
+    # (one-way alpha = the time of an 8-byte exchange, both directions at once
+    # as in hier_rd's steps; bandwidth from 64 KiB):
     # between hosts under the load of the all-reduce's cross-host step (2
     # ranks per host, both cross-host pairs at once: run_crossed), inside a
-    # host by a 2-rank ping-pong on mh0.
+    # host by a 2-rank exchange on mh0.
     # delay: the wire adds at least 100 us one way, and the small all-reduce
     # across 2 hosts x 2 ranks (the model given the measured latencies) is
     # exact and takes the log-step algorithm (hier_rd) at every size from
@@ -460,32 +461,34 @@ PY
     rounds=1
     [ "$CASE" = delay_model ] && rounds=5
     for ((k = 1; k <= rounds; ++k)); do
-      run_crossed "$BIN/tessera" bench sendrecv -b 8 -e 64K -f 8192 -n 100 -w 20 --json "$OUT/x$k.json"
-      rig_exec 0 "$BIN/tessera" bench sendrecv -r 2 -b 8 -e 64K -f 8192 -n 100 -w 20 --json "$OUT/l$k.json" \
+      run_crossed "$BIN/tessera" bench sendrecv -b 8 -e 64K -f 8192 -n 300 -w 20 --json "$OUT/x$k.json"
+      rig_exec 0 "$BIN/tessera" bench sendrecv -r 2 -b 8 -e 64K -f 8192 -n 300 -w 20 --json "$OUT/l$k.json" \
         >"$OUT/l$k.out" 2>&1
       links="$(python3 - "$OUT/x$k.json" "$OUT/l$k.json" <<'PY'
 import json, sys
 out = []
 for f in sys.argv[1:]:
-    r = {x["size_bytes"]: x["oop"]["time_us"] / 2 for x in json.load(open(f))["results"]}
+    # An exchange (both directions at once, as in hier_rd's steps): its time
+    # is the one-way time under that load.
+    r = {x["size_bytes"]: x["oop"]["time_us"] for x in json.load(open(f))["results"]}
     a, t = r[8], r[65536]
     out.append("%.2f,%.4f" % (a, 65536 / max(t - a, 1e-3) / 1e3))  # us, GB/s
 print(" ".join(out))
 PY
 )" || {
-        fail "round $k: link ping-pong failed"
+        fail "round $k: link exchange failed"
         tail -n 5 "$OUT/run.0" "$OUT/run.1" "$OUT/l$k.out"
         continue
       }
       read -r inter intra <<<"$links"
       echo "round $k (load $(cut -d' ' -f1 /proc/loadavg)): between hosts $inter, inside a host $intra (us,GB/s)"
       # The functional case gives the model the latencies only (a bandwidth
-      # from one 64 KiB ping-pong on a loaded machine is too noisy to pick by).
+      # from one 64 KiB exchange on a loaded machine is too noisy to pick by).
       if [ "$CASE" = delay ]; then
         inter="${inter%%,*}" intra="${intra%%,*}"
       fi
       run_on_hosts 2 2 TESSERA_NET_INTER_HOST="$inter" TESSERA_NET_INTRA_HOST="$intra" -- \
-        "$BIN/tessera" bench all_reduce -b 8 -e 64K -f 2 -n 100 -w 30 --json "$OUT/ar$k.json"
+        "$BIN/tessera" bench all_reduce -b 8 -e 64K -f 2 -n 300 -w 30 --json "$OUT/ar$k.json"
       [ "$(cat "$OUT/rc.0")" = 0 ] && [ "$(cat "$OUT/rc.1")" = 0 ] || {
         fail "round $k: all-reduce exit $(cat "$OUT/rc.0") / $(cat "$OUT/rc.1")"
         tail -n 10 "$OUT/run.0" "$OUT/run.1"
@@ -496,7 +499,7 @@ import glob, json, os, statistics, sys
 d, case = sys.argv[1], sys.argv[2]
 ks = [k for k in range(1, 6) if os.path.exists(os.path.join(d, "ar%d.json" % k))]
 rounds = [json.load(open(os.path.join(d, "ar%d.json" % k)))["results"] for k in ks]
-alpha = [json.load(open(os.path.join(d, "x%d.json" % k)))["results"][0]["oop"]["time_us"] / 2 for k in ks]
+alpha = [json.load(open(os.path.join(d, "x%d.json" % k)))["results"][0]["oop"]["time_us"] for k in ks]
 if not rounds or (case == "delay_model" and len(rounds) < 3):
     print("FAIL only %d round(s) completed" % len(rounds)); sys.exit()
 bad = []
