@@ -293,7 +293,7 @@ class TransportCommunicator final : public Communicator {
 
   // Runs `fn` with transport errors translated; later calls fail at once.
   template <typename Fn>
-  void guarded(const char* coll, Fn fn) {
+  void guarded(const char* coll, const Fn& fn) {
     if (aborted_.load()) throw_aborted(coll);
     if (failed_)
       throw CollectiveError(fail_kind_,
