@@ -605,6 +605,63 @@ class RhdAlgorithm final : public Algorithm {
   }
 };
 
+// ---------------------------------------------------------------- rd
+// Recursive doubling for groups without shared memory (TCP links), where
+// each exchange costs a network latency: log2(p') exchanges of the whole
+// vector, each reduced on arrival into the other buffer (as hier_rd), among
+// the largest power of two p' <= p; the first 2(p-p') ranks fold pairwise
+// before and unfold after (as rhd). Against rhd's 2 log2(p') exchanges of
+// halving sizes it saves half the latencies and costs log2(p') n instead of
+// 2n (p'-1)/p' bytes: the same at 2 ranks, so there it is chosen up to
+// where ring takes over; above, up to 64 KiB. It is not chosen with shared
+// memory (where oneshot and direct serve small messages); forced, it serves
+// every all-reduce.
+size_t rd_max_bytes(int p) { return p == 2 ? (size_t{256} << 10) - 1 : size_t{64} << 10; }
+
+class RdAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "rd"; }
+  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+    if (kind != CollKind::AllReduce || g.shared_memory || count * es > rd_max_bytes(g.size)) return -1;
+    return rd_all_reduce_seconds(g.links, g.size, count, es);
+  }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    const size_t es = dtype_size(k.dtype), bytes = k.count * es;
+    if (k.kind != CollKind::AllReduce) return false;
+    const int p = c.size, r = c.rank;
+    char* const out = static_cast<char*>(k.recv);
+    copy_if_needed(out, k.send, bytes);
+    if (p == 1) return true;
+    int pp = 1;
+    while (pp * 2 <= p) pp *= 2;
+    const int rem = p - pp;
+    auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
+    if (r < 2 * rem && r % 2 == 0) {  // folded in: hand over, get the result back
+      c.transport->send(r + 1, c.tag, out, bytes);
+      c.transport->recv(r + 1, c.tag, out, bytes);
+    } else {
+      char* cur = out;
+      char* next = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
+      if (r < 2 * rem) {
+        ReduceSink sink(next, cur, k.dtype, k.op);
+        c.transport->recv_sink(r - 1, bytes, sink, c.tag);
+        std::swap(cur, next);
+      }
+      const int nr = r < 2 * rem ? r / 2 : r - rem;
+      for (int mask = 1; mask < pp; mask <<= 1) {
+        const int partner = real(nr ^ mask);
+        ReduceSink sink(next, cur, k.dtype, k.op);
+        c.transport->sendrecv_sink(partner, cur, bytes, partner, bytes, sink, c.tag);
+        std::swap(cur, next);
+      }
+      if (cur != out && bytes) std::memcpy(out, cur, bytes);
+      if (r < 2 * rem) c.transport->send(r - 1, c.tag, out, bytes);
+    }
+    c.model += rd_all_reduce_seconds(*c.links, p, k.count, es);
+    return true;
+  }
+};
+
 // ---------------------------------------------------------------- torus
 // Dimension by dimension over the group's grid on the torus. Reduce-scatter
 // goes through the dims from the slowest-varying to the fastest, so every
@@ -1137,6 +1194,7 @@ RingAlgorithm g_ring;
 HierAlgorithm g_hier;
 RhdAlgorithm g_rhd;
 HierRdAlgorithm g_hier_rd;
+RdAlgorithm g_rd;
 TorusAlgorithm g_torus;
 DirectAlgorithm g_direct;
 OneshotAlgorithm g_oneshot;
@@ -1145,8 +1203,8 @@ FlatAlgorithm g_flat;
 PairwiseAlgorithm g_pairwise;
 DisseminationAlgorithm g_dissemination;
 
-Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier,     &g_hier_rd,      &g_rhd,
-                           &g_ring,    &g_tree,   &g_flat,  &g_pairwise, &g_dissemination};
+Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier, &g_hier_rd,  &g_rd,
+                           &g_rhd,     &g_ring,   &g_tree,  &g_flat, &g_pairwise, &g_dissemination};
 
 bool pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 int log2i(int x) {
@@ -1246,6 +1304,9 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
       }
       if (bytes <= oneshot_max) add(&g_oneshot);
       add(&g_direct);
+      // rd: without shared memory (coll_cost's predict() applies the same
+      // rules, knowing the group but not the transport).
+      if (bytes <= rd_max_bytes(model ? model->size : 2) && !(model && model->transport->shared_memory())) add(&g_rd);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
       if (bytes < (size_t{256} << 10)) add(&g_rhd);

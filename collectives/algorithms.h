@@ -129,7 +129,7 @@ class Algorithm {
 // to try for `kind`, in selection order by size and group shape; a forced
 // name (TESSERA_ALGO / CommOptions::algo) goes first and the defaults follow
 // as fallbacks. Unknown names throw InvalidArgument. Allocates nothing.
-constexpr int kMaxCandidates = 8;
+constexpr int kMaxCandidates = 10;
 // multi_host: the group spans hosts with equal ranks per host (HostLevels::valid).
 // model (optional: hosts and links set): for an all-reduce over a group
 // spanning hosts, the algorithms are ordered by their modeled time on the

@@ -107,6 +107,25 @@ double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t n, size_t es
   return t;
 }
 
+double rd_all_reduce_seconds(const LinkCosts& links, int p, size_t n, size_t es) {
+  if (p <= 1) return 0;
+  int pp = 1;
+  while (pp * 2 <= p) pp *= 2;
+  const int rem = p - pp;
+  auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
+  const double bytes = static_cast<double>(n * es);
+  double fold = 0;
+  for (int e = 0; e < 2 * rem; e += 2) fold = std::max(fold, links.time(e, e + 1, bytes));
+  double t = 2 * fold;
+  // Each level's exchanges run concurrently, every one of the whole vector.
+  for (int mask = 1; mask < pp; mask <<= 1) {
+    double worst = 0;
+    for (int a = 0; a < pp; ++a) worst = std::max(worst, links.time(real(a), real(a ^ mask), bytes));
+    t += worst;
+  }
+  return t;
+}
+
 double tree_seconds(const LinkCosts& links, int p, int root, double bytes) {
   double t = 0;
   for (int m = 1; m < p; m <<= 1) {

@@ -32,6 +32,10 @@ double gather_from_peers_seconds(const LinkCosts& links, int p, double per_peer_
 // Rabenseifner all-reduce of `count` elements of `elem` bytes over p ranks
 // (fold to the largest power of two, halving and doubling, unfold).
 double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t count, size_t elem);
+// Recursive doubling all-reduce of `count` elements of `elem` bytes over p
+// ranks (fold to the largest power of two, log2 exchanges of the whole
+// vector, unfold).
+double rd_all_reduce_seconds(const LinkCosts& links, int p, size_t count, size_t elem);
 // Binomial tree (broadcast or reduce) of `bytes` from/to `root`.
 double tree_seconds(const LinkCosts& links, int p, int root, double bytes);
 

@@ -65,6 +65,63 @@ TEST(CollCost, SharedMemoryAlgorithmsByHand) {
   EXPECT_NEAR(p2p_seconds(ring_group(2, true), 0, 1, 1e6), 2e-6 + 1e6 / 51539607552.0, 1e-15);
 }
 
+TEST(CollCost, RecursiveDoublingWithoutSharedMemoryByHand) {
+  // rd (no shared memory: TCP links): log2 p exchanges of the whole vector.
+  // 1000 floats = 4000 bytes.
+  const double n = 4000.0, t1 = 2e-6 + n / 51539607552.0;  // one hop
+  CollPrediction two = predict(CollKind::AllReduce, 1000, DType::F32, ring_group(2, false));
+  EXPECT_EQ(two.algorithm, "rd");
+  EXPECT_NEAR(two.seconds, t1, 1e-15);
+  // Ring of 4: partners 1 hop away, then 2 (2 alpha + N/B).
+  CollPrediction four = predict(CollKind::AllReduce, 1000, DType::F32, ring_group(4, false));
+  EXPECT_EQ(four.algorithm, "rd");
+  EXPECT_NEAR(four.seconds, t1 + 2 * 2e-6 + n / 51539607552.0, 1e-15);
+  // 3 ranks: rank 0 folds into 1 and gets the result back (2 steps of one
+  // hop), 1 and 2 exchange (one hop).
+  CollPrediction three = predict(CollKind::AllReduce, 1000, DType::F32, ring_group(3, false));
+  EXPECT_EQ(three.algorithm, "rd");
+  EXPECT_NEAR(three.seconds, 3 * t1, 1e-15);
+  // Its limits: 2 ranks up to 256 KiB (exclusive, where ring takes over),
+  // more ranks up to 64 KiB (rhd above); with shared memory, never.
+  EXPECT_EQ(predict(CollKind::AllReduce, 32768, DType::F32, ring_group(2, false)).algorithm, "rd");
+  EXPECT_EQ(predict(CollKind::AllReduce, 65536, DType::F32, ring_group(2, false)).algorithm, "ring");
+  EXPECT_EQ(predict(CollKind::AllReduce, 16384, DType::F32, ring_group(4, false)).algorithm, "rd");
+  EXPECT_EQ(predict(CollKind::AllReduce, 16385, DType::F32, ring_group(4, false)).algorithm, "rhd");
+  EXPECT_EQ(predict(CollKind::AllReduce, 1000, DType::F32, ring_group(4, true)).algorithm, "oneshot");
+}
+
+// A TCP group serves small all-reduces with rd, exactly, and charges what
+// predict() says for a group without shared memory.
+TEST(CollCost, TcpGroupsTakeRecursiveDoubling) {
+  for (int p : {2, 3, 4}) {
+    auto res = run_ranks(p, [](int rank, int size, const std::shared_ptr<Store>& store) {
+      CommOptions o;
+      o.transport = TransportKind::Tcp;
+      auto c = Communicator::create(store, rank, size, o);
+      const GroupCostModel g = ring_group(size, false);
+      for (size_t count : {size_t{1}, size_t{1000}, size_t{20000}}) {
+        std::vector<float> in(count), out(count, -1.0f);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) * 1000 + static_cast<int>(i % 1000));
+        c->all_reduce(in.data(), out.data(), count, DType::F32, ReduceOp::Sum);
+        for (size_t i = 0; i < count; ++i) {
+          // Small integers: every order of the sum is exact.
+          const float want = static_cast<float>(size * (size + 1) / 2 * 1000 + size * static_cast<int>(i % 1000));
+          COLL_REQUIRE(out[i] == want, "p ", size, " count ", count, " element ", i, ": ", out[i], " != ", want);
+        }
+        const CollPrediction want = predict(CollKind::AllReduce, count, DType::F32, g);
+        COLL_REQUIRE(c->last_algorithm() == want.algorithm, "p ", size, " count ", count, ": ", c->last_algorithm(),
+                     " served, predicted ", want.algorithm);
+        COLL_REQUIRE(std::fabs(c->last_modeled_seconds() - want.seconds) <= 1e-12 * want.seconds, "p ", size, " count ",
+                     count, ": charged ", c->last_modeled_seconds(), ", predicted ", want.seconds);
+        const bool rd = count * 4 <= (size == 2 ? (size_t{256} << 10) - 1 : size_t{64} << 10);
+        COLL_REQUIRE((c->last_algorithm() == std::string("rd")) == rd, "p ", size, " count ", count, ": ",
+                     c->last_algorithm());
+      }
+    });
+    EXPECT_EQ(failures(res), "") << "p " << p;
+  }
+}
+
 // The communicator charges what predict() says, for the calls and buffers
 // train_gpt makes: arena (device) buffers of several sizes, a stack scalar,
 // the whole world and a split group of 2 (a TP pair).

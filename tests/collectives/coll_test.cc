@@ -410,7 +410,8 @@ TEST_P(ForcedAlgo, AllReduceMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Algos, ForcedAlgo,
                          ::testing::Values(Forced{"ring", 3}, Forced{"ring", 8}, Forced{"rhd", 5}, Forced{"rhd", 6},
                                            Forced{"rhd", 8}, Forced{"torus", 4}, Forced{"torus", 6}, Forced{"torus", 8},
-                                           Forced{"direct", 3}, Forced{"direct", 7}, Forced{"oneshot", 5}),
+                                           Forced{"direct", 3}, Forced{"direct", 7}, Forced{"oneshot", 5},
+                                           Forced{"rd", 2}, Forced{"rd", 5}, Forced{"rd", 8}),
                          [](const auto& info) { return info.param.algo + "_p" + std::to_string(info.param.size); });
 
 // ---------------------------------------------------------------- flat broadcast
