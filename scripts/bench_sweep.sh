@@ -56,7 +56,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # Size bands, each with enough calls to time it: "minbytes maxbytes factor iters warmup"
 # (8 B, 32 B, ... 32 MiB, and 64 MiB).
-BANDS=("8 32K 4 500 50" "128K 2M 4 40 5" "8M 32M 4 5 2" "64M 64M 2 5 2")
+BANDS=("8 32K 4 5000 500" "128K 2M 4 40 5" "8M 32M 4 5 2" "64M 64M 2 5 2")
 # SWEEP_BANDS="8 8 4 100 10;64M 64M 2 3 1" replaces them (a quick check).
 if [ -n "${SWEEP_BANDS:-}" ]; then IFS=';' read -ra BANDS <<<"$SWEEP_BANDS"; fi
 
