@@ -39,6 +39,23 @@ std::vector<int> torus_line(const TorusShape& ts, int i) {
   return m;
 }
 
+// The largest power of two pp <= p, into which the first 2 (p - pp) ranks
+// fold pairwise (rhd, rd): renumbered rank nr is group rank real(nr).
+struct PowerOfTwoFold {
+  explicit PowerOfTwoFold(int p) {
+    while (pp * 2 <= p) pp *= 2;
+    rem = p - pp;
+  }
+  int real(int nr) const { return nr < rem ? 2 * nr + 1 : nr + rem; }
+  // Folding in and out: the slowest pair's transfer of `bytes`, twice.
+  double seconds(const LinkCosts& links, double bytes) const {
+    double fold = 0;
+    for (int e = 0; e < 2 * rem; e += 2) fold = std::max(fold, links.time(e, e + 1, bytes));
+    return 2 * fold;
+  }
+  int pp = 1, rem = 0;
+};
+
 }  // namespace
 
 double torus_reduce_scatter_seconds(const GroupCostModel& g, double block) {
@@ -87,13 +104,9 @@ double gather_from_peers_seconds(const LinkCosts& links, int p, double per_peer_
 
 double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t n, size_t es) {
   if (p <= 1) return 0;
-  int pp = 1;
-  while (pp * 2 <= p) pp *= 2;
-  const int rem = p - pp;
-  auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
-  double fold = 0;
-  for (int e = 0; e < 2 * rem; e += 2) fold = std::max(fold, links.time(e, e + 1, static_cast<double>(n * es)));
-  double t = 2 * fold;
+  const PowerOfTwoFold f(p);
+  const int pp = f.pp;
+  double t = f.seconds(links, static_cast<double>(n * es));
   // Every level's exchanges run concurrently; halving level l moves the
   // first pp >> (l + 1) blocks' worth per pair, doubling the same in reverse.
   for (int lvl = 0, mask = pp / 2; mask >= 1; mask /= 2, ++lvl) {
@@ -101,7 +114,7 @@ double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t n, size_t es
     const size_t len = part_off(n, pp, hi - 1) + part_len(n, pp, hi - 1);
     double worst = 0;
     for (int a = 0; a < pp; ++a)
-      worst = std::max(worst, links.time(real(a), real(a ^ mask), static_cast<double>(len * es)));
+      worst = std::max(worst, links.time(f.real(a), f.real(a ^ mask), static_cast<double>(len * es)));
     t += 2 * worst;
   }
   return t;
@@ -109,18 +122,13 @@ double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t n, size_t es
 
 double rd_all_reduce_seconds(const LinkCosts& links, int p, size_t n, size_t es) {
   if (p <= 1) return 0;
-  int pp = 1;
-  while (pp * 2 <= p) pp *= 2;
-  const int rem = p - pp;
-  auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
+  const PowerOfTwoFold f(p);
   const double bytes = static_cast<double>(n * es);
-  double fold = 0;
-  for (int e = 0; e < 2 * rem; e += 2) fold = std::max(fold, links.time(e, e + 1, bytes));
-  double t = 2 * fold;
+  double t = f.seconds(links, bytes);
   // Each level's exchanges run concurrently, every one of the whole vector.
-  for (int mask = 1; mask < pp; mask <<= 1) {
+  for (int mask = 1; mask < f.pp; mask <<= 1) {
     double worst = 0;
-    for (int a = 0; a < pp; ++a) worst = std::max(worst, links.time(real(a), real(a ^ mask), bytes));
+    for (int a = 0; a < f.pp; ++a) worst = std::max(worst, links.time(f.real(a), f.real(a ^ mask), bytes));
     t += worst;
   }
   return t;
