@@ -103,9 +103,10 @@ TEST(CollCost, TcpGroupsTakeRecursiveDoubling) {
         std::vector<float> in(count), out(count, -1.0f);
         for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) * 1000 + static_cast<int>(i % 1000));
         c->all_reduce(in.data(), out.data(), count, DType::F32, ReduceOp::Sum);
+        const int ranks_sum = size * (size + 1) / 2;  // of rank + 1 over the ranks
         for (size_t i = 0; i < count; ++i) {
           // Small integers: every order of the sum is exact.
-          const float want = static_cast<float>(size * (size + 1) / 2 * 1000 + size * static_cast<int>(i % 1000));
+          const float want = static_cast<float>(ranks_sum * 1000 + size * static_cast<int>(i % 1000));
           COLL_REQUIRE(out[i] == want, "p ", size, " count ", count, " element ", i, ": ", out[i], " != ", want);
         }
         const CollPrediction want = predict(CollKind::AllReduce, count, DType::F32, g);
