@@ -226,6 +226,22 @@ void copy_if_needed(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes) std::memmove(dst, src, bytes);
 }
 
+// Recursive doubling of the whole vector among m ranks, this one at `pos`
+// (group_rank(i): the rank at position i): at distance 1, 2, ... m/2 each
+// exchange sends `cur` and reduces the partner's vector with it, on arrival,
+// into `next`; then the two swap, so `cur` holds the result (no copy per
+// exchange). hier_rd's levels and rd.
+template <typename RankFn>
+void doubling_exchanges(AlgoContext& c, const CollCall& k, int m, int pos, RankFn group_rank, size_t bytes, char*& cur,
+                        char*& next) {
+  for (int mask = 1; mask < m; mask <<= 1) {
+    const int partner = group_rank(pos ^ mask);
+    ReduceSink sink(next, cur, k.dtype, k.op);
+    c.transport->sendrecv_sink(partner, cur, bytes, partner, bytes, sink, c.tag);
+    std::swap(cur, next);
+  }
+}
+
 // Members 0..p-1 without allocating (p <= kMaxRanks).
 constexpr int kMaxRanks = 4096;
 const int* identity_members() {
@@ -499,16 +515,12 @@ class HierRdAlgorithm final : public Algorithm {
     const size_t bytes = k.count * dtype_size(k.dtype);
     char* const out = static_cast<char*>(k.recv);
     copy_if_needed(out, k.send, bytes);
-    // Each exchange sends `cur` and reduces the partner's vector with it
-    // into the other buffer, which becomes `cur` (no copy per exchange).
-    char* cur = out;
+    char* cur = out;  // the two buffers doubling_exchanges alternates
     char* next = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
     auto level = [&](const std::vector<int>& members, int pos, int m) {
+      doubling_exchanges(
+          c, k, m, pos, [&](int i) { return members[static_cast<size_t>(i)]; }, bytes, cur, next);
       for (int mask = 1; mask < m; mask <<= 1) {
-        const int partner = members[static_cast<size_t>(pos ^ mask)];
-        ReduceSink sink(next, cur, k.dtype, k.op);
-        c.transport->sendrecv_sink(partner, cur, bytes, partner, bytes, sink, c.tag);
-        std::swap(cur, next);
         double t = 0;
         for (int a = 0; a < m; ++a)
           t = std::max(t, c.links->time(members[static_cast<size_t>(a)], members[static_cast<size_t>(a ^ mask)],
@@ -540,22 +552,14 @@ class RhdAlgorithm final : public Algorithm {
     char* buf = static_cast<char*>(k.recv);
     copy_if_needed(buf, k.send, n * es);
     if (p == 1) return true;
-    int pp = 1;
-    while (pp * 2 <= p) pp *= 2;
-    const int rem = p - pp;
-    auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
-    int nr;
-    if (r < 2 * rem) {
-      if (r % 2 == 0) {
-        c.transport->send(r + 1, c.tag, buf, n * es);
-        nr = -1;
-      } else {
-        ReduceSink sink(buf, buf, k.dtype, k.op);
-        c.transport->recv_sink(r - 1, n * es, sink, c.tag);
-        nr = r / 2;
-      }
-    } else {
-      nr = r - rem;
+    const PowerOfTwoFold fold(p);
+    const int pp = fold.pp, rem = fold.rem;
+    const int nr = fold.renumbered(r);
+    if (nr < 0) {
+      c.transport->send(r + 1, c.tag, buf, n * es);
+    } else if (r < 2 * rem) {
+      ReduceSink sink(buf, buf, k.dtype, k.op);
+      c.transport->recv_sink(r - 1, n * es, sink, c.tag);
     }
 
     auto bytes_of = [&](int lo, int hi) -> Range {  // block range -> element range
@@ -576,8 +580,8 @@ class RhdAlgorithm final : public Algorithm {
         const Range keep = lower ? bytes_of(lo, mid) : bytes_of(mid, hi);
         const Range give = lower ? bytes_of(mid, hi) : bytes_of(lo, mid);
         ReduceSink sink(buf + keep.off * es, buf + keep.off * es, k.dtype, k.op);
-        c.transport->sendrecv_sink(real(partner), buf + give.off * es, give.len * es, real(partner), keep.len * es,
-                                   sink, c.tag);
+        c.transport->sendrecv_sink(fold.real(partner), buf + give.off * es, give.len * es, fold.real(partner),
+                                   keep.len * es, sink, c.tag);
         if (lower)
           hi = mid;
         else
@@ -590,8 +594,8 @@ class RhdAlgorithm final : public Algorithm {
         const bool lower = (nr & mask) == 0;
         const Range mine = lower ? bytes_of(L, mid) : bytes_of(mid, H);
         const Range theirs = lower ? bytes_of(mid, H) : bytes_of(L, mid);
-        c.transport->sendrecv(real(partner), buf + mine.off * es, mine.len * es, real(partner), buf + theirs.off * es,
-                              theirs.len * es, c.tag);
+        c.transport->sendrecv(fold.real(partner), buf + mine.off * es, mine.len * es, fold.real(partner),
+                              buf + theirs.off * es, theirs.len * es, c.tag);
       }
     }
     if (r < 2 * rem) {
@@ -632,30 +636,24 @@ class RdAlgorithm final : public Algorithm {
     char* const out = static_cast<char*>(k.recv);
     copy_if_needed(out, k.send, bytes);
     if (p == 1) return true;
-    int pp = 1;
-    while (pp * 2 <= p) pp *= 2;
-    const int rem = p - pp;
-    auto real = [&](int nr) { return nr < rem ? 2 * nr + 1 : nr + rem; };
-    if (r < 2 * rem && r % 2 == 0) {  // folded in: hand over, get the result back
+    const PowerOfTwoFold fold(p);
+    const int nr = fold.renumbered(r);
+    if (nr < 0) {  // folded in: hand over, get the result back
       c.transport->send(r + 1, c.tag, out, bytes);
       c.transport->recv(r + 1, c.tag, out, bytes);
     } else {
       char* cur = out;
       char* next = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
-      if (r < 2 * rem) {
+      const bool folds = r < 2 * fold.rem;
+      if (folds) {
         ReduceSink sink(next, cur, k.dtype, k.op);
         c.transport->recv_sink(r - 1, bytes, sink, c.tag);
         std::swap(cur, next);
       }
-      const int nr = r < 2 * rem ? r / 2 : r - rem;
-      for (int mask = 1; mask < pp; mask <<= 1) {
-        const int partner = real(nr ^ mask);
-        ReduceSink sink(next, cur, k.dtype, k.op);
-        c.transport->sendrecv_sink(partner, cur, bytes, partner, bytes, sink, c.tag);
-        std::swap(cur, next);
-      }
+      doubling_exchanges(
+          c, k, fold.pp, nr, [&](int i) { return fold.real(i); }, bytes, cur, next);
       if (cur != out && bytes) std::memcpy(out, cur, bytes);
-      if (r < 2 * rem) c.transport->send(r - 1, c.tag, out, bytes);
+      if (folds) c.transport->send(r - 1, c.tag, out, bytes);
     }
     c.model += rd_all_reduce_seconds(*c.links, p, k.count, es);
     return true;
@@ -1234,13 +1232,12 @@ TwoLevelPrediction predict_two_level(const AlgoContext& c, double n) {
   // rhd: p' = 2^floor(log2 p); the level at distance d costs the link of
   // (renumbered) ranks 0 and d, twice (halving and doubling); folding adds
   // two steps of n.
-  const int pp = 1 << log2i(p), rem = p - pp;
-  auto real = [&](int v) { return v < rem ? 2 * v + 1 : v + rem; };
-  double t = rem > 0 ? 2 * tx(n) : 0;
+  const PowerOfTwoFold fold(p);
+  double t = fold.rem > 0 ? 2 * tx(n) : 0;
   double part = n;
-  for (int d = pp / 2; d >= 1; d /= 2) {
+  for (int d = fold.pp / 2; d >= 1; d /= 2) {
     part /= 2;
-    t += 2 * c.links->time(real(0), real(d), part);
+    t += 2 * c.links->time(fold.real(0), fold.real(d), part);
   }
   r.rhd = t;
   return r;

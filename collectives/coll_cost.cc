@@ -38,24 +38,6 @@ std::vector<int> torus_line(const TorusShape& ts, int i) {
   }
   return m;
 }
-
-// The largest power of two pp <= p, into which the first 2 (p - pp) ranks
-// fold pairwise (rhd, rd): renumbered rank nr is group rank real(nr).
-struct PowerOfTwoFold {
-  explicit PowerOfTwoFold(int p) {
-    while (pp * 2 <= p) pp *= 2;
-    rem = p - pp;
-  }
-  int real(int nr) const { return nr < rem ? 2 * nr + 1 : nr + rem; }
-  // Folding in and out: the slowest pair's transfer of `bytes`, twice.
-  double seconds(const LinkCosts& links, double bytes) const {
-    double fold = 0;
-    for (int e = 0; e < 2 * rem; e += 2) fold = std::max(fold, links.time(e, e + 1, bytes));
-    return 2 * fold;
-  }
-  int pp = 1, rem = 0;
-};
-
 }  // namespace
 
 double torus_reduce_scatter_seconds(const GroupCostModel& g, double block) {
@@ -100,6 +82,12 @@ double gather_from_peers_seconds(const LinkCosts& links, int p, double per_peer_
     worst = std::max(worst, t);
   }
   return worst;
+}
+
+double PowerOfTwoFold::seconds(const LinkCosts& links, double bytes) const {
+  double fold = 0;
+  for (int e = 0; e < 2 * rem; e += 2) fold = std::max(fold, links.time(e, e + 1, bytes));
+  return 2 * fold;
 }
 
 double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t n, size_t es) {

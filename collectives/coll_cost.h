@@ -29,6 +29,21 @@ double ring_phase_seconds(const LinkCosts& links, const int* members, int m, dou
 // Every one of the p ranks reads `per_peer_bytes` from each other rank, one
 // transfer each: the slowest rank's sum (oneshot; each phase of direct).
 double gather_from_peers_seconds(const LinkCosts& links, int p, double per_peer_bytes);
+// The largest power of two pp <= p, into which the first 2 (p - pp) ranks
+// fold pairwise (rhd, rd): rank 2i hands its vector to 2i+1 and sits out;
+// renumbered rank nr is group rank real(nr).
+struct PowerOfTwoFold {
+  explicit PowerOfTwoFold(int p) {
+    while (pp * 2 <= p) pp *= 2;
+    rem = p - pp;
+  }
+  int real(int nr) const { return nr < rem ? 2 * nr + 1 : nr + rem; }
+  // Group rank r's renumbered rank, or -1 if it folds in and sits out.
+  int renumbered(int r) const { return r >= 2 * rem ? r - rem : (r % 2 == 1 ? r / 2 : -1); }
+  // Folding in and out: the slowest pair's transfer of `bytes`, twice.
+  double seconds(const LinkCosts& links, double bytes) const;
+  int pp = 1, rem = 0;
+};
 // Rabenseifner all-reduce of `count` elements of `elem` bytes over p ranks
 // (fold to the largest power of two, halving and doubling, unfold).
 double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t count, size_t elem);

@@ -198,7 +198,6 @@ std::chrono::microseconds env_us(const char* name, long dflt) {
   return std::chrono::microseconds(x);
 }
 
-// CPUs of the host (not this process's affinity: mpirun binds each rank to one).
 // The CPUs this process may run on (its affinity: taskset, cpusets, an MPI
 // binding), as hex digits, CPU 0 in the low bit of the first.
 std::string cpu_mask_hex() {

@@ -33,6 +33,8 @@ pass() { echo "ok: $*"; }
 # Runs `tessera run` on every host (node i on mh_i) with the given program;
 # writes host i's output to $OUT/run.i and its exit code to $OUT/rc.i.
 # Extra environment for the workers: pass VAR=VALUE words before `--`.
+# NODES_PER_HOST=m (default 1) makes K*m nodes instead, node i on host
+# i % K (run_crossed).
 run_on_hosts() {
   local k="$1" nproc="$2"
   shift 2
@@ -42,36 +44,25 @@ run_on_hosts() {
     shift
   done
   shift
-  local pids=()
-  for ((i = 0; i < k; ++i)); do
-    rig_exec "$i" env TESSERA_JOB_TOKEN="$TOKEN" "${envs[@]}" "$BIN/tessera" run --nnodes "$k" --node-rank "$i" \
-      --nproc-per-node "$nproc" --coordinator "$RIG_SUBNET_PREFIX.1:29500" --rdzv-timeout 60 -- "$@" \
+  local nodes=$((k * ${NODES_PER_HOST:-1})) pids=()
+  for ((i = 0; i < nodes; ++i)); do
+    rig_exec $((i % k)) env TESSERA_JOB_TOKEN="$TOKEN" "${envs[@]}" "$BIN/tessera" run --nnodes "$nodes" \
+      --node-rank "$i" --nproc-per-node "$nproc" --coordinator "$RIG_SUBNET_PREFIX.1:29500" --rdzv-timeout 60 -- "$@" \
       >"$OUT/run.$i" 2>&1 &
     pids+=($!)
   done
-  for ((i = 0; i < k; ++i)); do
+  for ((i = 0; i < nodes; ++i)); do
     wait "${pids[$i]}"
     echo $? >"$OUT/rc.$i"
   done
 }
 
-# Like run_on_hosts with 2 hosts, but as 4 nodes of one rank each, node i on
-# host i % 2: ranks 0 and 2 share mh0, 1 and 3 mh1, so in `bench sendrecv`
-# (rank r sends to r+1) every pair crosses hosts, both pairs at once, and each
-# host runs two ranks: the load a 2 x 2 collective puts on the wire between
-# them. Writes $OUT/run.i and $OUT/rc.i for nodes 0..3.
-run_crossed() {
-  local pids=()
-  for ((i = 0; i < 4; ++i)); do
-    rig_exec $((i % 2)) env TESSERA_JOB_TOKEN="$TOKEN" "$BIN/tessera" run --nnodes 4 --node-rank "$i" \
-      --nproc-per-node 1 --coordinator "$RIG_SUBNET_PREFIX.1:29500" --rdzv-timeout 60 -- "$@" >"$OUT/run.$i" 2>&1 &
-    pids+=($!)
-  done
-  for ((i = 0; i < 4; ++i)); do
-    wait "${pids[$i]}"
-    echo $? >"$OUT/rc.$i"
-  done
-}
+# 2 hosts as 4 nodes of one rank each, node i on host i % 2: ranks 0 and 2
+# share mh0, 1 and 3 mh1, so in `bench sendrecv` (rank r sends to r+1) every
+# pair crosses hosts, both pairs at once, and each host runs two ranks: the
+# load a 2 x 2 collective puts on the wire between them. Writes $OUT/run.i
+# and $OUT/rc.i for nodes 0..3.
+run_crossed() { NODES_PER_HOST=2 run_on_hosts 2 1 -- "$@"; }
 
 # mpirun from the rig's head node over its hosts (launch agent instead of ssh).
 mpirun_on_hosts() {
