@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "collectives/coll_cost.h"
+#include "collectives/host.h"
 #include "collectives/reduce.h"
 
 namespace tessera::collectives {
@@ -126,10 +127,10 @@ void* Workspace::get(size_t bytes) {
 
 Workspace::~Workspace() { std::free(p_); }
 
-HostLevels host_levels(const std::vector<int>* host_of, int rank) {
+HostLevels host_levels(const HostMap* hosts, int rank) {
   HostLevels h;
-  if (!host_of || host_of->empty()) return h;
-  const std::vector<int>& of = *host_of;
+  if (!hosts || hosts->host_of.empty()) return h;
+  const std::vector<int>& of = hosts->host_of;
   const int p = static_cast<int>(of.size());
   const int nh = 1 + *std::max_element(of.begin(), of.end());
   std::vector<std::vector<int>> on(static_cast<size_t>(nh));
@@ -151,6 +152,7 @@ HostLevels host_levels(const std::vector<int>* host_of, int rank) {
       h.index[static_cast<size_t>(r)] = i;
       h.by_local[static_cast<size_t>(i) * nh + k] = r;
     }
+  h.crowded = hosts->crowded();
   h.valid = true;
   return h;
 }
@@ -240,6 +242,30 @@ void doubling_exchanges(AlgoContext& c, const CollCall& k, int m, int pos, RankF
     c.transport->sendrecv_sink(partner, cur, bytes, partner, bytes, sink, c.tag);
     std::swap(cur, next);
   }
+}
+
+// Binomial reduce of `bytes` to position 0 of m ranks, this one at `v`
+// (rank_of(i): the rank at position i): at distance 1, 2, ... a rank with
+// that bit set sends its partial sum, at first `input` itself (uncopied),
+// and is done; the first receive combines straight from `input` into `acc`.
+// Position 0 ends with the result in `acc`. hier_leader's reduce inside a
+// host and tree's reduce.
+template <typename RankFn>
+void binomial_reduce(AlgoContext& c, const CollCall& k, int m, int v, RankFn rank_of, const char* input, char* acc,
+                     size_t bytes) {
+  const char* mine = input;
+  for (int mask = 1; mask < m; mask <<= 1) {
+    if (v & mask) {
+      c.transport->send(rank_of(v - mask), c.tag, mine, bytes);
+      return;
+    }
+    if (v + mask < m) {
+      ReduceSink sink(acc, mine, k.dtype, k.op);
+      c.transport->recv_sink(rank_of(v + mask), bytes, sink, c.tag);
+      mine = acc;
+    }
+  }
+  copy_if_needed(acc, mine, bytes);  // position 0 without children
 }
 
 // Members 0..p-1 without allocating (p <= kMaxRanks).
@@ -531,6 +557,65 @@ class HierRdAlgorithm final : public Algorithm {
     level(h.local, h.local_pos, L);
     level(h.cross, h.cross_pos, H);
     if (cur != out && bytes) std::memcpy(out, cur, bytes);
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------- hier_leader
+// Small all-reduce for a group spanning hosts whose ranks share their cores:
+// a binomial reduce to local index 0 (shared memory), recursive doubling
+// among those leaders, one per host (TCP), and a binomial broadcast from the
+// leader: ceil(log2 L) + log2(H) + ceil(log2 L) steps, of which log2(H) cross
+// hosts with one message per host instead of hier_rd's L. Declines unless H
+// is a power of two.
+class HierLeaderAlgorithm final : public Algorithm {
+ public:
+  const char* name() const override { return "hier_leader"; }
+  bool run(AlgoContext& c, const CollCall& k) override {
+    if (k.kind != CollKind::AllReduce || !c.hosts || !c.hosts->valid) return false;
+    const HostLevels& h = *c.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    if ((H & (H - 1)) != 0) return false;
+    const size_t bytes = k.count * dtype_size(k.dtype);
+    const char* const send = static_cast<const char*>(k.send);
+    char* const out = static_cast<char*>(k.recv);
+    const int v = h.local_pos;
+    auto local = [&](int i) { return h.local[static_cast<size_t>(i)]; };
+    auto tl = [&](int a, int b) { return c.links->time(local(a), local(b), static_cast<double>(bytes)); };
+    double tree = 0;  // the reduce's steps (the broadcast's are the same pairs)
+    for (int mask = 1; mask < L; mask <<= 1) {
+      double t = 0;
+      for (int a = 0; a + mask < L; a += 2 * mask) t = std::max(t, tl(a, a + mask));
+      tree += t;
+    }
+    double cross = 0;  // the leaders' (by_local[k], k < H) exchanges
+    for (int mask = 1; mask < H; mask <<= 1) {
+      double t = 0;
+      for (int a = 0; a < H; ++a)
+        t = std::max(t, c.links->time(h.by_local[static_cast<size_t>(a)], h.by_local[static_cast<size_t>(a ^ mask)],
+                                      static_cast<double>(bytes)));
+      cross += t;
+    }
+    c.model += 2 * tree + cross;
+    // The leader's doubling alternates two buffers; it starts in the one
+    // that makes it end in `out` (no copy back).
+    int exchanges = 0;
+    for (int mask = 1; mask < H; mask <<= 1) ++exchanges;
+    char* acc = out;
+    if (v == 0 && exchanges % 2 == 1) acc = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
+    binomial_reduce(c, k, L, v, local, send, acc, bytes);
+    if (v == 0) {
+      char* cur = acc;
+      char* next = acc == out ? static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1))) : out;
+      doubling_exchanges(
+          c, k, H, h.cross_pos, [&](int i) { return h.cross[static_cast<size_t>(i)]; }, bytes, cur, next);
+    }
+    // Broadcast from local index 0, the reduce's tree backwards.
+    int mask = 1;
+    while (mask < L && !(v & mask)) mask <<= 1;
+    if (v != 0) c.transport->recv(local(v - mask), c.tag, out, bytes);
+    for (mask >>= 1; mask > 0; mask >>= 1)
+      if (v + mask < L) c.transport->send(local(v + mask), c.tag, out, bytes);
     return true;
   }
 };
@@ -1066,17 +1151,7 @@ class TreeAlgorithm final : public Algorithm {
     }
     // Reduce: accumulate in the root's recv, elsewhere in the workspace.
     char* acc = (r == k.root) ? static_cast<char*>(k.recv) : static_cast<char*>(c.ws->get(bytes));
-    copy_if_needed(acc, k.send, bytes);
-    for (int mask = 1; mask < p; mask <<= 1) {
-      if (vr & mask) {
-        c.transport->send(real(vr - mask), c.tag, acc, bytes);
-        break;
-      }
-      if (vr + mask < p) {
-        ReduceSink sink(acc, acc, k.dtype, k.op);
-        c.transport->recv_sink(real(vr + mask), bytes, sink, c.tag);
-      }
-    }
+    binomial_reduce(c, k, p, vr, real, static_cast<const char*>(k.send), acc, bytes);
     c.model += model;
     return true;
   }
@@ -1192,6 +1267,7 @@ RingAlgorithm g_ring;
 HierAlgorithm g_hier;
 RhdAlgorithm g_rhd;
 HierRdAlgorithm g_hier_rd;
+HierLeaderAlgorithm g_hier_leader;
 RdAlgorithm g_rd;
 TorusAlgorithm g_torus;
 DirectAlgorithm g_direct;
@@ -1201,13 +1277,18 @@ FlatAlgorithm g_flat;
 PairwiseAlgorithm g_pairwise;
 DisseminationAlgorithm g_dissemination;
 
-Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier, &g_hier_rd,  &g_rd,
+Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier, &g_hier_rd, &g_hier_leader, &g_rd,
                            &g_rhd,     &g_ring,   &g_tree,  &g_flat, &g_pairwise, &g_dissemination};
 
 bool pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 int log2i(int x) {
   int l = 0;
   while ((1 << (l + 1)) <= x) ++l;
+  return l;
+}
+int ceil_log2(int x) {
+  int l = 0;
+  while ((1 << l) < x) ++l;
   return l;
 }
 
@@ -1217,7 +1298,7 @@ int log2i(int x) {
 // (local index 0 of hosts 0 and 1) stand for all, so every rank computes the
 // same figures. Negative: the algorithm cannot serve the group.
 struct TwoLevelPrediction {
-  double hier = -1, hier_rd = -1, rhd = -1, ring = -1;
+  double hier = -1, hier_rd = -1, hier_leader = -1, rhd = -1, ring = -1;
 };
 TwoLevelPrediction predict_two_level(const AlgoContext& c, double n) {
   const HostLevels& h = *c.hosts;
@@ -1227,7 +1308,11 @@ TwoLevelPrediction predict_two_level(const AlgoContext& c, double n) {
   auto tx = [&](double b) { return c.links->time(a0, b1, b); };  // between hosts
   TwoLevelPrediction r;
   r.hier = 2 * (L - 1) * tl(n / L) + 2 * (H - 1) * tx(n / p);
-  if (pow2(L) && pow2(H)) r.hier_rd = log2i(L) * tl(n) + log2i(H) * tx(n);
+  // On crowded hosts (HostLevels::crowded) hier_rd's L messages across hosts
+  // at once take turns on the host's cores, which the per-link figures
+  // cannot express; hier_leader sends one per host, and serves instead.
+  if (pow2(L) && pow2(H) && !h.crowded) r.hier_rd = log2i(L) * tl(n) + log2i(H) * tx(n);
+  if (pow2(H) && h.crowded) r.hier_leader = 2 * ceil_log2(L) * tl(n) + log2i(H) * tx(n);
   r.ring = 2 * (p - 1) * tx(n / p);  // every ring step has a cross-host pair
   // rhd: p' = 2^floor(log2 p); the level at distance d costs the link of
   // (renumbered) ranks 0 and d, twice (halving and doubling); folding adds
@@ -1290,7 +1375,8 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
         // algorithms that can serve it (cheapest first); ring stays last as
         // the fallback that serves everything.
         const TwoLevelPrediction t = predict_two_level(*model, static_cast<double>(bytes));
-        std::pair<double, Algorithm*> by_time[] = {{t.hier, &g_hier}, {t.hier_rd, &g_hier_rd}, {t.rhd, &g_rhd}};
+        std::pair<double, Algorithm*> by_time[] = {
+            {t.hier, &g_hier}, {t.hier_rd, &g_hier_rd}, {t.hier_leader, &g_hier_leader}, {t.rhd, &g_rhd}};
         std::stable_sort(std::begin(by_time), std::end(by_time),
                          [](const auto& x, const auto& y) { return x.first < y.first; });
         for (const auto& [sec, a] : by_time)

@@ -94,8 +94,9 @@ struct HostLevels {
   std::vector<int> host;      // group rank -> host index
   std::vector<int> index;     // group rank -> local index on its host
   std::vector<int> by_local;  // [i * H + k]: the rank of local index i on host k
+  bool crowded = false;       // HostMap::crowded(): some host's ranks share its cores
 };
-HostLevels host_levels(const std::vector<int>* host_of, int rank);
+HostLevels host_levels(const HostMap* hosts, int rank);
 
 struct AlgoContext {
   Transport* transport = nullptr;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "collectives/algorithms.h"
+#include "collectives/host.h"
 #include "collectives/reduce.h"
 #include "runtime/device.h"
 
@@ -114,17 +115,18 @@ class TransportCommunicator final : public Communicator {
     // The default model has two levels when the group spans hosts:
     // NeuronLink inside a host, the instance network between hosts.
     if (options_.net.dims().empty())
-      if (const std::vector<int>* host_of = transport_->host_of()) {
+      if (const HostMap* hosts = transport_->hosts()) {
+        const std::vector<int>& host_of = hosts->host_of;
         int local = 0;
-        for (int h : *host_of) local += h == (*host_of)[rank_] ? 1 : 0;
+        for (int h : host_of) local += h == host_of[rank_] ? 1 : 0;
         // A measured bandwidth is of one link (rank pair) already.
-        links_.set_between_hosts(*host_of,
+        links_.set_between_hosts(host_of,
                                  x.bandwidth > 0 ? x.bandwidth : kDefaultInstanceBandwidth / std::max(1, local),
                                  x.latency > 0 ? x.latency : kDefaultInstanceLatency);
       }
     torus_ = torus_shape(net_, nodes_);
     multi_dim_ = torus_.valid && torus_.extent.size() >= 2;
-    hosts_ = host_levels(transport_->host_of(), rank_);
+    hosts_ = host_levels(transport_->hosts(), rank_);
     // Validate a forced algorithm name now rather than at the first call.
     Algorithm* tmp[kMaxCandidates];
     algorithm_candidates(CollKind::AllReduce, 0, false, false, options_.algo, tmp);

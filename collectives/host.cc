@@ -1,7 +1,9 @@
 #include "collectives/host.h"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -28,6 +30,38 @@ std::string ns_id(const char* which) {
 
 }  // namespace
 
+// The CPUs this process may run on (its affinity: taskset, cpusets, an MPI
+// binding), as hex digits, CPU 0 in the low bit of the first.
+std::string cpu_mask_hex() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) {
+    const long n = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    for (long c = 0; c < n && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), &set);
+  }
+  std::string hex;
+  for (int c = 0; c < CPU_SETSIZE; c += 4) {
+    int d = 0;
+    for (int k = 0; k < 4; ++k) d |= CPU_ISSET(c + k, &set) ? 1 << k : 0;
+    hex += "0123456789abcdef"[d];
+  }
+  while (hex.size() > 1 && hex.back() == '0') hex.pop_back();
+  return hex;
+}
+
+bool add_cpu_mask(const std::string& hex, std::vector<bool>& cpus) {
+  if (hex.empty() || hex.size() > CPU_SETSIZE / 4) return false;
+  if (cpus.size() < 4 * hex.size()) cpus.resize(4 * hex.size(), false);
+  for (size_t i = 0; i < hex.size(); ++i) {
+    const char ch = hex[i];
+    const int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+    if (d < 0) return false;
+    for (int k = 0; k < 4; ++k)
+      if (d & (1 << k)) cpus[4 * i + static_cast<size_t>(k)] = true;
+  }
+  return true;
+}
+
 HostIdentity this_host() {
   HostIdentity h;
   std::string boot = read_line("/proc/sys/kernel/random/boot_id");
@@ -49,6 +83,7 @@ HostIdentity this_host() {
     h.name = name;
   else
     h.name = "?";
+  h.cpus = cpu_mask_hex();
   return h;
 }
 
@@ -59,6 +94,12 @@ std::vector<int> HostMap::ranks_on(int h) const {
   return r;
 }
 
+bool HostMap::crowded() const {
+  for (int h = 0; h < num_hosts(); ++h)
+    if (static_cast<int>(ranks_on(h).size()) > cpus[static_cast<size_t>(h)]) return true;
+  return false;
+}
+
 std::string HostMap::describe(int r) const {
   if (r < 0 || r >= static_cast<int>(host_of.size())) return "an unknown host";
   return "host '" + names[host_of[r]] + "'";
@@ -66,7 +107,9 @@ std::string HostMap::describe(int r) const {
 
 HostMap exchange_hosts(Store& store, int rank, int size, std::chrono::milliseconds timeout) {
   const HostIdentity me = this_host();
-  store.set("host/" + std::to_string(rank), me.key + " " + me.name);
+  // "KEY CPUS NAME": the key and the mask have no spaces; the name may.
+  const std::string mine = me.key + " " + me.cpus + " " + me.name;
+  store.set("host/" + std::to_string(rank), mine);
   // One deadline for all peers; on timeout, name the ranks that never came.
   std::vector<std::string> keys;
   keys.reserve(size);
@@ -90,14 +133,26 @@ HostMap exchange_hosts(Store& store, int rank, int size, std::chrono::millisecon
   HostMap m;
   m.host_of.resize(size);
   std::map<std::string, int> index;
+  std::vector<std::vector<bool>> masks;  // host index -> union of its ranks' CPUs
   for (int j = 0; j < size; ++j) {
-    std::string v = j == rank ? me.key + " " + me.name : store.get(keys[j], timeout);
+    const std::string v = j == rank ? mine : store.get(keys[j], timeout);
     const auto sp = v.find(' ');
-    TESSERA_CHECK(sp != std::string::npos, "bad host identity '", v, "' from rank ", j);
+    const auto sp2 = sp == std::string::npos ? sp : v.find(' ', sp + 1);
+    TESSERA_ARG_CHECK(sp2 != std::string::npos, "bad host identity '", v, "' from rank ", j,
+                      " (expected 'KEY CPUS NAME')");
     auto [it, fresh] = index.emplace(v.substr(0, sp), static_cast<int>(m.names.size()));
-    if (fresh) m.names.push_back(v.substr(sp + 1));
+    if (fresh) {
+      m.names.push_back(v.substr(sp2 + 1));
+      masks.emplace_back();
+    }
     m.host_of[j] = it->second;
+    const std::string cpus = v.substr(sp + 1, sp2 - sp - 1);
+    std::vector<bool> its;
+    TESSERA_ARG_CHECK(add_cpu_mask(cpus, its) && std::count(its.begin(), its.end(), true) > 0, "bad CPU mask '",
+                      cpus, "' in the host identity of rank ", j, " (hex digits, at least one CPU)");
+    add_cpu_mask(cpus, masks[static_cast<size_t>(it->second)]);
   }
+  for (const auto& mask : masks) m.cpus.push_back(static_cast<int>(std::count(mask.begin(), mask.end(), true)));
   return m;
 }
 

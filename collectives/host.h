@@ -24,6 +24,7 @@ namespace tessera::collectives {
 struct HostIdentity {
   std::string key;   // boot id and namespace ids: equal keys mean "shared memory works"
   std::string name;  // host name (for messages)
+  std::string cpus;  // the CPUs this process may run on (cpu_mask_hex())
 };
 
 // This process's identity (read from /proc each call). TESSERA_HOST_NAME
@@ -32,10 +33,21 @@ struct HostIdentity {
 // it can split a host, never join two).
 HostIdentity this_host();
 
+// The CPUs this process may run on (its affinity: taskset, cpusets, an MPI
+// binding), as hex digits, CPU 0 in the low bit of the first.
+std::string cpu_mask_hex();
+// Ors a mask of cpu_mask_hex() into `cpus` (one flag per CPU); false if it is not one.
+bool add_cpu_mask(const std::string& hex, std::vector<bool>& cpus);
+
 struct HostMap {
   std::vector<int> host_of;        // group rank -> host index (0, 1, ... in order of first rank)
   std::vector<std::string> names;  // host index -> host name
+  std::vector<int> cpus;           // host index -> CPUs its ranks may run on (union of their affinities)
   int num_hosts() const { return static_cast<int>(names.size()); }
+  // Some host has more of the group's ranks than CPUs for them: its ranks
+  // take turns on its cores, so their work (a network stack's included)
+  // does not overlap.
+  bool crowded() const;
   // Group ranks on host `h`, ascending.
   std::vector<int> ranks_on(int h) const;
   // "host 'NAME'" of rank r, for messages.
@@ -43,7 +55,8 @@ struct HostMap {
 };
 
 // Collective: publishes this rank's identity and reads the group's. Throws
-// TimeoutError naming the rank that never published.
+// TimeoutError naming the rank that never published, InvalidArgument naming
+// a rank whose identity does not parse.
 HostMap exchange_hosts(Store& store, int rank, int size, std::chrono::milliseconds timeout);
 
 }  // namespace tessera::collectives

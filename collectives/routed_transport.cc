@@ -138,7 +138,7 @@ class RoutedTransport final : public Transport {
     std::lock_guard<std::mutex> lk(mu_);
     return aborted_;
   }
-  const std::vector<int>* host_of() const override { return &hosts_.host_of; }
+  const HostMap* hosts() const override { return &hosts_; }
   SharedMemoryPeers* host_shared_memory() override { return host_peers_ ? host_peers_.get() : nullptr; }
 
   bool peer_alive(int peer) const override {

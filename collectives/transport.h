@@ -47,6 +47,8 @@
 
 namespace tessera::collectives {
 
+struct HostMap;  // collectives/host.h
+
 class TransportError : public Error {
  public:
   enum class Kind {
@@ -143,10 +145,10 @@ class Transport {
   // algorithms may read their peers' buffers in place. Owned by the transport.
   virtual SharedMemoryPeers* shared_memory() { return nullptr; }
 
-  // Host index of every group rank (hosts numbered in order of their first
-  // rank), when the group spans hosts; nullptr when it is on one host.
-  // Hierarchical algorithms follow it. Owned by the transport; any thread.
-  virtual const std::vector<int>* host_of() const { return nullptr; }
+  // Which host every group rank is on, and the hosts' CPUs
+  // (collectives/host.h), when the group spans hosts; nullptr when it is on
+  // one host. Hierarchical algorithms follow it. Owned by the transport; any thread.
+  virtual const HostMap* hosts() const { return nullptr; }
 
   // When the group spans hosts: the SharedMemoryPeers of this rank's
   // host-mates (its peer indices are the host-mates in ascending group-rank

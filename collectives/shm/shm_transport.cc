@@ -198,39 +198,6 @@ std::chrono::microseconds env_us(const char* name, long dflt) {
   return std::chrono::microseconds(x);
 }
 
-// The CPUs this process may run on (its affinity: taskset, cpusets, an MPI
-// binding), as hex digits, CPU 0 in the low bit of the first.
-std::string cpu_mask_hex() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) {
-    const long n = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-    for (long c = 0; c < n && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), &set);
-  }
-  std::string hex;
-  for (int c = 0; c < CPU_SETSIZE; c += 4) {
-    int d = 0;
-    for (int k = 0; k < 4; ++k) d |= CPU_ISSET(c + k, &set) ? 1 << k : 0;
-    hex += "0123456789abcdef"[d];
-  }
-  while (hex.size() > 1 && hex.back() == '0') hex.pop_back();
-  return hex;
-}
-
-// Ors a mask of cpu_mask_hex() into `cpus` (one flag per CPU); false if it is not one.
-bool add_cpu_mask(const std::string& hex, std::vector<bool>& cpus) {
-  if (hex.empty() || hex.size() > CPU_SETSIZE / 4) return false;
-  if (cpus.size() < 4 * hex.size()) cpus.resize(4 * hex.size(), false);
-  for (size_t i = 0; i < hex.size(); ++i) {
-    const char ch = hex[i];
-    const int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-    if (d < 0) return false;
-    for (int k = 0; k < 4; ++k)
-      if (d & (1 << k)) cpus[4 * i + static_cast<size_t>(k)] = true;
-  }
-  return true;
-}
-
 std::string to_hex(const unsigned char* p, size_t n) {
   static const char* d = "0123456789abcdef";
   std::string s;

@@ -6,15 +6,18 @@
 // uses inputs that only an f32 accumulation sums right. Send buffers are
 // checked bit for bit after every out-of-place call.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <utility>
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/host.h"
 #include "runtime/device.h"
 #include "runtime/shm_memory.h"
 #include "tests/collectives/fork_harness.h"
@@ -687,6 +690,22 @@ void enter_host(int host) {
   ::setenv("TESSERA_TCP_ADDR", "127.0.0.1", 1);
 }
 
+// The CPUs this process may run on (the ranks inherit the test's affinity).
+int my_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+
+// Confines this process (a rank) to CPU 0.
+void pin_to_cpu0() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  if (::sched_setaffinity(0, sizeof set, &set) != 0) throw std::runtime_error("sched_setaffinity failed");
+}
+
 class Hosts : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
@@ -709,13 +728,15 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
           check_all_reduce(*c, heap, count, dt, op, false, seed++);
     // Small ones take hier_rd where hosts hold equal powers of two (>= 2) of
     // ranks (two by four: log2 4 + log2 2 = 3 exchanges, so the result ends
-    // in the workspace and is copied out).
+    // in the workspace and is copied out), or hier_leader where a host has
+    // more ranks than the CPUs they may use (two by four on a 2-CPU machine).
     // Elsewhere (unequal hosts, one rank per host) there is no shared-memory
     // transport for the whole group, and rd serves them (3 and 5 ranks: folded).
     const bool two_level = l.name == "two_by_two" || l.name == "interleaved" || l.name == "two_by_four";
+    const bool crowded = l.name == "two_by_four" ? my_cpus() < 4 : my_cpus() < 2;
     check_all_reduce(*c, heap, 7, DType::F32, ReduceOp::Sum, false, seed++);
-    COLL_REQUIRE(c->last_algorithm() == std::string(two_level ? "hier_rd" : "rd"), "7 floats served by ",
-                 c->last_algorithm());
+    COLL_REQUIRE(c->last_algorithm() == std::string(!two_level ? "rd" : crowded ? "hier_leader" : "hier_rd"),
+                 "7 floats served by ", c->last_algorithm());
     for (size_t count : {size_t{1}, size_t{1000}}) {
       check_reduce_scatter(*c, heap, count, DType::F32, ReduceOp::Sum, false);
       check_all_gather(*c, heap, count, DType::I32, true);
@@ -747,6 +768,18 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
       check_all_reduce(*hc, heap, count, DType::F32, ReduceOp::Sum, false, 7);
       check_all_reduce(*hc, heap, count, DType::I64, ReduceOp::Max, true, 8);
       COLL_REQUIRE((hc->last_algorithm() == "hier") == even, "forced hier served by ", hc->last_algorithm());
+    }
+    // hier_leader forced (it serves uncrowded hosts too): exact at every
+    // size, in place or not; it declines where hier does.
+    CommOptions lo;
+    lo.name = "leader";
+    lo.algo = "hier_leader";
+    auto lc = Communicator::create(store, rank, size, lo);
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{65541}}) {
+      check_all_reduce(*lc, heap, count, DType::F32, ReduceOp::Sum, count % 2 == 0, 9);
+      check_all_reduce(*lc, heap, count, DType::I64, ReduceOp::Max, count % 2 == 1, 10);
+      COLL_REQUIRE((lc->last_algorithm() == "hier_leader") == even, "forced hier_leader served by ",
+                   lc->last_algorithm());
     }
     // Hierarchical all-gather, reduce-scatter and broadcast, forced at every
     // size and in place or not; exact values against the serial definition.
@@ -815,6 +848,88 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Hosts,
                                            Layout{"one_and_three", {0, 1, 1, 1}}, Layout{"one_per_host", {0, 1, 2}},
                                            Layout{"two_by_four", {0, 0, 0, 0, 1, 1, 1, 1}}),
                          [](const auto& info) { return info.param.name; });
+
+// A host's CPUs are the union of its ranks' affinity masks, published with
+// the host identity; a host with more ranks than CPUs makes the group
+// crowded. Identities that do not parse are refused naming the rank.
+TEST(HostMap, CpusAreTheUnionOfTheRanksMasks) {
+  ::setenv("TESSERA_HOST_KEY_SUFFIX", "hostmap-test", 1);
+  const HostIdentity me = this_host();
+  ASSERT_EQ(me.cpus, cpu_mask_hex());
+  std::vector<bool> mine;
+  ASSERT_TRUE(add_cpu_mask(me.cpus, mine));
+  const int n = static_cast<int>(std::count(mine.begin(), mine.end(), true));
+  ASSERT_EQ(n, my_cpus());
+  // Ranks 1 and 2 on host "b" (CPUs 0-1 and 4: 3 CPUs, 2 ranks), ranks 3-5
+  // on host "c" (CPU 8 each: 1 CPU, 3 ranks), rank 0 here.
+  auto store = make_memory_store();
+  store->set("host/1", "kb 3 b");
+  store->set("host/2", "kb 01 b");
+  store->set("host/3", "kc 100 c one");
+  store->set("host/4", "kc 100 c one");
+  store->set("host/5", "kc 100 c one");
+  const HostMap m = exchange_hosts(*store, 0, 6, std::chrono::milliseconds(1000));
+  EXPECT_EQ(m.host_of, (std::vector<int>{0, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(m.names[2], "c one");
+  EXPECT_EQ(m.cpus, (std::vector<int>{n, 3, 1}));
+  EXPECT_TRUE(m.crowded());
+  store->set("host/3", "kc 1f0 c one");
+  store->set("host/4", "kc 100 c one");
+  store->set("host/5", "kc 100 c one");
+  const HostMap roomy = exchange_hosts(*store, 0, 6, std::chrono::milliseconds(1000));
+  EXPECT_EQ(roomy.cpus[2], 5);
+  EXPECT_FALSE(roomy.crowded());
+  for (const char* bad : {"kb b", "kb 0 b", "kb 3g b", "kb"}) {
+    store->set("host/1", bad);
+    try {
+      exchange_hosts(*store, 0, 6, std::chrono::milliseconds(1000));
+      ADD_FAILURE() << "identity '" << bad << "' accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv("TESSERA_HOST_KEY_SUFFIX");
+}
+
+// Hosts whose ranks share one CPU (each rank confined to CPU 0): the small
+// all-reduce takes hier_leader (a binomial reduce to local index 0, the
+// leaders' recursive doubling across hosts, a binomial broadcast), exact for
+// every dtype and op, in place or not, at L = 2 and 3 (hier_rd needs a power
+// of two) and 4 on H = 2 hosts, and L = 2 on H = 4 (two exchanges between
+// the leaders, so their result lands in the other buffer first); modeled
+// as twice the reduce's ceil(log2 L) steps plus log2(H) (ae + n/be), with
+// the link figures given. Large ones still take hier.
+TEST(HostsCrowded, SmallAllReduceTakesOneLeaderPerHost) {
+  for (auto [L, H] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{4, 2}, std::pair{2, 4}}) {
+    auto res = run_ranks(L * H, [L = L, H = H](int rank, int size, const std::shared_ptr<Store>& store) {
+      pin_to_cpu0();
+      enter_host(rank / L);
+      ::setenv("TESSERA_NET_INTER_HOST", "150,1.5", 1);
+      ::setenv("TESSERA_NET_INTRA_HOST", "20,10", 1);
+      const double a = 20e-6, bw = 10e9, ae = 150e-6, be = 1.5e9;
+      auto c = Communicator::create(store, rank, size);
+      Buffers heap(false);
+      int seed = 0;
+      for (DType dt : {DType::F32, DType::BF16, DType::I64})
+        for (ReduceOp op : kOps)
+          for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
+            for (bool inplace : {false, true}) check_all_reduce(*c, heap, count, dt, op, inplace, seed++);
+            COLL_REQUIRE(c->last_algorithm() == std::string("hier_leader"), "L ", L, ": ", count, " elements served by ",
+                         c->last_algorithm());
+          }
+      // The reduce's (and broadcast's) steps: local indices 0-1, then 0-2
+      // (L > 2), two hops apart on the default model's ring.
+      const double n = 7 * 4, tree = (a + n / bw) + (L > 2 ? 2 * a + n / bw : 0);
+      check_all_reduce(*c, heap, 7, DType::F32, ReduceOp::Sum, false, seed++);
+      const double t = 2 * tree + (H == 4 ? 2 : 1) * (ae + n / be);
+      COLL_REQUIRE(std::fabs(c->last_modeled_seconds() - t) <= 1e-12, "L ", L, ": modeled ", c->last_modeled_seconds(),
+                   " vs ", t);
+      check_all_reduce(*c, heap, size_t{1} << 20, DType::F32, ReduceOp::Sum, false, seed++);
+      COLL_REQUIRE(c->last_algorithm() == std::string("hier"), "L ", L, ": 4 MiB served by ", c->last_algorithm());
+    });
+    EXPECT_EQ(failures(res), "") << "L = " << L << ", H = " << H;
+  }
+}
 
 // Shared memory forced across hosts is refused, naming the other host, before
 // anything of a peer on another host is opened.
