@@ -211,8 +211,9 @@ std::string to_hex(const unsigned char* p, size_t n) {
 class ShmTransport final : public Transport, public SharedMemoryPeers {
  public:
   ShmTransport(const std::shared_ptr<Store>& store, int rank, int size, const CommOptions& options,
-               std::vector<int> labels)
-      : rank_(rank),
+               std::vector<int> labels, bool host_of_wider_group)
+      : host_of_wider_group_(host_of_wider_group),
+        rank_(rank),
         size_(size),
         timeout_(options.timeout),
         group_(options.name),
@@ -855,6 +856,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     return it->second->data();
   }
 
+  const bool host_of_wider_group_;
   const int rank_, size_;
   const std::chrono::milliseconds timeout_;
   // Busy waiting before sleeping (TESSERA_SHM_SPIN_US, TESSERA_SHM_YIELD_US;
@@ -887,7 +889,13 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     oversubscribed_ = oversubscribed;
     polls_ = oversubscribed ? 4 : 64;
     spin_ = env_us("TESSERA_SHM_SPIN_US", oversubscribed ? 0 : 50);
-    yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed ? 200 : 2000);
+    // A host's part of a group spanning hosts: a brief wait often covers a
+    // host-mate's step across hosts (hier_leader's broadcast, hier's
+    // rounds), tens to hundreds of microseconds in which the core has
+    // nothing else to run, so it yields as long as with a core per rank;
+    // sleeping instead costs the leader a futex wake and the waiter a
+    // wake-up (docs/threads.md).
+    yield_ = env_us("TESSERA_SHM_YIELD_US", oversubscribed && !host_of_wider_group_ ? 200 : 2000);
   }
   YieldPolicy yield_policy_;
   // Messages up to this size wait briefly (see wait_until): as for rounds,
@@ -935,7 +943,9 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
 
 std::unique_ptr<Transport> create_transport(const std::shared_ptr<Store>& store, int rank, int size,
                                             const CommOptions& options, std::vector<int> labels) {
-  return std::make_unique<ShmTransport>(store, rank, size, options, std::move(labels));
+  // Labels name the ranks of an enclosing group: this is a host's part of it.
+  const bool part = !labels.empty();
+  return std::make_unique<ShmTransport>(store, rank, size, options, std::move(labels), part);
 }
 
 }  // namespace tessera::collectives::shm
