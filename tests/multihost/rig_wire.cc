@@ -93,6 +93,7 @@ int attach(const std::string& path) {
 struct Packet {
   int64_t due;
   int to;
+  bool pure_ack;  // a TCP segment without payload or SYN/FIN/RST (is_pure_ack)
   size_t len;
   std::vector<unsigned char> bytes;  // kMaxPacket long (never resized: no zero-filling per read)
 };
@@ -102,6 +103,18 @@ constexpr size_t kMaxPacket = 65536;
 constexpr int64_t kMaxEarly = 60000;  // ns: the most a thread spins before a deadline
 constexpr int64_t kMargin = 3000;     // ns woken before the expected overshoot
 constexpr int64_t kSpinPoll = 2000;   // ns between reads while spinning
+
+// A TCP segment that carries no data and no SYN, FIN or RST: an
+// acknowledgement (or window update) only.
+bool is_pure_ack(const unsigned char* p, size_t n) {
+  if (n < 20 || (p[0] >> 4) != 4 || p[9] != 6) return false;  // IPv4, TCP
+  const size_t ihl = static_cast<size_t>(p[0] & 15) * 4;
+  const size_t total = static_cast<size_t>(p[2]) << 8 | p[3];
+  if (ihl < 20 || n < ihl + 20 || total > n) return false;
+  const size_t thl = static_cast<size_t>(p[ihl + 12] >> 4) * 4;
+  const unsigned flags = p[ihl + 13];
+  return total == ihl + thl && (flags & 0x07) == 0;  // no FIN (1), SYN (2), RST (4)
+}
 
 // SIGUSR1 count; each thread prints its figures when it sees a new one.
 std::atomic<unsigned> g_dumps{0};
@@ -126,8 +139,22 @@ class Sender {
         read_all();
         continue;
       }
-      const int64_t due = queue_.front().due;
-      const int64_t sleep_until = due - early_;
+      // Data keeps its time exactly (sleep, then spin); a pure ACK at the
+      // head is written when the thread next runs after its time (its own
+      // timer wake, or a data packet's): the data it acknowledges has
+      // arrived, so a few microseconds of lateness delay no one, while a
+      // spin for it took the receiving host's core for tens of
+      // microseconds at the moment that host's ranks compute (64 KiB
+      // messages, two segments, make the receiver acknowledge at once).
+      int64_t due = -1;
+      for (const Packet& p : queue_)
+        if (!p.pure_ack) {
+          due = p.due;
+          break;
+        }
+      const bool ack_first = queue_.front().pure_ack;
+      const int64_t wake = due < 0 ? queue_.front().due : due - early_;
+      const int64_t sleep_until = ack_first ? std::min(queue_.front().due, wake) : wake;
       int64_t now = now_ns();
       if (sleep_until > now) {
         if (wait_readable(sleep_until - now)) {
@@ -135,11 +162,13 @@ class Sender {
           continue;  // woken by a packet: sleep again for what is left
         }
         now = now_ns();
-        // A timer wake: learn how far past its time it came.
+        if (sleep_until != wake || due < 0) continue;  // an ACK's time: write it (and anything due)
+        // A timer wake before data: learn how far past its time it came.
         const int64_t over = std::max<int64_t>(0, now - sleep_until);
         over_avg_ += (over - over_avg_) / 8;
         early_ = std::min(kMaxEarly, over_avg_ + kMargin);
       }
+      if (due < 0) continue;
       // Spin to the deadline, taking in what arrives meanwhile (a read
       // every kSpinPoll, so a packet's time is at most that late).
       for (int64_t next_read = 0, t = now_ns(); t < due; t = now_ns()) {
@@ -207,7 +236,8 @@ class Sender {
         spare_.push_back(std::move(buf));
         continue;
       }
-      queue_.push_back(Packet{now + delay_ns_, to, static_cast<size_t>(n), std::move(buf)});
+      const bool ack = is_pure_ack(buf.data(), static_cast<size_t>(n));
+      queue_.push_back(Packet{now + delay_ns_, to, ack, static_cast<size_t>(n), std::move(buf)});
     }
   }
 
