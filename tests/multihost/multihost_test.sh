@@ -33,8 +33,6 @@ pass() { echo "ok: $*"; }
 # Runs `tessera run` on every host (node i on mh_i) with the given program;
 # writes host i's output to $OUT/run.i and its exit code to $OUT/rc.i.
 # Extra environment for the workers: pass VAR=VALUE words before `--`.
-# NODES_PER_HOST=m (default 1) makes K*m nodes instead, node i on host
-# i % K (run_crossed).
 run_on_hosts() {
   local k="$1" nproc="$2"
   shift 2
@@ -44,25 +42,18 @@ run_on_hosts() {
     shift
   done
   shift
-  local nodes=$((k * ${NODES_PER_HOST:-1})) pids=()
-  for ((i = 0; i < nodes; ++i)); do
-    rig_exec $((i % k)) env TESSERA_JOB_TOKEN="$TOKEN" "${envs[@]}" "$BIN/tessera" run --nnodes "$nodes" \
+  local pids=()
+  for ((i = 0; i < k; ++i)); do
+    rig_exec "$i" env TESSERA_JOB_TOKEN="$TOKEN" "${envs[@]}" "$BIN/tessera" run --nnodes "$k" \
       --node-rank "$i" --nproc-per-node "$nproc" --coordinator "$RIG_SUBNET_PREFIX.1:29500" --rdzv-timeout 60 -- "$@" \
       >"$OUT/run.$i" 2>&1 &
     pids+=($!)
   done
-  for ((i = 0; i < nodes; ++i)); do
+  for ((i = 0; i < k; ++i)); do
     wait "${pids[$i]}"
     echo $? >"$OUT/rc.$i"
   done
 }
-
-# 2 hosts as 4 nodes of one rank each, node i on host i % 2: ranks 0 and 2
-# share mh0, 1 and 3 mh1, so in `bench sendrecv` (rank r sends to r+1) every
-# pair crosses hosts, both pairs at once, and each host runs two ranks: the
-# load a 2 x 2 collective puts on the wire between them. Writes $OUT/run.i
-# and $OUT/rc.i for nodes 0..3.
-run_crossed() { NODES_PER_HOST=2 run_on_hosts 2 1 -- "$@"; }
 
 # mpirun from the rig's head node over its hosts (launch agent instead of ssh).
 mpirun_on_hosts() {
@@ -427,14 +418,14 @@ PY
     # delayed wire, rig_wire.cc; this kernel has no sch_netem). The model is
     # given the links' figures measured by `bench sendrecv` in the same minute
     # (one-way alpha = the time of an 8-byte exchange, both directions at once
-    # as in hier_rd's steps; bandwidth from 64 KiB):
-    # between hosts under the load of the all-reduce's cross-host step (2
-    # ranks per host, both cross-host pairs at once: run_crossed), inside a
-    # host by a 2-rank exchange on mh0.
+    # as in the all-reduce's steps; bandwidth from 64 KiB):
+    # between hosts under the load of the all-reduce's cross-host step (one
+    # exchange per host: the hosts are crowded, below, so hier_leader serves),
+    # inside a host by a 2-rank exchange on mh0.
     # delay: the wire adds at least 100 us one way, and the small all-reduce
     # across 2 hosts x 2 ranks (the model given the measured latencies) is
-    # exact and takes the log-step algorithm (hier_rd) at every size from
-    # 8 B to 64 KiB. delay_model (label long: a
+    # exact and takes the log-step algorithm for crowded hosts (hier_leader)
+    # at every size from 8 B to 64 KiB. delay_model (label long: a
     # timing test, only meaningful on a machine that is not oversubscribed):
     # also within 20% of the model at every size, as the median over 5
     # rounds of (measured / modeled in the same round).
@@ -446,20 +437,21 @@ PY
     # A core per host (RIG_HOST_CPUS), as machines have their own: otherwise
     # the 4 ranks and the wire share both cores and every hand-off waits for
     # the other host's work. Each host then has 2 ranks on one core, which
-    # the shm transport sees in their affinity masks (it waits as when ranks
-    # outnumber cores: no spinning).
+    # the communicator sees in their affinity masks: the host is crowded
+    # (collectives/host.h), so the small all-reduce sends one message per
+    # host across (hier_leader) and the shm transport waits without spinning.
     RIG_HOST_CPUS=1 RIG_DELAY_US=100 RIG_WIRE="$wire" rig_up 2 || exit 1
     rounds=1
     [ "$CASE" = delay_model ] && rounds=5
     for ((k = 1; k <= rounds; ++k)); do
-      run_crossed "$BIN/tessera" bench sendrecv -b 8 -e 64K -f 8192 -n 300 -w 20 --json "$OUT/x$k.json"
+      run_on_hosts 2 1 -- "$BIN/tessera" bench sendrecv -b 8 -e 64K -f 8192 -n 300 -w 20 --json "$OUT/x$k.json"
       rig_exec 0 "$BIN/tessera" bench sendrecv -r 2 -b 8 -e 64K -f 8192 -n 300 -w 20 --json "$OUT/l$k.json" \
         >"$OUT/l$k.out" 2>&1
       links="$(python3 - "$OUT/x$k.json" "$OUT/l$k.json" <<'PY'
 import json, sys
 out = []
 for f in sys.argv[1:]:
-    # An exchange (both directions at once, as in hier_rd's steps): its time
+    # An exchange (both directions at once, as in the all-reduce's steps): its time
     # is the one-way time under that load.
     r = {x["size_bytes"]: x["oop"]["time_us"] for x in json.load(open(f))["results"]}
     a, t = r[8], r[65536]
@@ -509,7 +501,7 @@ for i, size in enumerate(sizes):
     wrong = max(r[i]["oop"]["wrong"] or 0 for r in rounds)
     print("%6d B: measured %7.1f us, modeled %7.1f us (medians; median ratio %.2f), %s"
           % (size, statistics.median(meas), statistics.median(model), ratio, "/".join(sorted(algos))))
-    if algos != {"hier_rd"}: bad.append("%d B served by %s" % (size, algos))
+    if algos != {"hier_leader"}: bad.append("%d B served by %s" % (size, algos))
     if wrong: bad.append("%d B: %d wrong elements" % (size, wrong))
     if case == "delay_model" and abs(ratio - 1) > 0.2:
         bad.append("%d B off the model by %+.0f%%" % (size, 100 * (ratio - 1)))
@@ -520,7 +512,7 @@ PY
     case "$verdict" in
       *OK)
         if [ "$CASE" = delay ]; then
-          pass "100 us added: small all-reduce exact, hier_rd (log2 p steps) from 8 B to 64 KiB"
+          pass "100 us added: small all-reduce exact, hier_leader (O(log p) steps) from 8 B to 64 KiB"
         else
           pass "100 us added: small all-reduce within 20% of the model from 8 B to 64 KiB"
         fi
