@@ -1277,7 +1277,7 @@ FlatAlgorithm g_flat;
 PairwiseAlgorithm g_pairwise;
 DisseminationAlgorithm g_dissemination;
 
-Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier, &g_hier_rd, &g_hier_leader, &g_rd,
+Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier, &g_hier_rd,  &g_hier_leader,  &g_rd,
                            &g_rhd,     &g_ring,   &g_tree,  &g_flat, &g_pairwise, &g_dissemination};
 
 bool pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }

@@ -148,8 +148,8 @@ HostMap exchange_hosts(Store& store, int rank, int size, std::chrono::millisecon
     m.host_of[j] = it->second;
     const std::string cpus = v.substr(sp + 1, sp2 - sp - 1);
     std::vector<bool> its;
-    TESSERA_ARG_CHECK(add_cpu_mask(cpus, its) && std::count(its.begin(), its.end(), true) > 0, "bad CPU mask '",
-                      cpus, "' in the host identity of rank ", j, " (hex digits, at least one CPU)");
+    TESSERA_ARG_CHECK(add_cpu_mask(cpus, its) && std::count(its.begin(), its.end(), true) > 0, "bad CPU mask '", cpus,
+                      "' in the host identity of rank ", j, " (hex digits, at least one CPU)");
     add_cpu_mask(cpus, masks[static_cast<size_t>(it->second)]);
   }
   for (const auto& mask : masks) m.cpus.push_back(static_cast<int>(std::count(mask.begin(), mask.end(), true)));

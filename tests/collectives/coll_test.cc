@@ -735,8 +735,9 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
     const bool two_level = l.name == "two_by_two" || l.name == "interleaved" || l.name == "two_by_four";
     const bool crowded = l.name == "two_by_four" ? my_cpus() < 4 : my_cpus() < 2;
     check_all_reduce(*c, heap, 7, DType::F32, ReduceOp::Sum, false, seed++);
-    COLL_REQUIRE(c->last_algorithm() == std::string(!two_level ? "rd" : crowded ? "hier_leader" : "hier_rd"),
-                 "7 floats served by ", c->last_algorithm());
+    std::string small_algo = "rd";
+    if (two_level) small_algo = crowded ? "hier_leader" : "hier_rd";
+    COLL_REQUIRE(c->last_algorithm() == small_algo, "7 floats served by ", c->last_algorithm());
     for (size_t count : {size_t{1}, size_t{1000}}) {
       check_reduce_scatter(*c, heap, count, DType::F32, ReduceOp::Sum, false);
       check_all_gather(*c, heap, count, DType::I32, true);
@@ -914,8 +915,8 @@ TEST(HostsCrowded, SmallAllReduceTakesOneLeaderPerHost) {
         for (ReduceOp op : kOps)
           for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
             for (bool inplace : {false, true}) check_all_reduce(*c, heap, count, dt, op, inplace, seed++);
-            COLL_REQUIRE(c->last_algorithm() == std::string("hier_leader"), "L ", L, ": ", count, " elements served by ",
-                         c->last_algorithm());
+            COLL_REQUIRE(c->last_algorithm() == std::string("hier_leader"), "L ", L, ": ", count,
+                         " elements served by ", c->last_algorithm());
           }
       // The reduce's (and broadcast's) steps: local indices 0-1, then 0-2
       // (L > 2), two hops apart on the default model's ring.
