@@ -11,7 +11,7 @@
 // Scope of predict(): groups on one host. With shared memory (the ranks of
 // one host under `tessera run` or mpirun, buffers in the device arena) the
 // shm algorithms (oneshot, direct) come first, as in the communicator; the
-// multi-host ones (hier, hier_rd) are never predicted. Pure functions.
+// multi-host ones (hier, hier_rd, hier_leader) are never predicted. Pure functions.
 #pragma once
 
 #include <cstddef>

@@ -66,7 +66,7 @@ HostIdentity this_host() {
   HostIdentity h;
   std::string boot = read_line("/proc/sys/kernel/random/boot_id");
   if (boot.empty()) boot = "no-boot-id";
-  // No spaces: the store value is "KEY NAME".
+  // No spaces: the store value is "KEY CPUS NAME".
   h.key = boot + "/" + ns_id("pid") + "/" + ns_id("mnt") + "/" + ns_id("ipc");
   // Tests split one machine into several "hosts" with it. Appending can only
   // tell processes apart, never make two hosts look alike.
@@ -95,7 +95,7 @@ std::vector<int> HostMap::ranks_on(int h) const {
 }
 
 bool HostMap::crowded() const {
-  for (int h = 0; h < num_hosts(); ++h)
+  for (int h = 0; h < num_hosts() && h < static_cast<int>(cpus.size()); ++h)
     if (static_cast<int>(ranks_on(h).size()) > cpus[static_cast<size_t>(h)]) return true;
   return false;
 }
@@ -138,8 +138,8 @@ HostMap exchange_hosts(Store& store, int rank, int size, std::chrono::millisecon
     const std::string v = j == rank ? mine : store.get(keys[j], timeout);
     const auto sp = v.find(' ');
     const auto sp2 = sp == std::string::npos ? sp : v.find(' ', sp + 1);
-    TESSERA_ARG_CHECK(sp2 != std::string::npos, "bad host identity '", v, "' from rank ", j,
-                      " (expected 'KEY CPUS NAME')");
+    TESSERA_ARG_CHECK(sp != 0 && sp2 != std::string::npos && sp2 + 1 < v.size(), "bad host identity '", v,
+                      "' from rank ", j, " (expected 'KEY CPUS NAME')");
     auto [it, fresh] = index.emplace(v.substr(0, sp), static_cast<int>(m.names.size()));
     if (fresh) {
       m.names.push_back(v.substr(sp2 + 1));

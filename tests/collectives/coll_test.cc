@@ -855,6 +855,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Hosts,
 // crowded. Identities that do not parse are refused naming the rank.
 TEST(HostMap, CpusAreTheUnionOfTheRanksMasks) {
   ::setenv("TESSERA_HOST_KEY_SUFFIX", "hostmap-test", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("TESSERA_HOST_KEY_SUFFIX"); }
+  } unset;
   const HostIdentity me = this_host();
   ASSERT_EQ(me.cpus, cpu_mask_hex());
   std::vector<bool> mine;
@@ -880,7 +883,7 @@ TEST(HostMap, CpusAreTheUnionOfTheRanksMasks) {
   const HostMap roomy = exchange_hosts(*store, 0, 6, std::chrono::milliseconds(1000));
   EXPECT_EQ(roomy.cpus[2], 5);
   EXPECT_FALSE(roomy.crowded());
-  for (const char* bad : {"kb b", "kb 0 b", "kb 3g b", "kb"}) {
+  for (const char* bad : {"kb b", "kb 0 b", "kb 3g b", "kb", " 3 b", "kb 3 "}) {
     store->set("host/1", bad);
     try {
       exchange_hosts(*store, 0, 6, std::chrono::milliseconds(1000));
@@ -889,7 +892,6 @@ TEST(HostMap, CpusAreTheUnionOfTheRanksMasks) {
       EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
     }
   }
-  ::unsetenv("TESSERA_HOST_KEY_SUFFIX");
 }
 
 // Hosts whose ranks share one CPU (each rank confined to CPU 0): the small

@@ -14,11 +14,14 @@
 // share its thread, in order. Each thread needs only one FIFO: every packet
 // is held for the same time, so its deadlines come in arrival order.
 //
-// The hold is kept exact on a VM, where a timer sleep overshoots by tens of
-// microseconds (measured: median 21-27 us, p90 40-55 us on the 2-core
-// rig): each thread sleeps until its measured overshoot before the deadline
-// and spins (reading new packets meanwhile) for the rest; the overshoot
-// estimate follows the sleeps (an exponential average, at most kMaxEarly).
+// The hold of data is kept exact on a VM, where a timer sleep overshoots by
+// tens of microseconds (measured: median 21-27 us, p90 40-55 us on the
+// 2-core rig): each thread sleeps until its measured overshoot before the
+// deadline and spins (reading new packets meanwhile) for the rest; the
+// overshoot estimate follows the sleeps (an exponential average, at most
+// kMaxEarly). Pure TCP ACKs are held at least as long, without the spin:
+// written at their own timer wake (late by its overshoot) or after the spin
+// of a data packet due soon after them (up to kMaxEarly late).
 //
 //   tessera_rig_wire DELAY_US READY_FILE NETNS_PATH=ADDR[@CPU] ...
 //
@@ -33,7 +36,7 @@
 // created once every device is attached. It runs until killed. To keep the
 // delay fixed on a loaded machine it asks for SCHED_FIFO and a 1 ns timer
 // slack (both best effort: it says so on stderr when it cannot). With
-// RIG_WIRE_STATS=1 it prints each thread's hold times (read to write) after
+// RIG_WIRE_STATS=1 it prints each thread's hold times of data (read to write) after
 // a SIGUSR1, when that thread next wakes, and clears them.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -108,6 +111,7 @@ constexpr int64_t kSpinPoll = 2000;   // ns between reads while spinning
 // acknowledgement (or window update) only.
 bool is_pure_ack(const unsigned char* p, size_t n) {
   if (n < 20 || (p[0] >> 4) != 4 || p[9] != 6) return false;  // IPv4, TCP
+  if ((p[6] & 0x3f) != 0 || p[7] != 0) return false;          // a fragment (MF or an offset)
   const size_t ihl = static_cast<size_t>(p[0] & 15) * 4;
   const size_t total = static_cast<size_t>(p[2]) << 8 | p[3];
   if (ihl < 20 || n < ihl + 20 || total > n) return false;
@@ -141,11 +145,12 @@ class Sender {
       }
       // Data keeps its time exactly (sleep, then spin); a pure ACK at the
       // head is written when the thread next runs after its time (its own
-      // timer wake, or a data packet's): the data it acknowledges has
-      // arrived, so a few microseconds of lateness delay no one, while a
-      // spin for it took the receiving host's core for tens of
-      // microseconds at the moment that host's ranks compute (64 KiB
-      // messages, two segments, make the receiver acknowledge at once).
+      // timer wake, or after a data packet's spin): the data it acknowledges
+      // has arrived, so its lateness (a timer's overshoot, tens of
+      // microseconds) delays no message, while a spin for it took the
+      // receiving host's core for tens of microseconds at the moment that
+      // host's ranks compute (64 KiB messages, two segments, make the
+      // receiver acknowledge at once).
       int64_t due = -1;
       for (const Packet& p : queue_)
         if (!p.pure_ack) {
@@ -203,7 +208,7 @@ class Sender {
       Packet& p = queue_.front();
       // A full device queue on the receiving side drops the packet (TCP resends).
       [[maybe_unused]] const ssize_t w = write(fds_[static_cast<size_t>(p.to)], p.bytes.data(), p.len);
-      if (stats_) held_.push_back(now_ns() - (p.due - delay_ns_));
+      if (stats_ && !p.pure_ack) held_.push_back(now_ns() - (p.due - delay_ns_));  // data's hold
       spare_.push_back(std::move(p.bytes));
       queue_.pop_front();
     }
