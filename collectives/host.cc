@@ -94,9 +94,14 @@ std::vector<int> HostMap::ranks_on(int h) const {
   return r;
 }
 
+bool HostMap::crowded(int h) const {
+  return h >= 0 && h < static_cast<int>(cpus.size()) &&
+         static_cast<int>(ranks_on(h).size()) > cpus[static_cast<size_t>(h)];
+}
+
 bool HostMap::crowded() const {
-  for (int h = 0; h < num_hosts() && h < static_cast<int>(cpus.size()); ++h)
-    if (static_cast<int>(ranks_on(h).size()) > cpus[static_cast<size_t>(h)]) return true;
+  for (int h = 0; h < num_hosts(); ++h)
+    if (crowded(h)) return true;
   return false;
 }
 

@@ -44,9 +44,11 @@ struct HostMap {
   std::vector<std::string> names;  // host index -> host name
   std::vector<int> cpus;           // host index -> CPUs its ranks may run on (union of their affinities)
   int num_hosts() const { return static_cast<int>(names.size()); }
-  // Some host has more of the group's ranks than CPUs for them: its ranks
+  // Host `h` has more of the group's ranks than CPUs for them: its ranks
   // take turns on its cores, so their work (a network stack's included)
   // does not overlap.
+  bool crowded(int h) const;
+  // Some host is crowded.
   bool crowded() const;
   // Group ranks on host `h`, ascending.
   std::vector<int> ranks_on(int h) const;

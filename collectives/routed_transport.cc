@@ -348,10 +348,13 @@ std::unique_ptr<Transport> make_routed_transport(TransportKind kind, std::shared
   spdlog::debug("group '{}' rank {} of {}: {} host(s), this rank on host '{}' with {} rank(s); transport {}",
                 options.name, rank, size, hosts.num_hosts(), hosts.names[hosts.host_of[rank]],
                 hosts.ranks_on(hosts.host_of[rank]).size(), transport_name(kind));
-  if (kind == TransportKind::Shm) return shm::create_transport(store, rank, size, options);
+  // One host (a group across hosts, forced to shm, is refused by the shm transport).
+  shm::ShmOptions whole;
+  whole.oversubscribed = !spans && hosts.crowded(0);
+  if (kind == TransportKind::Shm) return shm::create_transport(store, rank, size, options, whole);
   if (!spans) {
     if (kind == TransportKind::Tcp) return tcp::create_transport(std::move(store), rank, size, options);
-    return shm::create_transport(store, rank, size, options);
+    return shm::create_transport(store, rank, size, options, whole);
   }
   const int me = hosts.host_of[rank];
   std::vector<int> local = hosts.ranks_on(me);
@@ -366,7 +369,11 @@ std::unique_ptr<Transport> make_routed_transport(TransportKind kind, std::shared
     CommOptions local_opts = options;
     local_opts.timeout += std::max<std::chrono::milliseconds>(std::chrono::seconds(1), options.timeout / 4);
     try {
-      shm = shm::create_transport(sub, index, static_cast<int>(local.size()), local_opts, local);
+      shm::ShmOptions part;
+      part.labels = local;
+      part.oversubscribed = hosts.crowded(me);
+      part.part_of_wider_group = true;
+      shm = shm::create_transport(sub, index, static_cast<int>(local.size()), local_opts, std::move(part));
     } catch (const TransportError& e) {
       throw TransportError(e.kind(), e.peer() >= 0 ? local[e.peer()] : -1, e.what());
     }

@@ -3,10 +3,8 @@
 // Each rank owns one segment per communicator (a memfd, so nothing can be
 // left in /dev/shm), created, pre-faulted and published once; the peers map
 // it through /proc/<pid>/fd. The endpoint published in the store is
-// "PID FD BYTES TOKEN FENCES CPUS HOSTKEY NAME" (FENCES: 1 if the rank has
-// asymmetric fences, futex.h; CPUS: its affinity mask, in hex; ranks
-// outnumber CPUs when the union of the masks has fewer than the group has
-// ranks): a peer whose HOSTKEY (collectives/host.h)
+// "PID FD BYTES TOKEN FENCES HOSTKEY NAME" (FENCES: 1 if the rank has
+// asymmetric fences, futex.h): a peer whose HOSTKEY (collectives/host.h)
 // differs is refused without touching /proc, and a mapped segment whose
 // header does not hold TOKEN (128 random bits) is not the peer's. A segment
 // holds:
@@ -210,15 +208,14 @@ std::string to_hex(const unsigned char* p, size_t n) {
 
 class ShmTransport final : public Transport, public SharedMemoryPeers {
  public:
-  ShmTransport(const std::shared_ptr<Store>& store, int rank, int size, const CommOptions& options,
-               std::vector<int> labels, bool host_of_wider_group)
-      : host_of_wider_group_(host_of_wider_group),
+  ShmTransport(const std::shared_ptr<Store>& store, int rank, int size, const CommOptions& options, ShmOptions shm)
+      : host_of_wider_group_(shm.part_of_wider_group),
         rank_(rank),
         size_(size),
         timeout_(options.timeout),
         group_(options.name),
         layout_(size),
-        labels_(std::move(labels)) {
+        labels_(std::move(shm.labels)) {
     if (labels_.empty())
       for (int i = 0; i < size_; ++i) labels_.push_back(i);
     TESSERA_CHECK(static_cast<int>(labels_.size()) == size_, "shm transport: ", labels_.size(), " labels for ", size_,
@@ -236,11 +233,10 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     std::memcpy(ctl(rank_, own_->data())->token, token, kTokenBytes);
     const HostIdentity host = this_host();
     const int fences = asymmetric_fences() ? 1 : 0;  // registers this process first
-    const std::string my_cpus = cpu_mask_hex();
     {
       std::ostringstream os;
       os << ::getpid() << ' ' << own_->fd() << ' ' << own_->size() << ' ' << to_hex(token, kTokenBytes) << ' ' << fences
-         << ' ' << my_cpus << ' ' << host.key << ' ' << host.name;
+         << ' ' << host.key << ' ' << host.name;
       store->set("shm/" + std::to_string(rank_), os.str());
     }
     // Every endpoint first, and every host checked, before anything is
@@ -249,7 +245,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     struct Endpoint {
       int pid = 0, fd = -1;
       size_t bytes = 0;
-      std::string token, cpus;
+      std::string token;
       int fences = 0;
     };
     std::vector<Endpoint> eps(size_);
@@ -265,7 +261,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
       }
       std::istringstream is(v);
       std::string peer_key, peer_name;
-      is >> eps[j].pid >> eps[j].fd >> eps[j].bytes >> eps[j].token >> eps[j].fences >> eps[j].cpus >> peer_key;
+      is >> eps[j].pid >> eps[j].fd >> eps[j].bytes >> eps[j].token >> eps[j].fences >> peer_key;
       std::getline(is >> std::ws, peer_name);
       TESSERA_CHECK(is && eps[j].bytes >= layout_.total, "bad shm endpoint '", v, "' from rank ", label(j));
       if (peer_key != host.key)
@@ -279,13 +275,7 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
     light_ = fences == 1;
     for (int j = 0; j < size_; ++j)
       if (j != rank_ && eps[j].fences != 1) light_ = false;
-    // Every rank computes the same union, so all wait alike.
-    std::vector<bool> cpus;
-    add_cpu_mask(my_cpus, cpus);
-    for (int j = 0; j < size_; ++j)
-      if (j != rank_)
-        TESSERA_CHECK(add_cpu_mask(eps[j].cpus, cpus), "bad CPU mask '", eps[j].cpus, "' from rank ", label(j));
-    set_waits(size_ > static_cast<int>(std::count(cpus.begin(), cpus.end(), true)));
+    set_waits(shm.oversubscribed);  // the same on every rank (from the host map)
     segs_.resize(size_);
     pids_.resize(size_, 0);
     pidfds_.resize(size_, -1);
@@ -942,10 +932,8 @@ class ShmTransport final : public Transport, public SharedMemoryPeers {
 }  // namespace
 
 std::unique_ptr<Transport> create_transport(const std::shared_ptr<Store>& store, int rank, int size,
-                                            const CommOptions& options, std::vector<int> labels) {
-  // Labels name the ranks of an enclosing group: this is a host's part of it.
-  const bool part = !labels.empty();
-  return std::make_unique<ShmTransport>(store, rank, size, options, std::move(labels), part);
+                                            const CommOptions& options, ShmOptions shm) {
+  return std::make_unique<ShmTransport>(store, rank, size, options, std::move(shm));
 }
 
 }  // namespace tessera::collectives::shm

@@ -19,13 +19,19 @@ namespace tessera::collectives::shm {
 // publishes another host's identity is refused before anything of it is
 // opened, and a mapped segment must carry the random token its owner
 // published, so a process id that means another process here is never
-// mistaken for the peer. `labels`, when given, make the group one host's
-// part of a group spanning hosts (RoutedTransport): `labels[i]` is how
-// messages name local rank i (its rank in the enclosing group), and brief
-// waits yield for the long window even when ranks outnumber cores, since
-// they often cover a host-mate's step across hosts. Empty: a group of its
-// own; messages name rank i as i.
+// mistaken for the peer.
+struct ShmOptions {
+  // How messages name local rank i (its rank in the enclosing group); empty: i.
+  std::vector<int> labels;
+  // The group's ranks outnumber the CPUs they may run on together
+  // (HostMap::crowded, from the ranks' affinity masks): waits do not spin.
+  bool oversubscribed = false;
+  // The group is one host's part of a group spanning hosts
+  // (RoutedTransport): brief waits yield for the long window even when
+  // oversubscribed, since they often cover a host-mate's step across hosts.
+  bool part_of_wider_group = false;
+};
 std::unique_ptr<Transport> create_transport(const std::shared_ptr<Store>& store, int rank, int size,
-                                            const CommOptions& options, std::vector<int> labels = {});
+                                            const CommOptions& options, ShmOptions shm = {});
 
 }  // namespace tessera::collectives::shm
