@@ -228,6 +228,18 @@ void copy_if_needed(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes) std::memmove(dst, src, bytes);
 }
 
+bool pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+int log2i(int x) {
+  int l = 0;
+  while ((1 << (l + 1)) <= x) ++l;
+  return l;
+}
+int ceil_log2(int x) {
+  int l = 0;
+  while ((1 << l) < x) ++l;
+  return l;
+}
+
 // Recursive doubling of the whole vector among m ranks, this one at `pos`
 // (group_rank(i): the rank at position i): at distance 1, 2, ... m/2 each
 // exchange sends `cur` and reduces the partner's vector with it, on arrival,
@@ -242,6 +254,16 @@ void doubling_exchanges(AlgoContext& c, const CollCall& k, int m, int pos, RankF
     c.transport->sendrecv_sink(partner, cur, bytes, partner, bytes, sink, c.tag);
     std::swap(cur, next);
   }
+}
+
+// The two buffers of `steps` combining steps that each reduce the current
+// vector and the partner's into the other one (doubling_exchanges): the
+// input is copied into whichever makes the last step land in `out`, so
+// nothing is copied back. hier_rd and rd.
+void alternate_from(const void* input, char* out, char* ws, size_t bytes, int steps, char*& cur, char*& next) {
+  cur = steps % 2 == 1 ? ws : out;
+  next = steps % 2 == 1 ? out : ws;
+  copy_if_needed(cur, input, bytes);
 }
 
 // Binomial reduce of `bytes` to position 0 of m ranks, this one at `v`
@@ -266,6 +288,18 @@ void binomial_reduce(AlgoContext& c, const CollCall& k, int m, int v, RankFn ran
     }
   }
   copy_if_needed(acc, mine, bytes);  // position 0 without children
+}
+
+// Binomial broadcast of `buf` from position 0 of m ranks (binomial_reduce's
+// tree backwards): a rank receives from the position below its lowest set
+// bit, then sends on at the distances below that. hier_leader and tree.
+template <typename RankFn>
+void binomial_broadcast(AlgoContext& c, int m, int v, RankFn rank_of, void* buf, size_t bytes) {
+  int mask = 1;
+  while (mask < m && !(v & mask)) mask <<= 1;
+  if (v != 0) c.transport->recv(rank_of(v - mask), c.tag, buf, bytes);
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (v + mask < m) c.transport->send(rank_of(v + mask), c.tag, buf, bytes);
 }
 
 // Members 0..p-1 without allocating (p <= kMaxRanks).
@@ -539,24 +573,16 @@ class HierRdAlgorithm final : public Algorithm {
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
     if ((L & (L - 1)) != 0 || (H & (H - 1)) != 0) return false;
     const size_t bytes = k.count * dtype_size(k.dtype);
-    char* const out = static_cast<char*>(k.recv);
-    copy_if_needed(out, k.send, bytes);
-    char* cur = out;  // the two buffers doubling_exchanges alternates
-    char* next = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
+    char *cur, *next;
+    alternate_from(k.send, static_cast<char*>(k.recv), static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1))), bytes,
+                   log2i(L) + log2i(H), cur, next);
     auto level = [&](const std::vector<int>& members, int pos, int m) {
-      doubling_exchanges(
-          c, k, m, pos, [&](int i) { return members[static_cast<size_t>(i)]; }, bytes, cur, next);
-      for (int mask = 1; mask < m; mask <<= 1) {
-        double t = 0;
-        for (int a = 0; a < m; ++a)
-          t = std::max(t, c.links->time(members[static_cast<size_t>(a)], members[static_cast<size_t>(a ^ mask)],
-                                        static_cast<double>(bytes)));
-        c.model += t;
-      }
+      auto member = [&](int i) { return members[static_cast<size_t>(i)]; };
+      doubling_exchanges(c, k, m, pos, member, bytes, cur, next);
+      c.model += doubling_seconds(*c.links, m, member, static_cast<double>(bytes));
     };
     level(h.local, h.local_pos, L);
     level(h.cross, h.cross_pos, H);
-    if (cur != out && bytes) std::memcpy(out, cur, bytes);
     return true;
   }
 };
@@ -588,21 +614,13 @@ class HierLeaderAlgorithm final : public Algorithm {
       for (int a = 0; a + mask < L; a += 2 * mask) t = std::max(t, tl(a, a + mask));
       tree += t;
     }
-    double cross = 0;  // the leaders' (by_local[k], k < H) exchanges
-    for (int mask = 1; mask < H; mask <<= 1) {
-      double t = 0;
-      for (int a = 0; a < H; ++a)
-        t = std::max(t, c.links->time(h.by_local[static_cast<size_t>(a)], h.by_local[static_cast<size_t>(a ^ mask)],
-                                      static_cast<double>(bytes)));
-      cross += t;
-    }
-    c.model += 2 * tree + cross;
+    // The leaders are by_local[k], k < H (the same figures on every rank).
+    auto leader = [&](int i) { return h.by_local[static_cast<size_t>(i)]; };
+    c.model += 2 * tree + doubling_seconds(*c.links, H, leader, static_cast<double>(bytes));
     // The leader's doubling alternates two buffers; it starts in the one
     // that makes it end in `out` (no copy back).
-    int exchanges = 0;
-    for (int mask = 1; mask < H; mask <<= 1) ++exchanges;
     char* acc = out;
-    if (v == 0 && exchanges % 2 == 1) acc = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
+    if (v == 0 && log2i(H) % 2 == 1) acc = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
     binomial_reduce(c, k, L, v, local, send, acc, bytes);
     if (v == 0) {
       char* cur = acc;
@@ -610,12 +628,7 @@ class HierLeaderAlgorithm final : public Algorithm {
       doubling_exchanges(
           c, k, H, h.cross_pos, [&](int i) { return h.cross[static_cast<size_t>(i)]; }, bytes, cur, next);
     }
-    // Broadcast from local index 0, the reduce's tree backwards.
-    int mask = 1;
-    while (mask < L && !(v & mask)) mask <<= 1;
-    if (v != 0) c.transport->recv(local(v - mask), c.tag, out, bytes);
-    for (mask >>= 1; mask > 0; mask >>= 1)
-      if (v + mask < L) c.transport->send(local(v + mask), c.tag, out, bytes);
+    binomial_broadcast(c, L, v, local, out, bytes);
     return true;
   }
 };
@@ -719,17 +732,17 @@ class RdAlgorithm final : public Algorithm {
     if (k.kind != CollKind::AllReduce) return false;
     const int p = c.size, r = c.rank;
     char* const out = static_cast<char*>(k.recv);
-    copy_if_needed(out, k.send, bytes);
-    if (p == 1) return true;
+    if (p == 1) return copy_if_needed(out, k.send, bytes), true;
     const PowerOfTwoFold fold(p);
     const int nr = fold.renumbered(r);
     if (nr < 0) {  // folded in: hand over, get the result back
-      c.transport->send(r + 1, c.tag, out, bytes);
+      c.transport->send(r + 1, c.tag, k.send, bytes);
       c.transport->recv(r + 1, c.tag, out, bytes);
     } else {
-      char* cur = out;
-      char* next = static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1)));
       const bool folds = r < 2 * fold.rem;
+      char *cur, *next;
+      alternate_from(k.send, out, static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1))), bytes,
+                     (folds ? 1 : 0) + log2i(fold.pp), cur, next);
       if (folds) {
         ReduceSink sink(next, cur, k.dtype, k.op);
         c.transport->recv_sink(r - 1, bytes, sink, c.tag);
@@ -737,7 +750,6 @@ class RdAlgorithm final : public Algorithm {
       }
       doubling_exchanges(
           c, k, fold.pp, nr, [&](int i) { return fold.real(i); }, bytes, cur, next);
-      if (cur != out && bytes) std::memcpy(out, cur, bytes);
       if (folds) c.transport->send(r - 1, c.tag, out, bytes);
     }
     c.model += rd_all_reduce_seconds(*c.links, p, k.count, es);
@@ -1136,16 +1148,7 @@ class TreeAlgorithm final : public Algorithm {
     // Model: round with distance `mask`: pairs (v, v + mask) for v < mask.
     const double model = tree_seconds(*c.links, p, k.root, static_cast<double>(bytes));
     if (k.kind == CollKind::Broadcast) {
-      int mask = 1;
-      while (mask < p) {
-        if (vr & mask) {
-          c.transport->recv(real(vr - mask), c.tag, k.recv, bytes);
-          break;
-        }
-        mask <<= 1;
-      }
-      for (mask >>= 1; mask > 0; mask >>= 1)
-        if (vr + mask < p) c.transport->send(real(vr + mask), c.tag, k.recv, bytes);
+      binomial_broadcast(c, p, vr, real, k.recv, bytes);
       c.model += model;
       return true;
     }
@@ -1279,18 +1282,6 @@ DisseminationAlgorithm g_dissemination;
 
 Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier, &g_hier_rd,  &g_hier_leader,  &g_rd,
                            &g_rhd,     &g_ring,   &g_tree,  &g_flat, &g_pairwise, &g_dissemination};
-
-bool pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
-int log2i(int x) {
-  int l = 0;
-  while ((1 << (l + 1)) <= x) ++l;
-  return l;
-}
-int ceil_log2(int x) {
-  int l = 0;
-  while ((1 << l) < x) ++l;
-  return l;
-}
 
 // Modeled seconds of an all-reduce of `bytes` over a group spanning hosts,
 // by closed form on the group's link costs (docs/algorithms.md): one link

@@ -112,14 +112,9 @@ double rd_all_reduce_seconds(const LinkCosts& links, int p, size_t n, size_t es)
   if (p <= 1) return 0;
   const PowerOfTwoFold f(p);
   const double bytes = static_cast<double>(n * es);
-  double t = f.seconds(links, bytes);
-  // Each level's exchanges run concurrently, every one of the whole vector.
-  for (int mask = 1; mask < f.pp; mask <<= 1) {
-    double worst = 0;
-    for (int a = 0; a < f.pp; ++a) worst = std::max(worst, links.time(f.real(a), f.real(a ^ mask), bytes));
-    t += worst;
-  }
-  return t;
+  // Every exchange is of the whole vector.
+  return f.seconds(links, bytes) + doubling_seconds(
+                                       links, f.pp, [&](int i) { return f.real(i); }, bytes);
 }
 
 double tree_seconds(const LinkCosts& links, int p, int root, double bytes) {

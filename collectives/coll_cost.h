@@ -14,6 +14,7 @@
 // multi-host ones (hier, hier_rd, hier_leader) are never predicted. Pure functions.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -44,6 +45,19 @@ struct PowerOfTwoFold {
   double seconds(const LinkCosts& links, double bytes) const;
   int pp = 1, rem = 0;
 };
+// Recursive doubling among m ranks (member(i): the group rank at position
+// i, m a power of two), `bytes` per exchange: each level's exchanges run at
+// once, so a level costs its slowest pair (rd, hier_rd, hier_leader).
+template <typename MemberFn>
+double doubling_seconds(const LinkCosts& links, int m, MemberFn member, double bytes) {
+  double t = 0;
+  for (int mask = 1; mask < m; mask <<= 1) {
+    double worst = 0;
+    for (int a = 0; a < m; ++a) worst = std::max(worst, links.time(member(a), member(a ^ mask), bytes));
+    t += worst;
+  }
+  return t;
+}
 // Rabenseifner all-reduce of `count` elements of `elem` bytes over p ranks
 // (fold to the largest power of two, halving and doubling, unfold).
 double rhd_all_reduce_seconds(const LinkCosts& links, int p, size_t count, size_t elem);

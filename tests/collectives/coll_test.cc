@@ -727,8 +727,7 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
         for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}})
           check_all_reduce(*c, heap, count, dt, op, false, seed++);
     // Small ones take hier_rd where hosts hold equal powers of two (>= 2) of
-    // ranks (two by four: log2 4 + log2 2 = 3 exchanges, so the result ends
-    // in the workspace and is copied out), or hier_leader where a host has
+    // ranks, or hier_leader where a host has
     // more ranks than the CPUs they may use (two by four on a 2-CPU machine).
     // Elsewhere (unequal hosts, one rank per host) there is no shared-memory
     // transport for the whole group, and rd serves them (3 and 5 ranks: folded).
@@ -770,17 +769,21 @@ TEST_P(Hosts, EveryCollectiveExactOverShmAndTcp) {
       check_all_reduce(*hc, heap, count, DType::I64, ReduceOp::Max, true, 8);
       COLL_REQUIRE((hc->last_algorithm() == "hier") == even, "forced hier served by ", hc->last_algorithm());
     }
-    // hier_leader forced (it serves uncrowded hosts too): exact at every
-    // size, in place or not; it declines where hier does.
-    CommOptions lo;
-    lo.name = "leader";
-    lo.algo = "hier_leader";
-    auto lc = Communicator::create(store, rank, size, lo);
-    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{65541}}) {
-      check_all_reduce(*lc, heap, count, DType::F32, ReduceOp::Sum, count % 2 == 0, 9);
-      check_all_reduce(*lc, heap, count, DType::I64, ReduceOp::Max, count % 2 == 1, 10);
-      COLL_REQUIRE((lc->last_algorithm() == "hier_leader") == even, "forced hier_leader served by ",
-                   lc->last_algorithm());
+    // hier_leader and hier_rd forced (whether the hosts are crowded or not):
+    // exact at every size, in place or not; they decline where hier does
+    // (these layouts hold powers of two). hier_rd's two by four takes 3
+    // exchanges, two by two 2: the input starts in the workspace or in recv.
+    for (const char* algo : {"hier_leader", "hier_rd"}) {
+      CommOptions lo;
+      lo.name = std::string("forced-") + algo;
+      lo.algo = algo;
+      auto lc = Communicator::create(store, rank, size, lo);
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{65541}}) {
+        check_all_reduce(*lc, heap, count, DType::F32, ReduceOp::Sum, count % 2 == 0, 9);
+        check_all_reduce(*lc, heap, count, DType::I64, ReduceOp::Max, count % 2 == 1, 10);
+        COLL_REQUIRE((lc->last_algorithm() == std::string(algo)) == even, "forced ", algo, " served by ",
+                     lc->last_algorithm());
+      }
     }
     // Hierarchical all-gather, reduce-scatter and broadcast, forced at every
     // size and in place or not; exact values against the serial definition.
