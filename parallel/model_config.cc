@@ -13,15 +13,17 @@ namespace tessera::parallel {
 int64_t ModelConfig::layer_params() const {
   const int64_t h = hidden;
   int64_t p = layer_params_tp_sharded();
-  if (has_bias()) p += 2 * h;                // attention output and MLP output biases (row-parallel, replicated)
-  p += int64_t{has_bias() ? 2 : 1} * 2 * h;  // two norms: LayerNorm weight+bias, RMSNorm weight
+  if (has_bias()) p += 2 * h;                 // attention output and MLP output biases (row-parallel, replicated)
+  if (!has_bias() && attention_bias) p += h;  // the attention output's bias (row-parallel, replicated)
+  p += int64_t{has_bias() ? 2 : 1} * 2 * h;   // two norms: LayerNorm weight+bias, RMSNorm weight
   return p;
 }
 
 int64_t ModelConfig::layer_params_tp_sharded() const {
-  const int64_t h = hidden, f = ffn_hidden, kv = kv_dim();
-  int64_t p = h * (h + 2 * kv) + h * h + (gated_mlp() ? 3 : 2) * h * f;  // QKV, output, MLP matrices
-  if (has_bias()) p += (h + 2 * kv) + f;                                 // column-parallel biases
+  const int64_t h = hidden, f = ffn_hidden, q = q_dim(), kv = kv_dim();
+  int64_t p = h * (q + 2 * kv) + q * h + (gated_mlp() ? 3 : 2) * h * f;  // QKV, output, MLP matrices
+  if (has_bias()) p += (q + 2 * kv) + f;                                 // column-parallel biases
+  if (!has_bias() && attention_bias) p += q + 2 * kv;
   return p;
 }
 
@@ -43,15 +45,38 @@ void ModelConfig::validate() const {
   TESSERA_ARG_CHECK(layers > 0 && hidden > 0 && heads > 0 && kv_heads > 0 && ffn_hidden > 0 && vocab > 0 && max_seq > 0,
                     "model '", name,
                     "': layers, hidden, heads, kv_heads, ffn_hidden, vocab and max_seq must be positive");
-  TESSERA_ARG_CHECK(hidden % heads == 0, "model '", name, "': ", heads, " heads do not divide hidden size ", hidden);
+  TESSERA_ARG_CHECK(head_dim > 0 || hidden % heads == 0, "model '", name, "': ", heads,
+                    " heads do not divide hidden size ", hidden);
+  TESSERA_ARG_CHECK(head_dim >= 0, "model '", name, "': head_dim must be positive");
   TESSERA_ARG_CHECK(heads % kv_heads == 0, "model '", name, "': ", kv_heads, " kv_heads do not divide ", heads,
                     " heads");
+  TESSERA_ARG_CHECK(family == "llama" || (kv_heads == heads && head_size() * heads == hidden && !attention_bias),
+                    "model '", name,
+                    "': the gpt family has kv_heads = heads, head_dim = hidden / heads and no "
+                    "attention_bias flag");
+  TESSERA_ARG_CHECK(family == "llama" || tied_embeddings(), "model '", name, "': the gpt family ties its LM head");
+  TESSERA_ARG_CHECK(family != "llama" || head_size() % 2 == 0, "model '", name,
+                    "': rotary embeddings need an even "
+                    "head size, not ",
+                    head_size());
+  TESSERA_ARG_CHECK(norm_eps > 0 && norm_eps < 1, "model '", name, "': norm_eps must be in (0, 1), not ", norm_eps);
+  TESSERA_ARG_CHECK(rope_theta > 1, "model '", name, "': rope_theta must exceed 1, not ", rope_theta);
+  TESSERA_ARG_CHECK(rope_scaling.type.empty() || rope_scaling.type == "llama3", "model '", name,
+                    "': rope_scaling type must be llama3 (or none), not '", rope_scaling.type, "'");
+  TESSERA_ARG_CHECK(rope_scaling.type.empty() || (rope_scaling.factor >= 1 && rope_scaling.low_freq_factor > 0 &&
+                                                  rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                                                  rope_scaling.original_max_position_embeddings > 0),
+                    "model '", name,
+                    "': rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and a positive "
+                    "original_max_position_embeddings");
 }
 
 namespace {
 
-ModelConfig make(const char* name, const char* family, int l, int h, int a, int kv, int f, int v, int s) {
+ModelConfig make(const char* name, const char* family, int l, int h, int a, int kv, int f, int v, int s,
+                 double theta = 1e4) {
   ModelConfig m;
+  m.rope_theta = theta;
   m.name = name;
   m.family = family;
   m.layers = l;
@@ -71,6 +96,11 @@ ModelConfig make(const char* name, const char* family, int l, int h, int a, int 
 // 5140 is a typo: 40 heads x 128).
 // Llama 2: Touvron et al. 2023 and the released params.json (vocab 32000,
 // context 4096, SwiGLU sizes 11008 / 13824 / 28672, 70B with 8 KV heads).
+// Llama 3: Meta-Llama-3-8B and -70B config.json (vocab 128256, context 8192,
+// rope_theta 500000, 8 KV heads, intermediate 14336 / 28672).
+// Mistral 7B: Mistral-7B-v0.1 config.json (vocab 32000, 8 KV heads,
+// intermediate 14336, max_position_embeddings 32768, rope_theta 10000).
+// Every Llama-family preset: rms_norm_eps 1e-5, untied head.
 const std::vector<ModelConfig>& presets() {
   static const std::vector<ModelConfig> p = {
       make("gpt2-124m", "gpt", 12, 768, 12, 12, 3072, 50257, 1024),
@@ -85,6 +115,9 @@ const std::vector<ModelConfig>& presets() {
       make("llama2-7b", "llama", 32, 4096, 32, 32, 11008, 32000, 4096),
       make("llama2-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 4096),
       make("llama2-70b", "llama", 80, 8192, 64, 8, 28672, 32000, 4096),
+      make("llama3-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192, 5e5),
+      make("llama3-70b", "llama", 80, 8192, 64, 8, 28672, 128256, 8192, 5e5),
+      make("mistral-7b", "llama", 32, 4096, 32, 8, 14336, 32000, 32768),
   };
   return p;
 }
@@ -100,6 +133,19 @@ int get_int(const json& j, const char* key, const std::string& source) {
   if (!v.is_number_integer() || v.get<long long>() < 1 || v.get<long long>() > (1LL << 30))
     bad_file(source, std::string("field '") + key + "' must be a positive integer");
   return static_cast<int>(v.get<long long>());
+}
+
+double get_num(const json& j, const char* key, const std::string& source) {
+  const json& v = j.at(key);
+  if (!v.is_number() || !(v.get<double>() > 0))
+    bad_file(source, std::string("field '") + key + "' must be a positive number");
+  return v.get<double>();
+}
+
+bool get_bool(const json& j, const char* key, const std::string& source) {
+  const json& v = j.at(key);
+  if (!v.is_boolean()) bad_file(source, std::string("field '") + key + "' must be true or false");
+  return v.get<bool>();
 }
 
 }  // namespace
@@ -140,12 +186,14 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     bad_file(source, std::string("malformed JSON: ") + e.what());
   }
   if (!j.is_object()) bad_file(source, "expected a JSON object");
-  static const std::set<std::string> allowed = {"name",     "family", "layers",     "hidden", "heads",
-                                                "kv_heads", "vocab",  "ffn_hidden", "max_seq"};
+  static const std::set<std::string> allowed = {
+      "name",    "family",   "layers",   "hidden",     "heads",        "kv_heads",       "vocab",         "ffn_hidden",
+      "max_seq", "head_dim", "norm_eps", "rope_theta", "rope_scaling", "tie_embeddings", "attention_bias"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!allowed.count(it.key()))
       bad_file(source, "unknown field '" + it.key() +
-                           "' (allowed: name, family, layers, hidden, heads, kv_heads, vocab, ffn_hidden, max_seq)");
+                           "' (allowed: name, family, layers, hidden, heads, kv_heads, vocab, ffn_hidden, max_seq, "
+                           "head_dim, norm_eps, rope_theta, rope_scaling, tie_embeddings, attention_bias)");
   for (const char* k : {"layers", "hidden", "heads", "vocab", "max_seq"})
     if (!j.contains(k)) bad_file(source, std::string("missing field '") + k + "'");
   ModelConfig m;
@@ -166,6 +214,29 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   m.max_seq = get_int(j, "max_seq", source);
   m.kv_heads = j.contains("kv_heads") ? get_int(j, "kv_heads", source) : m.heads;
   m.ffn_hidden = j.contains("ffn_hidden") ? get_int(j, "ffn_hidden", source) : 4 * m.hidden;
+  if (j.contains("head_dim")) m.head_dim = get_int(j, "head_dim", source);
+  if (j.contains("norm_eps")) m.norm_eps = get_num(j, "norm_eps", source);
+  if (j.contains("rope_theta")) m.rope_theta = get_num(j, "rope_theta", source);
+  if (j.contains("tie_embeddings")) m.tie_embeddings = get_bool(j, "tie_embeddings", source);
+  if (j.contains("attention_bias")) m.attention_bias = get_bool(j, "attention_bias", source);
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& r = j["rope_scaling"];
+    if (!r.is_object()) bad_file(source, "field 'rope_scaling' must be an object or null");
+    static const std::set<std::string> rs = {"type", "factor", "low_freq_factor", "high_freq_factor",
+                                             "original_max_position_embeddings"};
+    for (auto it = r.begin(); it != r.end(); ++it)
+      if (!rs.count(it.key()))
+        bad_file(source, "unknown field 'rope_scaling." + it.key() +
+                             "' (allowed: type, factor, low_freq_factor, high_freq_factor, "
+                             "original_max_position_embeddings)");
+    if (!r.contains("type") || !r["type"].is_string()) bad_file(source, "field 'rope_scaling.type' must be a string");
+    m.rope_scaling.type = r["type"].get<std::string>();
+    if (r.contains("factor")) m.rope_scaling.factor = get_num(r, "factor", source);
+    if (r.contains("low_freq_factor")) m.rope_scaling.low_freq_factor = get_num(r, "low_freq_factor", source);
+    if (r.contains("high_freq_factor")) m.rope_scaling.high_freq_factor = get_num(r, "high_freq_factor", source);
+    if (r.contains("original_max_position_embeddings"))
+      m.rope_scaling.original_max_position_embeddings = get_int(r, "original_max_position_embeddings", source);
+  }
   try {
     m.validate();
   } catch (const InvalidArgument& e) {

@@ -114,7 +114,7 @@ json ranges_json(const parallel::layers::Parameter& p) {
   if (p.split_dim < 0) return r;
   const int64_t lb = p.local_block(), fb = p.full_block();
   for (int k = 0; k < p.chunks; ++k) {
-    int64_t b = std::min(fb, p.tp_rank * lb), e = std::min(fb, (p.tp_rank + 1) * lb);
+    int64_t b = std::min(fb, p.tp_part() * lb), e = std::min(fb, (p.tp_part() + 1) * lb);
     r.push_back({k * fb + b, k * fb + e});
   }
   return r;

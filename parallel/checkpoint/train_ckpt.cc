@@ -52,7 +52,7 @@ void shard_runs_in(const Parameter& p, int64_t b, int64_t e, Fn&& fn) {
   for (size_t d = p.split_dim + 1; d < p.shape.size(); ++d) inner *= p.shape[d];
   const int64_t local_dim = p.shape[p.split_dim], full_dim = p.full_shape[p.split_dim];
   const int64_t lb = p.local_block(), fb = p.full_block();
-  const int64_t first = p.tp_rank * lb;
+  const int64_t first = p.tp_part() * lb;
   const int64_t valid = std::clamp<int64_t>(fb - first, 0, lb);
   const int64_t row = local_dim * inner;
   auto emit = [&](int64_t local, int64_t full, int64_t n) {

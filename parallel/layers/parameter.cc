@@ -32,11 +32,11 @@ int64_t Parameter::full_block() const { return split_dim < 0 ? 0 : full_shape[sp
 
 int64_t Parameter::local_block() const {
   if (split_dim < 0) return 0;
-  return (full_block() + tp_size - 1) / tp_size;
+  return (full_block() + tp_parts - 1) / tp_parts;
 }
 
 Parameter make_parameter(std::string name, Shape full_shape, int split_dim, int chunks, int tp_size, int tp_rank,
-                         Init init, float init_std, bool decay) {
+                         Init init, float init_std, bool decay, int tp_parts) {
   Parameter p;
   p.name = std::move(name);
   p.full_shape = full_shape;
@@ -44,6 +44,9 @@ Parameter make_parameter(std::string name, Shape full_shape, int split_dim, int 
   p.chunks = chunks;
   p.tp_size = tp_size;
   p.tp_rank = tp_rank;
+  if (tp_parts <= 0) tp_parts = tp_size;
+  TESSERA_CHECK(tp_parts <= tp_size && tp_size % tp_parts == 0, p.name, ": ", tp_parts, " pieces over tp ", tp_size);
+  p.tp_parts = p.split_dim >= 0 ? tp_parts : 1;
   p.init = init;
   p.init_std = init_std;
   p.decay = decay;
@@ -61,14 +64,14 @@ void for_each_shard_run(const Parameter& p, const std::function<void(int64_t, in
     return;
   }
   // Element (outer, c, inner) with c along split_dim; the local rows of block k
-  // are [k lb, (k+1) lb), holding full rows k fb + tp_rank lb + [0, lb) while
+  // are [k lb, (k+1) lb), holding full rows k fb + part lb + [0, lb) while
   // they stay below fb, padding after.
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < p.split_dim; ++d) outer *= p.shape[d];
   for (size_t d = p.split_dim + 1; d < p.shape.size(); ++d) inner *= p.shape[d];
   const int64_t local_dim = p.shape[p.split_dim], full_dim = p.full_shape[p.split_dim];
   const int64_t lb = p.local_block(), fb = p.full_block();
-  const int64_t first = p.tp_rank * lb;
+  const int64_t first = p.tp_part() * lb;
   const int64_t valid = std::clamp<int64_t>(fb - first, 0, lb);
   for (int64_t o = 0; o < outer; ++o) {
     for (int k = 0; k < p.chunks; ++k) {

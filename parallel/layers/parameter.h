@@ -11,6 +11,12 @@
 // (3 for a fused QKV weight: q | k | v), and each block is split over the TP
 // ranks in contiguous pieces of ceil(block / tp) (the last piece padded with
 // zeros when the block does not divide, as for a vocabulary of 50257).
+// With tp_parts < tp_size each block is cut into tp_parts pieces only and
+// tp_size / tp_parts consecutive TP ranks hold the same piece (grouped-query
+// attention's K/V heads replicated when tp exceeds them, as NxD does): TP
+// rank r holds piece r / (tp_size / tp_parts) as replica r % (tp_size /
+// tp_parts). A Parameter is also the checkpoint layer's descriptor of a
+// tensor (parallel/checkpoint/): name, full shape, this rank's pieces, replica.
 #pragma once
 
 #include <cstdint>
@@ -25,12 +31,13 @@ namespace tessera::parallel::layers {
 enum class Init { Zeros, Ones, Normal };
 
 struct Parameter {
-  std::string name;  // Hugging Face GPT-2 name, e.g. "transformer.h.0.attn.c_attn.weight"
+  std::string name;  // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"
   Shape full_shape;
   Shape shape;         // this rank's shard
   int split_dim = -1;  // -1: replicated over TP
   int chunks = 1;
   int tp_size = 1, tp_rank = 0;
+  int tp_parts = 1;  // pieces of each block (tp_size unless replicated pieces; 1 when not split)
   bool decay = true;        // AdamW weight decay (not for biases, LayerNorms)
   bool sp_partial = false;  // under sequence parallelism each TP rank holds a partial gradient
   Init init = Init::Zeros;
@@ -43,15 +50,20 @@ struct Parameter {
 
   int64_t numel() const { return shape_numel(shape); }
   bool tp_sharded() const { return split_dim >= 0 && tp_size > 1; }
+  // The piece of each block this rank holds, and which copy of it (0: the
+  // one that is saved and counted once; replicated tensors: tp_rank).
+  int tp_part() const { return split_dim < 0 ? 0 : tp_rank / (tp_size / tp_parts); }
+  int tp_replica() const { return split_dim < 0 ? tp_rank : tp_rank % (tp_size / tp_parts); }
   // Rows of split_dim per block on this rank (including padding).
   int64_t local_block() const;
   // Size of one block of split_dim in the full tensor.
   int64_t full_block() const;
 };
 
-// Makes a parameter; `split_dim`/`chunks` describe its TP sharding.
+// Makes a parameter; `split_dim`/`chunks` describe its TP sharding and
+// `tp_parts` (0: tp_size; else a divisor of tp_size) the pieces of each block.
 Parameter make_parameter(std::string name, Shape full_shape, int split_dim, int chunks, int tp_size, int tp_rank,
-                         Init init, float init_std, bool decay);
+                         Init init, float init_std, bool decay, int tp_parts = 0);
 
 // Calls fn(local_begin, full_begin, count) for runs of the shard that are
 // contiguous in both the shard and the full tensor (one per outer index and

@@ -90,7 +90,7 @@ DistributedOptimizer::DistributedOptimizer(const parallel::layers::ParallelState
       int64_t s = std::max(lo, p->offset), e = std::min(hi, p->offset + p->numel());
       if (s >= e) continue;
       const bool copy = std::find(copies.begin(), copies.end(), p) != copies.end();
-      bool count = (p->tp_sharded() || ps_.tp_rank == 0) && !copy;
+      bool count = p->tp_replica() == 0 && !copy;  // each element once over TP
       segments_.push_back({state + (s - lo), e - s, p->decay, count});
       segment_src_.push_back(s);
     }

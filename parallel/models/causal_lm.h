@@ -1,0 +1,94 @@
+// CausalLM: what the trainer, the pipeline executor and the checkpoint code
+// need of a decoder-only language model, whatever its family (gpt/, llama/).
+//
+// A model is one pipeline (virtual) stage of one TP rank: it owns its
+// Parameters (bound later by the DistributedOptimizer or a ParamBinder),
+// keeps every activation in Device buffers allocated on first use and reused
+// (no device allocation in steady state), runs explicit forward and backward
+// passes, and charges the emulated clock through runtime/kernels.h and its
+// cost functions. Several micro-batches can be in flight, each in its own
+// activation slot (slots alias slot 0's parameters).
+//
+// Not thread-safe. The ParallelState passed at construction must outlive the model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "parallel/layers/parallel_state.h"
+#include "parallel/layers/parameter.h"
+#include "parallel/model_config.h"
+
+namespace tessera::parallel::models {
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // Every parameter this stage holds, in Hugging Face order.
+  virtual std::vector<parallel::layers::Parameter*> parameters() = 0;
+  // The order backward finishes their gradients (the optimizer's layout order).
+  virtual std::vector<parallel::layers::Parameter*> parameters_in_grad_order() = 0;
+  // Layers per (virtual) stage and this stage's layers [first_layer, first_layer + num_layers).
+  virtual const std::vector<int>& stages() const = 0;
+  virtual int64_t first_layer() const = 0;
+  virtual int64_t num_layers() const = 0;
+  virtual bool has_embedding() const = 0;
+  virtual bool has_head() const = 0;
+  // With tied embeddings: the token embedding (first stage) or its tied copy
+  // (last stage), whose gradients the trainer sums over ps.embed; nullptr on
+  // the stages in between and for untied models.
+  virtual parallel::layers::Parameter* tied_embedding() = 0;
+  // Initialises every bound parameter from a counter-based generator keyed
+  // by (seed, name, full index): identical for every layout.
+  virtual void init(uint64_t seed) = 0;
+
+  // Whole model (pp == 1). inputs, targets: [batch, seq] token ids. Returns
+  // the sum of the per-token losses (identical on TP ranks); with want_grad
+  // prepares backward() for the gradient of grad_scale x that sum.
+  double forward(const int32_t* inputs, const int32_t* targets, int64_t batch, int64_t seq, bool want_grad,
+                 float grad_scale) {
+    return forward_stage(0, inputs, targets, nullptr, batch, seq, want_grad, grad_scale, nullptr);
+  }
+  // Accumulates parameter gradients; on_ready (may be empty) is called once
+  // per parameter as its gradient for this micro-batch becomes final.
+  void backward(const std::function<void(parallel::layers::Parameter*)>& on_ready) {
+    backward_stage(0, nullptr, on_ready);
+  }
+  // Per-token losses of the last forward on the last stage, [batch * seq].
+  virtual const float* token_losses() const = 0;
+
+  // ---- pipeline stages ----
+  // Elements of the activation passed between stages for batch x seq tokens.
+  virtual int64_t activation_elems(int64_t batch, int64_t seq) const = 0;
+  // Forward of one micro-batch in activation slot `slot`: inputs (first
+  // stage) and targets (last stage) are token ids; act_in the previous
+  // stage's output. Returns the last stage's loss sum (0 elsewhere); *act_out
+  // gets this stage's output (nullptr on the last), valid until the slot's next forward.
+  virtual double forward_stage(int slot, const int32_t* inputs, const int32_t* targets, const float* act_in,
+                               int64_t batch, int64_t seq, bool want_grad, float grad_scale,
+                               const float** act_out) = 0;
+  // Backward of the micro-batch in `slot`; grad_out is the next stage's
+  // gradient (ignored on the last stage). Returns the gradient of this
+  // stage's input (nullptr on the first stage).
+  virtual const float* backward_stage(int slot, const float* grad_out,
+                                      const std::function<void(parallel::layers::Parameter*)>& on_ready) = 0;
+  virtual int num_slots() const = 0;
+};
+
+// The model of `cfg.family` ("gpt" or "llama") for this rank: chunk `chunk`
+// of `chunks` of pipeline stage ps.pp_rank, `stages` layers per virtual stage
+// (empty: parallel/pipeline/partition.h's rule). Throws InvalidArgument for a
+// config the family or the layout cannot hold, naming the numbers.
+std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, const parallel::layers::ParallelState& ps,
+                                         const std::vector<int>& stages = {}, int chunk = 0, int chunks = 1);
+
+// Every parameter TP rank `tp_rank` of `tp` holds (all stages), unbound
+// (value == nullptr), in Hugging Face order: the descriptors the checkpoint
+// layer saves, verifies and reshards from. Pure; thread-safe.
+std::vector<parallel::layers::Parameter> parameter_layout(const ModelConfig& cfg, int tp, int tp_rank);
+
+}  // namespace tessera::parallel::models
