@@ -30,6 +30,11 @@ namespace tessera::parallel::layers {
 
 enum class Init { Zeros, Ones, Normal };
 
+// Parameter::layer of tensors outside the transformer layers: the first
+// pipeline stage holds the embeddings, the last the final norm and LM head.
+constexpr int kEmbeddingLayer = -1;
+constexpr int kHeadLayer = -2;
+
 struct Parameter {
   std::string name;  // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"
   Shape full_shape;
@@ -38,6 +43,9 @@ struct Parameter {
   int chunks = 1;
   int tp_size = 1, tp_rank = 0;
   int tp_parts = 1;  // pieces of each block (tp_size unless replicated pieces; 1 when not split)
+  // The transformer layer holding it (its pipeline stage follows from the
+  // partition), or kEmbeddingLayer / kHeadLayer.
+  int layer = kEmbeddingLayer;
   bool decay = true;        // AdamW weight decay (not for biases, LayerNorms)
   bool sp_partial = false;  // under sequence parallelism each TP rank holds a partial gradient
   Init init = Init::Zeros;

@@ -60,6 +60,7 @@ struct GptModel::Block {
     ln1_b = ln(".ln_1.bias", Init::Zeros);
     ln2_w = ln(".ln_2.weight", Init::Ones);
     ln2_b = ln(".ln_2.bias", Init::Zeros);
+    for (Parameter* q : params()) q->layer = static_cast<int>(i);
   }
   // Every parameter of the block, in a fixed order (slots alias them by position).
   std::vector<Parameter*> params() {
@@ -106,6 +107,7 @@ GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& 
   lnf_w_ = make_parameter("transformer.ln_f.weight", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Ones, 0, false);
   lnf_b_ = make_parameter("transformer.ln_f.bias", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Zeros, 0, false);
   lnf_w_.sp_partial = lnf_b_.sp_partial = ps.sp();
+  lnf_w_.layer = lnf_b_.layer = parallel::layers::kHeadLayer;
   for (int64_t i = 0; i < stages_[static_cast<size_t>(vstage_)]; ++i)
     blocks_.push_back(std::make_unique<Block>(first_layer_ + i, cfg, ps));
 }
