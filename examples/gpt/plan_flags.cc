@@ -73,7 +73,7 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
   if (m.family != "gpt" || m.kv_heads != m.heads || m.ffn_hidden != 4 * m.hidden)
     refuse("the plan's model '", m.name, "' (family ", m.family, ", ", m.kv_heads, " KV heads, ffn ", m.ffn_hidden,
            ") is not a GPT-2 (family gpt, KV heads = heads, ffn = 4 x hidden), which train_gpt trains");
-  auto model_size = [&](const char* flag, const char* what, int64_t& field, int64_t plan_value) {
+  auto model_size = [&](const char* flag, const char* what, int& field, int plan_value) {
     if (model_fixed && field != plan_value)
       refuse("the plan's model has ", what, " ", plan_value, " but the --init model has ", field);
     if (!model_fixed) take(flag, what, field, plan_value);
@@ -83,7 +83,7 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
   model_size("--heads", "heads", t.model.heads, m.heads);
   model_size("--vocab", "vocab", t.model.vocab, m.vocab);
   take("--seq", "seq", t.seq, static_cast<int64_t>(p.seq()));
-  if (!model_fixed) t.model.seq = t.seq;  // the context, as without a plan
+  if (!model_fixed) t.model.max_seq = static_cast<int>(t.seq);  // the context, as without a plan
 
   // The device.
   if (p.device().empty()) refuse("the plan records no device (written by an older tessera plan): write it again");
@@ -141,15 +141,8 @@ std::vector<double> predicted_stage_bubbles(const parallel::models::gpt::TrainOp
   for (int c = 0; c < v; ++c)
     for (int r = 0; r < pp; ++r)
       per_stage[static_cast<size_t>(r)] += t.stages[static_cast<size_t>(c) * static_cast<size_t>(pp) + r];
-  parallel::ModelConfig m;
+  parallel::ModelConfig m = t.model;
   m.name = "train_gpt";
-  m.family = "gpt";
-  m.layers = layers;
-  m.hidden = static_cast<int>(t.model.hidden);
-  m.heads = m.kv_heads = static_cast<int>(t.model.heads);
-  m.ffn_hidden = 4 * m.hidden;
-  m.vocab = static_cast<int>(t.model.vocab);
-  m.max_seq = static_cast<int>(t.model.seq);
   parallel::TrainingConfig tc;
   tc.global_batch = t.global_batch;
   tc.seq = static_cast<int>(t.seq);

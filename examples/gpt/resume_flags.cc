@@ -49,11 +49,12 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
     agree("--vocab", t.model.vocab, c.vocab);
     agree("--hidden", t.model.hidden, c.hidden);
     agree("--layers", t.model.layers, c.layers);
-    t.model.vocab = c.vocab;
-    t.model.hidden = c.hidden;
-    t.model.layers = c.layers;
-    t.model.heads = c.heads;
-    t.model.seq = c.n_positions;
+    t.model.vocab = static_cast<int>(c.vocab);
+    t.model.hidden = static_cast<int>(c.hidden);
+    t.model.layers = static_cast<int>(c.layers);
+    t.model.heads = t.model.kv_heads = static_cast<int>(c.heads);
+    t.model.ffn_hidden = 4 * t.model.hidden;
+    t.model.max_seq = static_cast<int>(c.n_positions);
     if (!given("--seq")) t.seq = std::min<int64_t>(t.seq, c.n_positions);
     return dir;
   } else if (!ckpt::is_train_checkpoint(dir)) {
@@ -100,7 +101,7 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
   t.val_fraction = saved.val_fraction;
   if (!given("--micro-batch")) t.micro_batch = saved.micro_batch;
   try {
-    t.model.validate(t.tp);
+    models::validate_layout(t.model, t.tp);
   } catch (const InvalidArgument& e) {
     // Name the tensor the new layout cannot split (the fused QKV splits by heads).
     std::string tensor = "transformer.h.0.attn.c_attn.weight", file = "?";

@@ -9,12 +9,14 @@
 
 namespace tessera::gpt {
 
-double measure_sgemm_flops(const parallel::models::gpt::GptConfig& cfg, int64_t rows, double min_seconds) {
+double measure_sgemm_flops(const parallel::ModelConfig& cfg, int64_t rows, double min_seconds) {
   const int64_t c = cfg.hidden;
   struct Shape {
     int64_t in, out;
   };
-  const std::vector<Shape> shapes{{c, 3 * c}, {c, c}, {c, 4 * c}, {4 * c, c}, {c, cfg.vocab}};
+  const int64_t q = cfg.q_dim(), kv = cfg.kv_dim(), f = cfg.ffn_hidden;
+  // The model's weight shapes: QKV, attention output, the MLP's (gate and up fused for llama), down, the LM head.
+  const std::vector<Shape> shapes{{c, q + 2 * kv}, {q, c}, {c, (cfg.gated_mlp() ? 2 : 1) * f}, {f, c}, {c, cfg.vocab}};
   int64_t max_elems = 0;
   for (const auto& s : shapes) max_elems = std::max({max_elems, rows * s.in, rows * s.out, s.in * s.out});
   std::vector<float> a(max_elems), b(max_elems), out(max_elems);

@@ -7,11 +7,11 @@
 
 #include <cstdint>
 
-#include "parallel/models/gpt/gpt_model.h"
+#include "parallel/model_config.h"
 
 namespace tessera::gpt {
 
 // Runs for at least `min_seconds`; returns FLOP/s.
-double measure_sgemm_flops(const parallel::models::gpt::GptConfig& cfg, int64_t rows, double min_seconds);
+double measure_sgemm_flops(const parallel::ModelConfig& cfg, int64_t rows, double min_seconds);
 
 }  // namespace tessera::gpt

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "examples/gpt/bootstrap.h"
+#include "examples/gpt/model_flags.h"
 #include "examples/gpt/plan_flags.h"
 #include "examples/gpt/resume_flags.h"
 #include "examples/gpt/sgemm_bench.h"
@@ -54,8 +55,10 @@ struct Flags {
   // Training checkpoints (docs/checkpoint.md): --save DIR --save-every K --keep N --resume DIR|latest.
   std::string save, resume, resume_dir;  // resume_dir: the checkpoint --resume resolved to ("" : start at step 0)
   int64_t save_every = 0, keep = 0;
+  bool tie = false;
   std::string schedule = "1f1b", stages, trace;
-  std::string plan;  // --plan FILE
+  std::string plan;                   // --plan FILE
+  std::string model, family = "gpt";  // --model, --family
   std::string trace_clock = "emulated";
   gpt::PlanRun plan_run;
 };
@@ -160,11 +163,12 @@ void apply_init_config(Flags& f, const CLI::App& app) {
   agree("--vocab", f.t.model.vocab, c.vocab);
   agree("--hidden", f.t.model.hidden, c.hidden);
   agree("--layers", f.t.model.layers, c.layers);
-  f.t.model.vocab = c.vocab;
-  f.t.model.hidden = c.hidden;
-  f.t.model.layers = c.layers;
-  f.t.model.heads = c.heads;
-  f.t.model.seq = c.n_positions;
+  f.t.model.vocab = static_cast<int>(c.vocab);
+  f.t.model.hidden = static_cast<int>(c.hidden);
+  f.t.model.layers = static_cast<int>(c.layers);
+  f.t.model.heads = f.t.model.kv_heads = static_cast<int>(c.heads);
+  f.t.model.ffn_hidden = 4 * f.t.model.hidden;
+  f.t.model.max_seq = static_cast<int>(c.n_positions);
   if (!app.count("--seq")) f.t.seq = std::min<int64_t>(f.t.seq, c.n_positions);
 }
 
@@ -215,8 +219,8 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
         "(%.2fM params) | seq=%lld micro-batch=%lld global-batch=%lld steps=%lld lr=%g | device %s | "
         "OPENBLAS_CORETYPE=%s\n",
         job.world.size, o.tp, o.pp, o.dp, o.sequence_parallel ? " sp" : "", o.adamw.zero1 ? " zero1" : "",
-        (long long)o.model.vocab, (long long)o.model.seq, (long long)o.model.hidden, (long long)o.model.layers,
-        (long long)o.model.heads, o.model.num_params() / 1e6, (long long)o.seq, (long long)o.micro_batch,
+        (long long)o.model.vocab, (long long)o.model.max_seq, (long long)o.model.hidden, (long long)o.model.layers,
+        (long long)o.model.heads, o.model.total_params() / 1e6, (long long)o.seq, (long long)o.micro_batch,
         (long long)o.global_batch, (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
     if (o.pp > 1)
       std::printf(
@@ -318,7 +322,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   if (f.bench_sgemm && lead && step_times.size() >= 2) {
     double sgemm_after = gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 2.0);
     const double flops_per_step =
-        o.model.train_flops_per_token() * static_cast<double>(o.tokens_per_step()) / (o.tp * o.dp * o.pp);
+        models::train_flops_per_token(o.model) * static_cast<double>(o.tokens_per_step()) / (o.tp * o.dp * o.pp);
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -333,7 +337,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
         "training %.2f GFLOP/s per rank (median step %.3f s, %.0f tokens/s, %.1f MFLOP/token); "
         "training / sgemm: %.1f%% median over steps (min %.1f%%, max %.1f%%)\n",
         sgemm_before / 1e9, sgemm_after / 1e9, median(sgemm_between) / 1e9, flops_per_step / med_step / 1e9, med_step,
-        o.tokens_per_step() / med_step, o.model.train_flops_per_token() / 1e6, 100 * median(ratios),
+        o.tokens_per_step() / med_step, models::train_flops_per_token(o.model) / 1e6, 100 * median(ratios),
         100 * *std::min_element(ratios.begin(), ratios.end()), 100 * *std::max_element(ratios.begin(), ratios.end()));
   }
   if (!f.export_path.empty()) {
@@ -367,6 +371,17 @@ int run(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--stages", f.stages, "layers per pipeline stage, e.g. 3,3,2,2 (default: even, leftover to later)");
   app.add_flag("--sequence-parallel", f.t.sequence_parallel, "shard LayerNorm/residual activations over TP");
+  app.add_option("--model", f.model,
+                 "the model: a preset (tessera plan's), a model JSON, or a Hugging Face config.json or directory");
+  app.add_option("--family", f.family, "model family: gpt (GPT-2) or llama (RMSNorm, RoPE, SwiGLU, GQA)")
+      ->check(CLI::IsMember({"gpt", "llama"}));
+  app.add_option("--kv-heads", f.t.model.kv_heads, "llama: key/value heads (grouped-query attention; default heads)")
+      ->check(cli::positive(f.t.model.kv_heads));
+  app.add_option("--ffn-hidden", f.t.model.ffn_hidden, "MLP width (default 4 x hidden; llama 8/3 x hidden, to 64)")
+      ->check(cli::positive(f.t.model.ffn_hidden));
+  app.add_option("--rope-theta", f.t.model.rope_theta, "llama: rotary base (default 10000)")
+      ->check(cli::number_range(1.0 + 1e-9, 1e12));
+  app.add_flag("--tie-embeddings", f.tie, "llama: tie the LM head to the token embedding");
   app.add_option("--layers", f.t.model.layers, "transformer blocks")->check(cli::positive(f.t.model.layers));
   app.add_option("--hidden", f.t.model.hidden, "model width")->check(cli::positive(f.t.model.hidden));
   app.add_option("--heads", f.t.model.heads, "attention heads")->check(cli::positive(f.t.model.heads));
@@ -419,12 +434,14 @@ int run(int argc, char** argv) {
     app.exit(e);
     return cli::kUsageExit;
   }
-  f.t.model.seq = f.t.seq;
+  f.t.model.max_seq = static_cast<int>(f.t.seq);
+  if (f.tie) f.t.model.tie_embeddings = true;
   f.t.adamw.bucket_elems = static_cast<int64_t>(f.bucket_mb * (1 << 20) / 4);
   // Bad flags and bad input files exit 2 before any process joins the job
   // (docs/errors.md): every rank checks what it reads, rank 0 what it writes.
   std::shared_ptr<parallel::data::ByteDataset> dataset;
   try {
+    gpt::apply_model_flags(f.t, f.model, f.family, [&](const char* flag) { return app.count(flag) > 0; });
     if (!f.init.empty()) apply_init_config(f, app);
     if (!f.stages.empty()) f.t.stages = parallel::pipeline::parse_stages(f.stages);
     if (!f.plan.empty()) {

@@ -12,12 +12,14 @@ std::vector<parallel::layers::Parameter> gpt2_tp_parameters(const Gpt2Config& c,
                     c.heads);
   TESSERA_ARG_CHECK(c.heads % tp == 0, "heads ", c.heads, " do not divide over tp ", tp,
                     " (attention is split by heads)");
-  models::gpt::GptConfig g;
-  g.vocab = c.vocab;
-  g.seq = c.n_positions;
-  g.hidden = c.hidden;
-  g.layers = c.layers;
-  g.heads = c.heads;
+  ModelConfig g;
+  g.family = "gpt";
+  g.vocab = static_cast<int>(c.vocab);
+  g.max_seq = static_cast<int>(c.n_positions);
+  g.hidden = static_cast<int>(c.hidden);
+  g.layers = static_cast<int>(c.layers);
+  g.heads = g.kv_heads = static_cast<int>(c.heads);
+  g.ffn_hidden = 4 * g.hidden;
   return models::gpt::GptModel::parameter_layout(g, tp, tp_rank);
 }
 

@@ -69,8 +69,7 @@ class CausalLM {
   // stage's output. Returns the last stage's loss sum (0 elsewhere); *act_out
   // gets this stage's output (nullptr on the last), valid until the slot's next forward.
   virtual double forward_stage(int slot, const int32_t* inputs, const int32_t* targets, const float* act_in,
-                               int64_t batch, int64_t seq, bool want_grad, float grad_scale,
-                               const float** act_out) = 0;
+                               int64_t batch, int64_t seq, bool want_grad, float grad_scale, const float** act_out) = 0;
   // Backward of the micro-batch in `slot`; grad_out is the next stage's
   // gradient (ignored on the last stage). Returns the gradient of this
   // stage's input (nullptr on the first stage).
@@ -78,6 +77,21 @@ class CausalLM {
                                       const std::function<void(parallel::layers::Parameter*)>& on_ready) = 0;
   virtual int num_slots() const = 0;
 };
+
+// The trainer's default model: the small GPT-2 train_gpt trains without
+// flags (vocab 256 byte tokens, context 256, 6 layers of width 384, 6 heads).
+ModelConfig default_train_model();
+// Fills the sizes a flag or file left 0: kv_heads = heads, ffn_hidden = 4
+// hidden (gpt) or 8/3 hidden rounded up to a multiple of 64 (llama, Meta's
+// SwiGLU sizing at the granularity small models use), then validate().
+void complete_model_config(ModelConfig& cfg);
+// Throws InvalidArgument unless the family's model can be split over `tp`
+// (attention by heads; K/V heads replicated when tp exceeds them),
+// naming the numbers.
+void validate_layout(const ModelConfig& cfg, int tp);
+// Training FLOPs per token: 6 x parameters + 12 x layers x context x the
+// attention width (the attention scores and values, forward and backward).
+double train_flops_per_token(const ModelConfig& cfg);
 
 // The model of `cfg.family` ("gpt" or "llama") for this rank: chunk `chunk`
 // of `chunks` of pipeline stage ps.pp_rank, `stages` layers per virtual stage

@@ -63,13 +63,14 @@ std::string shard_file(const std::string& dir, int tp, int pp) {
   return dir + "/" + rank_stem(0, tp, pp) + ".safetensors";
 }
 
-parallel::models::gpt::GptConfig gpt_config(const Gpt2Config& c) {
-  parallel::models::gpt::GptConfig g;
-  g.vocab = c.vocab;
-  g.seq = c.n_positions;
-  g.hidden = c.hidden;
-  g.layers = c.layers;
-  g.heads = c.heads;
+parallel::ModelConfig gpt_config(const Gpt2Config& c) {
+  parallel::ModelConfig g;
+  g.family = "gpt";
+  g.vocab = static_cast<int>(c.vocab);
+  g.max_seq = static_cast<int>(c.n_positions);
+  g.hidden = static_cast<int>(c.hidden);
+  g.layers = static_cast<int>(c.layers);
+  g.heads = static_cast<int>(c.heads);
   return g;
 }
 
@@ -229,7 +230,7 @@ TEST(CkptTool, ShardsEqualLoadShardOfTpRank) {
   const std::string src = d.file("model.safetensors");
   make_gpt2_file(src, kCfg, DType::F32, 3);
   SafetensorsReader full(src);
-  const parallel::models::gpt::GptConfig g = gpt_config(kCfg);
+  const parallel::ModelConfig g = gpt_config(kCfg);
   const int pp = 2;
   for (int tp : {1, 2, 4}) {
     const std::string dir = d.file("s" + std::to_string(tp));

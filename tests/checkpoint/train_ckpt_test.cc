@@ -47,8 +47,8 @@ std::string name(const Layout& l) {
 
 TrainOptions tiny(const Layout& l, int64_t vocab = 257) {
   TrainOptions o;
-  o.model.vocab = vocab;  // 257 does not divide over tp: the last wte shard is padded
-  o.model.seq = 16;
+  o.model.vocab = static_cast<int>(vocab);  // 257 does not divide over tp: the last wte shard is padded
+  o.model.max_seq = 16;
   o.model.hidden = 32;
   o.model.heads = 8;
   o.model.layers = 2;
@@ -105,7 +105,7 @@ class Shared {
 
 std::vector<std::pair<std::string, int64_t>> tensor_sizes() {
   std::vector<std::pair<std::string, int64_t>> out;
-  for (const Parameter& p : parallel::models::gpt::GptModel::parameter_layout(tiny({}).model, 1, 0))
+  for (const Parameter& p : parallel::models::parameter_layout(tiny({}).model, 1, 0))
     out.emplace_back(p.name, shape_numel(p.full_shape));
   return out;
 }

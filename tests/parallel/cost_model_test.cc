@@ -213,7 +213,7 @@ TEST(CostModel, SerialTrainerStepEqualsPrediction) {
   o.model.layers = 2;
   o.model.hidden = 64;
   o.model.heads = 4;
-  o.model.seq = 32;
+  o.model.max_seq = 32;
   o.seq = 32;
   o.micro_batch = 2;
   o.global_batch = 4;

@@ -165,9 +165,10 @@ constexpr double kRelTol = 1e-3;  // measured errors here: up to 1.1e-4
 TEST(GradCheck, GptEveryParameter) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  parallel::models::gpt::GptConfig cfg;
+  parallel::ModelConfig cfg;
+  cfg.family = "gpt";
   cfg.vocab = 13;
-  cfg.seq = 6;
+  cfg.max_seq = 6;
   cfg.hidden = 8;
   cfg.layers = 2;
   cfg.heads = 2;
@@ -233,9 +234,10 @@ namespace {
 TEST(GradCheck, GptLongSequenceBlockedAttention) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  parallel::models::gpt::GptConfig cfg;
+  parallel::ModelConfig cfg;
+  cfg.family = "gpt";
   cfg.vocab = 13;
-  cfg.seq = 160;
+  cfg.max_seq = 160;
   cfg.hidden = 8;
   cfg.layers = 1;
   cfg.heads = 2;

@@ -19,7 +19,7 @@ TEST(LongTraining, ValidationLossBelow2p5NatsPerByte) {
   auto ps = parallel::layers::serial_state(&dev);
   parallel::models::gpt::TrainOptions o;
   o.model.vocab = 256;
-  o.model.seq = 64;
+  o.model.max_seq = 64;
   o.model.hidden = 128;
   o.model.heads = 4;
   o.model.layers = 2;

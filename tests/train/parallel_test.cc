@@ -55,11 +55,11 @@ struct RunResult {
 
 parallel::models::gpt::TrainOptions tiny_options(int64_t vocab = 256, int64_t layers = 2, int64_t global_batch = 8) {
   parallel::models::gpt::TrainOptions o;
-  o.model.vocab = vocab;
-  o.model.seq = 16;
+  o.model.vocab = static_cast<int>(vocab);
+  o.model.max_seq = 16;
   o.model.hidden = 32;
   o.model.heads = 8;
-  o.model.layers = layers;
+  o.model.layers = static_cast<int>(layers);
   o.seq = 16;
   o.micro_batch = 1;
   o.global_batch = global_batch;

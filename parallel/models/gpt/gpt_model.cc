@@ -22,33 +22,26 @@ using parallel::layers::Init;
 using parallel::layers::make_parameter;
 using parallel::layers::Parameter;
 
-void GptConfig::validate(int tp) const {
-  TESSERA_ARG_CHECK(vocab > 0 && seq > 0 && hidden > 0 && layers > 0 && heads > 0,
-                    "model sizes must be positive (vocab ", vocab, ", seq ", seq, ", hidden ", hidden, ", layers ",
-                    layers, ", heads ", heads, ")");
-  TESSERA_ARG_CHECK(hidden % heads == 0, "--hidden ", hidden, " is not a multiple of --heads ", heads);
-  TESSERA_ARG_CHECK(heads % tp == 0, "--heads ", heads, " does not divide over --tp ", tp,
+void validate_gpt(const ModelConfig& cfg, int tp) {
+  TESSERA_ARG_CHECK(cfg.family == "gpt", "GptModel holds the gpt family, not '", cfg.family, "'");
+  const ModelConfig& c = cfg;
+  TESSERA_ARG_CHECK(c.vocab > 0 && c.max_seq > 0 && c.hidden > 0 && c.layers > 0 && c.heads > 0 && c.ffn_hidden > 0,
+                    "model sizes must be positive (vocab ", c.vocab, ", seq ", c.max_seq, ", hidden ", c.hidden,
+                    ", layers ", c.layers, ", heads ", c.heads, ", ffn_hidden ", c.ffn_hidden, ")");
+  TESSERA_ARG_CHECK(c.hidden % c.heads == 0, "--hidden ", c.hidden, " is not a multiple of --heads ", c.heads);
+  TESSERA_ARG_CHECK(c.heads % tp == 0, "--heads ", c.heads, " does not divide over --tp ", tp,
                     " (attention is split by heads)");
-  TESSERA_ARG_CHECK(vocab <= (int64_t{1} << 31) - 1, "vocab too large");
-}
-
-int64_t GptConfig::num_params() const {
-  const int64_t c = hidden;
-  int64_t per_layer = 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + 2 * c + (c * 4 * c + 4 * c) + (4 * c * c + c);
-  return vocab * c + seq * c + layers * per_layer + 2 * c;
-}
-
-double GptConfig::train_flops_per_token() const {
-  return 6.0 * static_cast<double>(num_params()) + 12.0 * layers * seq * hidden;
+  TESSERA_ARG_CHECK(c.kv_heads == c.heads && c.head_size() * c.heads == c.hidden && c.tied_embeddings(),
+                    "the gpt family has kv_heads = heads, head_dim = hidden / heads and a tied LM head");
 }
 
 struct GptModel::Block {
-  Block(int64_t i, const GptConfig& cfg, const parallel::layers::ParallelState& ps)
+  Block(int64_t i, const ModelConfig& cfg, const parallel::layers::ParallelState& ps)
       : qkv("transformer.h." + std::to_string(i) + ".attn.c_attn", cfg.hidden, 3 * cfg.hidden, 3, ps, 0.02f),
         proj("transformer.h." + std::to_string(i) + ".attn.c_proj", cfg.hidden, cfg.hidden, ps,
              0.02f / std::sqrt(2.0f * cfg.layers)),
-        fc("transformer.h." + std::to_string(i) + ".mlp.c_fc", cfg.hidden, 4 * cfg.hidden, 1, ps, 0.02f),
-        mproj("transformer.h." + std::to_string(i) + ".mlp.c_proj", 4 * cfg.hidden, cfg.hidden, ps,
+        fc("transformer.h." + std::to_string(i) + ".mlp.c_fc", cfg.hidden, cfg.ffn_hidden, 1, ps, 0.02f),
+        mproj("transformer.h." + std::to_string(i) + ".mlp.c_proj", cfg.ffn_hidden, cfg.hidden, ps,
               0.02f / std::sqrt(2.0f * cfg.layers)) {
     const std::string p = "transformer.h." + std::to_string(i);
     auto ln = [&](const std::string& n, Init init) {
@@ -86,30 +79,32 @@ struct GptModel::Slot {
   bool have_grad = false;
 };
 
-GptModel::GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages,
+GptModel::GptModel(const ModelConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages,
                    int chunk, int chunks)
     : cfg_(cfg), ps_(ps) {
-  cfg_.validate(ps.tp_size);
+  complete_model_config(cfg_);
+  validate_gpt(cfg_, ps.tp_size);
   TESSERA_ARG_CHECK(ps.pp_size >= 1 && ps.pp_rank >= 0 && ps.pp_rank < ps.pp_size, "bad pipeline stage ", ps.pp_rank,
                     " of ", ps.pp_size);
   TESSERA_ARG_CHECK(chunks >= 1 && chunk >= 0 && chunk < chunks, "bad model chunk ", chunk, " of ", chunks);
-  stages_ = parallel::pipeline::resolve_stages(stages, cfg.layers, ps.pp_size * chunks);
+  stages_ = parallel::pipeline::resolve_stages(stages, cfg_.layers, ps.pp_size * chunks);
   vstage_ = chunk * ps.pp_size + ps.pp_rank;
   embed_ = vstage_ == 0;
   head_ = vstage_ == ps.pp_size * chunks - 1;
   first_layer_ = parallel::pipeline::stage_first_layer(stages_, vstage_);
   if (has_embedding() || has_head())
-    wte_ = std::make_unique<parallel::layers::VocabParallelEmbedding>("transformer.wte.weight", cfg.vocab, cfg.hidden,
+    wte_ = std::make_unique<parallel::layers::VocabParallelEmbedding>("transformer.wte.weight", cfg_.vocab, cfg_.hidden,
                                                                       ps, 0.02f);
-  wpe_ = make_parameter("transformer.wpe.weight", {cfg.seq, cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Normal,
-                        0.02f, true);
+  wpe_ = make_parameter("transformer.wpe.weight", {cfg_.max_seq, cfg_.hidden}, -1, 1, ps.tp_size, ps.tp_rank,
+                        Init::Normal, 0.02f, true);
   wpe_.sp_partial = ps.sp();
-  lnf_w_ = make_parameter("transformer.ln_f.weight", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Ones, 0, false);
-  lnf_b_ = make_parameter("transformer.ln_f.bias", {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Zeros, 0, false);
+  lnf_w_ =
+      make_parameter("transformer.ln_f.weight", {cfg_.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Ones, 0, false);
+  lnf_b_ = make_parameter("transformer.ln_f.bias", {cfg_.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Zeros, 0, false);
   lnf_w_.sp_partial = lnf_b_.sp_partial = ps.sp();
   lnf_w_.layer = lnf_b_.layer = parallel::layers::kHeadLayer;
   for (int64_t i = 0; i < stages_[static_cast<size_t>(vstage_)]; ++i)
-    blocks_.push_back(std::make_unique<Block>(first_layer_ + i, cfg, ps));
+    blocks_.push_back(std::make_unique<Block>(first_layer_ + i, cfg_, ps));
 }
 
 GptModel::Slot& GptModel::slot(int i) {
@@ -141,7 +136,7 @@ Parameter* GptModel::wte() { return wte_ ? &wte_->weight() : nullptr; }
 
 GptModel::~GptModel() = default;
 
-std::vector<Parameter> GptModel::parameter_layout(const GptConfig& cfg, int tp, int tp_rank) {
+std::vector<Parameter> GptModel::parameter_layout(const ModelConfig& cfg, int tp, int tp_rank) {
   TESSERA_ARG_CHECK(tp >= 1 && tp_rank >= 0 && tp_rank < tp, "bad tp rank ", tp_rank, " of ", tp);
   // The constructor only reads sizes and ranks: no device, no communicators.
   parallel::layers::ParallelState ps;
@@ -271,17 +266,10 @@ void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
   kern::charge(dev, cost::attention_backward(batch, hl, seq, hd));
 }
 
-double GptModel::forward(const int32_t* inputs, const int32_t* targets, int64_t batch, int64_t seq, bool want_grad,
-                         float grad_scale) {
-  TESSERA_CHECK(embed_ && head_, "forward() runs the whole model; pipeline stages use forward_stage()");
-  return forward_stage(0, inputs, targets, nullptr, batch, seq, want_grad, grad_scale, nullptr);
-}
-
-void GptModel::backward(const std::function<void(Parameter*)>& on_ready) { backward_stage(0, nullptr, on_ready); }
-
 double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* targets, const float* act_in,
                                int64_t batch, int64_t seq, bool want_grad, float grad_scale, const float** act_out) {
-  TESSERA_ARG_CHECK(seq >= 1 && seq <= cfg_.seq, "sequence length ", seq, " exceeds the model context ", cfg_.seq);
+  TESSERA_ARG_CHECK(seq >= 1 && seq <= cfg_.max_seq, "sequence length ", seq, " exceeds the model context ",
+                    cfg_.max_seq);
   const int64_t n = batch * seq, c = cfg_.hidden;
   TESSERA_ARG_CHECK(!ps_.sp() || n % ps_.tp_size == 0, "sequence parallelism needs batch*seq (", n,
                     ") divisible by tp ", ps_.tp_size);
@@ -295,6 +283,7 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
                     " needs the previous stage's activation");
   Device* dev = ps_.device;
   const int64_t nl = local_rows(n);
+  const auto eps = static_cast<float>(cfg_.norm_eps);
   Slot& s = slot(si);
   last_slot_ = si;
   s.batch = batch;
@@ -326,14 +315,14 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
     const float* xin = b.x_in.data<float>();
     float* ln1 = ensure_buffer(b.ln1_out, dev, nl * c);
     kern::layernorm_forward(dev, xin, b.ln1_w.value, b.ln1_b.value, ln1, ensure_buffer(b.ln1_mean, dev, nl),
-                            ensure_buffer(b.ln1_rstd, dev, nl), nl, c, cfg_.ln_eps);
+                            ensure_buffer(b.ln1_rstd, dev, nl), nl, c, eps);
     b.qkv.forward(ln1, n, ensure_buffer(b.qkv_out, dev, n * b.qkv.out_local()));
     attention_forward(b, batch, seq);
     float* xm = ensure_buffer(b.x_mid, dev, nl * c);
     b.proj.forward(b.attn_y.data<float>(), n, xin, xm);
     float* ln2 = ensure_buffer(b.ln2_out, dev, nl * c);
     kern::layernorm_forward(dev, xm, b.ln2_w.value, b.ln2_b.value, ln2, ensure_buffer(b.ln2_mean, dev, nl),
-                            ensure_buffer(b.ln2_rstd, dev, nl), nl, c, cfg_.ln_eps);
+                            ensure_buffer(b.ln2_rstd, dev, nl), nl, c, eps);
     const int64_t f = b.fc.out_local();
     float* pre = ensure_buffer(b.fc_pre, dev, n * f);
     b.fc.forward(ln2, n, pre);
@@ -351,7 +340,7 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
   // Final LayerNorm and the tied, vocab-parallel LM head.
   float* hf = ensure_buffer(s.hf, dev, nl * c);
   kern::layernorm_forward(dev, s.x_out.data<float>(), lnf_w_.value, lnf_b_.value, hf,
-                          ensure_buffer(s.lnf_mean, dev, nl), ensure_buffer(s.lnf_rstd, dev, nl), nl, c, cfg_.ln_eps);
+                          ensure_buffer(s.lnf_mean, dev, nl), ensure_buffer(s.lnf_rstd, dev, nl), nl, c, eps);
   float* hfull = hf;
   if (ps_.sp()) {
     hfull = ensure_buffer(s.hf_full, dev, n * c);

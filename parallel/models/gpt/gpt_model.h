@@ -5,7 +5,9 @@
 // and MLP down projections row-parallel, vocab-parallel embedding and
 // cross-entropy, optional sequence parallelism.
 //
-// fp32 throughout; forward and backward are explicit (no autograd). Every
+// The config is the one ModelConfig (family "gpt"; max_seq is the context,
+// the wpe rows; ffn_hidden the MLP width, 4 x hidden for GPT-2; norm_eps the
+// LayerNorm eps). fp32 throughout; forward and backward are explicit (no autograd). Every
 // activation lives in buffers allocated once on the rank's Device and reused
 // across steps. Parameter names are Hugging Face GPT-2's.
 //
@@ -38,74 +40,58 @@
 #include "parallel/layers/embedding.h"
 #include "parallel/layers/linear.h"
 #include "parallel/layers/parallel_state.h"
+#include "parallel/model_config.h"
+#include "parallel/models/causal_lm.h"
 
 namespace tessera::parallel::models::gpt {
 
-struct GptConfig {
-  int64_t vocab = 256;
-  int64_t seq = 256;  // context length (wpe rows)
-  int64_t hidden = 384;
-  int64_t layers = 6;
-  int64_t heads = 6;
-  float ln_eps = 1e-5f;
+// Throws InvalidArgument naming the offending value when `cfg` is not a GPT
+// this implementation holds under `tp` (family, sizes, heads over tp).
+void validate_gpt(const ModelConfig& cfg, int tp);
 
-  // Throws InvalidArgument naming the offending value.
-  void validate(int tp) const;
-  int64_t num_params() const;  // of the full (unsharded) model, wte counted once
-  // 6 x params + 12 x layers x seq x hidden (training FLOPs per token, as the issue counts).
-  double train_flops_per_token() const;
-};
-
-class GptModel {
+class GptModel : public CausalLM {
  public:
   // stages: layers per (virtual) pipeline stage (ps.pp_size x chunks
   // entries; empty: stage_layers); this model is chunk `chunk` of `chunks`.
-  GptModel(const GptConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages = {},
+  GptModel(const ModelConfig& cfg, const parallel::layers::ParallelState& ps, const std::vector<int>& stages = {},
            int chunk = 0, int chunks = 1);
-  ~GptModel();
+  ~GptModel() override;
 
-  const GptConfig& config() const { return cfg_; }
+  const ModelConfig& config() const override { return cfg_; }
   // Every parameter this stage holds, in Hugging Face order (the whole
   // model when pp_size == 1).
-  std::vector<parallel::layers::Parameter*> parameters();
+  std::vector<parallel::layers::Parameter*> parameters() override;
   // Layers per stage and this stage's layers [first_layer, first_layer + num_layers).
-  const std::vector<int>& stages() const { return stages_; }
-  int64_t first_layer() const { return first_layer_; }
-  int64_t num_layers() const { return static_cast<int64_t>(blocks_.size()); }
-  bool has_embedding() const { return embed_; }
-  bool has_head() const { return head_; }
+  const std::vector<int>& stages() const override { return stages_; }
+  int64_t first_layer() const override { return first_layer_; }
+  int64_t num_layers() const override { return static_cast<int64_t>(blocks_.size()); }
+  bool has_embedding() const override { return embed_; }
+  bool has_head() const override { return head_; }
   // The token embedding (on the first stage) or its tied copy (on the last);
   // nullptr on the stages in between.
   parallel::layers::Parameter* wte();
+  parallel::layers::Parameter* tied_embedding() override { return wte(); }
   // Every parameter TP rank `tp_rank` of `tp` holds, in parameters() order,
   // unbound (value == nullptr): name, full shape, shard shape, split dim and
   // chunks as this model's layers build them. The checkpoint layout
   // (parallel/checkpoint/gpt2_layout.h) is this. Throws InvalidArgument like
   // the constructor. Pure; thread-safe.
-  static std::vector<parallel::layers::Parameter> parameter_layout(const GptConfig& cfg, int tp, int tp_rank);
+  static std::vector<parallel::layers::Parameter> parameter_layout(const ModelConfig& cfg, int tp, int tp_rank);
   // The order backward finishes their gradients (the optimizer's layout order).
-  std::vector<parallel::layers::Parameter*> parameters_in_grad_order();
+  std::vector<parallel::layers::Parameter*> parameters_in_grad_order() override;
   // Initialises every bound parameter like GPT-2 (N(0, 0.02), residual
   // projections N(0, 0.02 / sqrt(2 layers)), LayerNorm 1/0, biases 0),
   // identical for every layout.
-  void init(uint64_t seed);
+  void init(uint64_t seed) override;
 
-  // inputs, targets: [batch, seq] token ids (seq <= cfg.seq). Runs the forward
-  // pass and returns the sum of the per-token losses of this rank's batch
-  // (identical on TP ranks). With want_grad, also prepares backward() for the
-  // gradient of grad_scale x that sum.
-  double forward(const int32_t* inputs, const int32_t* targets, int64_t batch, int64_t seq, bool want_grad,
-                 float grad_scale);
-  // Accumulates parameter gradients. on_ready (may be empty) is called once
-  // per parameter as its gradient for this micro-batch becomes final.
-  void backward(const std::function<void(parallel::layers::Parameter*)>& on_ready);
+  // forward() / backward(): CausalLM's (the whole model when pp == 1).
   // Per-token losses of the last forward, [batch * seq] row-major.
-  const float* token_losses() const;
+  const float* token_losses() const override;
 
   // ---- pipeline stages ----
   // Elements of the activation passed between stages (and of its gradient)
   // for a micro-batch of batch x seq tokens: rows (rows / tp under SP) x hidden.
-  int64_t activation_elems(int64_t batch, int64_t seq) const { return local_rows(batch * seq) * cfg_.hidden; }
+  int64_t activation_elems(int64_t batch, int64_t seq) const override { return local_rows(batch * seq) * cfg_.hidden; }
   // Forward of one micro-batch in activation slot `slot`. inputs (first
   // stage) and targets (last stage) are [batch, seq] token ids; `act_in` is
   // the previous stage's output (ignored on the first stage). Returns the sum
@@ -113,15 +99,15 @@ class GptModel {
   // not null) gets this stage's output (nullptr on the last stage), valid
   // until the slot's next forward.
   double forward_stage(int slot, const int32_t* inputs, const int32_t* targets, const float* act_in, int64_t batch,
-                       int64_t seq, bool want_grad, float grad_scale, const float** act_out);
+                       int64_t seq, bool want_grad, float grad_scale, const float** act_out) override;
   // Backward of the micro-batch in `slot`; `grad_out` is the gradient of this
   // stage's output from the next stage (ignored on the last stage). Returns
   // the gradient of this stage's input (nullptr on the first stage), valid
   // until the next backward_stage. on_ready as backward()'s, with slot 0's
   // Parameters.
   const float* backward_stage(int slot, const float* grad_out,
-                              const std::function<void(parallel::layers::Parameter*)>& on_ready);
-  int num_slots() const { return static_cast<int>(slots_.size()); }
+                              const std::function<void(parallel::layers::Parameter*)>& on_ready) override;
+  int num_slots() const override { return static_cast<int>(slots_.size()); }
 
  private:
   struct Block;
@@ -131,7 +117,7 @@ class GptModel {
   void attention_backward(Block& b, int64_t batch, int64_t seq);
   int64_t local_rows(int64_t rows) const { return ps_.sp() ? rows / ps_.tp_size : rows; }
 
-  GptConfig cfg_;
+  ModelConfig cfg_;
   const parallel::layers::ParallelState& ps_;
   std::vector<int> stages_;
   int64_t first_layer_ = 0;

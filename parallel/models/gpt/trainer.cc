@@ -14,7 +14,8 @@
 namespace tessera::parallel::models::gpt {
 
 void TrainOptions::normalize() {
-  model.validate(tp);
+  complete_model_config(model);
+  validate_layout(model, tp);
   TESSERA_ARG_CHECK(tp >= 1 && dp >= 1 && pp >= 1, "--tp, --dp and --pp must be >= 1");
   // Bounds that keep the products below (ranks, rows per step) from overflowing.
   TESSERA_ARG_CHECK(int64_t{tp} * dp * pp <= (int64_t{1} << 24), "--tp ", tp, " x --dp ", dp, " x --pp ", pp,
@@ -28,7 +29,7 @@ void TrainOptions::normalize() {
                     "--stages has ", stages.size(), " entries but --pp x --virtual-stages is ", pp * virtual_stages);
   stages = parallel::pipeline::resolve_stages(stages, model.layers, pp * virtual_stages);
   TESSERA_ARG_CHECK(micro_batch <= (int64_t{1} << 24), "--micro-batch ", micro_batch, " is more than 2^24 sequences");
-  TESSERA_ARG_CHECK(seq >= 1 && seq <= model.seq, "--seq ", seq, " must be in [1, ", model.seq,
+  TESSERA_ARG_CHECK(seq >= 1 && seq <= model.max_seq, "--seq ", seq, " must be in [1, ", model.max_seq,
                     "] (the model's context)");
   TESSERA_ARG_CHECK(model.vocab >= parallel::data::ByteDataset::kVocab, "--vocab ", model.vocab,
                     " is smaller than the 256 byte values of the corpus");
@@ -60,7 +61,7 @@ Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
                     " dp ", opts_.dp, " pp ", opts_.pp);
   TESSERA_ARG_CHECK(data_ != nullptr, "Trainer needs a dataset");
   const int v = opts_.virtual_stages;
-  for (int c = 0; c < v; ++c) chunks_.push_back(std::make_unique<GptModel>(opts_.model, ps, opts_.stages, c, v));
+  for (int c = 0; c < v; ++c) chunks_.push_back(make_causal_lm(opts_.model, ps, opts_.stages, c, v));
   model_ = chunks_[0].get();
   // Gradient order: the later chunks finish first; the tied wte last of all.
   std::vector<parallel::layers::Parameter*> order;
@@ -88,8 +89,8 @@ void Trainer::init_random() {
 
 void Trainer::load_hf(const std::string& path) {
   auto src = parallel::checkpoint::open_safetensors(path);
-  const GptConfig& m = opts_.model;
-  parallel::checkpoint::Gpt2Config c{m.vocab, m.seq, m.hidden, m.layers, m.heads};
+  const ModelConfig& m = opts_.model;
+  parallel::checkpoint::Gpt2Config c{m.vocab, m.max_seq, m.hidden, m.layers, m.heads};
   parallel::checkpoint::check_gpt2(*src, c);
   for (parallel::layers::Parameter* p : parameters()) {
     Tensor full = Tensor::empty(p->full_shape, DType::F32);
@@ -99,7 +100,7 @@ void Trainer::load_hf(const std::string& path) {
 }
 
 void Trainer::export_hf(const std::string& path) {
-  const GptConfig& m = opts_.model;
+  const ModelConfig& m = opts_.model;
   const int p = ps_.pp_size;
   // Each stage's TP rank 0 of DP rank 0 assembles its whole tensors; with
   // pp > 1 they go to stage 0's over the PP group, in Hugging Face order.
@@ -145,7 +146,7 @@ void Trainer::export_hf(const std::string& path) {
   };
   constexpr uint32_t kExportTag = 0x4558;
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const parallel::layers::Parameter& l : GptModel::parameter_layout(m, ps_.tp_size, 0)) {
+  for (const parallel::layers::Parameter& l : parallel::models::parameter_layout(m, ps_.tp_size, 0)) {
     const int from = p > 1 ? owner(l.name) : 0;
     if (ps_.pp_rank == 0) {
       if (from == 0) {
@@ -164,7 +165,7 @@ void Trainer::export_hf(const std::string& path) {
   }
   if (ps_.global_rank() == 0) {
     parallel::checkpoint::write_gpt2_safetensors(
-        path, parallel::checkpoint::Gpt2Config{m.vocab, m.seq, m.hidden, m.layers, m.heads}, tensors,
+        path, parallel::checkpoint::Gpt2Config{m.vocab, m.max_seq, m.hidden, m.layers, m.heads}, tensors,
         {{"producer", "tessera train_gpt"}});
   }
 }
@@ -186,7 +187,7 @@ class Trainer::Stage final : public parallel::pipeline::StageModule {
   int64_t activation_elems() const override { return t_.model_->activation_elems(t_.opts_.micro_batch, t_.opts_.seq); }
   const float* forward(int chunk, int micro, int slot, const float* in) override {
     const int64_t mb = t_.opts_.micro_batch, s = t_.opts_.seq;
-    GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
+    CausalLM& model = *t_.chunks_[static_cast<size_t>(chunk)];
     if (model.has_embedding() || model.has_head()) {
       rows_(micro, t_.rows_.data());
       for (int64_t r = 0; r < mb; ++r) {
@@ -214,7 +215,7 @@ class Trainer::Stage final : public parallel::pipeline::StageModule {
              : std::function<void(parallel::layers::Parameter*)>());
   }
   double loss = 0;
-  std::function<void(int, GptModel&)> on_forward;  // after a forward of the last virtual stage
+  std::function<void(int, CausalLM&)> on_forward;  // after a forward of the last virtual stage
 
  private:
   Trainer& t_;
@@ -226,7 +227,7 @@ class Trainer::Stage final : public parallel::pipeline::StageModule {
 
 parallel::layers::Parameter* Trainer::tied_wte() {
   for (auto& c : chunks_)
-    if (c->wte()) return c->wte();
+    if (c->tied_embedding()) return c->tied_embedding();
   return nullptr;
 }
 
@@ -276,7 +277,7 @@ double Trainer::pipeline_eval(int64_t micro, const std::function<int64_t(int64_t
   Stage stage(
       *this, [&](int64_t i, int32_t* rows) { real[static_cast<size_t>(i)] = fill(i, rows); }, false, 0.f, micro);
   double sum = 0;
-  stage.on_forward = [&](int i, GptModel& head) {
+  stage.on_forward = [&](int i, CausalLM& head) {
     const float* tl = head.token_losses();
     for (int64_t k = 0; k < real[static_cast<size_t>(i)] * opts_.seq; ++k) sum += tl[k];
   };
@@ -366,7 +367,7 @@ StepRecord Trainer::step() {
   }
   const double peak = dev->spec().peak_flops(DType::F32) * ps_.tp_size * ps_.dp_size * ps_.pp_size;
   if (rec.modeled_step_s > 0 && peak > 0)
-    rec.mfu = opts_.model.train_flops_per_token() * static_cast<double>(g * s) / (peak * rec.modeled_step_s);
+    rec.mfu = train_flops_per_token(opts_.model) * static_cast<double>(g * s) / (peak * rec.modeled_step_s);
   rec.peak_mem_bytes = dev->memory_stats().peak;
   return rec;
 }

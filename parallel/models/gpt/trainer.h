@@ -24,7 +24,7 @@
 
 #include "parallel/checkpoint/train_ckpt.h"
 #include "parallel/data/byte_dataset.h"
-#include "parallel/models/gpt/gpt_model.h"
+#include "parallel/models/causal_lm.h"
 #include "parallel/optim/optimizer.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/partition.h"
@@ -34,7 +34,9 @@
 namespace tessera::parallel::models::gpt {
 
 struct TrainOptions {
-  GptConfig model;    // model.seq is the context (wpe rows)
+  // The model (family gpt or llama); model.max_seq is the context. Sizes
+  // left 0 are filled by normalize() (complete_model_config).
+  ModelConfig model = default_train_model();
   int64_t seq = 256;  // training sequence length (<= model.seq)
   int tp = 1, dp = 1;
   // Pipeline parallelism: pp stages running `schedule` over the step's
@@ -84,9 +86,9 @@ class Trainer {
 
   const TrainOptions& options() const { return opts_; }
   // This rank's model (its first chunk with virtual stages).
-  GptModel& model() { return *model_; }
+  CausalLM& model() { return *model_; }
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
-  GptModel& chunk(int c) { return *chunks_.at(static_cast<size_t>(c)); }
+  CausalLM& chunk(int c) { return *chunks_.at(static_cast<size_t>(c)); }
   // Every parameter of this rank, chunk by chunk (Hugging Face order within each).
   std::vector<parallel::layers::Parameter*> parameters();
   // The token embedding or its tied copy when this rank holds one, else nullptr.
@@ -153,8 +155,8 @@ class Trainer {
   TrainOptions opts_;
   const parallel::layers::ParallelState& ps_;
   std::shared_ptr<const parallel::data::ByteDataset> data_;
-  std::vector<std::unique_ptr<GptModel>> chunks_;
-  GptModel* model_ = nullptr;  // chunks_[0]
+  std::vector<std::unique_ptr<CausalLM>> chunks_;
+  CausalLM* model_ = nullptr;  // chunks_[0]
   std::unique_ptr<parallel::optim::DistributedOptimizer> opt_;
   std::unique_ptr<parallel::pipeline::PipelineExecutor> pipe_;
   int64_t step_ = 0;

@@ -29,11 +29,11 @@ TrainerState make_trainer_state(const TrainOptions& o, int64_t step, const std::
   s.seed = o.seed;
   s.next_sample = step * o.global_batch;
   s.vocab = o.model.vocab;
-  s.ctx = o.model.seq;
+  s.ctx = o.model.max_seq;
   s.hidden = o.model.hidden;
   s.layers = o.model.layers;
   s.heads = o.model.heads;
-  s.ln_eps = o.model.ln_eps;
+  s.ln_eps = static_cast<float>(o.model.norm_eps);
   s.seq = o.seq;
   s.micro_batch = o.micro_batch;
   s.global_batch = o.global_batch;
@@ -60,12 +60,14 @@ TrainerState make_trainer_state(const TrainOptions& o, int64_t step, const std::
 
 TrainOptions options_of(const TrainerState& s) {
   TrainOptions o;
-  o.model.vocab = s.vocab;
-  o.model.seq = s.ctx;
-  o.model.hidden = s.hidden;
-  o.model.layers = s.layers;
-  o.model.heads = s.heads;
-  o.model.ln_eps = s.ln_eps;
+  o.model.vocab = static_cast<int>(s.vocab);
+  o.model.max_seq = static_cast<int>(s.ctx);
+  o.model.hidden = static_cast<int>(s.hidden);
+  o.model.layers = static_cast<int>(s.layers);
+  o.model.heads = static_cast<int>(s.heads);
+  o.model.norm_eps = s.ln_eps;
+  o.model.kv_heads = o.model.heads;
+  o.model.ffn_hidden = 4 * o.model.hidden;
   o.seq = s.seq;
   o.tp = s.tp;
   o.dp = s.dp;
@@ -161,9 +163,9 @@ std::string new_run_id(collectives::Communicator* world) {
   return buf;
 }
 
-std::map<std::string, int64_t> model_map(const GptConfig& m) {
+std::map<std::string, int64_t> model_map(const ModelConfig& m) {
   return {{"vocab_size", m.vocab},
-          {"n_positions", m.seq},
+          {"n_positions", m.max_seq},
           {"n_embd", m.hidden},
           {"n_layer", m.layers},
           {"n_head", m.heads}};
@@ -199,14 +201,14 @@ std::vector<ckpt::HeldTensor> held_tensors(const std::vector<parallel::layers::P
 // A `tessera ckpt shard` directory: every parameter from the TP shards of its
 // stage's files (sizes, hashes and layout checked first by verify_shard_dir),
 // one full tensor at a time.
-void load_shard_set(const std::string& dir, const GptConfig& m,
+void load_shard_set(const std::string& dir, const ModelConfig& m,
                     const std::vector<parallel::layers::Parameter*>& params) {
   const ckpt::Gpt2Config c = ckpt::verify_shard_dir(dir);
   auto agree = [&](const char* what, int64_t model_v, int64_t file_v) {
     TESSERA_ARG_CHECK(model_v == file_v, "shard directory ", dir, " has ", what, " ", file_v, ", the model ", model_v);
   };
   agree("vocab_size", m.vocab, c.vocab);
-  agree("n_positions", m.seq, c.n_positions);
+  agree("n_positions", m.max_seq, c.n_positions);
   agree("n_embd", m.hidden, c.hidden);
   agree("n_layer", m.layers, c.layers);
   agree("n_head", m.heads, c.heads);

@@ -1,0 +1,59 @@
+#include "parallel/models/causal_lm.h"
+
+#include "parallel/models/gpt/gpt_model.h"
+#include "runtime/error.h"
+
+namespace tessera::parallel::models {
+
+ModelConfig default_train_model() {
+  ModelConfig m;
+  m.name = "train_gpt";
+  m.family = "gpt";
+  m.vocab = 256;
+  m.max_seq = 256;
+  m.hidden = 384;
+  m.layers = 6;
+  m.heads = 6;
+  return m;
+}
+
+void complete_model_config(ModelConfig& cfg) {
+  if (cfg.kv_heads <= 0) cfg.kv_heads = cfg.heads;
+  if (cfg.ffn_hidden <= 0) {
+    if (cfg.family == "llama") {
+      const int64_t f = (int64_t{8} * cfg.hidden + 2) / 3;
+      cfg.ffn_hidden = static_cast<int>((f + 63) / 64 * 64);
+    } else {
+      cfg.ffn_hidden = 4 * cfg.hidden;
+    }
+  }
+  cfg.validate();
+}
+
+void validate_layout(const ModelConfig& config, int tp) {
+  TESSERA_ARG_CHECK(tp >= 1, "--tp must be >= 1");
+  ModelConfig cfg = config;
+  complete_model_config(cfg);
+  if (cfg.family == "gpt") {
+    gpt::validate_gpt(cfg, tp);
+    return;
+  }
+  throw InvalidArgument("model family '" + cfg.family + "' cannot be trained yet (gpt only)");
+}
+
+double train_flops_per_token(const ModelConfig& cfg) {
+  return 6.0 * static_cast<double>(cfg.total_params()) + 12.0 * cfg.layers * cfg.max_seq * cfg.q_dim();
+}
+
+std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, const parallel::layers::ParallelState& ps,
+                                         const std::vector<int>& stages, int chunk, int chunks) {
+  validate_layout(cfg, ps.tp_size);
+  return std::make_unique<gpt::GptModel>(cfg, ps, stages, chunk, chunks);
+}
+
+std::vector<parallel::layers::Parameter> parameter_layout(const ModelConfig& cfg, int tp, int tp_rank) {
+  validate_layout(cfg, tp);
+  return gpt::GptModel::parameter_layout(cfg, tp, tp_rank);
+}
+
+}  // namespace tessera::parallel::models

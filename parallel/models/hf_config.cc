@@ -1,0 +1,63 @@
+#include "parallel/models/hf_config.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "parallel/models/llama/hf.h"
+#include "runtime/error.h"
+#include "runtime/files.h"
+
+namespace tessera::parallel::models {
+
+namespace fs = std::filesystem;
+
+namespace {
+// A config.json is a few KiB; anything this large is not one.
+constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
+constexpr const char* kConfigName = "config.json";
+}  // namespace
+
+std::optional<std::string> hf_config_path(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (p.filename() == kConfigName && fs::exists(p, ec)) return path;
+  if (fs::is_directory(p, ec)) {
+    const fs::path c = p / kConfigName;
+    if (fs::exists(c, ec)) return c.string();
+    return std::nullopt;
+  }
+  const fs::path beside = p.parent_path().empty() ? fs::path(kConfigName) : p.parent_path() / kConfigName;
+  if (fs::exists(beside, ec)) return beside.string();
+  return std::nullopt;
+}
+
+ModelConfig model_from_hf_config(const std::string& file) {
+  const std::string text = read_regular_file(file, kMaxConfigBytes);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw FormatError("config.json " + file + ": not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  }
+  if (!j.is_object()) throw FormatError("config.json " + file + ": expected a JSON object");
+  auto it = j.find("model_type");
+  if (it == j.end() || !it->is_string())
+    throw FormatError("config.json " + file + ": field 'model_type' is missing or not a string");
+  const std::string type = it->get<std::string>();
+  if (type == "llama" || type == "mistral") return llama::config_from_hf(text, file);
+  throw FormatError("config.json " + file + ": model_type '" + type +
+                    "' is not a family tessera trains (llama, mistral)");
+}
+
+std::optional<ModelConfig> hf_config_of(const std::string& path) {
+  auto c = hf_config_path(path);
+  if (!c) return std::nullopt;
+  return model_from_hf_config(*c);
+}
+
+std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype) {
+  if (m.family == "llama") return llama::config_to_hf(m, torch_dtype);
+  throw InvalidArgument("hf_config_text: family '" + m.family + "' has no config.json writer");
+}
+
+}  // namespace tessera::parallel::models

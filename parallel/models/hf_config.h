@@ -1,0 +1,29 @@
+// Hugging Face config.json for any family: finds the config.json that
+// describes a model path and dispatches on its model_type to the family's
+// one mapping (parallel/models/<family>/hf.h). Pure functions; thread-safe.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "parallel/model_config.h"
+
+namespace tessera::parallel::models {
+
+// The config.json describing `path`: `path` itself when it is a file named
+// config.json, DIR/config.json for a directory, the config.json beside a
+// .safetensors file or a model.safetensors.index.json; nullopt when there is none.
+std::optional<std::string> hf_config_path(const std::string& path);
+
+// The model of config.json `file` (model_type gpt2: family gpt; llama or
+// mistral: family llama). FormatError naming the file and the field.
+ModelConfig model_from_hf_config(const std::string& file);
+
+// model_from_hf_config(hf_config_path(path)) when there is a config.json.
+std::optional<ModelConfig> hf_config_of(const std::string& path);
+
+// The config.json text transformers loads for `m` (GPT2LMHeadModel or
+// LlamaForCausalLM), with torch_dtype ("float32", "bfloat16", "float16").
+std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype);
+
+}  // namespace tessera::parallel::models
