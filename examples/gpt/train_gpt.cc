@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -22,11 +23,13 @@
 #include "examples/gpt/resume_flags.h"
 #include "examples/gpt/sgemm_bench.h"
 #include "launcher/cli.h"
-#include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/safetensors.h"
 #include "parallel/checkpoint/train_ckpt.h"
 #include "parallel/mesh.h"
 #include "parallel/models/gpt/trainer.h"
+#include "parallel/models/hf_config.h"
+#include "parallel/models/hf_io.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/trace.h"
@@ -56,6 +59,8 @@ struct Flags {
   std::string save, resume, resume_dir;  // resume_dir: the checkpoint --resume resolved to ("" : start at step 0)
   int64_t save_every = 0, keep = 0;
   bool tie = false;
+  std::string max_shard_size;  // --max-shard-size
+  uint64_t max_shard_bytes = 0;
   std::string schedule = "1f1b", stages, trace;
   std::string plan;                   // --plan FILE
   std::string model, family = "gpt";  // --model, --family
@@ -146,30 +151,54 @@ std::string human_time(double s) {
   return buf;
 }
 
-// The model sizes come from --init's file when given; explicit flags must agree.
+// The model comes from --init's config.json (or, for a GPT-2 file without
+// one, its shapes and metadata) when given; explicit flags must agree.
 void apply_init_config(Flags& f, const CLI::App& app) {
   auto src = parallel::checkpoint::open_safetensors(f.init);
-  // --heads is a hint only for a file that does not record n_head; otherwise it must agree.
-  const bool file_heads = src->metadata().count("n_head") > 0;
-  int64_t heads_hint = app.count("--heads") && !file_heads ? f.t.model.heads : 0;
-  parallel::checkpoint::Gpt2Config c = parallel::checkpoint::infer_gpt2_config(*src, heads_hint);
-  parallel::checkpoint::check_gpt2(*src, c);
+  // --heads is a hint only for a GPT-2 file that records no head count; otherwise it must agree.
+  const bool file_heads = src->metadata().count("n_head") > 0 || parallel::models::hf_config_path(f.init);
+  const int64_t heads_hint = app.count("--heads") && !file_heads ? f.t.model.heads : 0;
+  const parallel::ModelConfig c = parallel::models::hf_model_config(f.init, *src, heads_hint);
+  parallel::models::check_hf_tensors(*src, c);
   if (!f.allow_nonfinite) parallel::checkpoint::check_finite(*src);
-  auto agree = [&](const char* flag, int64_t given, int64_t file) {
+  auto agree = [&](const char* flag, auto given, auto file) {
     TESSERA_ARG_CHECK(!app.count(flag) || given == file, flag, " ", given, " does not match ", f.init, ", which has ",
                       file);
   };
+  agree("--family", f.family, c.family);
   agree("--heads", f.t.model.heads, c.heads);
+  agree("--kv-heads", f.t.model.kv_heads, c.kv_heads);
   agree("--vocab", f.t.model.vocab, c.vocab);
   agree("--hidden", f.t.model.hidden, c.hidden);
   agree("--layers", f.t.model.layers, c.layers);
-  f.t.model.vocab = static_cast<int>(c.vocab);
-  f.t.model.hidden = static_cast<int>(c.hidden);
-  f.t.model.layers = static_cast<int>(c.layers);
-  f.t.model.heads = f.t.model.kv_heads = static_cast<int>(c.heads);
-  f.t.model.ffn_hidden = 4 * f.t.model.hidden;
-  f.t.model.max_seq = static_cast<int>(c.n_positions);
-  if (!app.count("--seq")) f.t.seq = std::min<int64_t>(f.t.seq, c.n_positions);
+  agree("--ffn-hidden", f.t.model.ffn_hidden, c.ffn_hidden);
+  if (!f.model.empty()) {
+    parallel::ModelConfig a = f.t.model, b = c;
+    a.name = b.name = "";
+    TESSERA_ARG_CHECK(a == b, "--model ", f.model, " and --init ", f.init, " describe different models");
+  }
+  f.t.model = c;
+  if (!app.count("--seq")) f.t.seq = std::min<int64_t>(f.t.seq, c.max_seq);
+}
+
+// --export FILE.safetensors is one file; any other path a model directory,
+// which must be new or empty.
+void check_export_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string suffix = ".safetensors";
+  if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    cli::check_output_file("--export", path);
+    return;
+  }
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    TESSERA_ARG_CHECK(fs::is_directory(path, ec) && fs::is_empty(path, ec), "--export: '", path,
+                      "' exists and is not an empty directory (a path ending in .safetensors writes one file; any "
+                      "other path a new Hugging Face model directory)");
+    return;
+  }
+  const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+  TESSERA_ARG_CHECK(fs::is_directory(parent, ec), "--export: directory '", parent.string(), "' does not exist");
 }
 
 // --save/--resume flags (examples/gpt/resume_flags.h).
@@ -341,7 +370,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
         100 * *std::min_element(ratios.begin(), ratios.end()), 100 * *std::max_element(ratios.begin(), ratios.end()));
   }
   if (!f.export_path.empty()) {
-    trainer.export_hf(f.export_path);
+    trainer.export_hf(f.export_path, f.max_shard_bytes);
     if (lead) std::printf("exported %s\n", f.export_path.c_str());
   }
   return 0;
@@ -415,7 +444,11 @@ int run(int argc, char** argv) {
       ->check(cli::positive(f.val_batches));
   app.add_option("--init", f.init, "start from a Hugging Face GPT-2 safetensors file")->check(CLI::ExistingPath);
   app.add_flag("--allow-nonfinite", f.allow_nonfinite, "load an --init file even when it holds NaN or Inf weights");
-  app.add_option("--export", f.export_path, "write the final weights as Hugging Face GPT-2 safetensors");
+  app.add_option("--export", f.export_path,
+                 "write the final weights for Hugging Face transformers: FILE.safetensors, or a directory "
+                 "(config.json and model.safetensors, sharded above --max-shard-size)");
+  app.add_option("--max-shard-size", f.max_shard_size,
+                 "--export DIR: the largest safetensors file, e.g. 500MB or 2GiB (default: one file)");
   app.add_option("--data", f.t.data, "training text files (default: /usr/share/common-licenses/*)")
       ->check(CLI::ExistingFile);
   app.add_option("--save", f.save,
@@ -455,10 +488,12 @@ int run(int argc, char** argv) {
     if (f.t.schedule == parallel::pipeline::Schedule::kInterleaved && !app.count("--virtual-stages") && f.plan.empty())
       f.t.virtual_stages = 2;  // Megatron's usual choice when only the schedule is named
     apply_resume_config(f, app);
+    TESSERA_ARG_CHECK(f.max_shard_size.empty() || !f.export_path.empty(), "--max-shard-size needs --export DIR");
+    if (!f.max_shard_size.empty()) f.max_shard_bytes = parallel::checkpoint::parse_shard_size(f.max_shard_size);
     f.t.normalize();
     TESSERA_ARG_CHECK(f.trace.empty() || f.t.pp > 1, "--trace needs a pipeline (--pp > 1)");
     if (discover_world().rank == 0) {
-      if (!f.export_path.empty()) cli::check_output_file("--export", f.export_path);
+      if (!f.export_path.empty()) check_export_path(f.export_path);
       if (!f.log_json.empty()) cli::check_output_file("--log-json", f.log_json);
       if (!f.trace.empty()) cli::check_output_file("--trace", f.trace);
     }

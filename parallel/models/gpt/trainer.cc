@@ -6,8 +6,8 @@
 #include <cstring>
 #include <map>
 
-#include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/checkpoint/safetensors.h"
+#include "parallel/models/hf_io.h"
 #include "runtime/device.h"
 #include "runtime/sim_clock.h"
 
@@ -90,16 +90,15 @@ void Trainer::init_random() {
 void Trainer::load_hf(const std::string& path) {
   auto src = parallel::checkpoint::open_safetensors(path);
   const ModelConfig& m = opts_.model;
-  parallel::checkpoint::Gpt2Config c{m.vocab, m.max_seq, m.hidden, m.layers, m.heads};
-  parallel::checkpoint::check_gpt2(*src, c);
-  for (parallel::layers::Parameter* p : parameters()) {
+  check_hf_tensors(*src, m);
+  for (parallel::layers::Parameter* p : parameters()) {  // the tied copy has the embedding's name
     Tensor full = Tensor::empty(p->full_shape, DType::F32);
-    parallel::checkpoint::read_gpt2_tensor(*src, p->name, full);
+    read_hf_tensor(*src, m, p->name, full);
     parallel::layers::load_shard(*p, full.data<float>());
   }
 }
 
-void Trainer::export_hf(const std::string& path) {
+void Trainer::export_hf(const std::string& path, uint64_t max_shard_bytes) {
   const ModelConfig& m = opts_.model;
   const int p = ps_.pp_size;
   // Each stage's TP rank 0 of DP rank 0 assembles its whole tensors; with
@@ -129,25 +128,18 @@ void Trainer::export_hf(const std::string& path) {
   }
   if (!stage_lead) return;
   // The pipeline rank holding a tensor: the embeddings are on virtual stage
-  // 0, ln_f on the last, block l on the virtual stage whose layers hold it;
-  // virtual stage vs is on rank vs mod pp.
+  // 0, the final norm and head on the last, layer l's on the virtual stage
+  // whose layers hold it; virtual stage vs is on rank vs mod pp.
   const std::vector<int>& st = opts_.stages;
-  auto owner = [&](const std::string& name) {
-    const std::string block = "transformer.h.";
-    if (name.rfind(block, 0) != 0)
-      return name.rfind("transformer.ln_f.", 0) == 0 ? static_cast<int>(st.size() - 1) % p : 0;
-    const int64_t layer = std::stoll(name.substr(block.size()));
-    int64_t first = 0;
-    for (size_t vs = 0; vs < st.size(); ++vs) {
-      first += st[vs];
-      if (layer < first) return static_cast<int>(vs) % p;
-    }
-    throw InternalError("no pipeline stage holds " + name);
+  auto owner = [&](const parallel::layers::Parameter& t) {
+    if (t.layer == parallel::layers::kEmbeddingLayer) return 0;
+    if (t.layer == parallel::layers::kHeadLayer) return static_cast<int>(st.size() - 1) % p;
+    return parallel::pipeline::stage_of_layer(st, t.layer) % p;
   };
   constexpr uint32_t kExportTag = 0x4558;
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const parallel::layers::Parameter& l : parallel::models::parameter_layout(m, ps_.tp_size, 0)) {
-    const int from = p > 1 ? owner(l.name) : 0;
+    const int from = p > 1 ? owner(l) : 0;
     if (ps_.pp_rank == 0) {
       if (from == 0) {
         auto it = mine.find(l.name);
@@ -163,11 +155,7 @@ void Trainer::export_hf(const std::string& path) {
       ps_.pp->send(t.data<float>(), static_cast<size_t>(t.numel()), DType::F32, 0, kExportTag);
     }
   }
-  if (ps_.global_rank() == 0) {
-    parallel::checkpoint::write_gpt2_safetensors(
-        path, parallel::checkpoint::Gpt2Config{m.vocab, m.max_seq, m.hidden, m.layers, m.heads}, tensors,
-        {{"producer", "tessera train_gpt"}});
-  }
+  if (ps_.global_rank() == 0) write_hf_model(path, m, tensors, max_shard_bytes, "float32");
 }
 
 double Trainer::forward_rows(const int32_t* rows, int64_t nrows, int64_t seq, bool train, float grad_scale) {

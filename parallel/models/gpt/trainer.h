@@ -102,13 +102,16 @@ class Trainer {
 
   // Random GPT-2 initialisation from opts.seed (identical for every layout).
   void init_random();
-  // Loads Hugging Face GPT-2 weights (sizes must match the model).
+  // Loads Hugging Face weights of the model's family (parallel/models/hf_io.h;
+  // every tensor's shape must match the model).
   void load_hf(const std::string& path);
-  // Writes the full model in Hugging Face GPT-2 layout. Collective over TP
-  // and PP: each stage's TP shards are gathered, the stages' tensors sent to
-  // stage 0; only global rank 0 (dp 0, tp 0, stage 0) writes, the same file
-  // as a pp = 1 run (the last stage's tied copy of wte is not written).
-  void export_hf(const std::string& path);
+  // Writes the full model for transformers (hf_io.h write_hf_model: one
+  // .safetensors file, or a directory with config.json, sharded above
+  // max_shard_bytes when > 0). Collective over TP and PP: each stage's TP
+  // shards are gathered, the stages' tensors sent to stage 0; only global
+  // rank 0 (dp 0, tp 0, stage 0) writes, the same files as a pp = 1 run
+  // (the last stage's tied copy of the embedding is not written).
+  void export_hf(const std::string& path, uint64_t max_shard_bytes = 0);
 
   // Training checkpoints (parallel/checkpoint/train_ckpt.h, trainer_state.cc),
   // collective over every rank. save_checkpoint writes the state after
