@@ -50,6 +50,9 @@ ModelConfig gpt2_from_hf(const json& j, const std::string& file) {
   m.heads = m.kv_heads = positive_int(j, file, "n_head", nullptr);
   const int inner = 4 * m.hidden;
   m.ffn_hidden = positive_int(j, file, "n_inner", &inner);
+  if (m.hidden % m.heads != 0)
+    bad_field(file, "n_head",
+              "(" + std::to_string(m.heads) + ") does not divide 'n_embd' (" + std::to_string(m.hidden) + ")");
   if (auto it = j.find("layer_norm_epsilon"); it != j.end()) {
     if (!it->is_number() || !(it->get<double>() > 0))
       bad_field(file, "layer_norm_epsilon", "must be a positive number");

@@ -133,7 +133,7 @@ TEST(LlamaHfConfig, WhatTesseraWouldComputeDifferentlyIsRefusedByField) {
   err(R"("mlp_bias": false)", R"("mlp_bias": true)", "field 'mlp_bias'");
   err(R"("rope_type": "llama3")", R"("rope_type": "yarn")", "field 'rope_scaling'");
   err(R"("hidden_size": 4096,)", "", "field 'hidden_size' is missing");
-  err(R"("num_key_value_heads": 8)", R"("num_key_value_heads": 5)", "5 kv_heads do not divide 32 heads");
+  err(R"("num_key_value_heads": 8)", R"("num_key_value_heads": 5)", "field 'num_key_value_heads' (5) does not divide 'num_attention_heads' (32)");
   err(R"("num_hidden_layers": 32)", R"("num_hidden_layers": "32")", "field 'num_hidden_layers' must be a positive");
   err(R"("model_type": "llama")", R"("model_type": "gpt_neox")", "field 'model_type'");
   err(R"("rms_norm_eps": 1e-05)", R"("rms_norm_eps": 1e-05, "sliding_window": 4096)", "field 'sliding_window'");

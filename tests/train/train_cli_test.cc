@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tests/checkpoint/test_util.h"
 
@@ -33,6 +35,48 @@ TEST(TrainGptCli, TinyRunTrains) {  // the baseline the cases below differ from
   EXPECT_NE(r.out.find("step 1/1"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(d.file("m.safetensors")));
   EXPECT_TRUE(fs::exists(d.file("log.json")));
+}
+
+// --export DIR writes a Hugging Face model directory (config.json, shards
+// above --max-shard-size): --init DIR takes the architecture from its
+// config.json and gives the same model as the single file (same eval loss,
+// printed to 6 digits), with no size flags.
+TEST(TrainGptCli, ExportedDirectoryReadsBackAsTheFile) {
+  TempDir d;
+  ASSERT_EQ(run(kTiny + " --export " + d.file("m.safetensors")).code, 0);
+  RunResult r = run(kTiny + " --export " + d.file("hf") + " --max-shard-size 10KB");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(d.file("hf/config.json")));
+  EXPECT_TRUE(fs::exists(d.file("hf/model.safetensors.index.json")));
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(d.file("hf"))) shards += e.path().extension() == ".safetensors";
+  EXPECT_GT(shards, 2) << "shards of at most 10 KB expected";
+  std::ifstream in(d.file("hf/config.json"));
+  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* want : {R"("model_type": "gpt2")", R"("n_embd": 32)", R"("n_head": 2)", R"("n_layer": 1)",
+                           R"("n_positions": 16)", R"("vocab_size": 256)", R"("GPT2LMHeadModel")"})
+    EXPECT_NE(config.find(want), std::string::npos) << want << " in " << config;
+  const std::string eval =
+      " --steps 0 --seq 16 --micro-batch 1 --eval-text " + d.file("m.safetensors") + " --eval-windows 4";
+  RunResult a = run("--init " + d.file("m.safetensors") + eval), b = run("--init " + d.file("hf") + eval);
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  const size_t at = a.out.find("eval_loss");
+  ASSERT_NE(at, std::string::npos) << a.out;
+  EXPECT_NE(b.out.find(a.out.substr(at, a.out.find('\n', at) - at)), std::string::npos) << a.out << b.out;
+  // A config.json that contradicts itself or the tensors is refused naming the field (and the tensor).
+  for (const auto& [from, to, says] : std::vector<std::array<std::string, 3>>{
+           {R"("n_head": 2)", R"("n_head": 3)", "field 'n_head' (3) does not divide 'n_embd' (32)"},
+           {R"("n_layer": 1)", R"("n_layer": 2)", "tensor 'transformer.h.1.ln_1.weight' is missing"},
+           {R"("n_embd": 32)", R"("n_embd": 64)",
+            "'transformer.wte.weight' has shape [256, 32], expected [256, 64]"}}) {
+    std::string lying = config;
+    lying.replace(lying.find(from), from.size(), to);
+    std::ofstream(d.file("hf/config.json")) << lying;
+    RunResult c = run("--init " + d.file("hf") + eval);
+    EXPECT_EQ(c.code, 2) << c.out;
+    EXPECT_NE(c.out.find(says), std::string::npos) << c.out;
+  }
 }
 
 TEST(TrainGptCli, BadInputExitsTwoBeforeTraining) {
@@ -78,7 +122,12 @@ TEST(TrainGptCli, BadInputExitsTwoBeforeTraining) {
            Case{"--export " + d.file("no/such/m.safetensors"), "--export: cannot write '" +
                                                                    d.file("no/such/m.safetensors") + "': directory '" +
                                                                    d.file("no/such") + "' does not exist"},
-           Case{"--export " + d.path(), "--export: cannot write '" + d.path() + "': it is a directory"},
+           // A path without .safetensors is a model directory: new or empty.
+           Case{"--export " + d.path(), "--export: '" + d.path() + "' exists and is not an empty directory"},
+           Case{"--export " + d.file("no/such/model"),
+                "--export: directory '" + d.file("no/such") + "' does not exist"},
+           Case{"--max-shard-size 2GB", "--max-shard-size needs --export DIR"},
+           Case{"--export " + d.file("m") + " --max-shard-size 2XB", "2XB"},
            Case{"--log-json " + d.file("no/such/log.json"), "--log-json: cannot write '" + d.file("no/such/log.json")},
        }) {
     SCOPED_TRACE(c.args);

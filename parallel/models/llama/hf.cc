@@ -83,6 +83,12 @@ ModelConfig config_from_hf(const std::string& text, const std::string& source) {
   m.max_seq = r.integer("max_position_embeddings", &kDefaultMaxPositions);
   const int no_head_dim = 0;
   m.head_dim = r.integer("head_dim", &no_head_dim);
+  if (m.head_dim == 0 && m.hidden % m.heads != 0)
+    r.bad("num_attention_heads", "(" + std::to_string(m.heads) + ") does not divide 'hidden_size' (" +
+                                     std::to_string(m.hidden) + ") and there is no head_dim");
+  if (m.heads % m.kv_heads != 0)
+    r.bad("num_key_value_heads", "(" + std::to_string(m.kv_heads) + ") does not divide 'num_attention_heads' (" +
+                                     std::to_string(m.heads) + ")");
   if (m.head_dim == m.hidden / m.heads && m.hidden % m.heads == 0) m.head_dim = 0;  // the default, stated
   m.norm_eps = r.number("rms_norm_eps", kDefaultRmsEps);
   m.rope_theta = r.number("rope_theta", kDefaultTheta);
