@@ -15,7 +15,7 @@ PP_STEPS="${TESSERA_DEMO_PP_STEPS:-20}"
 echo "== GPT-2 (4 layers, width 128, byte tokens) on 8 emulated trn1 cores: TP=2 x DP=4 =="
 "$BIN/tessera" run --nproc-per-node 8 --log-dir "$OUT/logs" -- \
   "$BIN/train_gpt" --tp 2 --dp 4 --zero1 --layers 4 --hidden 128 --heads 4 --seq 128 \
-  --micro-batch 4 --steps "$STEPS" --lr 3e-3 --val-every 50 --device trn1-core \
+  --micro-batch 4 --steps "$STEPS" --lr 1e-3 --val-every 50 --device trn1-core \
   --log-json "$OUT/train_log.jsonl" --export "$OUT/gpt2_tp2_dp4.safetensors" \
   | tee "$OUT/train.txt"
 
@@ -29,7 +29,7 @@ echo "-- the plan: tessera plan pinned to this layout (examples/gpt/demo_model.j
 sed -n '/^Best plan/,/^  layers per stage/p' "$OUT/plan.txt"
 echo "-- train_gpt --plan $OUT/plan.json"
 "$BIN/tessera" run --nproc-per-node 8 --log-dir "$OUT/logs_pp" -- \
-  "$BIN/train_gpt" --plan "$OUT/plan.json" --steps "$PP_STEPS" --lr 3e-3 \
+  "$BIN/train_gpt" --plan "$OUT/plan.json" --steps "$PP_STEPS" --lr 1e-3 \
   --log-json "$OUT/train_pp_log.jsonl" --trace "$OUT/pipeline_trace.json" \
   | tee "$OUT/train_pp.txt"
 
