@@ -425,5 +425,28 @@ TEST(LlamaModelTest, RefusesHeadsTpCannotSplit) {
   EXPECT_THROW(LlamaModel::parameter_layout(gpt, 1, 0), InvalidArgument);
 }
 
+// A TP group whose ParallelState has no kv group for replicated K/V heads is
+// refused at construction (their gradients could not be summed), naming the fix.
+TEST(LlamaModelTest, RefusesMissingKvGroup) {
+  const ModelConfig cfg = tiny(1, false, false);
+  auto res = collectives::test::run_ranks(2, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    collectives::CommOptions co;
+    co.device = &dev;
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
+    auto ps = parallel::layers::make_parallel_state(world, 2, 1, &dev, false);  // kv_replicas left at 1
+    try {
+      LlamaModel m(cfg, ps);
+    } catch (const InvalidArgument& e) {
+      const std::string msg = e.what();
+      if (msg.find("kv_replicas = 2") == std::string::npos) throw std::runtime_error("unhelpful message: " + msg);
+      return;
+    }
+    throw std::runtime_error("model built without a kv group");
+  });
+  const std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+}
+
 }  // namespace
 }  // namespace tessera

@@ -55,6 +55,8 @@
 //   k_proj: gemm(kvl d, C, N, true) [bias_grad]; gemm(N, C, kvl d, true)
 //   v_proj: gemm(kvl d, C, N, true) [bias_grad]; gemm(N, C, kvl d, true)
 //   rmsnorm_backward(Nl, C)
+//   (tp > kv_heads: k_proj and v_proj first sum their output gradient,
+//   N x kvl d, over ps.kv for the weight gradient: one all-reduce each)
 // and outside the layers: embedding_forward(N, C) / embedding_backward(N, C)
 // on the first stage; rmsnorm_forward(Nl, C), gemm(N, Vl, C, false) logits,
 // cross_entropy(N, Vl, grad) on the last, backward gemm(N, C, Vl, false) dx,
