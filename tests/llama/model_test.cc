@@ -346,6 +346,12 @@ TEST(LlamaModelTest, GradCheckEveryParameter) {
   ModelConfig b = tiny(1, true, true);
   b.name = "mqa-tied-bias";
   gradcheck_model(b);
+  // head_dim given (q_dim 4 x 6 = 24, not hidden 32), MHA.
+  ModelConfig h = tiny(4, false, false);
+  h.heads = 4;
+  h.head_dim = 6;
+  h.name = "head_dim-6";
+  gradcheck_model(h);
 }
 
 // ---- layout and refusals ----

@@ -6,6 +6,7 @@
 #include "parallel/layers/attention.h"
 #include "parallel/layers/buffer.h"
 #include "parallel/layers/cross_entropy.h"
+#include "parallel/layers/param_alias.h"
 #include "parallel/pipeline/partition.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
@@ -40,12 +41,12 @@ void LlamaModel::validate(const ModelConfig& cfg, int tp) {
 int LlamaModel::kv_replicas(const ModelConfig& cfg, int tp) { return tp > cfg.kv_heads ? tp / cfg.kv_heads : 1; }
 
 namespace {
-LinearOptions linear_options(const ModelConfig& cfg, bool bias, int tp_parts = 0) {
+// nn.Linear's [out, in] layout, Hugging Face Llama's.
+LinearOptions linear_options(bool bias, int tp_parts = 0) {
   LinearOptions o;
   o.layout = WeightLayout::kLinear;
   o.bias = bias;
   o.tp_parts = tp_parts;
-  (void)cfg;
   return o;
 }
 }  // namespace
@@ -53,17 +54,17 @@ LinearOptions linear_options(const ModelConfig& cfg, bool bias, int tp_parts = 0
 struct LlamaModel::Block {
   Block(int64_t i, const ModelConfig& cfg, const parallel::layers::ParallelState& ps)
       : prefix("model.layers." + std::to_string(i)),
-        q(prefix + ".self_attn.q_proj", cfg.hidden, cfg.q_dim(), 1, ps, 0.02f, linear_options(cfg, cfg.attention_bias)),
+        q(prefix + ".self_attn.q_proj", cfg.hidden, cfg.q_dim(), 1, ps, 0.02f, linear_options(cfg.attention_bias)),
         k(prefix + ".self_attn.k_proj", cfg.hidden, cfg.kv_dim(), 1, ps, 0.02f,
-          linear_options(cfg, cfg.attention_bias, ps.tp_size > cfg.kv_heads ? cfg.kv_heads : 0)),
+          linear_options(cfg.attention_bias, ps.tp_size > cfg.kv_heads ? cfg.kv_heads : 0)),
         v(prefix + ".self_attn.v_proj", cfg.hidden, cfg.kv_dim(), 1, ps, 0.02f,
-          linear_options(cfg, cfg.attention_bias, ps.tp_size > cfg.kv_heads ? cfg.kv_heads : 0)),
+          linear_options(cfg.attention_bias, ps.tp_size > cfg.kv_heads ? cfg.kv_heads : 0)),
         o(prefix + ".self_attn.o_proj", cfg.q_dim(), cfg.hidden, ps, 0.02f / std::sqrt(2.0f * cfg.layers),
-          linear_options(cfg, cfg.attention_bias)),
-        gate(prefix + ".mlp.gate_proj", cfg.hidden, cfg.ffn_hidden, 1, ps, 0.02f, linear_options(cfg, false)),
-        up(prefix + ".mlp.up_proj", cfg.hidden, cfg.ffn_hidden, 1, ps, 0.02f, linear_options(cfg, false)),
+          linear_options(cfg.attention_bias)),
+        gate(prefix + ".mlp.gate_proj", cfg.hidden, cfg.ffn_hidden, 1, ps, 0.02f, linear_options(false)),
+        up(prefix + ".mlp.up_proj", cfg.hidden, cfg.ffn_hidden, 1, ps, 0.02f, linear_options(false)),
         down(prefix + ".mlp.down_proj", cfg.ffn_hidden, cfg.hidden, ps, 0.02f / std::sqrt(2.0f * cfg.layers),
-             linear_options(cfg, false)) {
+             linear_options(false)) {
     auto norm = [&](const std::string& n) {
       Parameter p = make_parameter(prefix + n, {cfg.hidden}, -1, 1, ps.tp_size, ps.tp_rank, Init::Ones, 0, false);
       p.sp_partial = ps.sp();
@@ -169,14 +170,7 @@ LlamaModel::Slot& LlamaModel::slot(int i) {
     } else {
       for (size_t l = 0; l < blocks_.size(); ++l) {
         s->own.push_back(std::make_unique<Block>(first_layer_ + static_cast<int64_t>(l), cfg_, ps_));
-        std::vector<Parameter*> mine = s->own.back()->params(), base = blocks_[l]->params();
-        for (size_t k = 0; k < mine.size(); ++k) {
-          TESSERA_CHECK(base[k]->value != nullptr, "activation slots need bound parameters (", base[k]->name, ")");
-          mine[k]->value = base[k]->value;
-          mine[k]->grad = base[k]->grad;
-          mine[k]->offset = base[k]->offset;
-          mine[k]->index = base[k]->index;
-        }
+        parallel::layers::alias_parameters(blocks_[l]->params(), s->own.back()->params());
         s->blocks.push_back(s->own.back().get());
       }
     }
