@@ -22,6 +22,7 @@
 #include "parallel/optim/optimizer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
+#include "runtime/sim_clock.h"
 #include "tests/collectives/fork_harness.h"
 
 namespace tessera {
@@ -429,6 +430,90 @@ TEST(LlamaModelTest, RefusesHeadsTpCannotSplit) {
   ModelConfig gpt = c;
   gpt.family = "gpt";
   EXPECT_THROW(LlamaModel::parameter_layout(gpt, 1, 0), InvalidArgument);
+}
+
+// The device clock is charged exactly the sequence llama_model.h lists
+// (serial, no bias): FLOPs, bytes and kernel count of forward + backward.
+TEST(LlamaModelTest, ClockChargesTheListedKernels) {
+  const ModelConfig cfg = tiny(2, false, false);
+  Device dev(DeviceSpec::preset("test-core"));
+  auto ps = parallel::layers::serial_state(&dev);
+  LlamaModel model(cfg, ps);
+  parallel::optim::DistributedOptimizer opt(ps, model.parameters_in_grad_order(), {});
+  model.init(3);
+  const Batch b = batch(4, cfg.vocab);
+  opt.zero_grad();
+  dev.clock().reset();
+  model.forward(b.in.data(), b.tg.data(), kBatch, kSeq, true, 1.f);
+  model.backward(nullptr);
+  const ClockTotals got = dev.clock().totals();
+
+  const int64_t n = kBatch * kSeq, c = cfg.hidden, h = cfg.heads, kv = cfg.kv_heads, d = cfg.head_size();
+  const int64_t qd = h * d, kvd = kv * d, f = cfg.ffn_hidden, v = cfg.vocab;
+  double flops = 0, bytes = 0, kernels = 0;
+  auto add = [&](const cost::Kernel& k) {
+    flops += k.flops;
+    bytes += k.bytes;
+    kernels += 1;
+  };
+  using namespace cost;
+  add(embedding_forward(n, c));
+  for (int l = 0; l < cfg.layers; ++l) {
+    add(rmsnorm_forward(n, c));
+    add(gemm(n, qd, c, false));
+    add(gemm(n, kvd, c, false));
+    add(gemm(n, kvd, c, false));
+    add(rope(n, h, d));
+    add(rope(n, kv, d));
+    add(gqa_attention_forward(kBatch, h, kv, kSeq, d));
+    add(gemm(n, c, qd, false));
+    add(add_rows(n, c, false));
+    add(rmsnorm_forward(n, c));
+    add(gemm(n, f, c, false));
+    add(gemm(n, f, c, false));
+    add(swiglu_forward(n * f));
+    add(gemm(n, c, f, false));
+    add(add_rows(n, c, false));
+  }
+  add(rmsnorm_forward(n, c));
+  add(gemm(n, v, c, false));
+  add(cross_entropy(n, v, true));
+  add(gemm(n, c, v, false));
+  add(gemm(v, c, n, true));
+  add(rmsnorm_backward(n, c));
+  for (int l = 0; l < cfg.layers; ++l) {
+    add(gemm(c, f, n, true));
+    add(gemm(n, f, c, false));
+    add(swiglu_backward(n * f));
+    add(gemm(f, c, n, true));
+    add(gemm(n, c, f, false));
+    add(gemm(f, c, n, true));
+    add(gemm(n, c, f, true));
+    add(rmsnorm_backward(n, c));
+    add(gemm(c, qd, n, true));
+    add(gemm(n, qd, c, false));
+    add(gqa_attention_backward(kBatch, h, kv, kSeq, d));
+    add(rope(n, h, d));
+    add(rope(n, kv, d));
+    add(gemm(qd, c, n, true));
+    add(gemm(n, c, qd, false));
+    add(gemm(kvd, c, n, true));
+    add(gemm(n, c, kvd, true));
+    add(gemm(kvd, c, n, true));
+    add(gemm(n, c, kvd, true));
+    add(rmsnorm_backward(n, c));
+  }
+  add(embedding_backward(n, c));
+  EXPECT_EQ(got.kernels, kernels);
+  EXPECT_NEAR(got.flops, flops, 1e-9 * flops);
+  EXPECT_NEAR(got.bytes, bytes, 1e-9 * bytes);
+  // With kv_heads == heads the GQA costs are GPT's attention costs.
+  EXPECT_DOUBLE_EQ(gqa_attention_forward(2, 4, 4, 64, 16).flops, attention_forward(2, 4, 64, 16).flops);
+  EXPECT_DOUBLE_EQ(gqa_attention_forward(2, 4, 4, 64, 16).bytes, attention_forward(2, 4, 64, 16).bytes);
+  EXPECT_DOUBLE_EQ(gqa_attention_backward(2, 4, 4, 64, 16).bytes, attention_backward(2, 4, 64, 16).bytes);
+  EXPECT_DOUBLE_EQ(gqa_attention_backward(2, 4, 4, 64, 16).flops, attention_backward(2, 4, 64, 16).flops);
+  // Fewer K/V heads move fewer bytes, the same FLOPs.
+  EXPECT_LT(gqa_attention_forward(2, 4, 1, 64, 16).bytes, attention_forward(2, 4, 64, 16).bytes);
 }
 
 // A TP group whose ParallelState has no kv group for replicated K/V heads is
