@@ -92,17 +92,20 @@ const char* const kCopy = "embed_tokens copy (last stage)";
 // the rank holds (padding excluded), and the loss sum.
 using Sink = std::function<void(const std::string&, int64_t, double)>;
 
-// Two micro-batches through the model(s) of one TP rank: pp 1 (one model)
-// or 2 (two stage models, both micro-batches in flight in slots 0 and 1).
-// Gradients accumulate; on_ready (the optimizer) only on the last backward.
-double run_rank(const ModelConfig& cfg, const parallel::layers::ParallelState& ps, int pp, const Sink& sink) {
-  std::vector<parallel::layers::ParallelState> states(static_cast<size_t>(pp), ps);
+// Two micro-batches through the model(s) of one TP rank: pp 1 (one model),
+// or pp stages x chunks virtual stages (one model each: virtual stage v is
+// chunk v / pp of stage v % pp), both micro-batches in flight in slots 0
+// and 1. Gradients accumulate; on_ready (the optimizer) only on the last backward.
+double run_rank(const ModelConfig& cfg, const parallel::layers::ParallelState& ps, int pp, const Sink& sink,
+                int chunks = 1) {
+  const int nv = pp * chunks;
+  std::vector<parallel::layers::ParallelState> states(static_cast<size_t>(nv), ps);
   std::vector<std::unique_ptr<LlamaModel>> models;
   std::vector<std::unique_ptr<parallel::optim::DistributedOptimizer>> opts;
-  for (int s = 0; s < pp; ++s) {
+  for (int s = 0; s < nv; ++s) {
     states[s].pp_size = pp;
-    states[s].pp_rank = s;
-    models.push_back(std::make_unique<LlamaModel>(cfg, states[s]));
+    states[s].pp_rank = s % pp;
+    models.push_back(std::make_unique<LlamaModel>(cfg, states[s], std::vector<int>{}, s / pp, chunks));
     opts.push_back(std::make_unique<parallel::optim::DistributedOptimizer>(
         states[s], models.back()->parameters_in_grad_order(), parallel::optim::AdamWConfig{}));
     for (Parameter* p : models.back()->parameters()) parallel::layers::load_shard(*p, full_value(*p).data());
@@ -116,31 +119,37 @@ double run_rank(const ModelConfig& cfg, const parallel::layers::ParallelState& p
     if (!last) return nullptr;
     return [&, s](Parameter* p) { opts[static_cast<size_t>(s)]->grad_ready(p); };
   };
-  if (pp == 1) {
+  if (nv == 1) {
     for (int mb = 0; mb < 2; ++mb) {
       loss += models[0]->forward(b[mb].in.data(), b[mb].tg.data(), kBatch, kSeq, true, scale);
       models[0]->backward(ready(0, mb == 1));
     }
   } else {
-    const float* act[2] = {nullptr, nullptr};
-    for (int mb = 0; mb < 2; ++mb)
-      models[0]->forward_stage(mb, b[mb].in.data(), nullptr, nullptr, kBatch, kSeq, true, scale, &act[mb]);
-    for (int mb = 0; mb < 2; ++mb)
-      loss += models[1]->forward_stage(mb, nullptr, b[mb].tg.data(), act[mb], kBatch, kSeq, true, scale, nullptr);
+    for (int mb = 0; mb < 2; ++mb) {
+      const float* act = nullptr;
+      for (int s = 0; s < nv; ++s) {
+        const bool last = s == nv - 1;
+        const float* out = nullptr;
+        loss += models[s]->forward_stage(mb, b[mb].in.data(), b[mb].tg.data(), act, kBatch, kSeq, true, scale,
+                                         last ? nullptr : &out);
+        act = out;
+      }
+    }
     EXPECT_EQ(models[0]->num_slots(), 2);
     for (int mb = 1; mb >= 0; --mb) {
-      const float* g = models[1]->backward_stage(mb, nullptr, ready(1, mb == 0));
-      EXPECT_EQ(models[0]->backward_stage(mb, g, ready(0, mb == 0)), nullptr);
+      const float* g = nullptr;
+      for (int s = nv - 1; s >= 0; --s) g = models[s]->backward_stage(mb, g, ready(s, mb == 0));
+      EXPECT_EQ(g, nullptr);
     }
     // The last stage's tied copy is reported by the trainer once summed with
     // the first stage's (over ps.embed); here the test compares the two
     // gradients' sum, so it reports the copy as it stands.
-    if (Parameter* copy = models[1]->tied_embedding()) opts[1]->grad_ready(copy);
+    if (Parameter* copy = models[nv - 1]->tied_embedding()) opts[nv - 1]->grad_ready(copy);
   }
-  for (int s = 0; s < pp; ++s) {
+  for (int s = 0; s < nv; ++s) {
     LlamaModel& m = *models[static_cast<size_t>(s)];
     for (Parameter* p : m.parameters()) {
-      const std::string name = (s == 1 && p == m.tied_embedding()) ? std::string(kCopy) : p->name;
+      const std::string name = (s > 0 && p == m.tied_embedding()) ? std::string(kCopy) : p->name;
       parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
         if (gi >= 0) sink(name, gi, p->grad[li]);
       });
@@ -169,12 +178,13 @@ Reference serial(const ModelConfig& cfg) {
 struct Case {
   int tp, kv;
   bool sp, tied, bias;
-  int pp = 1;
+  int pp = 1, chunks = 1, layers = 2;
 };
 
 std::string describe(const Case& c) {
   return "tp " + std::to_string(c.tp) + " kv_heads " + std::to_string(c.kv) + (c.sp ? " SP" : "") +
-         (c.tied ? " tied" : " untied") + (c.bias ? " attention_bias" : "") + " pp " + std::to_string(c.pp);
+         (c.tied ? " tied" : " untied") + (c.bias ? " attention_bias" : "") + " pp " + std::to_string(c.pp) + " x " +
+         std::to_string(c.chunks) + " chunks, " + std::to_string(c.layers) + " layers";
 }
 
 // Runs the case on tp forked ranks; every rank's gradients come back through
@@ -182,7 +192,7 @@ std::string describe(const Case& c) {
 // holders of an element (KV-head replicas, replicated norms) agreeing exactly.
 void check_case(const Case& c) {
   SCOPED_TRACE(describe(c));
-  const ModelConfig cfg = tiny(c.kv, c.tied, c.bias);
+  const ModelConfig cfg = tiny(c.kv, c.tied, c.bias, c.layers);
   const Reference ref = serial(cfg);
   std::map<std::string, size_t> offset;
   size_t total = 0;
@@ -190,7 +200,7 @@ void check_case(const Case& c) {
     offset[name] = total;
     total += v.size();
   }
-  const bool copy = c.pp > 1 && c.tied;
+  const bool copy = c.pp * c.chunks > 1 && c.tied;
   const size_t copy_size = ref.grads.at("model.embed_tokens.weight").size();
   if (copy) {
     offset[kCopy] = total;
@@ -209,9 +219,9 @@ void check_case(const Case& c) {
     auto world = collectives::Communicator::create(std::move(store), rank, size, co);
     auto ps = parallel::layers::make_parallel_state(world, c.tp, 1, &dev, c.sp, 1, LlamaModel::kv_replicas(cfg, c.tp));
     double* mine = shared + 1 + total * static_cast<size_t>(rank);
-    const double loss = run_rank(cfg, ps, c.pp, [&](const std::string& n, int64_t i, double g) {
-      mine[offset.at(n) + static_cast<size_t>(i)] = g;
-    });
+    const double loss = run_rank(
+        cfg, ps, c.pp,
+        [&](const std::string& n, int64_t i, double g) { mine[offset.at(n) + static_cast<size_t>(i)] = g; }, c.chunks);
     if (rank == 0) shared[0] = loss;
     world->barrier();
   });
@@ -272,6 +282,8 @@ TEST(LlamaParallel, PipelineStages) {
     check_case({1, 2, false, tied, false, 2});
     check_case({2, 1, true, tied, !tied, 2});
     check_case({4, 2, false, tied, tied, 2});
+    // Interleaved: 2 stages x 2 chunks, 4 virtual stages of one layer each.
+    check_case({2, 1, false, tied, false, 2, 2, 4});
   }
 }
 
