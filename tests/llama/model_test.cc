@@ -287,6 +287,40 @@ TEST(LlamaParallel, PipelineStages) {
   }
 }
 
+// make_parallel_state's kv groups: consecutive TP ranks, within one DP
+// replica; exactly known sums of the members' global ranks.
+TEST(LlamaParallel, KvGroups) {
+  auto res = collectives::test::run_ranks(8, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    collectives::CommOptions co;
+    co.device = &dev;
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
+    // tp 4 x dp 2, K/V heads replicated on pairs of TP ranks: {0, 1}, {2, 3}, {4, 5}, {6, 7}.
+    auto ps = parallel::layers::make_parallel_state(world, 4, 2, &dev, false, 1, 2);
+    if (ps.kv_replicas != 2 || !ps.kv || ps.kv->size() != 2) throw std::runtime_error("no kv group of 2");
+    float v = static_cast<float>(rank), sum = 0;
+    ps.kv_all_reduce(&v, &sum, 1);
+    const float want = static_cast<float>(rank / 2 * 4 + 1);  // 2k + (2k + 1)
+    if (sum != want) throw std::runtime_error("rank " + std::to_string(rank) + ": kv sum " + std::to_string(sum));
+    world->barrier();
+  });
+  const std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+  auto bad = collectives::test::run_ranks(4, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    auto world = collectives::Communicator::create(std::move(store), rank, size, collectives::CommOptions{});
+    try {
+      parallel::layers::make_parallel_state(world, 4, 1, &dev, false, 1, 3);
+    } catch (const InvalidArgument& e) {
+      if (std::string(e.what()).find("kv_replicas 3 does not divide tp 4") == std::string::npos) throw;
+      return;
+    }
+    throw std::runtime_error("kv_replicas 3 over tp 4 accepted");
+  });
+  const std::string fb = collectives::test::failures(bad);
+  EXPECT_TRUE(fb.empty()) << fb;
+}
+
 // ---- finite differences through the whole model ----
 
 double directional(const std::function<double(double)>& f, double h) {
