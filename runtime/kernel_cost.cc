@@ -80,4 +80,46 @@ Kernel sum_squares(int64_t n) { return {2.0 * d(n), kF * d(n)}; }
 
 Kernel fill(int64_t n) { return {0, kF * d(n)}; }
 
+// ---- Llama-family kernels ----
+
+// Per element: square and sum (2), scale by rstd and w (2); reads x, writes y, reads w.
+Kernel rmsnorm_forward(int64_t rows, int64_t cols) {
+  return {4.0 * d(rows) * d(cols), kF * (2.0 * d(rows) * d(cols) + d(cols))};
+}
+
+// Per element: xhat, g = dy w, the two sums, dx (+=) and dw (+=): about 8;
+// reads dy, x, dx, writes dx; reads and writes dw.
+Kernel rmsnorm_backward(int64_t rows, int64_t cols) {
+  return {8.0 * d(rows) * d(cols), kF * (4.0 * d(rows) * d(cols) + 2.0 * d(cols))};
+}
+
+// Per element: one multiply by cos, one by sin, one add; reads and writes
+// the activations, reads a cos and a sin row per row.
+Kernel rope(int64_t rows, int64_t heads, int64_t head_dim) {
+  const double e = d(rows) * d(heads) * d(head_dim);
+  return {3.0 * e, kF * (2.0 * e + 2.0 * d(rows) * d(head_dim))};
+}
+
+// silu(g) u = g u / (1 + exp(-g)): about 8 FLOPs; reads gate and up, writes out.
+Kernel swiglu_forward(int64_t n) { return {8.0 * d(n), kF * 3.0 * d(n)}; }
+
+// s = sigmoid(g), du = dout silu(g), dg = dout u s (1 + g (1 - s)): about 14;
+// reads dout, gate, up, writes dgate, dup.
+Kernel swiglu_backward(int64_t n) { return {14.0 * d(n), kF * 5.0 * d(n)}; }
+
+Kernel gqa_attention_forward(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim) {
+  const double tri = causal_entries(seq), sd = d(seq) * d(head_dim);
+  // As attention_forward, with K and V read once per K/V head: Q and Y per
+  // query head, the probabilities per query head.
+  return {d(batch) * d(heads) * (4.0 * d(head_dim) * tri + 5.0 * tri),
+          kF * d(batch) * (2.0 * d(heads) * sd + 2.0 * d(kv_heads) * sd + d(heads) * tri)};
+}
+
+Kernel gqa_attention_backward(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim) {
+  const double tri = causal_entries(seq), sd = d(seq) * d(head_dim);
+  // Q, dY, dQ per query head; K, V, dK, dV per K/V head; P and dP per query head.
+  return {d(batch) * d(heads) * (8.0 * d(head_dim) * tri + 4.0 * tri),
+          kF * d(batch) * (3.0 * d(heads) * sd + 4.0 * d(kv_heads) * sd + 2.0 * d(heads) * tri)};
+}
+
 }  // namespace tessera::cost

@@ -60,5 +60,24 @@ Kernel adamw(int64_t n);
 Kernel sum_squares(int64_t n);
 Kernel fill(int64_t n);
 
+// ---- Llama-family kernels (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) ----
+// RMSNorm over rows x cols: y = x rsqrt(mean(x^2) + eps) w (saves rstd per
+// row); the backward accumulates dx and dw.
+Kernel rmsnorm_forward(int64_t rows, int64_t cols);
+Kernel rmsnorm_backward(int64_t rows, int64_t cols);
+// Rotary embedding (rotate-half) in place on rows x heads x head_dim, reading
+// one cos and one sin row of head_dim per row; the backward is the same work.
+Kernel rope(int64_t rows, int64_t heads, int64_t head_dim);
+// out = silu(gate) * up over n elements; backward: dgate and dup from dout.
+Kernel swiglu_forward(int64_t n);
+Kernel swiglu_backward(int64_t n);
+// Causal grouped-query attention: `heads` query heads of [seq, head_dim]
+// reading `kv_heads` K/V heads (heads / kv_heads query heads per K/V head),
+// per batch element. FLOPs as multi-head attention of `heads` heads; the
+// bytes count K and V once per K/V head. With kv_heads == heads these equal
+// attention_forward / attention_backward.
+Kernel gqa_attention_forward(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim);
+Kernel gqa_attention_backward(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim);
+
 }  // namespace cost
 }  // namespace tessera

@@ -224,4 +224,109 @@ double sum_squares(Device* dev, const float* x, int64_t n) {
   return total;
 }
 
+// ---- Llama-family kernels ----
+
+void rmsnorm_forward(Device* dev, const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
+                     float eps) {
+  const float inv_n = 1.0f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    float ss = 0;
+    for (int64_t j = 0; j < cols; ++j) ss += xr[j] * xr[j];
+    const float rs = 1.0f / std::sqrt(ss * inv_n + eps);
+    for (int64_t j = 0; j < cols; ++j) yr[j] = w[j] * (xr[j] * rs);
+    rstd[r] = rs;
+  }
+  charge(dev, cost::rmsnorm_forward(rows, cols));
+}
+
+// xhat = x rs, g = dy w: dx = rs (g - xhat mean(g xhat)).
+void rmsnorm_backward(Device* dev, const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                      float* dw, int64_t rows, int64_t cols) {
+  const float inv_n = 1.0f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * cols;
+    const float* xr = x + r * cols;
+    float* dxr = dx + r * cols;
+    const float rs = rstd[r];
+    float sum_gx = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float xh = xr[j] * rs;
+      sum_gx += dyr[j] * w[j] * xh;
+      dw[j] += dyr[j] * xh;
+    }
+    const float mgx = sum_gx * inv_n;
+    for (int64_t j = 0; j < cols; ++j) dxr[j] += rs * (dyr[j] * w[j] - xr[j] * rs * mgx);
+  }
+  charge(dev, cost::rmsnorm_backward(rows, cols));
+}
+
+namespace {
+// Per pair (a, b) = (x[i], x[i + half]) with c1, s1 = cos/sin[i], c2, s2 =
+// cos/sin[i + half]: forward [a c1 - b s1, b c2 + a s2], i.e. the matrix
+// [[c1, -s1], [s2, c2]]; transpose [[c1, s2], [-s1, c2]].
+void rope_apply(float* x, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t hd, const float* cos,
+                const float* sin, bool transpose) {
+  const int64_t half = hd / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* c = cos + (r % seq) * hd;
+    const float* s = sin + (r % seq) * hd;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x1 = x + r * ld + h * hd;
+      float* x2 = x1 + half;
+      if (!transpose) {
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = x1[i], b = x2[i];
+          x1[i] = a * c[i] - b * s[i];
+          x2[i] = b * c[i + half] + a * s[i + half];
+        }
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = x1[i], b = x2[i];
+          x1[i] = a * c[i] + b * s[i + half];
+          x2[i] = b * c[i + half] - a * s[i];
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
+void rope_forward(Device* dev, float* x, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
+                  const float* cos, const float* sin) {
+  rope_apply(x, ld, rows, seq, heads, head_dim, cos, sin, false);
+  charge(dev, cost::rope(rows, heads, head_dim));
+}
+
+void rope_backward(Device* dev, float* dx, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
+                   const float* cos, const float* sin) {
+  rope_apply(dx, ld, rows, seq, heads, head_dim, cos, sin, true);
+  charge(dev, cost::rope(rows, heads, head_dim));
+}
+
+void swiglu_forward(Device* dev, const float* gate, const float* up, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + exp_fast(-g)) * up[i];
+  }
+  charge(dev, cost::swiglu_forward(n));
+}
+
+// silu'(g) = s (1 + g (1 - s)), s = sigmoid(g).
+void swiglu_backward(Device* dev, const float* dout, const float* gate, const float* up, float* dgate, float* dup,
+                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i], u = up[i], d = dout[i];
+    const float s = 1.0f / (1.0f + exp_fast(-g));
+    dgate[i] = d * u * s * (1.0f + g * (1.0f - s));
+    dup[i] = d * g * s;
+  }
+  charge(dev, cost::swiglu_backward(n));
+}
+
 }  // namespace tessera::kern

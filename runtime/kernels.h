@@ -74,5 +74,32 @@ void adamw_update(Device* dev, float* p, const float* g, float* m, float* v, int
 // sum of squares (in double) of n elements.
 double sum_squares(Device* dev, const float* x, int64_t n);
 
+// ---- Llama-family kernels (RMSNorm, rotary embeddings, SwiGLU) ----
+
+// RMSNorm (Hugging Face LlamaRMSNorm, fp32): y[r, :] = x[r, :] * rstd[r] * w,
+// rstd[r] = 1 / sqrt(mean_j x[r, j]^2 + eps); saves rstd per row.
+void rmsnorm_forward(Device* dev, const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
+                     float eps);
+// dx += dRMSNorm/dx (accumulates, as layernorm_backward); dw += sum_r dy * x * rstd.
+void rmsnorm_backward(Device* dev, const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                      float* dw, int64_t rows, int64_t cols);
+
+// Rotary embedding, rotate-half layout (Hugging Face apply_rotary_pos_emb),
+// in place on `rows` rows of `heads` heads of head_dim (row stride ld): row r
+// is position r % seq and x' = x cos + rotate_half(x) sin with
+// rotate_half([x1, x2]) = [-x2, x1]. cos/sin: [>= seq, head_dim] tables
+// (each half repeated). The backward applies the transpose rotation to a
+// gradient in place.
+void rope_forward(Device* dev, float* x, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
+                  const float* cos, const float* sin);
+void rope_backward(Device* dev, float* dx, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
+                   const float* cos, const float* sin);
+
+// SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)), n elements.
+void swiglu_forward(Device* dev, const float* gate, const float* up, float* out, int64_t n);
+// dgate = dout * up * silu'(gate), dup = dout * silu(gate); dgate/dup may alias dout (not each other).
+void swiglu_backward(Device* dev, const float* dout, const float* gate, const float* up, float* dgate, float* dup,
+                     int64_t n);
+
 }  // namespace kern
 }  // namespace tessera

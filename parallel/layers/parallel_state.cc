@@ -41,6 +41,16 @@ void ParallelState::tp_reduce_scatter(const float* send, float* recv, int64_t n)
   tp->reduce_scatter(send, recv, static_cast<size_t>(n), DType::F32, collectives::ReduceOp::Sum);
 }
 
+void ParallelState::kv_all_reduce(const float* send, float* recv, int64_t n) const {
+  if (kv_replicas == 1 || n == 0) {
+    if (recv != send) std::copy(send, send + n, recv);
+    return;
+  }
+  TESSERA_CHECK(kv != nullptr && kv->size() == kv_replicas, "kv group of ", kv_replicas,
+                " TP ranks missing (make_parallel_state's kv_replicas)");
+  kv->all_reduce(send, recv, static_cast<size_t>(n), DType::F32, collectives::ReduceOp::Sum);
+}
+
 ParallelState serial_state(Device* device) {
   ParallelState s;
   s.device = device;
@@ -48,12 +58,14 @@ ParallelState serial_state(Device* device) {
 }
 
 ParallelState make_parallel_state(const std::shared_ptr<collectives::Communicator>& world, int tp, int dp,
-                                  Device* device, bool sequence_parallel, int pp) {
+                                  Device* device, bool sequence_parallel, int pp, int kv_replicas) {
   TESSERA_ARG_CHECK(world != nullptr, "make_parallel_state: no world communicator");
   TESSERA_ARG_CHECK(tp >= 1 && dp >= 1 && pp >= 1, "tp, dp and pp must be >= 1 (got tp ", tp, ", dp ", dp, ", pp ", pp,
                     ")");
   TESSERA_ARG_CHECK(world->size() == tp * dp * pp, "world size ", world->size(), " != tp ", tp, " x dp ", dp, " x pp ",
                     pp, " (launch tp*dp*pp processes)");
+  TESSERA_ARG_CHECK(kv_replicas >= 1 && tp % kv_replicas == 0, "kv_replicas ", kv_replicas, " does not divide tp ", tp,
+                    " (each K/V head is replicated onto tp / kv_heads TP ranks)");
   ParallelState s;
   s.device = device;
   s.world = world;
@@ -77,6 +89,12 @@ ParallelState make_parallel_state(const std::shared_ptr<collectives::Communicato
   auto dp_comm = world->split(dp_group.front(), c.dp, "dp" + std::to_string(c.tp) + stage);
   auto pp_comm = world->split(pp_group.front(), c.pp, "pp" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp));
   if (tp > 1) s.tp = tp_comm;
+  if (kv_replicas > 1) {
+    // A fifth split, from the TP group (collective over it; the same on every rank).
+    s.kv_replicas = kv_replicas;
+    s.kv = tp_comm->split(c.tp / kv_replicas, c.tp % kv_replicas,
+                          "kv" + std::to_string(c.tp / kv_replicas) + "_dp" + std::to_string(c.dp) + stage);
+  }
   if (dp > 1) s.dp = dp_comm;
   if (pp > 1) {
     s.pp = pp_comm;

@@ -47,6 +47,12 @@ struct ParallelState {
   // previous stage, grad_next receives them from the next. With pp_size == 2
   // the two neighbours are one rank, on separate communicators.
   std::shared_ptr<collectives::Communicator> act_next, act_prev, grad_prev, grad_next;
+  // Grouped-query attention with tp > kv_heads: each K/V head is held by
+  // kv_replicas = tp / kv_heads consecutive TP ranks (TP rank r in group
+  // r / kv_replicas), whose K/V projection gradients are summed over `kv`.
+  // Null (and kv_replicas 1) otherwise.
+  int kv_replicas = 1;
+  std::shared_ptr<collectives::Communicator> kv;
 
   bool sp() const { return sequence_parallel && tp_size > 1; }
   int global_rank() const;  // through parallel/mesh.h (TP fastest, then DP, then PP)
@@ -60,6 +66,8 @@ struct ParallelState {
   // send: tp_size * n; recv: n (this rank's block, summed).
   void tp_reduce_scatter(const float* send, float* recv, int64_t n) const;
   void tp_all_reduce_max(float* buf, int64_t n) const;
+  // recv = sum of send over the kv group (a copy when kv_replicas == 1); recv may equal send.
+  void kv_all_reduce(const float* send, float* recv, int64_t n) const;
 };
 
 // A single-process state (tp = dp = pp = 1).
@@ -67,8 +75,10 @@ ParallelState serial_state(Device* device);
 
 // Builds the TP, DP and PP groups of parallel::Mesh({.tp, .dp, .pp}) from the
 // world communicator (collective over world; world->size() must equal
-// tp * dp * pp). Throws InvalidArgument otherwise.
+// tp * dp * pp). kv_replicas > 1 (a divisor of tp) also builds the kv
+// groups of kv_replicas consecutive TP ranks (split from the TP group).
+// Throws InvalidArgument otherwise.
 ParallelState make_parallel_state(const std::shared_ptr<collectives::Communicator>& world, int tp, int dp,
-                                  Device* device, bool sequence_parallel, int pp = 1);
+                                  Device* device, bool sequence_parallel, int pp = 1, int kv_replicas = 1);
 
 }  // namespace tessera::parallel::layers

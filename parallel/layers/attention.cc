@@ -1,0 +1,95 @@
+#include "parallel/layers/attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/error.h"
+#include "runtime/kernels.h"
+
+namespace tessera::parallel::layers {
+
+namespace {
+// Query rows per causal attention block (as GPT's).
+constexpr int64_t kAttnBlock = 64;
+
+void check(const AttentionShape& s) {
+  TESSERA_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0, "attention: ", s.kv_heads,
+                " K/V heads do not divide ", s.heads, " query heads");
+  TESSERA_CHECK(s.ldq >= s.heads * s.head_dim && s.ldkv >= s.kv_heads * s.head_dim && s.ldy >= s.heads * s.head_dim,
+                "attention: row strides too small");
+}
+}  // namespace
+
+void gqa_attention_forward(Device* dev, const AttentionShape& s, const float* q_all, const float* k_all,
+                           const float* v_all, float* probs, float* y) {
+  check(s);
+  const int64_t seq = s.seq, hd = s.head_dim, group = s.heads / s.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int64_t bi = 0; bi < s.batch; ++bi) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const float* q = q_all + bi * seq * s.ldq + h * hd;
+      const float* k = k_all + bi * seq * s.ldkv + (h / group) * hd;
+      const float* v = v_all + bi * seq * s.ldkv + (h / group) * hd;
+      float* p = probs + (bi * s.heads + h) * seq * seq;
+      float* yh = y + bi * seq * s.ldy + h * hd;
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm_raw(false, true, rows, cols, hd, 1.f, q + r0 * s.ldq, s.ldq, k, s.ldkv, 0.f, p + r0 * seq, seq);
+      }
+      kern::causal_softmax_forward(p, seq, seq, scale);
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm_raw(false, false, rows, hd, cols, 1.f, p + r0 * seq, seq, v, s.ldkv, 0.f, yh + r0 * s.ldy, s.ldy);
+      }
+    }
+  }
+  kern::charge(dev, cost::gqa_attention_forward(s.batch, s.heads, s.kv_heads, seq, hd));
+}
+
+void gqa_attention_backward(Device* dev, const AttentionShape& s, const float* q_all, const float* k_all,
+                            const float* v_all, const float* probs, const float* dy, float* dp, float* dq_all,
+                            float* dk_all, float* dv_all) {
+  check(s);
+  const int64_t seq = s.seq, hd = s.head_dim, group = s.heads / s.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // dV and dK sum over row blocks and over the query heads of their group:
+  // the last block of the group's first head covers every key, so it goes
+  // first with beta = 0.
+  const int64_t last = (seq - 1) / kAttnBlock * kAttnBlock;
+  for (int64_t bi = 0; bi < s.batch; ++bi) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t kv_off = bi * seq * s.ldkv + (h / group) * hd;
+      const float* q = q_all + bi * seq * s.ldq + h * hd;
+      const float* k = k_all + kv_off;
+      const float* v = v_all + kv_off;
+      const float* p = probs + (bi * s.heads + h) * seq * seq;
+      const float* dyh = dy + bi * seq * s.ldy + h * hd;
+      float* dq = dq_all + bi * seq * s.ldq + h * hd;
+      float* dk = dk_all + kv_off;
+      float* dv = dv_all + kv_off;
+      const bool first = h % group == 0;
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {  // dP = dY V^T
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm_raw(false, true, rows, cols, hd, 1.f, dyh + r0 * s.ldy, s.ldy, v, s.ldkv, 0.f, dp + r0 * seq, seq);
+      }
+      for (int64_t r0 = last; r0 >= 0; r0 -= kAttnBlock) {  // dV += P^T dY
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm_raw(true, false, cols, hd, rows, 1.f, p + r0 * seq, seq, dyh + r0 * s.ldy, s.ldy,
+                       first && r0 == last ? 0.f : 1.f, dv, s.ldkv);
+      }
+      kern::causal_softmax_backward(p, dp, seq, seq, scale);  // dP -> dS
+      for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {      // dQ = dS K
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm_raw(false, false, rows, hd, cols, 1.f, dp + r0 * seq, seq, k, s.ldkv, 0.f, dq + r0 * s.ldq, s.ldq);
+      }
+      for (int64_t r0 = last; r0 >= 0; r0 -= kAttnBlock) {  // dK += dS^T Q
+        const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
+        kern::gemm_raw(true, false, cols, hd, rows, 1.f, dp + r0 * seq, seq, q + r0 * s.ldq, s.ldq,
+                       first && r0 == last ? 0.f : 1.f, dk, s.ldkv);
+      }
+    }
+  }
+  kern::charge(dev, cost::gqa_attention_backward(s.batch, s.heads, s.kv_heads, seq, hd));
+}
+
+}  // namespace tessera::parallel::layers
