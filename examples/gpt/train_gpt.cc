@@ -215,7 +215,8 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
                     " x --pp ", f.t.pp, " x --dp ", f.t.dp, " = ", need, " are needed");
   Device& dev = *job.device;
   parallel::layers::ParallelState ps =
-      job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel, f.t.pp)
+      job.comm ? parallel::layers::make_parallel_state(job.comm, f.t.tp, f.t.dp, &dev, f.t.sequence_parallel, f.t.pp,
+                                                       models::kv_replicas(f.t.model, f.t.tp))
                : parallel::layers::serial_state(&dev);
   ps.sequence_parallel = f.t.sequence_parallel;
   models::gpt::Trainer trainer(f.t, ps, dataset);
@@ -243,14 +244,19 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   }
   if (lead) {
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+    const std::string gqa = o.model.family != "llama" ? std::string()
+                                                      : " kv_heads=" + std::to_string(o.model.kv_heads) +
+                                                            " ffn=" + std::to_string(o.model.ffn_hidden) +
+                                                            (o.model.tied_embeddings() ? " tied" : " untied");
     std::printf(
-        "train_gpt: %d rank(s) tp=%d pp=%d dp=%d%s%s | GPT-2 vocab=%lld ctx=%lld hidden=%lld layers=%lld heads=%lld "
+        "train_gpt: %d rank(s) tp=%d pp=%d dp=%d%s%s | %s vocab=%lld ctx=%lld hidden=%lld layers=%lld heads=%lld%s "
         "(%.2fM params) | seq=%lld micro-batch=%lld global-batch=%lld steps=%lld lr=%g | device %s | "
         "OPENBLAS_CORETYPE=%s\n",
         job.world.size, o.tp, o.pp, o.dp, o.sequence_parallel ? " sp" : "", o.adamw.zero1 ? " zero1" : "",
-        (long long)o.model.vocab, (long long)o.model.max_seq, (long long)o.model.hidden, (long long)o.model.layers,
-        (long long)o.model.heads, o.model.total_params() / 1e6, (long long)o.seq, (long long)o.micro_batch,
-        (long long)o.global_batch, (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
+        o.model.family == "llama" ? "Llama" : "GPT-2", (long long)o.model.vocab, (long long)o.model.max_seq,
+        (long long)o.model.hidden, (long long)o.model.layers, (long long)o.model.heads, gqa.c_str(),
+        o.model.total_params() / 1e6, (long long)o.seq, (long long)o.micro_batch, (long long)o.global_batch,
+        (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
     if (o.pp > 1)
       std::printf(
           "pipeline: %d stages x %d virtual, [%s] layers per virtual stage, schedule %s, %lld micro-batches per step "

@@ -148,12 +148,15 @@ int main(int argc, char** argv) {
   auto ps_g = parallel::layers::serial_state(&dev_g);
   auto ps_l = parallel::layers::serial_state(&dev_l);
 
-  parallel::models::gpt::GptConfig gc;
-  gc.vocab = a.vocab;
-  gc.seq = a.seq;
-  gc.hidden = c;
-  gc.layers = a.layers;
-  gc.heads = a.heads;
+  parallel::ModelConfig gc;
+  gc.name = "bench-gpt2";
+  gc.family = "gpt";
+  gc.vocab = static_cast<int>(a.vocab);
+  gc.max_seq = static_cast<int>(a.seq);
+  gc.hidden = static_cast<int>(c);
+  gc.layers = static_cast<int>(a.layers);
+  gc.heads = gc.kv_heads = static_cast<int>(a.heads);
+  gc.ffn_hidden = static_cast<int>(gpt_ffn);
   parallel::models::gpt::GptModel gpt(gc, ps_g);
   parallel::optim::DistributedOptimizer opt_g(ps_g, gpt.parameters_in_grad_order(), {});
   gpt.init(1);

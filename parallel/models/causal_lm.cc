@@ -1,6 +1,7 @@
 #include "parallel/models/causal_lm.h"
 
 #include "parallel/models/gpt/gpt_model.h"
+#include "parallel/models/llama/llama_model.h"
 #include "runtime/error.h"
 
 namespace tessera::parallel::models {
@@ -38,7 +39,11 @@ void validate_layout(const ModelConfig& config, int tp) {
     gpt::validate_gpt(cfg, tp);
     return;
   }
-  throw InvalidArgument("model family '" + cfg.family + "' cannot be trained yet (gpt only)");
+  llama::LlamaModel::validate(cfg, tp);
+}
+
+int kv_replicas(const ModelConfig& cfg, int tp) {
+  return cfg.family == "llama" ? llama::LlamaModel::kv_replicas(cfg, tp) : 1;
 }
 
 double train_flops_per_token(const ModelConfig& cfg) {
@@ -48,11 +53,13 @@ double train_flops_per_token(const ModelConfig& cfg) {
 std::unique_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, const parallel::layers::ParallelState& ps,
                                          const std::vector<int>& stages, int chunk, int chunks) {
   validate_layout(cfg, ps.tp_size);
+  if (cfg.family == "llama") return std::make_unique<llama::LlamaModel>(cfg, ps, stages, chunk, chunks);
   return std::make_unique<gpt::GptModel>(cfg, ps, stages, chunk, chunks);
 }
 
 std::vector<parallel::layers::Parameter> parameter_layout(const ModelConfig& cfg, int tp, int tp_rank) {
   validate_layout(cfg, tp);
+  if (cfg.family == "llama") return llama::LlamaModel::parameter_layout(cfg, tp, tp_rank);
   return gpt::GptModel::parameter_layout(cfg, tp, tp_rank);
 }
 

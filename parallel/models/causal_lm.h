@@ -89,6 +89,9 @@ void complete_model_config(ModelConfig& cfg);
 // (attention by heads; K/V heads replicated when tp exceeds them),
 // naming the numbers.
 void validate_layout(const ModelConfig& cfg, int tp);
+// TP ranks that hold each K/V head (make_parallel_state's kv_replicas):
+// tp / kv_heads for a Llama with tp > kv_heads, else 1.
+int kv_replicas(const ModelConfig& cfg, int tp);
 // Training FLOPs per token: 6 x parameters + 12 x layers x context x the
 // attention width (the attention scores and values, forward and backward).
 double train_flops_per_token(const ModelConfig& cfg);
