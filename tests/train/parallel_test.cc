@@ -26,6 +26,20 @@
 namespace tessera {
 namespace {
 
+// The model trained: GPT-2, or a Llama with kv_heads K/V heads (of 8), tied or untied.
+struct Model {
+  std::string family = "gpt";
+  int kv_heads = 8;
+  bool tie = false;
+  auto key() const { return std::make_tuple(family, kv_heads, tie); }
+  std::string name() const {
+    return family == "gpt" ? "" : "_llama_kv" + std::to_string(kv_heads) + (tie ? "_tied" : "");
+  }
+  // The tied embedding's name, whose copy the last pipeline stage holds.
+  std::string embedding() const { return family == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight"; }
+  bool has_tied_copy(int pp) const { return pp > 1 && (family == "gpt" || tie); }
+};
+
 struct Layout {
   int tp, dp;
   bool zero1, sp;
@@ -37,6 +51,7 @@ struct Layout {
   int64_t layers = 2;
   int virtual_stages = 1;
   int64_t global_batch = 8;
+  Model model = {};
 };
 
 // The last stage's copy of the tied embedding, reported under its own name
@@ -53,8 +68,15 @@ struct RunResult {
   std::vector<Tensors> replicas;     // every DP replica's parameters (parallel runs)
 };
 
-parallel::models::gpt::TrainOptions tiny_options(int64_t vocab = 256, int64_t layers = 2, int64_t global_batch = 8) {
+parallel::models::gpt::TrainOptions tiny_options(int64_t vocab = 256, int64_t layers = 2, int64_t global_batch = 8,
+                                                 const Model& model = {}) {
   parallel::models::gpt::TrainOptions o;
+  o.model.family = model.family;
+  if (model.family == "llama") {
+    o.model.kv_heads = model.kv_heads;
+    o.model.ffn_hidden = 64;
+    o.model.tie_embeddings = model.tie;
+  }
   o.model.vocab = static_cast<int>(vocab);
   o.model.max_seq = 16;
   o.model.hidden = 32;
@@ -76,7 +98,7 @@ std::shared_ptr<const parallel::data::ByteDataset> dataset() {
   return ds;
 }
 
-const RunResult& serial(int64_t vocab = 256, int64_t layers = 2, int64_t global_batch = 8);
+const RunResult& serial(int64_t vocab = 256, int64_t layers = 2, int64_t global_batch = 8, const Model& model = {});
 
 // Results come back through a shared anonymous mapping made before fork:
 // losses and grad norms (rank 0), then one block per rank holding its view of
@@ -135,10 +157,10 @@ void for_each_moment(parallel::models::gpt::Trainer& t,
   });
 }
 
-RunResult run_serial(int64_t vocab, int64_t layers, int64_t global_batch) {
+RunResult run_serial(int64_t vocab, int64_t layers, int64_t global_batch, const Model& model) {
   Device dev(DeviceSpec::preset("test-core"));
   auto ps = parallel::layers::serial_state(&dev);
-  parallel::models::gpt::Trainer t(tiny_options(vocab, layers, global_batch), ps, dataset());
+  parallel::models::gpt::Trainer t(tiny_options(vocab, layers, global_batch, model), ps, dataset());
   t.init_random();
   RunResult r;
   for (int s = 0; s < 3; ++s) {
@@ -161,8 +183,9 @@ RunResult run_serial(int64_t vocab, int64_t layers, int64_t global_batch) {
 }
 
 // The serial result with the wte copy a pipeline's last stage holds (equal to wte).
-RunResult with_wte_copy(RunResult r) {
-  const std::string wte = "transformer.wte.weight";
+RunResult with_wte_copy(RunResult r, const Model& model = {}) {
+  if (!model.has_tied_copy(2)) return r;
+  const std::string wte = model.embedding();
   r.params[kWteCopy] = r.params.at(wte);
   r.exp_avg[kWteCopy] = r.exp_avg.at(wte);
   r.exp_avg_sq[kWteCopy] = r.exp_avg_sq.at(wte);
@@ -173,12 +196,10 @@ RunResult with_wte_copy(RunResult r) {
 RunResult run(const Layout& l) {
   kern::default_blas_threads();
   std::vector<std::pair<std::string, int64_t>> sizes;
-  for (const auto& [name, v] : serial(l.vocab, l.layers, l.global_batch).params)
-    sizes.emplace_back(name, static_cast<int64_t>(v.size()));
-  if (l.pp > 1)
-    sizes.emplace_back(
-        kWteCopy,
-        static_cast<int64_t>(serial(l.vocab, l.layers, l.global_batch).params.at("transformer.wte.weight").size()));
+  const RunResult& ref = serial(l.vocab, l.layers, l.global_batch, l.model);
+  for (const auto& [name, v] : ref.params) sizes.emplace_back(name, static_cast<int64_t>(v.size()));
+  if (l.model.has_tied_copy(l.pp))
+    sizes.emplace_back(kWteCopy, static_cast<int64_t>(ref.params.at(l.model.embedding()).size()));
   const int ranks = l.tp * l.dp * l.pp;
   SharedResults shared(sizes, ranks);
   auto res = collectives::test::run_ranks(ranks, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
@@ -186,8 +207,9 @@ RunResult run(const Layout& l) {
     collectives::CommOptions co;
     co.device = &dev;
     auto world = collectives::Communicator::create(std::move(store), rank, size, co);
-    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(world, l.tp, l.dp, &dev, l.sp, l.pp);
-    parallel::models::gpt::TrainOptions o = tiny_options(l.vocab, l.layers, l.global_batch);
+    parallel::models::gpt::TrainOptions o = tiny_options(l.vocab, l.layers, l.global_batch, l.model);
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(
+        world, l.tp, l.dp, &dev, l.sp, l.pp, parallel::models::kv_replicas(o.model, l.tp));
     o.tp = l.tp;
     o.dp = l.dp;
     o.pp = l.pp;
@@ -286,11 +308,11 @@ RunResult run(const Layout& l) {
   return r;
 }
 
-const RunResult& serial(int64_t vocab, int64_t layers, int64_t global_batch) {
-  static std::map<std::tuple<int64_t, int64_t, int64_t>, RunResult> cache;
-  const auto key = std::make_tuple(vocab, layers, global_batch);
+const RunResult& serial(int64_t vocab, int64_t layers, int64_t global_batch, const Model& model) {
+  static std::map<std::tuple<int64_t, int64_t, int64_t, std::tuple<std::string, int, bool>>, RunResult> cache;
+  const auto key = std::make_tuple(vocab, layers, global_batch, model.key());
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, run_serial(vocab, layers, global_batch)).first;
+  if (it == cache.end()) it = cache.emplace(key, run_serial(vocab, layers, global_batch, model)).first;
   return it->second;
 }
 
@@ -502,9 +524,9 @@ class Layouts : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Layouts, MatchesSerial) {
   const Layout l = GetParam();
-  std::string what =
-      "tp" + std::to_string(l.tp) + " dp" + std::to_string(l.dp) + (l.zero1 ? " zero1" : "") + (l.sp ? " sp" : "");
-  expect_same(run(l), serial(), what);
+  std::string what = "tp" + std::to_string(l.tp) + " dp" + std::to_string(l.dp) + (l.zero1 ? " zero1" : "") +
+                     (l.sp ? " sp" : "") + l.model.name();
+  expect_same(run(l), serial(l.vocab, l.layers, l.global_batch, l.model), what);
 }
 
 std::vector<Layout> all_layouts() {
@@ -519,11 +541,30 @@ std::vector<Layout> all_layouts() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTpDp, Layouts, ::testing::ValuesIn(all_layouts()),
-                         [](const ::testing::TestParamInfo<Layout>& i) {
-                           return "tp" + std::to_string(i.param.tp) + "_dp" + std::to_string(i.param.dp) +
-                                  (i.param.zero1 ? "_zero1" : "") + (i.param.sp ? "_sp" : "");
-                         });
+std::string tp_dp_name(const ::testing::TestParamInfo<Layout>& i) {
+  return "tp" + std::to_string(i.param.tp) + "_dp" + std::to_string(i.param.dp) + (i.param.zero1 ? "_zero1" : "") +
+         (i.param.sp ? "_sp" : "") + i.param.model.name();
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTpDp, Layouts, ::testing::ValuesIn(all_layouts()), tp_dp_name);
+
+// Llama (8 heads): K/V heads split (tp < kv_heads), one per rank (tp =
+// kv_heads), and replicated when tp exceeds them (kv_heads 1 and 2 at tp 4,
+// 2 at tp 8: each K/V head's gradient summed over exactly its ranks), with
+// ZeRO-1 and SP, tied and untied heads.
+std::vector<Layout> llama_layouts() {
+  auto l = [](int tp, int dp, bool zero1, bool sp, int kv, bool tie = false) {
+    Layout x{tp, dp, zero1, sp};
+    x.model = {"llama", kv, tie};
+    return x;
+  };
+  return {l(2, 1, false, false, 8),      l(2, 2, true, false, 2),       l(4, 1, false, false, 1),
+          l(4, 2, true, false, 2),       l(4, 1, false, true, 2),       l(4, 2, false, true, 1, true),
+          l(8, 1, false, false, 2),      l(8, 1, false, true, 8, true), l(1, 8, true, false, 2),
+          l(1, 2, false, false, 1, true)};
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaTpDp, Layouts, ::testing::ValuesIn(llama_layouts()), tp_dp_name);
 
 // ---- pipeline parallelism ----
 // Every stage's parameters (and the last stage's wte copy) and the AdamW
@@ -540,6 +581,7 @@ std::string pipeline_name(const Layout& l) {
   if (!l.stages.empty()) n += "_stages" + parallel::pipeline::stages_str(l.stages);
   if (l.global_batch != 8) n += "_gb" + std::to_string(l.global_batch);
   if (l.virtual_stages != 1) n += "_v" + std::to_string(l.virtual_stages);
+  n += l.model.name();
   for (char& c : n)
     if (c == ',') c = '_';
   return n;
@@ -550,7 +592,7 @@ void PrintTo(const Layout& l, std::ostream* os) { *os << pipeline_name(l); }
 
 TEST_P(Pipelines, MatchesSerial) {
   const Layout l = GetParam();
-  expect_same(run(l), with_wte_copy(serial(l.vocab, l.layers, l.global_batch)), pipeline_name(l));
+  expect_same(run(l), with_wte_copy(serial(l.vocab, l.layers, l.global_batch, l.model), l.model), pipeline_name(l));
 }
 
 std::vector<Layout> pipeline_layouts() {
@@ -598,6 +640,34 @@ std::vector<Layout> pipeline_layouts() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Pipelines, ::testing::ValuesIn(pipeline_layouts()),
+                         [](const ::testing::TestParamInfo<Layout>& i) { return pipeline_name(i.param); });
+
+// Llama through each schedule, mixed with TP beyond the K/V heads, DP,
+// ZeRO-1 and SP; tied (the last stage's copy summed with the first's) and untied.
+std::vector<Layout> llama_pipeline_layouts() {
+  using parallel::pipeline::Schedule;
+  std::vector<Layout> v;
+  auto add = [&](int tp, int pp, int dp, Schedule s, int kv, bool tie, bool zero1 = false, bool sp = false,
+                 int virtual_stages = 1) {
+    Layout l{tp, dp, zero1, sp};
+    l.pp = pp;
+    l.schedule = s;
+    l.layers = 4;
+    l.virtual_stages = virtual_stages;
+    l.model = {"llama", kv, tie};
+    v.push_back(l);
+  };
+  add(1, 2, 1, Schedule::kGpipe, 2, false);
+  add(1, 2, 1, Schedule::k1F1B, 2, true);
+  add(1, 4, 2, Schedule::k1F1B, 1, false, true);
+  add(2, 2, 2, Schedule::k1F1B, 1, true, true);           // tp 2 > kv 1, ZeRO-1
+  add(4, 2, 1, Schedule::kGpipe, 2, false, false, true);  // tp 4 > kv 2, SP
+  add(2, 2, 1, Schedule::kInterleaved, 2, true, false, false, 2);
+  add(2, 2, 2, Schedule::kInterleaved, 1, false, true, true, 2);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Llama, Pipelines, ::testing::ValuesIn(llama_pipeline_layouts()),
                          [](const ::testing::TestParamInfo<Layout>& i) { return pipeline_name(i.param); });
 
 // With 1F1B, a pipeline stage's later steps allocate nothing on its device
