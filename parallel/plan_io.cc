@@ -64,6 +64,18 @@ std::optional<ModelConfig> plan_model(const tessera::plan::Plan& plan) {
   m.ffn_hidden = s.ffn_hidden();
   m.vocab = s.vocab();
   m.max_seq = s.max_seq();
+  m.head_dim = s.head_dim();
+  if (s.norm_eps() > 0) m.norm_eps = s.norm_eps();
+  if (s.rope_theta() > 0) m.rope_theta = s.rope_theta();
+  if (s.has_tie_embeddings()) m.tie_embeddings = s.tie_embeddings();
+  m.attention_bias = s.attention_bias();
+  m.rope_scaling.type = s.rope_scaling_type();
+  if (!m.rope_scaling.type.empty()) {
+    m.rope_scaling.factor = s.rope_scaling_factor();
+    m.rope_scaling.low_freq_factor = s.rope_scaling_low_freq_factor();
+    m.rope_scaling.high_freq_factor = s.rope_scaling_high_freq_factor();
+    m.rope_scaling.original_max_position_embeddings = s.rope_scaling_original_max_position_embeddings();
+  }
   return m;
 }
 
@@ -82,6 +94,18 @@ tessera::plan::Plan make_plan_proto(const ModelConfig& model, const Topology& to
   shape->set_ffn_hidden(model.ffn_hidden);
   shape->set_vocab(model.vocab);
   shape->set_max_seq(model.max_seq);
+  shape->set_head_dim(model.head_dim);
+  shape->set_norm_eps(model.norm_eps);
+  shape->set_rope_theta(model.rope_theta);
+  if (model.tie_embeddings) shape->set_tie_embeddings(*model.tie_embeddings);
+  shape->set_attention_bias(model.attention_bias);
+  if (!model.rope_scaling.type.empty()) {
+    shape->set_rope_scaling_type(model.rope_scaling.type);
+    shape->set_rope_scaling_factor(model.rope_scaling.factor);
+    shape->set_rope_scaling_low_freq_factor(model.rope_scaling.low_freq_factor);
+    shape->set_rope_scaling_high_freq_factor(model.rope_scaling.high_freq_factor);
+    shape->set_rope_scaling_original_max_position_embeddings(model.rope_scaling.original_max_position_embeddings);
+  }
   out.set_device(topo.device().name);
   out.set_topology(topo.name());
   out.set_cores(topo.num_cores());

@@ -6,6 +6,7 @@
 
 #include "parallel/cost_model.h"
 #include "parallel/model_config.h"
+#include "parallel/models/causal_lm.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/plan_io.h"
 #include "runtime/device.h"
@@ -70,20 +71,33 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
              "', written by an older tessera plan): write it again with tessera plan --json");
     }
   }
-  if (m.family != "gpt" || m.kv_heads != m.heads || m.ffn_hidden != 4 * m.hidden)
-    refuse("the plan's model '", m.name, "' (family ", m.family, ", ", m.kv_heads, " KV heads, ffn ", m.ffn_hidden,
-           ") is not a GPT-2 (family gpt, KV heads = heads, ffn = 4 x hidden), which train_gpt trains");
-  auto model_size = [&](const char* flag, const char* what, int& field, int plan_value) {
+  auto model_size = [&](const char* flag, const char* what, auto& field, auto plan_value) {
     if (model_fixed && field != plan_value)
-      refuse("the plan's model has ", what, " ", plan_value, " but the --init model has ", field);
+      refuse("the plan's model has ", what, " ", shown(plan_value), " but the --init / --model model has ",
+             shown(field));
     if (!model_fixed) take(flag, what, field, plan_value);
   };
+  model_size("--family", "family", t.model.family, m.family);
   model_size("--layers", "layers", t.model.layers, m.layers);
   model_size("--hidden", "hidden", t.model.hidden, m.hidden);
   model_size("--heads", "heads", t.model.heads, m.heads);
+  // kv_heads and ffn_hidden left 0 on the command line mean the family's default: compare what they complete to.
+  parallel::ModelConfig filled = t.model;
+  if (!model_fixed) {
+    filled.family = m.family;
+    parallel::models::complete_model_config(filled);
+  }
+  model_size("--kv-heads", "kv_heads", filled.kv_heads, m.kv_heads);
+  model_size("--ffn-hidden", "ffn_hidden", filled.ffn_hidden, m.ffn_hidden);
   model_size("--vocab", "vocab", t.model.vocab, m.vocab);
   take("--seq", "seq", t.seq, static_cast<int64_t>(p.seq()));
-  if (!model_fixed) t.model.max_seq = static_cast<int>(t.seq);  // the context, as without a plan
+  if (!model_fixed) {
+    // The plan's model as recorded (rope_theta, tied head, ...), with the run's context.
+    const std::string name = t.model.name;
+    t.model = m;
+    t.model.name = name;
+    t.model.max_seq = static_cast<int>(t.seq);
+  }
 
   // The device.
   if (p.device().empty()) refuse("the plan records no device (written by an older tessera plan): write it again");
