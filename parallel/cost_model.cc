@@ -293,20 +293,18 @@ class StepCoster {
   // Forward and backward of `layers` blocks, with the embedding / the head when the chunk has them.
   Pass forward(int layers, bool embed, bool head, Recompute r) const {
     (void)r;
-    Pass p, layer;  // the layers are alike: one layer's cost, times their number
+    Pass p;  // the layers are alike: one layer's cost (computed once), times their number
     if (embed) embedding_forward(p);
-    layer_forward(layer);
+    const Pass& layer = layer_forward_once();
     p.compute += layers * layer.compute;
     p.comm += layers * layer.comm;
     if (head) head_forward(p);
     return p;
   }
   Pass backward(int layers, bool embed, bool head, Recompute r) const {
-    Pass p, layer;
+    Pass p;
     if (head) head_backward(p);
-    if (r == Recompute::Full) layer_forward(layer);
-    if (r == Recompute::Selective) attention_forward(layer);
-    layer_backward(layer);
+    const Pass& layer = layer_backward_once(r);
     p.compute += layers * layer.compute;
     p.comm += layers * layer.comm;
     if (embed) embedding_backward(p);
@@ -427,6 +425,29 @@ class StepCoster {
     p.compute += k(cost::layernorm_backward(nl_, c_));
   }
 
+  // One layer's forward, and its backward (with what the recompute redoes),
+  // costed at the first use: every stage and chunk repeats the same layer.
+  const Pass& layer_forward_once() const {
+    if (!fwd_done_) {
+      layer_forward(fwd_);
+      fwd_done_ = true;
+    }
+    return fwd_;
+  }
+  const Pass& layer_backward_once(Recompute r) const {
+    const auto i = static_cast<size_t>(r);
+    if (!bwd_done_[i]) {
+      Pass& layer = bwd_[i];
+      if (r == Recompute::Full) layer_forward(layer);
+      if (r == Recompute::Selective) attention_forward(layer);
+      layer_backward(layer);
+      bwd_done_[i] = true;
+    }
+    return bwd_[i];
+  }
+  mutable Pass fwd_, bwd_[3];
+  mutable bool fwd_done_ = false, bwd_done_[3] = {false, false, false};
+
   bool megatron_;
   const ModelConfig& m_;
   const DeviceSpec& dev_;
@@ -533,6 +554,34 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   out.num_micro_batches = mb;
   double worst_mem = -1, worst_time = -1;
   std::vector<double> zero_grad(static_cast<size_t>(p), 0.0);  // each stage's, before its pipeline
+  // The collectives every stage runs alike, costed once: the gradient norm
+  // (one float per group), the trainer's loss (two), the tied embedding's sum.
+  const bool shard = c.zero1 && c.dp > 1;
+  const double norm_dp = shard ? sc.coll(K::AllReduce, 1, nets.dp) : 0.0, norm_tp = sc.tp(K::AllReduce, 1);
+  const double small_pp = sc.coll(K::AllReduce, 1, nets.pp) + sc.coll(K::AllReduce, 2, nets.pp);
+  const double loss_dp = sc.coll(K::AllReduce, 2, nets.dp);
+  const double embed_sum = p > 1 && m.tied_embeddings()
+                               ? sc.coll(K::AllReduce, static_cast<int64_t>(std::llround(vocab_rows)), nets.embed)
+                               : 0.0;
+  // A bucket's reduction (all-reduce, or ZeRO-1's reduce-scatter) and,
+  // with ZeRO-1, the all-gather of the updated slices after the step; its
+  // sequence-parallel partial gradients summed over TP first. Memoised: the
+  // stages repeat the same buckets.
+  struct BucketCost {
+    double tp = 0, reduce = 0, gather = 0;
+  };
+  std::vector<std::pair<std::pair<int64_t, int64_t>, BucketCost>> bucket_memo;
+  auto bucket = [&](int64_t raw, int64_t sp_part) {
+    for (const auto& [key, bc] : bucket_memo)
+      if (key.first == raw && key.second == sp_part) return bc;
+    BucketCost bc;
+    const int64_t size = (raw + c.dp - 1) / c.dp * c.dp;  // padded to a multiple of dp
+    if (c.sequence_parallel && t > 1) bc.tp = sc.tp(K::AllReduce, sp_part);
+    bc.reduce = shard ? sc.coll(K::ReduceScatter, size / c.dp, nets.dp) : sc.coll(K::AllReduce, size, nets.dp);
+    if (shard) bc.gather = sc.coll(K::AllGather, size / c.dp, nets.dp);
+    bucket_memo.push_back({{raw, sp_part}, bc});
+    return bc;
+  };
   for (int s = 0; s < p; ++s) {
     const int layers = c.stage_layers[static_cast<size_t>(s)];
     const bool first = s == 0, last = s == p - 1;
@@ -570,23 +619,9 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     const double sp_elems = layers * layer_replicated +
                             (first && m.learned_positions() ? static_cast<double>(m.max_seq) * m.hidden : 0.0) +
                             (last ? (m.has_bias() ? 2.0 : 1.0) * m.hidden : 0.0);
-    const bool shard = c.zero1 && c.dp > 1;
     // Every bucket but the last holds E elements: cost one, times nb - 1.
-    // A bucket's reduction (all-reduce, or ZeRO-1's reduce-scatter) and,
-    // with ZeRO-1, the all-gather of the updated slices after the step.
-    struct BucketCost {
-      double tp = 0, reduce = 0, gather = 0;
-    };
-    auto bucket = [&](int64_t raw) {
-      BucketCost bc;
-      const int64_t size = (raw + c.dp - 1) / c.dp * c.dp;  // padded to a multiple of dp
-      if (c.sequence_parallel && t > 1)                     // the sequence-parallel partial gradients, summed over TP
-        bc.tp = sc.tp(K::AllReduce, static_cast<int64_t>(std::llround(sp_elems / static_cast<double>(nb))));
-      bc.reduce = shard ? sc.coll(K::ReduceScatter, size / c.dp, nets.dp) : sc.coll(K::AllReduce, size, nets.dp);
-      if (shard) bc.gather = sc.coll(K::AllGather, size / c.dp, nets.dp);
-      return bc;
-    };
-    const BucketCost full = nb > 1 ? bucket(E) : BucketCost{}, tail = bucket(P - (nb - 1) * E);
+    const auto sp_part = static_cast<int64_t>(std::llround(sp_elems / static_cast<double>(nb)));
+    const BucketCost full = nb > 1 ? bucket(E, sp_part) : BucketCost{}, tail = bucket(P - (nb - 1) * E, sp_part);
     const double nfull = static_cast<double>(nb - 1);
     tb.tp_comm += nfull * full.tp + tail.tp;
     double reduce = nfull * full.reduce + tail.reduce;
@@ -598,15 +633,14 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
       reduce = tail.reduce + std::max(0.0, nfull * full.reduce - window);
     }
     tb.dp_comm += reduce + nfull * full.gather + tail.gather;
-    if (p > 1 && m.tied_embeddings() && (first || last))  // the tied embedding's two copies
-      tb.pp_comm += sc.coll(K::AllReduce, static_cast<int64_t>(std::llround(vocab_rows)), nets.embed);
+    if (first || last) tb.pp_comm += embed_sum;  // the tied embedding's two copies
     const int64_t mine = shard ? (P + c.dp - 1) / c.dp : P;
     tb.compute += sc.k32(cost::sum_squares(mine)) + sc.k32(cost::adamw(mine));
     // The gradient norm (one float per group) and the trainer's loss (two).
-    if (shard) tb.dp_comm += sc.coll(K::AllReduce, 1, nets.dp);
-    tb.tp_comm += sc.tp(K::AllReduce, 1);
-    tb.pp_comm += sc.coll(K::AllReduce, 1, nets.pp) + sc.coll(K::AllReduce, 2, nets.pp);
-    tb.dp_comm += sc.coll(K::AllReduce, 2, nets.dp);
+    tb.dp_comm += norm_dp;
+    tb.tp_comm += norm_tp;
+    tb.pp_comm += small_pp;
+    tb.dp_comm += loss_dp;
     tb.total = tb.compute + tb.tp_comm + tb.pp_comm + tb.bubble + tb.dp_comm;
     if (tb.total > worst_time) {
       worst_time = tb.total;
