@@ -563,6 +563,15 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   const double embed_sum = p > 1 && m.tied_embeddings()
                                ? sc.coll(K::AllReduce, static_cast<int64_t>(std::llround(vocab_rows)), nets.embed)
                                : 0.0;
+  // Gradient bucket size: tessera's trainer reduces buckets of bucket_elems.
+  // Megatron-LM's local DDP (2021-22) reduced its contiguous gradient buffer
+  // in one call after the backward pass; overlapped, Megatron-core's DDP
+  // uses buckets of max(40M, 1M x dp) elements (distributed_data_parallel.py).
+  auto bucket_elems = [&](int dp, int64_t params) -> int64_t {
+    if (train_.runtime != StepRuntime::MegatronLM) return train_.bucket_elems;
+    if (!train_.overlap_grad_reduce) return std::max<int64_t>(1, params);
+    return std::max<int64_t>(40000000, int64_t{1000000} * dp);
+  };
   // A bucket's reduction (all-reduce, or ZeRO-1's reduce-scatter) and,
   // with ZeRO-1, the all-gather of the updated slices after the step; its
   // sequence-parallel partial gradients summed over TP first. Memoised: the
@@ -613,7 +622,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     tb.bubble = pipe.wait[static_cast<size_t>(s)];
     // Gradient buckets of bucket_elems in gradient order (the last one partial).
     const auto P = static_cast<int64_t>(std::llround(params));
-    const int64_t E = train_.bucket_elems, nb = std::max<int64_t>(1, (P + E - 1) / E);
+    const int64_t E = bucket_elems(c.dp, P), nb = std::max<int64_t>(1, (P + E - 1) / E);
     zero_grad[static_cast<size_t>(s)] = sc.k(cost::fill(P));
     tb.compute += zero_grad[static_cast<size_t>(s)];
     const double sp_elems = layers * layer_replicated +
