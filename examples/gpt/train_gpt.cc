@@ -34,6 +34,7 @@
 #include "runtime/files.h"
 #include "runtime/kernels.h"
 #include "runtime/log.h"
+#include "runtime/topology.h"
 #include "runtime/world.h"
 
 namespace {
@@ -55,7 +56,8 @@ struct Flags {
   std::string save, resume, resume_dir;  // resume_dir: the checkpoint --resume resolved to ("" : start at step 0)
   int64_t save_every = 0, keep = 0;
   std::string schedule = "1f1b", stages, trace;
-  std::string plan;  // --plan FILE
+  std::string plan;      // --plan FILE
+  std::string topology;  // --topology PRESET|FILE
   std::string trace_clock = "emulated";
   gpt::PlanRun plan_run;
 };
@@ -390,6 +392,10 @@ int run(int argc, char** argv) {
   app.add_flag("--zero1", f.t.adamw.zero1, "shard AdamW states over DP (ZeRO-1)");
   app.add_option("--bucket-mb", f.bucket_mb, "DP gradient bucket size in MiB")->check(cli::number_range(1e-6, 1 << 20));
   app.add_option("--device", f.device, "emulated core")->check(CLI::IsMember(DeviceSpec::preset_names()));
+  app.add_option("--topology", f.topology,
+                 "Place the ranks on this topology (a `tessera plan` preset or JSON file; its first world-size "
+                 "cores, in the planner's placement) and charge each collective on the links its group spans "
+                 "(default emulated:N: every group its own ring)");
   app.add_option("--log-json", f.log_json, "write one JSON object per step to FILE");
   app.add_option("--eval-text", f.eval_text, "print eval_loss over windows of FILE after training")
       ->check(CLI::ExistingFile);
@@ -457,14 +463,35 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;
   }
-  return gpt::run_job(f.device, [&](const gpt::Job& job) {
-    try {
-      return train(f, job, dataset);
-    } catch (const InvalidArgument& e) {
-      std::fprintf(stderr, "train_gpt: %s\n", e.what());
-      return cli::kUsageExit;
+  NetModel net;  // --topology: the ranks placed as `tessera plan` places them
+  std::vector<int> nodes;
+  try {
+    if (!f.topology.empty() && f.topology.rfind("emulated:", 0) != 0) {
+      const int n = discover_world().size;
+      Topology topo = Topology::load(f.topology);
+      if (topo.num_cores() != n) topo = topo.first_cores(n);
+      const parallel::Placement pl(topo, parallel::Mesh({.tp = f.t.tp, .dp = f.t.dp, .pp = f.t.pp}));
+      for (int r = 0; r < n; ++r) nodes.push_back(pl.node(r));
+      net = topo.net_model();
     }
-  });
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "train_gpt: --topology: %s\n", e.what());
+    return cli::kUsageExit;
+  } catch (const FormatError& e) {
+    std::fprintf(stderr, "train_gpt: --topology: %s\n", e.what());
+    return cli::kUsageExit;
+  }
+  return gpt::run_job(
+      f.device,
+      [&](const gpt::Job& job) {
+        try {
+          return train(f, job, dataset);
+        } catch (const InvalidArgument& e) {
+          std::fprintf(stderr, "train_gpt: %s\n", e.what());
+          return cli::kUsageExit;
+        }
+      },
+      net, nodes);
 }
 
 }  // namespace
