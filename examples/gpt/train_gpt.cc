@@ -466,6 +466,22 @@ int run(int argc, char** argv) {
   NetModel net;  // --topology: the ranks placed as `tessera plan` places them
   std::vector<int> nodes;
   try {
+    // A plan carries its topology: its ranks are placed there unless --topology says otherwise (a plan made
+    // on a JSON topology names it only; then --topology FILE places them).
+    if (f.topology.empty() && !f.plan_run.topology.empty()) {
+      // "trn1.32xlarge (first 8 cores)": the preset, cut to this job's size below.
+      const std::string name = f.plan_run.topology.substr(0, f.plan_run.topology.find(" (first "));
+      bool preset = false;
+      for (const std::string& n : Topology::preset_names())
+        preset = preset || n == name || (n.back() == 'N' && name.rfind(n.substr(0, n.size() - 1), 0) == 0);
+      if (preset)
+        f.topology = name;
+      else if (discover_world().rank == 0)
+        std::fprintf(stderr,
+                     "train_gpt: the plan's topology '%s' cannot be rebuilt from its name; give --topology to place "
+                     "the ranks on it (now each group is charged as its own ring)\n",
+                     f.plan_run.topology.c_str());
+    }
     if (!f.topology.empty() && f.topology.rfind("emulated:", 0) != 0) {
       const int n = discover_world().size;
       Topology topo = Topology::load(f.topology);
