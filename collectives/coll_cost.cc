@@ -1,6 +1,7 @@
 #include "collectives/coll_cost.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "collectives/reduce.h"
 #include "collectives/transport.h"
@@ -127,18 +128,71 @@ double tree_seconds(const LinkCosts& links, int p, int root, double bytes) {
   return t;
 }
 
-GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory) {
+namespace {
+// Between hosts (instances) of the default model: EFA, 800 Gbps per trn1
+// instance (shared/REFERENCES.md), shared by the host's ranks that cross at
+// once; its latency is an assumption (REFERENCES.md gives none).
+constexpr double kDefaultInstanceBandwidth = 800e9 / 8;
+constexpr double kDefaultInstanceLatency = 10e-6;
+
+// Measured link figures for the default model in place of the assumed ones
+// (e.g. from a ping-pong on the machine at hand, docs/algorithms.md):
+// TESSERA_NET_INTRA_HOST (links inside a host) and TESSERA_NET_INTER_HOST (a
+// link between two ranks on different hosts), each "ALPHA_US" or
+// "ALPHA_US,GB_PER_S" (one-way latency; bandwidth per direction). 0: unset.
+struct LinkFigures {
+  double latency = 0, bandwidth = 0;
+};
+LinkFigures env_link_figures(const char* var) {
+  LinkFigures f;
+  const char* v = std::getenv(var);
+  if (!v || !*v) return f;
+  char* end = nullptr;
+  const double us = std::strtod(v, &end);
+  double gbps = 0;
+  bool ok = end != v && us > 0 && us < 1e6;
+  if (ok && *end == ',') {
+    const char* b = end + 1;
+    gbps = std::strtod(b, &end);
+    ok = end != b && gbps > 0;
+  }
+  TESSERA_ARG_CHECK(ok && *end == '\0', var, "='", v,
+                    "': expected ALPHA_US or ALPHA_US,GB_PER_S (one-way latency in microseconds below 1e6, "
+                    "bandwidth in GB/s), both positive");
+  f.latency = us * 1e-6;
+  f.bandwidth = gbps * 1e9;
+  return f;
+}
+}  // namespace
+
+GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory,
+                                const std::vector<int>* host_of, int rank) {
   GroupCostModel g;
   g.size = static_cast<int>(nodes.size());
   TESSERA_ARG_CHECK(g.size >= 1, "a group needs at least one member");
-  if (net.dims().empty()) {
-    g.net = NetModel::default_ring(g.size);
+  const bool default_model = net.dims().empty();
+  if (default_model) {
+    const LinkFigures in = env_link_figures("TESSERA_NET_INTRA_HOST");
+    g.net = NetModel::ring(g.size, in.bandwidth > 0 ? in.bandwidth : NetModel::kDefaultLinkBandwidth,
+                           in.latency > 0 ? in.latency : NetModel::kDefaultLinkLatency);
     g.nodes = identity(g.size);
   } else {
     g.net = net;
     g.nodes = nodes;
   }
   g.links = LinkCosts(g.net, g.nodes);
+  // The default model has two levels when the group spans hosts: NeuronLink
+  // inside a host, the instance network between hosts.
+  if (default_model && host_of && !host_of->empty()) {
+    TESSERA_ARG_CHECK(static_cast<int>(host_of->size()) == g.size && rank >= 0 && rank < g.size, "host map of ",
+                      host_of->size(), " ranks for a group of ", g.size);
+    const LinkFigures x = env_link_figures("TESSERA_NET_INTER_HOST");
+    int local = 0;
+    for (int h : *host_of) local += h == (*host_of)[static_cast<size_t>(rank)] ? 1 : 0;
+    // A measured bandwidth is of one link (rank pair) already.
+    g.links.set_between_hosts(*host_of, x.bandwidth > 0 ? x.bandwidth : kDefaultInstanceBandwidth / std::max(1, local),
+                              x.latency > 0 ? x.latency : kDefaultInstanceLatency);
+  }
   g.torus = torus_shape(g.net, g.nodes);
   g.shared_memory = shared_memory;
   return g;

@@ -77,9 +77,16 @@ struct GroupCostModel {
   TorusShape torus;
   bool shared_memory = false;  // every member on one host, buffers in the shared arena
 };
-// The model of a group of nodes on `net`; empty net dims: the communicator's
-// default (a ring over the group with NetModel::kDefaultLink* figures).
-GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory);
+// The model of a group of nodes on `net`, built here for the communicator
+// (comm_impl.cc) and the planner alike. Empty net dims: the communicator's
+// default, a ring over the group (nodes: only their number counts) with
+// NetModel::kDefaultLink* figures or TESSERA_NET_INTRA_HOST's, and when
+// `host_of` (the group's host map) says it spans hosts, links between hosts
+// cost the instance network instead: TESSERA_NET_INTER_HOST's figures, or
+// EFA's 800 Gbps shared by the ranks of `rank`'s host and an assumed 10 us
+// (docs/algorithms.md). A non-empty net is taken as it is.
+GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory,
+                                const std::vector<int>* host_of = nullptr, int rank = 0);
 
 struct CollPrediction {
   std::string algorithm;  // as Communicator::last_algorithm() would say

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "collectives/algorithms.h"
+#include "collectives/coll_cost.h"
 #include "collectives/host.h"
 #include "collectives/reduce.h"
 #include "runtime/device.h"
@@ -23,41 +24,7 @@ namespace tessera::collectives {
 
 namespace {
 
-// Between hosts (instances) of the default model: EFA, 800 Gbps per trn1
-// instance (shared/REFERENCES.md), shared by the host's ranks that cross at
-// once; its latency is an assumption (REFERENCES.md gives none).
-constexpr double kDefaultInstanceBandwidth = 800e9 / 8;
-constexpr double kDefaultInstanceLatency = 10e-6;
 constexpr uint32_t kP2PTagBit = 0x80000000u;
-
-// Measured link figures for the default model in place of the assumed ones
-// above (e.g. from a ping-pong on the machine at hand, docs/algorithms.md):
-// TESSERA_NET_INTRA_HOST (links inside a host) and TESSERA_NET_INTER_HOST (a
-// link between two ranks on different hosts), each "ALPHA_US" or
-// "ALPHA_US,GB_PER_S" (one-way latency; bandwidth per direction). 0: unset.
-struct LinkFigures {
-  double latency = 0, bandwidth = 0;
-};
-LinkFigures env_link_figures(const char* var) {
-  LinkFigures f;
-  const char* v = std::getenv(var);
-  if (!v || !*v) return f;
-  char* end = nullptr;
-  const double us = std::strtod(v, &end);
-  double gbps = 0;
-  bool ok = end != v && us > 0 && us < 1e6;
-  if (ok && *end == ',') {
-    const char* b = end + 1;
-    gbps = std::strtod(b, &end);
-    ok = end != b && gbps > 0;
-  }
-  TESSERA_ARG_CHECK(ok && *end == '\0', var, "='", v,
-                    "': expected ALPHA_US or ALPHA_US,GB_PER_S (one-way latency in microseconds below 1e6, "
-                    "bandwidth in GB/s), both positive");
-  f.latency = us * 1e-6;
-  f.bandwidth = gbps * 1e9;
-  return f;
-}
 
 class AsyncWork final : public Work {
  public:
@@ -98,33 +65,23 @@ class TransportCommunicator final : public Communicator {
       : store_(std::move(store)), transport_(std::move(transport)), options_(std::move(options)) {
     rank_ = transport_->rank();
     size_ = transport_->size();
-    const LinkFigures in = env_link_figures("TESSERA_NET_INTRA_HOST");
-    const LinkFigures x = env_link_figures("TESSERA_NET_INTER_HOST");
+    std::vector<int> nodes;
     if (options_.net.dims().empty()) {
-      net_ = NetModel::ring(size_, in.bandwidth > 0 ? in.bandwidth : NetModel::kDefaultLinkBandwidth,
-                            in.latency > 0 ? in.latency : NetModel::kDefaultLinkLatency);
-      for (int i = 0; i < size_; ++i) nodes_.push_back(i);
+      for (int i = 0; i < size_; ++i) nodes.push_back(i);
     } else {
-      net_ = options_.net;
-      nodes_ = options_.world_ranks;
-      for (int n : nodes_)
-        TESSERA_ARG_CHECK(n >= 0 && n < net_.num_nodes(), "group '", options_.name, "': world rank ", n,
-                          " is not a node of the modeled interconnect (", net_.num_nodes(), " nodes)");
+      nodes = options_.world_ranks;
+      for (int n : nodes)
+        TESSERA_ARG_CHECK(n >= 0 && n < options_.net.num_nodes(), "group '", options_.name, "': world rank ", n,
+                          " is not a node of the modeled interconnect (", options_.net.num_nodes(), " nodes)");
     }
-    links_ = LinkCosts(net_, nodes_);
-    // The default model has two levels when the group spans hosts:
-    // NeuronLink inside a host, the instance network between hosts.
-    if (options_.net.dims().empty())
-      if (const HostMap* hosts = transport_->hosts()) {
-        const std::vector<int>& host_of = hosts->host_of;
-        int local = 0;
-        for (int h : host_of) local += h == host_of[rank_] ? 1 : 0;
-        // A measured bandwidth is of one link (rank pair) already.
-        links_.set_between_hosts(host_of,
-                                 x.bandwidth > 0 ? x.bandwidth : kDefaultInstanceBandwidth / std::max(1, local),
-                                 x.latency > 0 ? x.latency : kDefaultInstanceLatency);
-      }
-    torus_ = torus_shape(net_, nodes_);
+    // The one link model, as the planner builds it (collectives/coll_cost.h).
+    const HostMap* hosts = transport_->hosts();
+    GroupCostModel g =
+        group_cost_model(options_.net, nodes, /*shared_memory=*/false, hosts ? &hosts->host_of : nullptr, rank_);
+    net_ = std::move(g.net);
+    nodes_ = std::move(g.nodes);
+    links_ = std::move(g.links);
+    torus_ = std::move(g.torus);
     multi_dim_ = torus_.valid && torus_.extent.size() >= 2;
     hosts_ = host_levels(transport_->hosts(), rank_);
     // Validate a forced algorithm name now rather than at the first call.

@@ -21,6 +21,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 struct PlanArgs {
   std::string model, topology, json, zero1, sp, recompute, order = "tp-dp-pp", precision = "bf16", device, schedule;
+  std::string runtime = "tessera", overlap_grad_reduce = "off";
   int cores = 0, tp = 0, pp = 0, dp = 0, mbs = 0, vstages = 0, top = 5;
   long long global_batch = 0;
   int seq = 0;
@@ -169,6 +170,8 @@ int run_plan(const PlanArgs& a) {
   o.train.fp32 = a.precision == "fp32";
   o.train.efficiency = a.efficiency;
   o.train.memory_fraction = a.memory_fraction;
+  o.train.runtime = parse_runtime(a.runtime);
+  o.train.overlap_grad_reduce = a.overlap_grad_reduce == "on";
   o.top_k = a.top;
   o.order = parse_mesh_order(a.order);
   auto given = [&](const char* flag) { return a.cmd->count(flag) > 0; };
@@ -200,8 +203,10 @@ int run_plan(const PlanArgs& a) {
   os << "topology " << topo.describe();
   os << "global batch " << o.train.global_batch << " x seq " << o.train.seq << ", "
      << (o.train.fp32 ? "fp32" : "bf16 mixed precision") << ", efficiency "
-     << f(o.train.efficiency > 0 ? o.train.efficiency : topo.device().sustained_fraction, 2) << ", usable memory "
-     << gib(res.capacity_bytes) << " per core\n";
+     << f(o.train.efficiency > 0 ? o.train.efficiency : topo.device().sustained_fraction, 2)
+     << " of peak on GEMMs of ideal shape, usable memory " << gib(res.capacity_bytes) << " per core\n";
+  os << "runtime " << runtime_name(o.train.runtime) << ", DP gradient reduction "
+     << (o.train.overlap_grad_reduce ? "overlapped with the backward pass" : "after the backward pass") << "\n";
   os << "searched " << res.evaluated << " choices in " << f(res.seconds, 3) << " s (" << res.over_memory
      << " over memory)\n\n";
   print_plan(os, topo, o, res.top[0]);
@@ -270,6 +275,17 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--schedule", args->schedule,
                   "Pin the pipeline schedule: gpipe|1f1b (virtual stages 1) or interleaved (virtual stages > 1)")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  cmd->add_option("--runtime", args->runtime,
+                  "Software that runs the step: tessera (its kernels and communicator, as the emulated cores charge) "
+                  "or megatron-lm (unfused attention with dropout, 16-bit reductions, scatter-gather between stages, "
+                  "sequence-parallel all-gathers redone in the backward pass)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tessera", "megatron-lm"}));
+  cmd->add_option("--overlap-grad-reduce", args->overlap_grad_reduce,
+                  "Overlap each DP gradient bucket's reduction with the backward pass: on|off (off: as the emulated "
+                  "cores charge)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")
       ->capture_default_str()
       ->check(cli::number_range(1e-6, 1.0));

@@ -28,6 +28,14 @@ Recompute parse_recompute(const std::string& s) {
   throw InvalidArgument("bad recompute '" + s + "' (expected none, selective or full)");
 }
 
+const char* runtime_name(StepRuntime r) { return r == StepRuntime::MegatronLM ? "megatron-lm" : "tessera"; }
+
+StepRuntime parse_runtime(const std::string& s) {
+  if (s == "tessera") return StepRuntime::Tessera;
+  if (s == "megatron-lm") return StepRuntime::MegatronLM;
+  throw InvalidArgument("bad runtime '" + s + "' (expected tessera or megatron-lm)");
+}
+
 // ---- formulas -------------------------------------------------------------------------
 
 double layer_forward_flops(const ModelConfig& m, double batch, int seq) {
@@ -236,8 +244,9 @@ struct Pass {
 class StepCoster {
  public:
   StepCoster(const ModelConfig& m, const DeviceSpec& dev, bool fp32, const GroupNets& nets, int tp, bool sp, int64_t b,
-             int64_t seq)
-      : m_(m),
+             int64_t seq, StepRuntime runtime)
+      : megatron_(runtime == StepRuntime::MegatronLM),
+        m_(m),
         dev_(dev),
         dt_(fp32 ? DType::F32 : DType::BF16),
         scale_(fp32 ? 1.0 : 0.5),
@@ -262,6 +271,8 @@ class StepCoster {
     x.bytes *= scale_;
     return cost::kernel_seconds(dev_, x, dt_);
   }
+  // An fp32 kernel whatever the precision (the optimizer's master weights and states).
+  double k32(const cost::Kernel& x) const { return cost::kernel_seconds(dev_, x, DType::F32); }
   // A collective as the group's communicator runs it; ParallelState skips
   // groups of one rank and empty calls.
   double coll(collectives::CollKind kind, int64_t count, const collectives::GroupCostModel& g) const {
@@ -273,6 +284,8 @@ class StepCoster {
       if (kind == collectives::CollKind::ReduceScatter) return g.net.torus_reduce_scatter_time(n * g.size);
       return g.net.torus_allgather_time(n * g.size);
     }
+    if (megatron_ && dt_ != DType::F32 && kind != collectives::CollKind::AllGather)  // NCCL reduces in 16 bits
+      return collectives::predict(kind, static_cast<size_t>((count + 1) / 2), DType::F32, g).seconds;
     return collectives::predict(kind, static_cast<size_t>(count), dt_, g).seconds;
   }
   double tp(collectives::CollKind kind, int64_t count) const { return coll(kind, count, nets_.tp); }
@@ -280,20 +293,18 @@ class StepCoster {
   // Forward and backward of `layers` blocks, with the embedding / the head when the chunk has them.
   Pass forward(int layers, bool embed, bool head, Recompute r) const {
     (void)r;
-    Pass p, layer;  // the layers are alike: one layer's cost, times their number
+    Pass p;  // the layers are alike: one layer's cost (computed once), times their number
     if (embed) embedding_forward(p);
-    layer_forward(layer);
+    const Pass& layer = layer_forward_once();
     p.compute += layers * layer.compute;
     p.comm += layers * layer.comm;
     if (head) head_forward(p);
     return p;
   }
   Pass backward(int layers, bool embed, bool head, Recompute r) const {
-    Pass p, layer;
+    Pass p;
     if (head) head_backward(p);
-    if (r == Recompute::Full) layer_forward(layer);
-    if (r == Recompute::Selective) layer.compute += k(cost::attention_forward(b_, hl_, s_, hd_));
-    layer_backward(layer);
+    const Pass& layer = layer_backward_once(r);
     p.compute += layers * layer.compute;
     p.comm += layers * layer.comm;
     if (embed) embedding_backward(p);
@@ -302,6 +313,18 @@ class StepCoster {
 
   // Activation elements passed between stages per micro-batch.
   int64_t activation_elems() const { return nl_ * c_; }
+  // Seconds of one activation's transfer between neighbouring stages on `link`.
+  double stage_transfer(const collectives::GroupCostModel& link) const {
+    const int to = link.size > 1 ? 1 : 0;
+    if (!megatron_)  // fp32 elements and the sender's timestamp (two floats)
+      return collectives::p2p_seconds(link, 0, to, 4.0 * static_cast<double>(activation_elems() + 2));
+    // Scatter-gather: 1/t of the activation per TP rank, all-gathered over TP
+    // after it arrived (already 1/t with sequence parallelism).
+    const int64_t part = sp_ ? nl_ * c_ : (n_ * c_ + t_ - 1) / t_;
+    const double es = dt_ == DType::F32 ? 4.0 : 2.0;
+    return collectives::p2p_seconds(link, 0, to, es * static_cast<double>(part)) +
+           (sp_ ? 0.0 : tp(collectives::CollKind::AllGather, part));
+  }
 
  private:
   using K = collectives::CollKind;
@@ -311,6 +334,7 @@ class StepCoster {
     p.compute += k(cost::gemm(n_, out, c_, m_.has_bias()));
   }
   void column_backward(Pass& p, int64_t out) const {
+    if (sp_ && megatron_) p.comm += tp(K::AllGather, nl_ * c_);  // the input, gathered again for the weight gradient
     p.compute += k(cost::gemm(c_, out, n_, true));
     if (m_.has_bias()) p.compute += k(cost::bias_grad(n_, out));
     p.compute += k(cost::gemm(n_, c_, out, false));
@@ -335,7 +359,7 @@ class StepCoster {
   void layer_forward(Pass& p) const {
     p.compute += k(cost::layernorm_forward(nl_, c_));
     column_forward(p, qkv_);
-    p.compute += k(cost::attention_forward(b_, hl_, s_, hd_));
+    attention_forward(p);
     row_forward(p, c_ / t_);
     p.compute += k(cost::layernorm_forward(nl_, c_));
     column_forward(p, fc_);
@@ -348,9 +372,34 @@ class StepCoster {
     column_backward(p, fc_);
     p.compute += k(cost::layernorm_backward(nl_, c_));
     row_backward(p, c_ / t_);
-    p.compute += k(cost::attention_backward(b_, hl_, s_, hd_));
+    attention_backward(p);
     column_backward(p, qkv_);
     p.compute += k(cost::layernorm_backward(nl_, c_));
+  }
+  // Core attention: tessera's fused causal kernel, or Megatron-LM's unfused one.
+  void attention_forward(Pass& p) const {
+    if (!megatron_) {
+      p.compute += k(cost::attention_forward(b_, hl_, s_, hd_));
+      return;
+    }
+    const int64_t bh = b_ * hl_;
+    p.compute += k(cost::batched_gemm(bh, s_, s_, hd_));  // Q K^T
+    p.compute += k(cost::softmax_forward(bh * s_, s_));   // scale, mask, softmax
+    p.compute += k(cost::dropout_forward(bh * s_ * s_));
+    p.compute += k(cost::batched_gemm(bh, s_, hd_, s_));  // P V
+  }
+  void attention_backward(Pass& p) const {
+    if (!megatron_) {
+      p.compute += k(cost::attention_backward(b_, hl_, s_, hd_));
+      return;
+    }
+    const int64_t bh = b_ * hl_;
+    p.compute += k(cost::batched_gemm(bh, s_, s_, hd_));  // dP = dY V^T
+    p.compute += k(cost::batched_gemm(bh, s_, hd_, s_));  // dV = P^T dY
+    p.compute += k(cost::dropout_backward(bh * s_ * s_));
+    p.compute += k(cost::softmax_backward(bh * s_, s_));
+    p.compute += k(cost::batched_gemm(bh, s_, hd_, s_));  // dQ = dS K
+    p.compute += k(cost::batched_gemm(bh, s_, hd_, s_));  // dK = dS^T Q
   }
   void embedding_forward(Pass& p) const {
     p.compute += k(cost::embedding_forward(n_, c_));
@@ -376,6 +425,30 @@ class StepCoster {
     p.compute += k(cost::layernorm_backward(nl_, c_));
   }
 
+  // One layer's forward, and its backward (with what the recompute redoes),
+  // costed at the first use: every stage and chunk repeats the same layer.
+  const Pass& layer_forward_once() const {
+    if (!fwd_done_) {
+      layer_forward(fwd_);
+      fwd_done_ = true;
+    }
+    return fwd_;
+  }
+  const Pass& layer_backward_once(Recompute r) const {
+    const auto i = static_cast<size_t>(r);
+    if (!bwd_done_[i]) {
+      Pass& layer = bwd_[i];
+      if (r == Recompute::Full) layer_forward(layer);
+      if (r == Recompute::Selective) attention_forward(layer);
+      layer_backward(layer);
+      bwd_done_[i] = true;
+    }
+    return bwd_[i];
+  }
+  mutable Pass fwd_, bwd_[3];
+  mutable bool fwd_done_ = false, bwd_done_[3] = {false, false, false};
+
+  bool megatron_;
   const ModelConfig& m_;
   const DeviceSpec& dev_;
   DType dt_;
@@ -442,7 +515,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
 
   // Every pass of a micro-batch, from the kernels and collectives it runs.
   using K = collectives::CollKind;
-  const StepCoster sc(m, device_, train_.fp32, nets, t, c.sequence_parallel, b, seq);
+  const StepCoster sc(m, device_, train_.fp32, nets, t, c.sequence_parallel, b, seq, train_.runtime);
   std::vector<std::vector<double>> fwd(static_cast<size_t>(p)), bwd(static_cast<size_t>(p));
   std::vector<Pass> per_mb(static_cast<size_t>(p));  // all chunks' forward + backward of one micro-batch
   for (int s = 0; s < p; ++s) {
@@ -464,8 +537,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     pipe.end = {mb * per_mb[0].total()};
     pipe.wait = pipe.idle = pipe.link = {0.0};
   } else if (2.0 * p * v * mb <= 2e4) {
-    const double wire = 4.0 * static_cast<double>(sc.activation_elems() + 2);  // + the sender's timestamp
-    const double transfer = collectives::p2p_seconds(nets.link, 0, nets.link.size > 1 ? 1 : 0, wire);
+    const double transfer = sc.stage_transfer(nets.link);
     pipe = simulate_pipeline(c.schedule, p, mb, v, fwd, bwd, transfer);
   } else {
     double slowest = 0;
@@ -482,6 +554,43 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   out.num_micro_batches = mb;
   double worst_mem = -1, worst_time = -1;
   std::vector<double> zero_grad(static_cast<size_t>(p), 0.0);  // each stage's, before its pipeline
+  // The collectives every stage runs alike, costed once: the gradient norm
+  // (one float per group), the trainer's loss (two), the tied embedding's sum.
+  const bool shard = c.zero1 && c.dp > 1;
+  const double norm_dp = shard ? sc.coll(K::AllReduce, 1, nets.dp) : 0.0, norm_tp = sc.tp(K::AllReduce, 1);
+  const double small_pp = sc.coll(K::AllReduce, 1, nets.pp) + sc.coll(K::AllReduce, 2, nets.pp);
+  const double loss_dp = sc.coll(K::AllReduce, 2, nets.dp);
+  const double embed_sum = p > 1 && m.tied_embeddings()
+                               ? sc.coll(K::AllReduce, static_cast<int64_t>(std::llround(vocab_rows)), nets.embed)
+                               : 0.0;
+  // Gradient bucket size: tessera's trainer reduces buckets of bucket_elems.
+  // Megatron-LM's local DDP (2021-22) reduced its contiguous gradient buffer
+  // in one call after the backward pass; overlapped, Megatron-core's DDP
+  // uses buckets of max(40M, 1M x dp) elements (distributed_data_parallel.py).
+  auto bucket_elems = [&](int dp, int64_t params) -> int64_t {
+    if (train_.runtime != StepRuntime::MegatronLM) return train_.bucket_elems;
+    if (!train_.overlap_grad_reduce) return std::max<int64_t>(1, params);
+    return std::max<int64_t>(40000000, int64_t{1000000} * dp);
+  };
+  // A bucket's reduction (all-reduce, or ZeRO-1's reduce-scatter) and,
+  // with ZeRO-1, the all-gather of the updated slices after the step; its
+  // sequence-parallel partial gradients summed over TP first. Memoised: the
+  // stages repeat the same buckets.
+  struct BucketCost {
+    double tp = 0, reduce = 0, gather = 0;
+  };
+  std::vector<std::pair<std::pair<int64_t, int64_t>, BucketCost>> bucket_memo;
+  auto bucket = [&](int64_t raw, int64_t sp_part) {
+    for (const auto& [key, bc] : bucket_memo)
+      if (key.first == raw && key.second == sp_part) return bc;
+    BucketCost bc;
+    const int64_t size = (raw + c.dp - 1) / c.dp * c.dp;  // padded to a multiple of dp
+    if (c.sequence_parallel && t > 1) bc.tp = sc.tp(K::AllReduce, sp_part);
+    bc.reduce = shard ? sc.coll(K::ReduceScatter, size / c.dp, nets.dp) : sc.coll(K::AllReduce, size, nets.dp);
+    if (shard) bc.gather = sc.coll(K::AllGather, size / c.dp, nets.dp);
+    bucket_memo.push_back({{raw, sp_part}, bc});
+    return bc;
+  };
   for (int s = 0; s < p; ++s) {
     const int layers = c.stage_layers[static_cast<size_t>(s)];
     const bool first = s == 0, last = s == p - 1;
@@ -513,35 +622,34 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     tb.bubble = pipe.wait[static_cast<size_t>(s)];
     // Gradient buckets of bucket_elems in gradient order (the last one partial).
     const auto P = static_cast<int64_t>(std::llround(params));
-    const int64_t E = train_.bucket_elems, nb = std::max<int64_t>(1, (P + E - 1) / E);
+    const int64_t E = bucket_elems(c.dp, P), nb = std::max<int64_t>(1, (P + E - 1) / E);
     zero_grad[static_cast<size_t>(s)] = sc.k(cost::fill(P));
     tb.compute += zero_grad[static_cast<size_t>(s)];
     const double sp_elems = layers * layer_replicated +
                             (first && m.learned_positions() ? static_cast<double>(m.max_seq) * m.hidden : 0.0) +
                             (last ? (m.has_bias() ? 2.0 : 1.0) * m.hidden : 0.0);
-    const bool shard = c.zero1 && c.dp > 1;
     // Every bucket but the last holds E elements: cost one, times nb - 1.
-    auto bucket = [&](int64_t raw, double& tp_comm, double& dp_comm) {
-      const int64_t size = (raw + c.dp - 1) / c.dp * c.dp;  // padded to a multiple of dp
-      if (c.sequence_parallel && t > 1)                     // the sequence-parallel partial gradients, summed over TP
-        tp_comm += sc.tp(K::AllReduce, static_cast<int64_t>(std::llround(sp_elems / static_cast<double>(nb))));
-      dp_comm += shard ? sc.coll(K::ReduceScatter, size / c.dp, nets.dp) : sc.coll(K::AllReduce, size, nets.dp);
-      if (shard) dp_comm += sc.coll(K::AllGather, size / c.dp, nets.dp);  // the updated slices back
-    };
-    double full_tp = 0, full_dp = 0;
-    if (nb > 1) bucket(E, full_tp, full_dp);
-    tb.tp_comm += static_cast<double>(nb - 1) * full_tp;
-    tb.dp_comm += static_cast<double>(nb - 1) * full_dp;
-    bucket(P - (nb - 1) * E, tb.tp_comm, tb.dp_comm);
-    if (p > 1 && m.tied_embeddings() && (first || last))  // the tied embedding's two copies
-      tb.pp_comm += sc.coll(K::AllReduce, static_cast<int64_t>(std::llround(vocab_rows)), nets.embed);
+    const auto sp_part = static_cast<int64_t>(std::llround(sp_elems / static_cast<double>(nb)));
+    const BucketCost full = nb > 1 ? bucket(E, sp_part) : BucketCost{}, tail = bucket(P - (nb - 1) * E, sp_part);
+    const double nfull = static_cast<double>(nb - 1);
+    tb.tp_comm += nfull * full.tp + tail.tp;
+    double reduce = nfull * full.reduce + tail.reduce;
+    if (train_.overlap_grad_reduce && c.dp > 1) {
+      // The full buckets fill during the last micro-batch's backward on this
+      // stage and reduce behind it; the last bucket fills as it ends.
+      double window = 0;
+      for (double x : bwd[static_cast<size_t>(s)]) window += x;
+      reduce = tail.reduce + std::max(0.0, nfull * full.reduce - window);
+    }
+    tb.dp_comm += reduce + nfull * full.gather + tail.gather;
+    if (first || last) tb.pp_comm += embed_sum;  // the tied embedding's two copies
     const int64_t mine = shard ? (P + c.dp - 1) / c.dp : P;
-    tb.compute += sc.k(cost::sum_squares(mine)) + sc.k(cost::adamw(mine));
+    tb.compute += sc.k32(cost::sum_squares(mine)) + sc.k32(cost::adamw(mine));
     // The gradient norm (one float per group) and the trainer's loss (two).
-    if (shard) tb.dp_comm += sc.coll(K::AllReduce, 1, nets.dp);
-    tb.tp_comm += sc.tp(K::AllReduce, 1);
-    tb.pp_comm += sc.coll(K::AllReduce, 1, nets.pp) + sc.coll(K::AllReduce, 2, nets.pp);
-    tb.dp_comm += sc.coll(K::AllReduce, 2, nets.dp);
+    tb.dp_comm += norm_dp;
+    tb.tp_comm += norm_tp;
+    tb.pp_comm += small_pp;
+    tb.dp_comm += loss_dp;
     tb.total = tb.compute + tb.tp_comm + tb.pp_comm + tb.bubble + tb.dp_comm;
     if (tb.total > worst_time) {
       worst_time = tb.total;

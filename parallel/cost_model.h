@@ -15,7 +15,8 @@
 //     (collectives/coll_cost.h: the algorithm it picks and the seconds that
 //     algorithm charges), the optimizer step, and the pipeline schedule
 //     itself, simulated as the executor runs it (waits for neighbours and
-//     link transfers). Nothing overlaps, as on the emulated cores.
+//     link transfers). Nothing overlaps, as on the emulated cores, unless
+//     TrainingConfig::overlap_grad_reduce (the DP reductions with the backward).
 // All functions are pure; a CostModel may be shared across threads.
 #pragma once
 
@@ -36,6 +37,22 @@ enum class Recompute { None, Selective, Full };
 const char* recompute_name(Recompute r);
 Recompute parse_recompute(const std::string& s);  // none|selective|full, else InvalidArgument
 
+// Which software runs the step. Tessera: tessera's own kernels, pipeline
+// and communicator, as the emulated cores charge them (fused causal
+// attention, reductions widened to fp32 on the wire, whole activations
+// between stages). MegatronLM: Megatron-LM as Narayanan et al. 2021 and
+// Korthikanti et al. 2022 measured it: attention as two batched GEMMs over
+// the whole s x s square with a fused scale-mask-softmax and dropout on the
+// probabilities (the kernels whose outputs Korthikanti's 5as^2b counts),
+// reductions in the 16-bit type (NCCL), the scatter-gather optimisation
+// between stages (each TP rank sends 1/t of the activation, the receiver
+// all-gathers it over NVLink; Narayanan et al. section 4.1), and with
+// sequence parallelism the all-gather of each column-parallel input redone
+// in the backward pass (Korthikanti section 4.2.2).
+enum class StepRuntime { Tessera, MegatronLM };
+const char* runtime_name(StepRuntime r);
+StepRuntime parse_runtime(const std::string& s);  // tessera|megatron-lm, else InvalidArgument
+
 // The workload and the knobs that are not searched.
 struct TrainingConfig {
   int64_t global_batch = 0;  // sequences per step
@@ -46,6 +63,14 @@ struct TrainingConfig {
   double efficiency = 0;
   double memory_fraction = 0.9;    // of HBM usable for the terms modeled (rest: workspace, fragmentation)
   int64_t bucket_elems = 1 << 20;  // DP gradient bucket (train_gpt --bucket-mb 4)
+  StepRuntime runtime = StepRuntime::Tessera;
+  // Each DP gradient bucket's reduction overlapped with the rest of the last
+  // micro-batch's backward pass, as bucketed DP does (Megatron-LM's
+  // --overlap-grad-reduce, PyTorch DDP, NxD): what the backward cannot hide
+  // and the last bucket's reduction show. Off: the reductions follow the
+  // backward pass, as the emulated cores charge them (and as Megatron-LM's
+  // local DDP of 2021-22 ran them).
+  bool overlap_grad_reduce = false;
 };
 
 // One point of the search space.

@@ -17,7 +17,8 @@ struct DevicePreset {
   const char* name;
   uint64_t hbm_bytes;
   double peak_flops_bf16, peak_flops_fp32, hbm_bandwidth;
-  double sustained_fraction, kernel_launch_s;  // assumptions: see DeviceSpec
+  double sustained_fraction, kernel_launch_s;  // see DeviceSpec (and each preset's sources)
+  int compute_units = 0, gemm_tile_m = 0, gemm_tile_n = 0, gemm_tile_k = 0;
 };
 const DevicePreset kDevicePresets[] = {
     // NeuronCore-v2: a Trainium chip has 2 cores, 190 TFLOP/s bf16 and 47.5
@@ -28,9 +29,15 @@ const DevicePreset kDevicePresets[] = {
     // TFLOP/s fp32 dense, 96 GiB HBM at 2.9 TB/s; one core gets an eighth.
     {"trn2-core", static_cast<uint64_t>(12 * kGiB), 667e12 / 8, 181e12 / 8, 2.9e12 / 8, 0.5, 1e-6},
     // NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e at 2039 GB/s, 312 TFLOP/s
-    // dense bf16, 19.5 TFLOP/s fp32 (no TF32). Used by the dgx-a100 topology.
-    // Sustained half of peak and ~4 us per CUDA kernel launch (assumptions).
-    {"a100-80gb", static_cast<uint64_t>(80 * kGiB), 312e12, 19.5e12, 2039e9, 0.5, 4e-6},
+    // dense bf16, 19.5 TFLOP/s fp32 (no TF32), 108 SMs (A100 whitepaper).
+    // Sustained: 267.9 of 312 TFLOP/s = 0.859, the best bf16 matmul that
+    // mamf-finder.py measured on an A100 SXM (ml-engineering, "Maximum
+    // Achievable Matmul FLOPS", CUDA 12.1, shape 6912x16384x2048, whose
+    // tiles fill whole waves); GEMM tiles 128 x 256 x 64, CUTLASS's SM80
+    // default for 16-bit tensor-core GEMMs (NVIDIA's "Matrix Multiplication
+    // Background" guide lists 256x128 / 128x256 as cuBLAS's largest tiles).
+    // ~4 us per CUDA kernel launch (assumption). Used by dgx-a100.
+    {"a100-80gb", static_cast<uint64_t>(80 * kGiB), 312e12, 19.5e12, 2039e9, 267.9 / 312, 4e-6, 108, 128, 256, 64},
     // Small core for tests: 256 MiB, 1 TFLOP/s, 100 GB/s, all of it sustained, no launch cost.
     {"test-core", 256ull << 20, 1e12, 0.5e12, 100e9, 1.0, 0.0},
 };
@@ -47,6 +54,10 @@ DeviceSpec DeviceSpec::preset(const std::string& name) {
     s.hbm_bandwidth = p.hbm_bandwidth;
     s.sustained_fraction = p.sustained_fraction;
     s.kernel_launch_s = p.kernel_launch_s;
+    s.compute_units = p.compute_units;
+    s.gemm_tile_m = p.gemm_tile_m;
+    s.gemm_tile_n = p.gemm_tile_n;
+    s.gemm_tile_k = p.gemm_tile_k;
     return s;
   }
   std::string names;

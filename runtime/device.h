@@ -34,6 +34,13 @@ struct DeviceSpec {
   // figure), shared by the emulated cores and the planner.
   double sustained_fraction = 1;
   double kernel_launch_s = 0;
+  // GEMM tiling (runtime/kernel_cost.h, gemm_efficiency): the compute units
+  // a GEMM's output tiles are spread over (SMs), and the tile each unit
+  // computes at a time, m x n of the output and k of the contraction per
+  // step, as the device's GEMM library picks them. compute_units == 0: no
+  // quantisation (every shape sustains sustained_fraction).
+  int compute_units = 0;
+  int gemm_tile_m = 0, gemm_tile_n = 0, gemm_tile_k = 0;
 
   double peak_flops(DType t) const { return (t == DType::F32) ? peak_flops_fp32 : peak_flops_bf16; }
 

@@ -13,15 +13,38 @@ double d(int64_t v) { return static_cast<double>(v); }
 
 double sustained_flops(const DeviceSpec& spec, DType dtype) { return spec.peak_flops(dtype) * spec.sustained_fraction; }
 
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Of the output tiles' slots over whole waves, the share doing useful work.
+double wave_fill(int64_t m, int64_t n, int64_t batch, int64_t tm, int64_t tn, int64_t units) {
+  const int64_t tiles = batch * ceil_div(m, tm) * ceil_div(n, tn);
+  const int64_t waves = ceil_div(tiles, units);
+  return d(m) * d(n) * d(batch) / (d(waves) * d(units) * d(tm) * d(tn));
+}
+}  // namespace
+
+double gemm_efficiency(const DeviceSpec& spec, int64_t m, int64_t n, int64_t k, int64_t batch, DType dtype) {
+  (void)dtype;  // the tiles are the 16-bit ones for either dtype; the dtype's peak is kernel_seconds'
+  if (spec.compute_units <= 0 || spec.gemm_tile_m <= 0 || spec.gemm_tile_n <= 0 || m <= 0 || n <= 0 || k <= 0)
+    return spec.sustained_fraction;
+  const int64_t tm = spec.gemm_tile_m, tn = spec.gemm_tile_n, units = spec.compute_units;
+  const int64_t b = std::max<int64_t>(1, batch);
+  const double fill = std::max(wave_fill(m, n, b, tm, tn, units), wave_fill(m, n, b, tn, tm, units));
+  const int64_t tk = std::max(1, spec.gemm_tile_k);
+  const double kfill = d(k) / d(ceil_div(k, tk) * tk);
+  return spec.sustained_fraction * fill * kfill;
+}
+
 double kernel_seconds(const DeviceSpec& spec, const Kernel& k, DType dtype) {
-  const double rate = sustained_flops(spec, dtype);
+  const double rate = k.m > 0 ? spec.peak_flops(dtype) * gemm_efficiency(spec, k.m, k.n, k.k, k.batch, dtype)
+                              : sustained_flops(spec, dtype);
   const double t_flops = rate > 0 ? k.flops / rate : 0;
   const double t_bytes = spec.hbm_bandwidth > 0 ? k.bytes / spec.hbm_bandwidth : 0;
   return spec.kernel_launch_s + std::max(t_flops, t_bytes);
 }
 
 Kernel gemm(int64_t m, int64_t n, int64_t k, bool accumulate) {
-  return {2.0 * d(m) * d(n) * d(k), kF * (d(m) * d(k) + d(k) * d(n) + d(m) * d(n) * (accumulate ? 2 : 1))};
+  return {2.0 * d(m) * d(n) * d(k), kF * (d(m) * d(k) + d(k) * d(n) + d(m) * d(n) * (accumulate ? 2 : 1)), m, n, k, 1};
 }
 
 Kernel layernorm_forward(int64_t rows, int64_t cols) {
@@ -53,7 +76,8 @@ Kernel attention_forward(int64_t batch, int64_t heads, int64_t seq, int64_t head
   const double bh = d(batch) * d(heads), tri = causal_entries(seq), sd = d(seq) * d(head_dim);
   // Q K^T and P V (2 hd FLOPs per entry each), softmax 5 per entry; reads Q,
   // K, V, writes Y and the probabilities (kept for the backward).
-  return {bh * (4.0 * d(head_dim) * tri + 5.0 * tri), kF * bh * (4.0 * sd + tri)};
+  // Shaped as its score GEMM, seq x seq over head_dim, one per (batch, head).
+  return {bh * (4.0 * d(head_dim) * tri + 5.0 * tri), kF * bh * (4.0 * sd + tri), seq, seq, head_dim, batch * heads};
 }
 
 Kernel attention_backward(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim) {
@@ -61,8 +85,22 @@ Kernel attention_backward(int64_t batch, int64_t heads, int64_t seq, int64_t hea
   // dP = dY V^T, dV = P^T dY, dQ = dS K, dK = dS^T Q (2 hd each per entry),
   // softmax backward 4 per entry; reads Q, K, V, dY and P, writes dQ, dK, dV
   // (and the dP scratch once).
-  return {bh * (8.0 * d(head_dim) * tri + 4.0 * tri), kF * bh * (7.0 * sd + 2.0 * tri)};
+  return {
+      bh * (8.0 * d(head_dim) * tri + 4.0 * tri), kF * bh * (7.0 * sd + 2.0 * tri), seq, seq, head_dim, batch * heads};
 }
+
+Kernel batched_gemm(int64_t batch, int64_t m, int64_t n, int64_t k) {
+  const double b = d(batch);
+  return {2.0 * b * d(m) * d(n) * d(k), kF * b * (d(m) * d(k) + d(k) * d(n) + d(m) * d(n)), m, n, k, batch};
+}
+
+Kernel softmax_forward(int64_t rows, int64_t cols) { return {5.0 * d(rows) * d(cols), kF * 2.0 * d(rows) * d(cols)}; }
+
+Kernel softmax_backward(int64_t rows, int64_t cols) { return {4.0 * d(rows) * d(cols), kF * 3.0 * d(rows) * d(cols)}; }
+
+Kernel dropout_forward(int64_t n) { return {2.0 * d(n), kF * 2.5 * d(n)}; }
+
+Kernel dropout_backward(int64_t n) { return {d(n), kF * 2.5 * d(n)}; }
 
 Kernel embedding_forward(int64_t rows, int64_t dim) { return {0, 2.0 * kF * d(rows) * d(dim)}; }
 

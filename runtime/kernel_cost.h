@@ -5,10 +5,15 @@
 // so a predicted step time and an emulated one are built from the same terms.
 //
 // A kernel is its FLOPs and the HBM bytes it moves (fp32 elements, 4 bytes
-// each, as the emulated cores compute). Its modeled time on a DeviceSpec is
-//   launch + max(FLOPs / (peak(dtype) x sustained_fraction), bytes / HBM bandwidth)
-// (a roofline at the sustained FLOP rate, plus a fixed per-kernel launch
-// term): small kernels are memory- or launch-bound, large GEMMs FLOP-bound.
+// each, as the emulated cores compute), and for GEMMs (and the attention,
+// batched GEMMs) its shape. Its modeled time on a DeviceSpec is
+//   launch + max(FLOPs / (peak(dtype) x efficiency), bytes / HBM bandwidth)
+// (a roofline plus a fixed per-kernel launch term): small kernels are
+// memory- or launch-bound, large GEMMs FLOP-bound. The efficiency is the
+// device's sustained_fraction for kernels without a shape, and for a GEMM
+// gemm_efficiency(): sustained_fraction (what a GEMM of ideal shape
+// sustains) times its tile and wave quantisation over the device's compute
+// units, and the contraction's quantisation to the tile's k step.
 // Pure functions; thread-safe.
 #pragma once
 
@@ -25,10 +30,21 @@ namespace cost {
 struct Kernel {
   double flops = 0;
   double bytes = 0;
+  // A GEMM's shape: `batch` independent products C[m,n] = A[m,k] B[k,n];
+  // m == 0: not a GEMM (no shape efficiency).
+  int64_t m = 0, n = 0, k = 0, batch = 1;
 };
 
 // Modeled seconds of one kernel on `spec` (formula above).
 double kernel_seconds(const DeviceSpec& spec, const Kernel& k, DType dtype = DType::F32);
+// The fraction of peak(dtype) a GEMM of this shape sustains on `spec`:
+//   sustained_fraction x (m n batch) / (waves x units x TM x TN) x k / (ceil(k / TK) TK)
+// with tiles = batch ceil(m / TM) ceil(n / TN), waves = ceil(tiles / units),
+// the better of the tile TM x TN and its transpose (the library picks per
+// shape); sustained_fraction when the spec has no compute units. Monotone:
+// a dimension grown to a whole number of tiles never lowers it.
+double gemm_efficiency(const DeviceSpec& spec, int64_t m, int64_t n, int64_t k, int64_t batch = 1,
+                       DType dtype = DType::BF16);
 // The sustained FLOP/s of a core: peak(dtype) x sustained_fraction.
 double sustained_flops(const DeviceSpec& spec, DType dtype);
 
@@ -48,6 +64,21 @@ Kernel gelu_backward(int64_t n);
 // and read once per pass.
 Kernel attention_forward(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim);
 Kernel attention_backward(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim);
+// Attention as Megatron-LM ran it before fused (flash) attention, the
+// kernels Korthikanti et al. 2022 section 4 count the activations of: per
+// (batch, head) the score GEMM Q K^T over the whole seq x seq square, a
+// fused scale-mask-softmax, dropout on the probabilities (keeping a one-byte
+// mask) and the GEMM with V. `batch` independent [m,k] x [k,n] products:
+Kernel batched_gemm(int64_t batch, int64_t m, int64_t n, int64_t k);
+// Softmax over rows of cols (forward: read x, write y; backward: read y
+// and dy, write dx).
+Kernel softmax_forward(int64_t rows, int64_t cols);
+Kernel softmax_backward(int64_t rows, int64_t cols);
+// Dropout of n elements: forward reads x, writes y and the mask; backward
+// reads dy and the mask, writes dx. The mask is one byte per element at
+// 16-bit (counted as half an element, as the bytes here are fp32 ones).
+Kernel dropout_forward(int64_t n);
+Kernel dropout_backward(int64_t n);
 // Embedding row gather (rows of dim) and its scatter-add gradient.
 Kernel embedding_forward(int64_t rows, int64_t dim);
 Kernel embedding_backward(int64_t rows, int64_t dim);

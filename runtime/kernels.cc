@@ -19,7 +19,9 @@ void charge(Device* dev, double flops, double bytes) {
   if (dev) dev->clock().charge_compute(flops, bytes, DType::F32);
 }
 
-void charge(Device* dev, const cost::Kernel& k) { charge(dev, k.flops, k.bytes); }
+void charge(Device* dev, const cost::Kernel& k) {
+  if (dev) dev->clock().charge_kernel(k, DType::F32);  // with the shape, for a GEMM's efficiency
+}
 
 void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {

@@ -14,10 +14,14 @@ void atomic_add(std::atomic<double>& a, double v) {
 }  // namespace
 
 double SimClock::charge_compute(double flops, double bytes, DType dtype) {
-  const double t = spec_ ? cost::kernel_seconds(*spec_, cost::Kernel{flops, bytes}, dtype) : 0;
+  return charge_kernel(cost::Kernel{flops, bytes}, dtype);
+}
+
+double SimClock::charge_kernel(const cost::Kernel& k, DType dtype) {
+  const double t = spec_ ? cost::kernel_seconds(*spec_, k, dtype) : 0;
   atomic_add(compute_s_, t);
-  atomic_add(flops_, flops);
-  atomic_add(bytes_, bytes);
+  atomic_add(flops_, k.flops);
+  atomic_add(bytes_, k.bytes);
   atomic_add(kernels_, 1);
   return t;
 }

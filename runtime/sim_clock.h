@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "runtime/dtype.h"
+#include "runtime/kernel_cost.h"
 
 namespace tessera {
 
@@ -33,6 +34,8 @@ class SimClock {
 
   // Charges one kernel; returns its modeled seconds.
   double charge_compute(double flops, double bytes, DType dtype);
+  // The same with the kernel's shape (a GEMM's efficiency, runtime/kernel_cost.h).
+  double charge_kernel(const cost::Kernel& k, DType dtype);
   // Charges modeled communication time (already computed by the link model).
   void charge_comm(double seconds);
   // Charges time spent waiting for another rank.

@@ -35,8 +35,11 @@ constexpr double kTrn2CoreBw = 2.9e12 / 16;
 constexpr double kTrn1EfaBw = 800e9 / 8;
 constexpr double kTrn2EfaBw = 3200e9 / 8;
 // NVLink3 on A100: 12 links x 25 GB/s per direction = 300 GB/s per GPU through
-// NVSwitch; DGX A100: 8 x 200 Gb/s HDR InfiniBand per node.
-constexpr double kA100NvlinkBw = 300e9;
+// NVSwitch (spec); what NCCL's all-reduce sustains over it is ~200 GB/s of bus
+// bandwidth on 8 A100-SXM4-80GB behind NVSwitch (nccl-tests all_reduce_perf,
+// NVIDIA/nccl-tests issue #149), the figure a ring step's link runs at here.
+// DGX A100: 8 x 200 Gb/s HDR InfiniBand per node.
+constexpr double kA100NvlinkBw = 200e9;
 constexpr double kDgxIbBw = 8 * 200e9 / 8;
 // ASSUMPTIONS (no public per-hop figures): latency per hop.
 constexpr double kOnChipLat = 0.5 * kUs;

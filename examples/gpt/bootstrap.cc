@@ -5,7 +5,8 @@
 
 namespace tessera::gpt {
 
-int run_job(const std::string& device_preset, const std::function<int(const Job&)>& body) {
+int run_job(const std::string& device_preset, const std::function<int(const Job&)>& body, const NetModel& net,
+            const std::vector<int>& nodes) {
   // The rank only names the device in messages; the launcher re-reads the world.
   const World w = discover_world();
   // With peers on this host, the core's memory is a shared arena they map, so
@@ -16,6 +17,10 @@ int run_job(const std::string& device_preset, const std::function<int(const Job&
   Device device(spec, w.rank, w.local_size > 1 ? make_shm_memory(spec.hbm_bytes) : nullptr);
   launcher::WorkerOptions options;
   options.comm.device = &device;
+  if (!net.dims().empty()) {
+    options.comm.net = net;
+    options.comm.world_ranks = nodes;
+  }
   return launcher::run_worker(options, [&](launcher::WorkerContext& ctx) {
     Job job;
     job.world = ctx.world;

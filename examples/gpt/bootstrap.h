@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "runtime/device.h"
@@ -23,7 +24,11 @@ struct Job {
 
 // Creates the Device (preset `device_preset`), joins, runs body, leaves.
 // Returns body's exit code; an exception from body is logged, reported to
-// the launcher as the job's root cause and becomes exit code 1.
-int run_job(const std::string& device_preset, const std::function<int(const Job&)>& body);
+// the launcher as the job's root cause and becomes exit code 1. With `net`
+// (and `nodes`, world rank -> node of net) every communicator charges its
+// collectives on the links its group spans there (train_gpt --topology);
+// otherwise each group is its own ring (NetModel's default).
+int run_job(const std::string& device_preset, const std::function<int(const Job&)>& body,
+            const NetModel& net = NetModel(), const std::vector<int>& nodes = {});
 
 }  // namespace tessera::gpt

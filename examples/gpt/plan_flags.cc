@@ -138,7 +138,7 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
            parallel::pipeline::stages_str(t.stages), " was given");
   t.stages = stages;
   return PlanRun{path, p.tp() * p.pp() * p.dp(), p.step_time_s().total(),
-                 std::vector<double>(p.stage_bubble_fraction().begin(), p.stage_bubble_fraction().end())};
+                 std::vector<double>(p.stage_bubble_fraction().begin(), p.stage_bubble_fraction().end()), p.topology()};
 }
 
 void check_plan_world(const PlanRun& plan, int world_size) {

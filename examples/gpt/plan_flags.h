@@ -19,6 +19,7 @@ struct PlanRun {
   // The plan's stage_bubble_fraction: each stage's predicted bubble, as a
   // trace reads it (empty for pp = 1 and in older plans).
   std::vector<double> stage_bubble;
+  std::string topology;  // the plan's topology (its name: a preset, or a JSON file's "name")
 };
 
 // Reads the plan at `path` and fills `t` (tp, pp, dp, micro-batch, global

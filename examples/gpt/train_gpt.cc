@@ -38,6 +38,7 @@
 #include "runtime/files.h"
 #include "runtime/kernels.h"
 #include "runtime/log.h"
+#include "runtime/topology.h"
 #include "runtime/world.h"
 
 namespace {
@@ -63,6 +64,7 @@ struct Flags {
   uint64_t max_shard_bytes = 0;
   std::string schedule = "1f1b", stages, trace;
   std::string plan;                   // --plan FILE
+  std::string topology;               // --topology PRESET|FILE
   std::string model, family = "gpt";  // --model, --family
   std::string trace_clock = "emulated";
   gpt::PlanRun plan_run;
@@ -440,6 +442,10 @@ int run(int argc, char** argv) {
   app.add_flag("--zero1", f.t.adamw.zero1, "shard AdamW states over DP (ZeRO-1)");
   app.add_option("--bucket-mb", f.bucket_mb, "DP gradient bucket size in MiB")->check(cli::number_range(1e-6, 1 << 20));
   app.add_option("--device", f.device, "emulated core")->check(CLI::IsMember(DeviceSpec::preset_names()));
+  app.add_option("--topology", f.topology,
+                 "Place the ranks on this topology (a `tessera plan` preset or JSON file; its first world-size "
+                 "cores, in the planner's placement) and charge each collective on the links its group spans "
+                 "(default emulated:N: every group its own ring)");
   app.add_option("--log-json", f.log_json, "write one JSON object per step to FILE");
   app.add_option("--eval-text", f.eval_text, "print eval_loss over windows of FILE after training")
       ->check(CLI::ExistingFile);
@@ -515,14 +521,51 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;
   }
-  return gpt::run_job(f.device, [&](const gpt::Job& job) {
-    try {
-      return train(f, job, dataset);
-    } catch (const InvalidArgument& e) {
-      std::fprintf(stderr, "train_gpt: %s\n", e.what());
-      return cli::kUsageExit;
+  NetModel net;  // --topology: the ranks placed as `tessera plan` places them
+  std::vector<int> nodes;
+  try {
+    // A plan carries its topology: its ranks are placed there unless --topology says otherwise (a plan made
+    // on a JSON topology names it only; then --topology FILE places them).
+    if (f.topology.empty() && !f.plan_run.topology.empty()) {
+      // "trn1.32xlarge (first 8 cores)": the preset, cut to this job's size below.
+      const std::string name = f.plan_run.topology.substr(0, f.plan_run.topology.find(" (first "));
+      bool preset = false;
+      for (const std::string& n : Topology::preset_names())
+        preset = preset || n == name || (n.back() == 'N' && name.rfind(n.substr(0, n.size() - 1), 0) == 0);
+      if (preset)
+        f.topology = name;
+      else if (discover_world().rank == 0)
+        std::fprintf(stderr,
+                     "train_gpt: the plan's topology '%s' cannot be rebuilt from its name; give --topology to place "
+                     "the ranks on it (now each group is charged as its own ring)\n",
+                     f.plan_run.topology.c_str());
     }
-  });
+    if (!f.topology.empty() && f.topology.rfind("emulated:", 0) != 0) {
+      const int n = discover_world().size;
+      Topology topo = Topology::load(f.topology);
+      if (topo.num_cores() != n) topo = topo.first_cores(n);
+      const parallel::Placement pl(topo, parallel::Mesh({.tp = f.t.tp, .dp = f.t.dp, .pp = f.t.pp}));
+      for (int r = 0; r < n; ++r) nodes.push_back(pl.node(r));
+      net = topo.net_model();
+    }
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "train_gpt: --topology: %s\n", e.what());
+    return cli::kUsageExit;
+  } catch (const FormatError& e) {
+    std::fprintf(stderr, "train_gpt: --topology: %s\n", e.what());
+    return cli::kUsageExit;
+  }
+  return gpt::run_job(
+      f.device,
+      [&](const gpt::Job& job) {
+        try {
+          return train(f, job, dataset);
+        } catch (const InvalidArgument& e) {
+          std::fprintf(stderr, "train_gpt: %s\n", e.what());
+          return cli::kUsageExit;
+        }
+      },
+      net, nodes);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -27,6 +28,34 @@ GroupCostModel ring_group(int p, bool shm) {
   std::vector<int> nodes(static_cast<size_t>(p));
   for (int i = 0; i < p; ++i) nodes[static_cast<size_t>(i)] = i;
   return group_cost_model(NetModel(), nodes, shm);
+}
+
+// The one link model (group_cost_model, which the communicator builds its
+// own from too): the default ring takes TESSERA_NET_INTRA_HOST's figures,
+// and a group spanning hosts pays the instance network between them,
+// TESSERA_NET_INTER_HOST's or EFA's 800 Gbps shared by the host's ranks at
+// an assumed 10 us.
+TEST(CollCost, OneLinkModelWithTheCommunicatorsOverrides) {
+  const std::vector<int> nodes = {0, 1, 2, 3}, host_of = {0, 0, 1, 1};
+  const double bytes = 1e6;
+  {
+    const GroupCostModel g = group_cost_model(NetModel(), nodes, false, &host_of, 0);
+    EXPECT_NEAR(g.links.time(0, 1, bytes), kA + bytes / kB, 1e-18);
+    EXPECT_NEAR(g.links.time(1, 2, bytes), 10e-6 + bytes / (800e9 / 8 / 2), 1e-18);
+  }
+  ::setenv("TESSERA_NET_INTRA_HOST", "20,10", 1);
+  ::setenv("TESSERA_NET_INTER_HOST", "150,1.5", 1);
+  const GroupCostModel g = group_cost_model(NetModel(), nodes, false, &host_of, 0);
+  const GroupCostModel one_host = group_cost_model(NetModel(), nodes, false);
+  ::unsetenv("TESSERA_NET_INTRA_HOST");
+  ::unsetenv("TESSERA_NET_INTER_HOST");
+  EXPECT_NEAR(g.links.time(0, 1, bytes), 20e-6 + bytes / 10e9, 1e-18);
+  EXPECT_NEAR(g.links.time(3, 0, bytes), 150e-6 + bytes / 1.5e9, 1e-18);
+  // Ring of 4: ranks 0 and 2 are two hops apart inside one host.
+  EXPECT_NEAR(one_host.links.time(0, 2, bytes), 2 * 20e-6 + bytes / 10e9, 1e-18);
+  // A given interconnect is taken as it is, host map or not.
+  const NetModel net = NetModel::ring(4, 5e9, 1e-6);
+  EXPECT_NEAR(group_cost_model(net, nodes, false, &host_of, 0).links.time(1, 2, bytes), 1e-6 + bytes / 5e9, 1e-18);
 }
 
 TEST(CollCost, RingAllReduceByHand) {

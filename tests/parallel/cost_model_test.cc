@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "parallel/mesh.h"
 #include "parallel/models/gpt/trainer.h"
 #include "runtime/error.h"
@@ -166,6 +168,85 @@ TEST(CostModel, CommIsTheCommunicatorsCost) {
   EXPECT_DOUBLE_EQ(z.time.dp_comm, pred(CollKind::ReduceScatter, padded / 8) + pred(CollKind::AllGather, padded / 8) +
                                        pred(CollKind::AllReduce, 1) + pred(CollKind::AllReduce, 2));
   EXPECT_LT(z.memory.optimizer, k.memory.optimizer / 7);
+}
+
+// Overlapped DP reduction (bucketed DP): every full bucket reduces behind
+// the last micro-batch's backward; only the last bucket (and the loss's two
+// floats) show. On test-core (1 TFLOP/s) the backward of gpt2-124m's 128
+// tokens takes ~60 ms and the 118 full 1 Mi-element buckets' all-reduces
+// over 8 emulated ranks well under that, so they hide entirely.
+TEST(CostModel, OverlappedGradReduceShowsTheLastBucket) {
+  ModelConfig m = ModelConfig::preset("gpt2-124m");
+  TrainingConfig tc;
+  tc.global_batch = 8;
+  tc.seq = 128;
+  tc.fp32 = true;
+  const GroupNets nets = emulated_group_nets(1, 1, 8);
+  PlanChoice c;
+  c.dp = 8;
+  c.stage_layers = {12};
+  const int64_t P = m.total_params(), E = tc.bucket_elems, nb = (P + E - 1) / E;
+  const int64_t tail = (P - (nb - 1) * E + 7) / 8 * 8;
+  using collectives::CollKind;
+  auto pred = [&](CollKind kind, int64_t n) { return collectives::predict(kind, n, DType::F32, nets.dp).seconds; };
+  const double all = static_cast<double>(nb - 1) * pred(CollKind::AllReduce, E) + pred(CollKind::AllReduce, tail) +
+                     pred(CollKind::AllReduce, 2);
+  const PlanCost off = CostModel(m, DeviceSpec::preset("test-core"), tc).evaluate(c, nets);
+  EXPECT_NEAR(off.time.dp_comm, all, 1e-12 * all);
+  tc.overlap_grad_reduce = true;
+  const PlanCost on = CostModel(m, DeviceSpec::preset("test-core"), tc).evaluate(c, nets);
+  EXPECT_NEAR(on.time.dp_comm, pred(CollKind::AllReduce, tail) + pred(CollKind::AllReduce, 2), 1e-15);
+  EXPECT_DOUBLE_EQ(on.time.compute, off.time.compute);
+  EXPECT_NEAR(on.time.total, off.time.total - (off.time.dp_comm - on.time.dp_comm), 1e-12);
+  // One bucket: nothing to hide behind.
+  tc.bucket_elems = int64_t{1} << 30;
+  const PlanCost one_off = [&] {
+    TrainingConfig t2 = tc;
+    t2.overlap_grad_reduce = false;
+    return CostModel(m, DeviceSpec::preset("test-core"), t2).evaluate(c, nets);
+  }();
+  EXPECT_DOUBLE_EQ(CostModel(m, DeviceSpec::preset("test-core"), tc).evaluate(c, nets).time.dp_comm,
+                   one_off.time.dp_comm);
+}
+
+// Megatron-LM's runtime with sequence parallelism gathers each
+// column-parallel input again in the backward pass (Korthikanti et al.
+// 2022, 4.2.2): two all-gathers of the sequence shard per layer and
+// micro-batch more than tessera's; at fp32 (no 16-bit reductions) the only
+// other change in tp_comm is the gradient buckets'.
+TEST(CostModel, MegatronRedoesSequenceParallelGathers) {
+  ModelConfig m = ModelConfig::preset("gpt2-124m");
+  TrainingConfig tc;
+  tc.global_batch = 4;
+  tc.seq = 128;
+  tc.fp32 = true;
+  const GroupNets nets = emulated_group_nets(2, 1, 1);
+  PlanChoice c;
+  c.tp = 2;
+  c.micro_batch = 2;
+  c.sequence_parallel = true;
+  c.stage_layers = {12};
+  const PlanCost ts = CostModel(m, DeviceSpec::preset("trn1-core"), tc).evaluate(c, nets);
+  tc.runtime = StepRuntime::MegatronLM;
+  const PlanCost mg = CostModel(m, DeviceSpec::preset("trn1-core"), tc).evaluate(c, nets);
+  using collectives::CollKind;
+  auto pred = [&](CollKind kind, int64_t n) { return collectives::predict(kind, n, DType::F32, nets.tp).seconds; };
+  const double gather = pred(CollKind::AllGather, 2 * 128 / 2 * 768);
+  // The sequence-parallel weights' gradients (norms, row-parallel biases,
+  // positions, final norm) are summed over TP per gradient bucket: tessera's
+  // 1 Mi-element buckets, Megatron-LM's one buffer.
+  const double sp = 12.0 * static_cast<double>(m.layer_params() - m.layer_params_tp_sharded()) + 1024.0 * 768 + 2 * 768;
+  const int64_t P = (12 * m.layer_params_tp_sharded()) / 2 + 12 * (m.layer_params() - m.layer_params_tp_sharded()) +
+                    50257 * 768 / 2 + 1024 * 768 + 2 * 768;
+  const int64_t nb = (P + (int64_t{1} << 20) - 1) >> 20;
+  const double sp_sums =
+      pred(CollKind::AllReduce, std::llround(sp)) -
+      static_cast<double>(nb) * pred(CollKind::AllReduce, std::llround(sp / static_cast<double>(nb)));
+  EXPECT_NEAR(mg.time.tp_comm - ts.time.tp_comm, 2 /*micro-batches*/ * 12 * 2 * gather + sp_sums, 1e-12);
+  // Unfused attention over the whole square costs more than the fused causal kernel.
+  EXPECT_GT(mg.time.compute, ts.time.compute);
+  EXPECT_EQ(parse_runtime("megatron-lm"), StepRuntime::MegatronLM);
+  EXPECT_THROW(parse_runtime("nccl"), InvalidArgument);
 }
 
 // The pipeline as the executor runs it, with uniform stages and free links:

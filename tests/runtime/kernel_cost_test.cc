@@ -38,6 +38,76 @@ TEST(KernelCost, SmallKernelsAreMemoryBound) {
   EXPECT_DOUBLE_EQ(at.bytes, 4.0 * 8 * (4.0 * 128 * 32 + 8256));
 }
 
+// A100 (a100-80gb: 108 SMs, 128 x 256 x 64 tiles, 267.9 / 312 sustained on
+// ideal shapes). GPT-3 175B's QKV GEMM at tp = 8, one sequence: 2048 x 4608
+// over 12288. 128 x 256 tiles: 16 x 18 = 288 tiles, 3 waves of 108 = 324
+// slots, 288 / 324 = 8/9 (the transpose, 8 x 36, the same); k = 12288 is 192
+// whole steps of 64.
+TEST(KernelCost, GemmEfficiencyQuantisesTilesAndWaves) {
+  const DeviceSpec a100 = DeviceSpec::preset("a100-80gb");
+  const double ideal = 267.9 / 312;
+  EXPECT_DOUBLE_EQ(a100.sustained_fraction, ideal);
+  EXPECT_NEAR(cost::gemm_efficiency(a100, 2048, 4608, 12288), ideal * 8 / 9, 1e-12);
+  const cost::Kernel g = cost::gemm(2048, 4608, 12288, false);
+  EXPECT_EQ(g.m, 2048);
+  EXPECT_EQ(g.n, 4608);
+  EXPECT_EQ(g.k, 12288);
+  // FLOP-bound: 2 m n k at 312 TFLOP/s x that, plus the 4 us launch.
+  EXPECT_NEAR(cost::kernel_seconds(a100, g, DType::BF16), 4e-6 + 2.0 * 2048 * 4608 * 12288 / (312e12 * ideal * 8 / 9),
+              1e-12);
+  // Whole waves of whole tiles sustain the ideal fraction: 108 tiles of 128 x 256.
+  EXPECT_NEAR(cost::gemm_efficiency(a100, 128 * 108, 256, 4096), ideal, 1e-12);
+  // One more row starts a second wave: efficiency (108 * 128 + 1) / (2 * 108 * 128)... the transpose (256 x 128
+  // tiles) needs 55 x 2 = 110 tiles, 2 waves as well, so the same.
+  EXPECT_NEAR(cost::gemm_efficiency(a100, 128 * 108 + 1, 256, 4096), ideal * (128.0 * 108 + 1) / (2 * 108 * 128.0),
+              1e-12);
+  // A contraction of 96 (the 1.7B model's head size) pays for 128: 3/4.
+  EXPECT_NEAR(cost::gemm_efficiency(a100, 128 * 108, 256, 96), ideal * 0.75, 1e-12);
+  // Batched: 36 products of one 128 x 256 tile each fill a third of a wave.
+  EXPECT_NEAR(cost::gemm_efficiency(a100, 128, 256, 64, 36), ideal / 3, 1e-12);
+  // Without compute units (trn1-core, test-core) every shape sustains the device's fraction.
+  const DeviceSpec trn1 = DeviceSpec::preset("trn1-core");
+  EXPECT_DOUBLE_EQ(cost::gemm_efficiency(trn1, 3, 5, 7), trn1.sustained_fraction);
+}
+
+// Growing any dimension never makes a GEMM faster, and the efficiency never
+// exceeds what an ideal shape sustains.
+TEST(KernelCost, GemmTimeIsMonotoneInEveryDimension) {
+  const DeviceSpec a100 = DeviceSpec::preset("a100-80gb");
+  auto t = [&](int64_t m, int64_t n, int64_t k) {
+    return cost::kernel_seconds(a100, cost::gemm(m, n, k, false), DType::BF16);
+  };
+  for (int64_t m : {1, 100, 128, 1000, 2048, 8192})
+    for (int64_t n : {1, 64, 256, 2304, 4608})
+      for (int64_t k : {1, 64, 96, 1536, 12288}) {
+        EXPECT_LE(cost::gemm_efficiency(a100, m, n, k), a100.sustained_fraction + 1e-15);
+        EXPECT_LE(t(m, n, k), t(m + 1, n, k) * (1 + 1e-12)) << m << " " << n << " " << k;
+        EXPECT_LE(t(m, n, k), t(m, n + 37, k) * (1 + 1e-12)) << m << " " << n << " " << k;
+        EXPECT_LE(t(m, n, k), t(m, n, 2 * k) * (1 + 1e-12)) << m << " " << n << " " << k;
+      }
+}
+
+// Memory-bound kernels of Megatron-LM's unfused attention, by hand (fp32
+// bytes; the planner halves them at 16-bit): softmax reads and writes rows x
+// cols, its backward reads two and writes one; dropout writes its output and
+// a mask of one byte per element at 16 bit (half an element here).
+TEST(KernelCost, UnfusedAttentionKernels) {
+  const DeviceSpec a100 = DeviceSpec::preset("a100-80gb");
+  EXPECT_DOUBLE_EQ(cost::softmax_forward(1024, 2048).bytes, 4.0 * 2 * 1024 * 2048);
+  EXPECT_DOUBLE_EQ(cost::softmax_backward(1024, 2048).bytes, 4.0 * 3 * 1024 * 2048);
+  EXPECT_DOUBLE_EQ(cost::dropout_forward(1000).bytes, 4.0 * 2.5 * 1000);
+  // Softmax of 12 heads x 2048 rows of 2048 at bf16: 2 x 50.3 MB at 2039 GB/s.
+  cost::Kernel sm = cost::softmax_forward(12 * 2048, 2048);
+  sm.bytes *= 0.5;
+  EXPECT_NEAR(cost::kernel_seconds(a100, sm, DType::BF16), 4e-6 + 2.0 * 2 * 12 * 2048 * 2048 / 2039e9, 1e-12);
+  // The score GEMM of 12 heads: [2048, 128] x [128, 2048], batched.
+  const cost::Kernel qk = cost::batched_gemm(12, 2048, 2048, 128);
+  EXPECT_DOUBLE_EQ(qk.flops, 2.0 * 12 * 2048 * 2048 * 128);
+  EXPECT_EQ(qk.batch, 12);
+  // 12 x 16 x 8 = 1536 tiles, 15 waves of 108 (1620 slots).
+  EXPECT_NEAR(cost::gemm_efficiency(a100, 2048, 2048, 128, 12), a100.sustained_fraction * 1536 / 1620, 1e-12);
+}
+
 TEST(KernelCost, ClockChargesTheSameFigures) {
   Device dev(DeviceSpec::preset("trn1-core"));
   constexpr int64_t kM = 64, kN = 16, kK = 32;
@@ -46,6 +116,13 @@ TEST(KernelCost, ClockChargesTheSameFigures) {
   kern::gelu_forward(&dev, c.data(), c.data(), kM * kN);
   const double want = cost::kernel_seconds(dev.spec(), cost::gemm(kM, kN, kK, false)) +
                       cost::kernel_seconds(dev.spec(), cost::gelu_forward(kM * kN));
+  // On a device with compute units the clock charges the GEMM's shaped cost
+  // (1 of 108 SMs busy), not an unshaped roofline.
+  Device a100(DeviceSpec::preset("a100-80gb"));
+  kern::gemm(&a100, false, false, kM, kN, kK, 1.f, a.data(), kK, b.data(), kN, 0.f, c.data(), kN);
+  EXPECT_DOUBLE_EQ(a100.clock().totals().compute_s, cost::kernel_seconds(a100.spec(), cost::gemm(kM, kN, kK, false)));
+  EXPECT_GT(a100.clock().totals().compute_s,
+            cost::kernel_seconds(a100.spec(), cost::Kernel{2.0 * kM * kN * kK, cost::gemm(kM, kN, kK, false).bytes}));
   ClockTotals t = dev.clock().totals();
   EXPECT_DOUBLE_EQ(t.compute_s, want);
   EXPECT_DOUBLE_EQ(t.kernels, 2.0);

@@ -39,6 +39,10 @@ struct Layout {
   int v;
   bool zero1;
   std::string launcher = "run";  // "run" (tessera run) or "mpirun"
+  // Where the ranks sit: emulated:8 (every group its own ring), or the first
+  // 8 cores of a topology preset, placed as the planner places them
+  // (train_gpt --topology, tessera plan --topology --cores 8).
+  std::string topology = "emulated:8";
 };
 
 constexpr int kGlobalBatch = 16;
@@ -50,12 +54,13 @@ nlohmann::json planned(const Layout& l, const TempDir& d) {
     std::ofstream f(model);
     f << R"({"name": "demo-gpt", "layers": 4, "hidden": 128, "heads": 4, "vocab": 256, "max_seq": 128})";
   }
-  std::string cmd = std::string(TESSERA_BIN) + " plan --model " + model +
-                    " --topology emulated:8 --device trn1-core --precision fp32 --seq 128 --global-batch " +
-                    std::to_string(kGlobalBatch) + " --tp " + std::to_string(l.tp) + " --pp " + std::to_string(l.pp) +
-                    " --dp " + std::to_string(l.dp) + " --mbs " + std::to_string(l.mbs) + " --zero1 " +
-                    (l.zero1 ? "on" : "off") + " --sequence-parallel off --recompute none --virtual-stages " +
-                    std::to_string(l.v) + (l.pp > 1 ? " --schedule " + l.schedule : std::string()) + " --json " + json;
+  std::string cmd = std::string(TESSERA_BIN) + " plan --model " + model + " --topology " + l.topology +
+                    (l.topology == "emulated:8" ? "" : " --cores 8") +
+                    " --device trn1-core --precision fp32 --seq 128 --global-batch " + std::to_string(kGlobalBatch) +
+                    " --tp " + std::to_string(l.tp) + " --pp " + std::to_string(l.pp) + " --dp " +
+                    std::to_string(l.dp) + " --mbs " + std::to_string(l.mbs) + " --zero1 " + (l.zero1 ? "on" : "off") +
+                    " --sequence-parallel off --recompute none --virtual-stages " + std::to_string(l.v) +
+                    (l.pp > 1 ? " --schedule " + l.schedule : std::string()) + " --json " + json;
   auto r = tessera::testing::run_command(cmd);
   EXPECT_EQ(r.code, 0) << cmd << "\n" << r.out;
   if (l.pp > 1) {
@@ -85,6 +90,7 @@ Emulated emulated(const Layout& l, const TempDir& d) {
       " --pp " + std::to_string(l.pp) + " --dp " + std::to_string(l.dp) + (l.zero1 ? " --zero1" : "") + " --log-json " +
       log;
   if (l.pp > 1) cmd += " --schedule " + l.schedule + " --virtual-stages " + std::to_string(l.v) + " --trace " + trace;
+  if (l.topology != "emulated:8") cmd += " --topology " + l.topology;
   auto r = tessera::testing::run_command(cmd);
   EXPECT_EQ(r.code, 0) << cmd << "\n" << r.out;
   Emulated out;
@@ -114,6 +120,10 @@ TEST(PredictEqualsEmulation, StepTimeAndEachStagesBubble) {
       {"tp1pp4dp2_1f1b", 1, 4, 2, 2, "1f1b", 1, false},
       {"tp2pp2dp2_interleaved2", 2, 2, 2, 2, "interleaved", 2, false},
       {"tp2pp4dp1_1f1b", 2, 4, 1, 2, "1f1b", 1, false},
+      // Placed on a topology: every group charged on the links it spans.
+      {"tp2dp4_zero1_trn1", 2, 1, 4, 4, "1f1b", 1, true, "run", "trn1.32xlarge"},
+      {"tp2pp2dp2_1f1b_trn1", 2, 2, 2, 2, "1f1b", 1, false, "run", "trn1.32xlarge"},
+      {"tp2pp2dp2_1f1b_trn2", 2, 2, 2, 2, "1f1b", 1, false, "run", "trn2.48xlarge"},
   };
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
