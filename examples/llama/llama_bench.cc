@@ -3,7 +3,7 @@
 // its own GEMM shapes (the projections and the LM head at the run's token
 // count, in the layout the model multiplies them: Conv1D [in, out] for GPT,
 // nn.Linear [out, in] for Llama) measured in the same run, between the
-// steps. Models alternate (GPT step, sgemm, Llama step, sgemm, ...) so load
+// steps (right before and after each, averaged). Models alternate (GPT step, sgemm, Llama step, sgemm, ...) so load
 // from other processes falls on both alike; the medians are reported.
 //
 // FLOPs per step = tokens x (6 x matrix parameters (LM head included) +
@@ -12,7 +12,7 @@
 //
 // Usage: llama_bench [--hidden 512] [--layers 4] [--heads 8] [--kv-heads 2]
 //   [--ffn 0 (Llama: 8/3 hidden rounded up to 64, GPT: 4 hidden)] [--seq 256]
-//   [--batch 2] [--vocab 8192] [--steps 7]
+//   [--batch 2] [--vocab 8192] [--steps 9]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -32,7 +32,7 @@ namespace tessera {
 namespace {
 
 struct Args {
-  int64_t hidden = 512, layers = 4, heads = 8, kv_heads = 2, ffn = 0, seq = 256, batch = 2, vocab = 8192, steps = 7;
+  int64_t hidden = 512, layers = 4, heads = 8, kv_heads = 2, ffn = 0, seq = 256, batch = 2, vocab = 8192, steps = 9;
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -217,10 +217,13 @@ int main(int argc, char** argv) {
   for (Runner& r : runners) r.step();  // warm-up: allocates every buffer
   for (int64_t s = 0; s < a.steps; ++s) {
     for (Runner& r : runners) {
+      // sgemm right before and right after the step: their mean tracks the
+      // load the step ran under.
+      const double before = sgemm_flops(r.shapes, tokens, r.linear_layout, 0.3);
       Stopwatch sw;
       r.step();
       const double t = sw.seconds();
-      const double sg = sgemm_flops(r.shapes, tokens, r.linear_layout, 0.5);
+      const double sg = 0.5 * (before + sgemm_flops(r.shapes, tokens, r.linear_layout, 0.3));
       r.step_s.push_back(t);
       r.fraction.push_back(r.flops_per_step / t / sg);
     }

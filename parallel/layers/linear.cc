@@ -83,6 +83,8 @@ void ColumnParallelLinear::backward_partial(const float* dy, int64_t rows, float
   // The input is the same on all of them, so summing dy sums x^T dy.
   const float* dyw = dy;
   if (replicas_ > 1) {
+    TESSERA_CHECK(ps_.kv_replicas == replicas_, weight_.name, ": held by ", replicas_,
+                  " TP ranks but the ParallelState's kv groups have ", ps_.kv_replicas);
     float* sum = ensure_buffer(dy_sum_, ps_.device, rows * out_local_);
     ps_.kv_all_reduce(dy, sum, rows * out_local_);
     dyw = sum;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "parallel/layers/attention.h"
+#include "parallel/layers/linear.h"
 #include "parallel/layers/rotary.h"
 #include "runtime/kernels.h"
 
@@ -273,6 +274,64 @@ TEST(LlamaLayers, GqaGradient) {
     check_grad(w + " dq", a.q, f, dq);
     check_grad(w + " dk", a.k, f, dk);
     check_grad(w + " dv", a.v, f, dv);
+  }
+}
+
+// The nn.Linear layout is the Conv1D layout transposed: with W_linear =
+// W_conv1d^T both give the same outputs, input gradients and (transposed)
+// weight gradients; without a bias a row-parallel layer adds only the residual.
+TEST(LlamaLayers, LinearLayoutIsConv1DTransposed) {
+  auto ps = parallel::layers::serial_state(nullptr);
+  const int64_t rows = 5, in = 6, out = 4;
+  auto w = randn(in * out, 30), x = randn(rows * in, 31), dy = randn(rows * out, 32), b = randn(out, 33);
+  std::vector<float> wt(in * out);
+  for (int64_t i = 0; i < in; ++i)
+    for (int64_t o = 0; o < out; ++o) wt[o * in + i] = w[i * out + o];
+  auto bind = [](parallel::layers::Parameter& p, std::vector<float>& value, std::vector<float>& grad) {
+    grad.assign(value.size(), 0.f);
+    p.value = value.data();
+    p.grad = grad.data();
+  };
+  parallel::layers::LinearOptions lin;
+  lin.layout = parallel::layers::WeightLayout::kLinear;
+  {  // column-parallel with a bias
+    parallel::layers::ColumnParallelLinear conv("c", in, out, 1, ps, 0.02f), linear("l", in, out, 1, ps, 0.02f, lin);
+    EXPECT_EQ(linear.weight().full_shape, (Shape{out, in}));
+    std::vector<float> w1 = w, w2 = wt, b1 = b, b2 = b, g1, g2, gb1, gb2;
+    bind(conv.weight(), w1, g1);
+    bind(linear.weight(), w2, g2);
+    bind(conv.bias(), b1, gb1);
+    bind(linear.bias(), b2, gb2);
+    std::vector<float> y1(rows * out), y2(rows * out), dx1(rows * in), dx2(rows * in);
+    conv.forward(x.data(), rows, y1.data());
+    linear.forward(x.data(), rows, y2.data());
+    for (size_t i = 0; i < y1.size(); ++i) EXPECT_NEAR(y1[i], y2[i], 1e-5) << i;
+    conv.backward(dy.data(), rows, dx1.data());
+    linear.backward(dy.data(), rows, dx2.data());
+    for (size_t i = 0; i < dx1.size(); ++i) EXPECT_NEAR(dx1[i], dx2[i], 1e-5) << i;
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t o = 0; o < out; ++o) EXPECT_NEAR(g1[i * out + o], g2[o * in + i], 1e-5);
+    for (int64_t o = 0; o < out; ++o) EXPECT_EQ(gb1[o], gb2[o]);
+  }
+  {  // row-parallel: Conv1D with a zero bias against Linear without one
+    lin.bias = false;
+    parallel::layers::RowParallelLinear conv("c", in, out, ps, 0.02f), linear("l", in, out, ps, 0.02f, lin);
+    EXPECT_EQ(linear.params().size(), 1u);
+    EXPECT_EQ(linear.weight().split_dim, -1);  // tp 1
+    std::vector<float> w1 = w, w2 = wt, zero(out, 0.f), g1, g2, gb;
+    bind(conv.weight(), w1, g1);
+    bind(linear.weight(), w2, g2);
+    bind(conv.bias(), zero, gb);
+    const auto residual = randn(rows * out, 34);
+    std::vector<float> y1(rows * out), y2(rows * out), dx1(rows * in), dx2(rows * in);
+    conv.forward(x.data(), rows, residual.data(), y1.data());
+    linear.forward(x.data(), rows, residual.data(), y2.data());
+    for (size_t i = 0; i < y1.size(); ++i) EXPECT_NEAR(y1[i], y2[i], 1e-5) << i;
+    conv.backward(dy.data(), rows, dx1.data());
+    linear.backward(dy.data(), rows, dx2.data());
+    for (size_t i = 0; i < dx1.size(); ++i) EXPECT_NEAR(dx1[i], dx2[i], 1e-5) << i;
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t o = 0; o < out; ++o) EXPECT_NEAR(g1[i * out + o], g2[o * in + i], 1e-5);
   }
 }
 

@@ -35,10 +35,11 @@ void LlamaModel::validate(const ModelConfig& cfg, int tp) {
                     "kv_heads ranks)");
   TESSERA_ARG_CHECK(cfg.ffn_hidden % tp == 0, "model '", cfg.name, "': ffn_hidden ", cfg.ffn_hidden,
                     " does not divide over tp ", tp);
-  TESSERA_ARG_CHECK(cfg.vocab <= (int64_t{1} << 31) - 1, "vocab too large");
 }
 
-int LlamaModel::kv_replicas(const ModelConfig& cfg, int tp) { return tp > cfg.kv_heads ? tp / cfg.kv_heads : 1; }
+int LlamaModel::kv_replicas(const ModelConfig& cfg, int tp) {
+  return cfg.kv_heads > 0 && tp > cfg.kv_heads ? tp / cfg.kv_heads : 1;
+}
 
 namespace {
 // nn.Linear's [out, in] layout, Hugging Face Llama's.
