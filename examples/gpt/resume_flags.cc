@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "parallel/checkpoint/ckpt_tool.h"
-#include "parallel/checkpoint/train_ckpt.h"
+#include "parallel/checkpoint/checkpoint.h"
+#include "parallel/models/gpt/hf.h"
 #include "parallel/models/gpt/trainer_state.h"
 #include "runtime/error.h"
 
@@ -38,10 +38,17 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
     auto l = ckpt::latest_checkpoint(save);
     if (!l) return "";  // nothing saved yet: start at step 0
     dir = *l;
-  } else if (!ckpt::is_train_checkpoint(dir) &&
-             std::filesystem::is_regular_file(std::filesystem::path(dir) / ckpt::kManifestName)) {
-    // A `tessera ckpt shard` directory: its weights, a fresh optimizer at step 0; sizes as for --init.
-    const ckpt::Gpt2Config c = ckpt::read_manifest_config(dir);
+  } else {
+    // A checkpoint directory, or a --save directory (its newest complete checkpoint).
+    auto r = ckpt::resolve_checkpoint(dir);
+    TESSERA_ARG_CHECK(r.has_value(), "--resume ", dir, ": not a checkpoint, nor a directory holding a complete one");
+    dir = *r;
+  }
+  ckpt::Checkpoint ck(dir);
+  if (!ck.has_trainer_state()) {
+    // Weights only (a `tessera ckpt shard` output): a fresh optimizer at step 0; sizes as for --init.
+    const models::gpt::GptConfig c = models::gpt::gpt_config_of(
+        parallel::ModelConfig::from_json_text(ck.model_json(), ck.where() + " (the manifest's model)"));
     auto agree = [&](const char* flag, int64_t value, int64_t file) {
       TESSERA_ARG_CHECK(!given(flag) || value == file, flag, " ", value, " does not match ", dir, ", which has ", file);
     };
@@ -49,19 +56,10 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
     agree("--vocab", t.model.vocab, c.vocab);
     agree("--hidden", t.model.hidden, c.hidden);
     agree("--layers", t.model.layers, c.layers);
-    t.model.vocab = c.vocab;
-    t.model.hidden = c.hidden;
-    t.model.layers = c.layers;
-    t.model.heads = c.heads;
-    t.model.seq = c.n_positions;
-    if (!given("--seq")) t.seq = std::min<int64_t>(t.seq, c.n_positions);
-    return dir;
-  } else if (!ckpt::is_train_checkpoint(dir)) {
-    auto l = ckpt::latest_checkpoint(dir);  // a --save directory: its newest complete checkpoint
-    TESSERA_ARG_CHECK(l.has_value(), "--resume ", dir, ": no complete training checkpoint there");
-    dir = *l;
+    t.model = c;
+    if (!given("--seq")) t.seq = std::min<int64_t>(t.seq, c.seq);
+    return ck.dir();
   }
-  ckpt::TrainCheckpoint ck(dir);
   const models::gpt::TrainerState st =
       models::gpt::decode_trainer_state(ck.read_trainer_state(), "checkpoint " + ck.dir());
   auto agree = [&](const char* flag, auto value, auto saved) {
@@ -103,7 +101,12 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
     t.model.validate(t.tp);
   } catch (const InvalidArgument& e) {
     // Name the tensor the new layout cannot split (the fused QKV splits by heads).
-    std::string tensor = "transformer.h.0.attn.c_attn.weight", file = "?";
+    std::string tensor = "?", file = "?";
+    for (const auto& p : models::gpt::gpt_layout(models::gpt::model_config_of(saved.model), 1, 0))
+      if (p.chunks > 1) {
+        tensor = p.name;  // the fused QKV, split by heads
+        break;
+      }
     for (const auto& p : ck.pieces())
       if (p.tensor == tensor) file = ck.files()[p.file].name;
     throw InvalidArgument(detail::concat("checkpoint ", ck.dir(), ": cannot resume under --tp ", t.tp, ": tensor ",

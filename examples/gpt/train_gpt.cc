@@ -21,9 +21,9 @@
 #include "examples/gpt/resume_flags.h"
 #include "examples/gpt/sgemm_bench.h"
 #include "launcher/cli.h"
-#include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/checkpoint/checkpoint.h"
 #include "parallel/checkpoint/safetensors.h"
-#include "parallel/checkpoint/train_ckpt.h"
+#include "parallel/models/gpt/hf.h"
 #include "parallel/mesh.h"
 #include "parallel/models/gpt/trainer.h"
 #include "parallel/pipeline/partition.h"
@@ -149,8 +149,8 @@ void apply_init_config(Flags& f, const CLI::App& app) {
   // --heads is a hint only for a file that does not record n_head; otherwise it must agree.
   const bool file_heads = src->metadata().count("n_head") > 0;
   int64_t heads_hint = app.count("--heads") && !file_heads ? f.t.model.heads : 0;
-  parallel::checkpoint::Gpt2Config c = parallel::checkpoint::infer_gpt2_config(*src, heads_hint);
-  parallel::checkpoint::check_gpt2(*src, c);
+  const parallel::ModelConfig c = models::gpt::infer_gpt2_config(*src, heads_hint);
+  models::gpt::check_gpt2(*src, c);
   if (!f.allow_nonfinite) parallel::checkpoint::check_finite(*src);
   auto agree = [&](const char* flag, int64_t given, int64_t file) {
     TESSERA_ARG_CHECK(!app.count(flag) || given == file, flag, " ", given, " does not match ", f.init, ", which has ",
@@ -164,8 +164,9 @@ void apply_init_config(Flags& f, const CLI::App& app) {
   f.t.model.hidden = c.hidden;
   f.t.model.layers = c.layers;
   f.t.model.heads = c.heads;
-  f.t.model.seq = c.n_positions;
-  if (!app.count("--seq")) f.t.seq = std::min<int64_t>(f.t.seq, c.n_positions);
+  f.t.model.seq = c.max_seq;
+  f.t.model.ln_eps = static_cast<float>(c.norm_eps);
+  if (!app.count("--seq")) f.t.seq = std::min<int64_t>(f.t.seq, c.max_seq);
 }
 
 // --save/--resume flags (examples/gpt/resume_flags.h).

@@ -32,9 +32,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using testing::TempDir;
 
-const Gpt2Config kCfg{67, 16, 32, 3, 4};
+const ModelConfig kCfg = gpt2_config(67, 16, 32, 3, 4);
 
-void make_file(const std::string& path, const Gpt2Config& c, uint32_t seed, float poison = 0.f,
+void make_file(const std::string& path, const ModelConfig& c, uint32_t seed, float poison = 0.f,
                const std::string& poisoned = "") {
   auto t = testing::random_gpt2_tensors(c, DType::F32, seed, 0.02f);
   for (auto& [name, tensor] : t)
@@ -212,7 +212,7 @@ TEST(CkptIntegrity, NonFiniteWeightsAreReportedByTensor) {
 
 TEST(CkptIntegrity, TrainGptInitChecksWeightsAndFlags) {
   TempDir d;
-  const Gpt2Config c{256, 16, 32, 1, 4};
+  const ModelConfig c = gpt2_config(256, 16, 32, 1, 4);
   const std::string good = d.file("good.safetensors"), bad = d.file("nan.safetensors");
   make_file(good, c, 6);
   make_file(bad, c, 6, std::nanf(""), "transformer.h.0.attn.c_attn.weight");
@@ -254,7 +254,7 @@ TEST(CkptIntegrity, ConsolidateRefusesToOverwriteAndEmptyVocabIsInvalid) {
   EXPECT_THROW(consolidate_gpt2(d.file("s"), src), InvalidArgument);
 
   const std::string empty = d.file("empty.safetensors");
-  make_file(empty, Gpt2Config{0, 16, 32, 1, 4}, 8);
+  make_file(empty, gpt2_config(0, 16, 32, 1, 4), 8);
   expect_format_error([&] { shard_gpt2(empty, d.file("e"), {1, 1, 1, 0}); }, {empty, "wte.weight", "[0, 32]"});
   EXPECT_FALSE(fs::exists(d.file("e")));
   auto [icode, iout] = run_out(std::string(TESSERA_BIN) + " ckpt inspect " + empty);

@@ -20,7 +20,6 @@
 #include <string>
 #include <utility>
 
-#include "parallel/checkpoint/gpt2_layout.h"
 #include "parallel/cost_model.h"
 #include "parallel/layers/parallel_state.h"
 #include "parallel/models/gpt/gpt_model.h"
@@ -36,9 +35,9 @@ namespace fs = std::filesystem;
 using testing::TempDir;
 
 // vocab 67 does not divide over 2 or 4 (padding); 3 layers split unevenly over pp 2.
-const Gpt2Config kCfg{67, 16, 32, 3, 4};
+const ModelConfig kCfg = gpt2_config(67, 16, 32, 3, 4);
 
-void make_gpt2_file(const std::string& path, const Gpt2Config& c, DType dtype, uint32_t seed) {
+void make_gpt2_file(const std::string& path, const ModelConfig& c, DType dtype, uint32_t seed) {
   testing::write_random_gpt2(path, c, dtype, seed);
 }
 
@@ -63,10 +62,10 @@ std::string shard_file(const std::string& dir, int tp, int pp) {
   return dir + "/" + rank_stem(0, tp, pp) + ".safetensors";
 }
 
-parallel::models::gpt::GptConfig gpt_config(const Gpt2Config& c) {
+parallel::models::gpt::GptConfig gpt_config(const ModelConfig& c) {
   parallel::models::gpt::GptConfig g;
   g.vocab = c.vocab;
-  g.seq = c.n_positions;
+  g.seq = c.max_seq;
   g.hidden = c.hidden;
   g.layers = c.layers;
   g.heads = c.heads;
@@ -147,7 +146,7 @@ TEST(Gpt2Layout, StagesAgreeWithPlanner) {
   for (int64_t layers : {1, 3, 4, 7, 10, 12, 13, 24}) {
     for (int pp : {1, 2, 3, 4, 8}) {
       if (pp > layers) continue;
-      Gpt2Config c = kCfg;
+      ModelConfig c = kCfg;
       c.layers = layers;
       const std::vector<int> planner = parallel::partition_layers(static_cast<int>(layers), pp, false, 0.5);
       EXPECT_EQ(gpt2_stages(c, pp), planner) << layers << " layers, pp " << pp;

@@ -1,4 +1,4 @@
-#include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/models/gpt/hf.h"
 
 #include <gtest/gtest.h>
 
@@ -9,13 +9,15 @@
 namespace tessera::parallel::checkpoint {
 namespace {
 
+using namespace tessera::parallel::models::gpt;  // NOLINT(google-build-using-namespace)
+
 using tessera::testing::TempDir;
 
-const Gpt2Config kTiny{/*vocab=*/11, /*n_positions=*/7, /*hidden=*/8, /*layers=*/2, /*heads=*/2};
+const ModelConfig kTiny = gpt2_config(/*vocab=*/11, /*n_positions=*/7, /*hidden=*/8, /*layers=*/2, /*heads=*/2);
 
 // Every tensor filled with a value derived from its position in the list, so
 // mix-ups show.
-std::vector<std::pair<std::string, Tensor>> tiny_tensors(const Gpt2Config& c, const std::string& prefix) {
+std::vector<std::pair<std::string, Tensor>> tiny_tensors(const ModelConfig& c, const std::string& prefix) {
   std::vector<std::pair<std::string, Tensor>> ts;
   int i = 0;
   for (const std::string& n : gpt2_tensor_names(c)) {
@@ -65,8 +67,8 @@ TEST(HfGpt2, ExportThenInferAndValidate) {
   EXPECT_EQ(r.metadata().at("step"), "3");
   EXPECT_EQ(r.entries().front().name, "transformer.wte.weight");
   EXPECT_EQ(infer_gpt2_config(r, 0), kTiny);  // heads from metadata
-  Gpt2Config four = kTiny;
-  four.heads = 4;
+  ModelConfig four = kTiny;
+  four.heads = four.kv_heads = 4;
   EXPECT_EQ(infer_gpt2_config(r, 4), four);  // hint wins
   EXPECT_THROW(infer_gpt2_config(r, 3), InvalidArgument);
   EXPECT_TRUE(gpt2_problems(r, kTiny).empty()) << joined(gpt2_problems(r, kTiny));
@@ -90,7 +92,7 @@ TEST(HfGpt2, AcceptsGpt2ModelNamesMaskBuffersAndTiedHead) {
   const std::string path = dir.file("bare.safetensors");
   write_safetensors(path, ts, {{"format", "pt"}});
   SafetensorsReader r(path);
-  Gpt2Config c = infer_gpt2_config(r, 2);
+  ModelConfig c = infer_gpt2_config(r, 2);
   EXPECT_EQ(c, kTiny);
   EXPECT_TRUE(gpt2_problems(r, c).empty()) << joined(gpt2_problems(r, c));
   EXPECT_EQ(gpt2_stored_name(r, "transformer.ln_f.bias"), "ln_f.bias");
@@ -101,7 +103,7 @@ TEST(HfGpt2, AcceptsGpt2ModelNamesMaskBuffersAndTiedHead) {
 
 TEST(HfGpt2, HeadsDefaultToHiddenOver64) {
   TempDir dir;
-  Gpt2Config c{5, 4, 128, 1, 2};
+  ModelConfig c = gpt2_config(5, 4, 128, 1, 2);
   const std::string path = dir.file("h.safetensors");
   write_safetensors(path, tiny_tensors(c, "transformer."));  // no metadata
   SafetensorsReader r(path);
@@ -126,7 +128,7 @@ TEST(HfGpt2, MisShapedMissingAndExtraTensorsReportedByNameAndFile) {
   const std::string path = dir.file("bad.safetensors");
   write_safetensors(path, ts);
   SafetensorsReader r(path);
-  Gpt2Config c = infer_gpt2_config(r, 2);
+  ModelConfig c = infer_gpt2_config(r, 2);
   EXPECT_EQ(c, kTiny);
   auto problems = gpt2_problems(r, c);
   ASSERT_EQ(problems.size(), 3u) << joined(problems);
@@ -144,7 +146,7 @@ TEST(HfGpt2, MisShapedMissingAndExtraTensorsReportedByNameAndFile) {
     EXPECT_NE(std::string(e.what()).find("3 problems"), std::string::npos) << e.what();
   }
   // Validating against a config with more layers lists the missing tensors.
-  Gpt2Config three = kTiny;
+  ModelConfig three = kTiny;
   three.layers = 3;
   auto missing = gpt2_problems(r, three);
   EXPECT_NE(joined(missing).find(path + ": tensor 'transformer.h.2.attn.c_attn.weight' is missing"), std::string::npos);

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <map>
 
-#include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/checkpoint/safetensors.h"
+#include "parallel/models/gpt/hf.h"
 #include "runtime/device.h"
 #include "runtime/sim_clock.h"
 
@@ -88,12 +88,10 @@ void Trainer::init_random() {
 
 void Trainer::load_hf(const std::string& path) {
   auto src = parallel::checkpoint::open_safetensors(path);
-  const GptConfig& m = opts_.model;
-  parallel::checkpoint::Gpt2Config c{m.vocab, m.seq, m.hidden, m.layers, m.heads};
-  parallel::checkpoint::check_gpt2(*src, c);
+  check_gpt2(*src, model_config_of(opts_.model));
   for (parallel::layers::Parameter* p : parameters()) {
     Tensor full = Tensor::empty(p->full_shape, DType::F32);
-    parallel::checkpoint::read_gpt2_tensor(*src, p->name, full);
+    read_gpt2_tensor(*src, p->name, full);
     parallel::layers::load_shard(*p, full.data<float>());
   }
 }
@@ -163,9 +161,7 @@ void Trainer::export_hf(const std::string& path) {
     }
   }
   if (ps_.global_rank() == 0) {
-    parallel::checkpoint::write_gpt2_safetensors(
-        path, parallel::checkpoint::Gpt2Config{m.vocab, m.seq, m.hidden, m.layers, m.heads}, tensors,
-        {{"producer", "tessera train_gpt"}});
+    write_gpt2_safetensors(path, model_config_of(m), tensors, {{"producer", "tessera train_gpt"}});
   }
 }
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/checkpoint/train_ckpt.h"
+#include "parallel/checkpoint/checkpoint.h"
 #include "parallel/data/byte_dataset.h"
 #include "parallel/models/gpt/gpt_model.h"
 #include "parallel/optim/optimizer.h"
@@ -108,7 +108,7 @@ class Trainer {
   // as a pp = 1 run (the last stage's tied copy of wte is not written).
   void export_hf(const std::string& path);
 
-  // Training checkpoints (parallel/checkpoint/train_ckpt.h, trainer_state.cc),
+  // Checkpoints (parallel/checkpoint/checkpoint.h, trainer_state.cc),
   // collective over every rank. save_checkpoint writes the state after
   // steps_done() into root/step_NNNNNNNN (keep > 0: then only the newest
   // `keep` complete checkpoints remain). load_checkpoint reads one saved

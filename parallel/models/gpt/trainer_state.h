@@ -60,5 +60,8 @@ TrainerState decode_trainer_state(const std::string& bytes, const std::string& w
 // batch, seed, schedule, AdamW) must be equal; the layout and micro-batch may
 // differ. Returns "" or one line per difference naming the field and both values.
 std::string resume_mismatches(const TrainerState& saved, const TrainOptions& now);
+// The encoded state `bytes` with its recorded layout set to (tp, dp, pp)
+// (`tessera ckpt reshard` of a training checkpoint). FormatError as decode.
+std::string relayout_trainer_state(const std::string& bytes, int tp, int dp, int pp, const std::string& where);
 
 }  // namespace tessera::parallel::models::gpt
