@@ -180,13 +180,15 @@ std::pair<std::string, json> rank_file_header(const std::string& name, const Fil
   for (const PieceOut& o : outs) {
     const Parameter& p = *o.p;
     const std::string key = concat(state_kind_name(o.kind), "/", p.name);
-    header[key] = {
-        {"dtype", dtype_safetensors_name(o.dtype)}, {"shape", {o.end - o.begin}}, {"data_offsets", {off, off + o.bytes()}}};
+    header[key] = {{"dtype", dtype_safetensors_name(o.dtype)},
+                   {"shape", {o.end - o.begin}},
+                   {"data_offsets", {off, off + o.bytes()}}};
     off += o.bytes();
     const bool split = p.split_dim >= 0;
     pieces.push_back({{"tensor", p.name},
                       {"shape", p.full_shape},
                       {"dtype", dtype_safetensors_name(o.dtype)},
+                      {"layer", p.layer},
                       {"kind", state_kind_name(o.kind)},
                       {"key", key},
                       {"split_dim", p.split_dim},
@@ -276,11 +278,12 @@ std::string write_state_and_manifest(const std::string& tmp, const FileMeta& fm,
   for (json& j : files) {
     for (json& pc : j["pieces"]) {
       const std::string t = pc["tensor"];
-      if (!tensors.contains(t)) tensors[t] = {{"shape", pc["shape"]}, {"dtype", pc["dtype"]}};
+      if (!tensors.contains(t)) tensors[t] = {{"shape", pc["shape"]}, {"dtype", pc["dtype"]}, {"layer", pc["layer"]}};
       TESSERA_CHECK(tensors[t]["shape"] == pc["shape"] && tensors[t]["dtype"] == pc["dtype"],
                     "ranks disagree on the shape or dtype of ", t);
       pc.erase("shape");
       pc.erase("dtype");
+      pc.erase("layer");
     }
     jfiles.push_back(j);
   }
@@ -523,30 +526,42 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
 }
 
 namespace {
-// The "format" of DIR/manifest.json, or "" when there is none (or it is not JSON).
-std::string manifest_format(const std::string& dir) {
+// DIR/manifest.json parsed, or nullopt when there is none; FormatError for
+// one that is not a JSON object.
+std::optional<json> read_manifest_json(const std::string& dir) {
   std::error_code ec;
   const fs::path m = fs::path(dir) / kManifestName;
-  if (!fs::is_regular_file(m, ec)) return "";
-  try {
-    json j = json::parse(read_regular_file(m.string(), kMaxManifestBytes));
-    return j.is_object() && j.contains("format") && j["format"].is_string() ? j["format"].get<std::string>() : "";
-  } catch (const std::exception&) {
-    return "";
-  }
+  if (fs::symlink_status(m, ec).type() == fs::file_type::not_found) return std::nullopt;
+  json j = parse_json(read_regular_file(m.string(), kMaxManifestBytes), m.string(), dir);
+  if (!j.is_object()) throw FormatError(concat(m.string(), ": expected a JSON object, found ", j.type_name()));
+  return j;
 }
 }  // namespace
 
-bool is_checkpoint(const std::string& dir) { return manifest_format(dir) == kFormat; }
+bool is_checkpoint(const std::string& dir) {
+  try {
+    std::optional<json> j = read_manifest_json(dir);
+    return j && j->value("format", "") == kFormat;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 void refuse_old_format(const std::string& dir) {
-  const std::string f = manifest_format(dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  const std::optional<json> j = read_manifest_json(dir);
+  if (!j) return;
+  const std::string mpath = (fs::path(dir) / kManifestName).string();
+  const json& fj = j->contains("format") ? j->at("format") : json();
+  const std::string f = fj.is_string() ? fj.get<std::string>() : "";
+  if (f == kFormat) return;
   if (f == kOldShardFormat)
     throw FormatError(
         concat(dir, " is a shard set of an earlier tessera (format ", kOldShardFormat,
                "), which this build no longer reads; regenerate it from the Hugging Face file it was cut from: "
-               "`build/bin/tessera ckpt shard --tp T --pp P --out NEW_DIR MODEL.safetensors` (the tp and pp are in its "
-               "manifest.json)"));
+               "`build/bin/tessera ckpt shard --tp T --pp P --out NEW_DIR MODEL.safetensors` (its tp and pp are in ",
+               mpath, ")"));
   if (f == kOldTrainFormat)
     throw FormatError(concat(dir, " is a training checkpoint of an earlier tessera (format ", kOldTrainFormat,
                              "), which this build no longer reads; consolidate it with the build that wrote it "
@@ -554,6 +569,7 @@ void refuse_old_format(const std::string& dir) {
                              dir,
                              "`), then `build/bin/tessera ckpt shard --tp T --out NEW_DIR MODEL.safetensors` "
                              "or `train_gpt --init MODEL.safetensors`"));
+  throw FormatError(concat(mpath, ": not a ", kFormat, " manifest (field 'format' is ", fj.dump(), ")"));
 }
 
 std::optional<std::string> resolve_checkpoint(const std::string& path) {
@@ -707,6 +723,8 @@ void Checkpoint::open(const std::string& dir_in) {
     TensorInfo ti;
     ti.dtype = dtype_field(*it, tc);
     ti.shape = shape_field(*it, "shape", tc);
+    ti.layer = field<int>(*it, "layer", tc);
+    if (ti.layer < parallel::layers::kHeadLayer) throw FormatError(concat(tc, ": bad layer ", ti.layer));
     checked_numel(ti.shape, tc);
     tensors_[it.key()] = ti;
   }
@@ -735,7 +753,8 @@ void Checkpoint::open(const std::string& dir_in) {
     }
     if (real != fi.bytes)
       throw FormatError(concat(w, ": ", path, " has ", real, " bytes, the manifest says ", fi.bytes,
-                               real < fi.bytes ? " (truncated)" : ""));
+                               real < fi.bytes ? " (truncated" : " (damaged",
+                               ", or another rank's or another checkpoint's file)"));
     const size_t file_index = files_.size();
     files_.push_back(fi);
     if (!fj.contains("pieces") || !fj["pieces"].is_array())
@@ -774,6 +793,8 @@ void Checkpoint::open(const std::string& dir_in) {
             concat(pcx, ": chunks ", pc.chunks, " does not divide dimension ", pc.split_dim, " of ", shape_str(full)));
       if (pc.tp < 1 || pc.tp > (1 << 20) || pc.tp_rank < 0 || pc.tp_rank >= pc.tp)
         throw FormatError(concat(pcx, ": tp_rank ", pc.tp_rank, " of tp ", pc.tp, " is impossible"));
+      if (pc.split_dim >= 0 && pc.tp != layout_.tp)
+        throw FormatError(concat(pcx, ": tp ", pc.tp, " is not the layout's tp ", layout_.tp));
       if (pc.tp_parts < 1 || pc.tp_parts > pc.tp || pc.tp % pc.tp_parts != 0)
         throw FormatError(concat(pcx, ": tp_parts ", pc.tp_parts, " does not divide tp ", pc.tp));
       const Parameter d = descriptor(pc.tensor, full, pc.split_dim, pc.chunks, pc.tp, pc.tp_rank, pc.tp_parts);
@@ -880,6 +901,11 @@ std::string Checkpoint::read_trainer_state() const {
 
 void Checkpoint::verify_model(const ModelLayout& model) const {
   const std::string w = concat(where(), ": the manifest's model (", model.describe(), ")");
+  // The layers first (cheap; a model of 10^6 layers is not laid out to find it lies).
+  int64_t layers = 0;
+  for (const auto& [n, t] : tensors_) layers = std::max<int64_t>(layers, t.layer + 1);
+  if (model.layers() != layers)
+    throw FormatError(concat(w, " has ", model.layers(), " layers; the files hold layers 0..", layers - 1));
   std::vector<Parameter> expect;
   try {
     expect = model.tensors(1, 0);
@@ -891,6 +917,9 @@ void Checkpoint::verify_model(const ModelLayout& model) const {
     names.insert(p.name);
     auto t = tensors_.find(p.name);
     if (t == tensors_.end()) throw FormatError(concat(w, " has tensor ", p.name, ", which no file holds"));
+    if (t->second.layer != p.layer)
+      throw FormatError(
+          concat(w, " puts tensor ", p.name, " in layer ", p.layer, "; the files record layer ", t->second.layer));
     if (t->second.shape != p.full_shape)
       throw FormatError(concat(w, " gives tensor ", p.name, " the shape ", shape_str(p.full_shape),
                                "; the files hold it as ", shape_str(t->second.shape)));
@@ -971,6 +1000,7 @@ void Checkpoint::verify_file(size_t i) const {
     } catch (const std::exception&) {
     }
     throw FormatError(concat(w, ": ", path, " is damaged: SHA-256 ", h, ", the manifest says ", fi.sha256, from,
+                             " (the file is damaged, or is another rank's or another checkpoint's file)",
                              "; it holds tensors ", tensors_in()));
   }
   // A reader of its own (verify_all runs this on two threads; reader()'s cache is not shared).
@@ -999,9 +1029,9 @@ void Checkpoint::verify_file(size_t i) const {
     const SafetensorsEntry& e = r.entry(p.key);
     const DType want = tensors_.at(p.tensor).dtype;
     if (e.dtype != want || e.shape != Shape{p.end - p.begin})
-      throw FormatError(concat(w, ": ", path, ": ", p.key, " (tensor ", p.tensor, ") is ", dtype_name(e.dtype), " ",
-                               shape_str(e.shape), ", the manifest says ", dtype_name(want), " [", p.end - p.begin,
-                               "]"));
+      throw FormatError(concat(w, ": ", path, ": ", p.key, " (tensor ", p.tensor, ") is ",
+                               dtype_safetensors_name(e.dtype), " ", shape_str(e.shape), ", the manifest says ",
+                               dtype_safetensors_name(want), " [", p.end - p.begin, "]"));
   }
   if (r.entries().size() != count)
     throw FormatError(concat(w, ": ", path, " holds ", r.entries().size(), " tensors, the manifest lists ", count));

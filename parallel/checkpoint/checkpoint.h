@@ -144,6 +144,7 @@ class WholeTensors : public TensorReader {
 struct TensorInfo {
   Shape shape;
   DType dtype = DType::F32;
+  int layer = parallel::layers::kEmbeddingLayer;  // the descriptor's (its pipeline stage follows)
 };
 
 struct PieceInfo {

@@ -22,7 +22,7 @@ const TensorReader& Input::reader() const {
 Input open_input(const std::string& path, const ModelFamilies& f, int64_t heads_hint, bool verify) {
   Input in;
   std::error_code ec;
-  TESSERA_ARG_CHECK(fs::exists(path, ec), path, " does not exist");
+  if (!fs::exists(path, ec)) throw FormatError(concat(path, ": no such file or directory"));
   if (std::optional<std::string> dir = resolve_checkpoint(path)) {
     in.ck = std::make_unique<Checkpoint>(*dir);
     in.where = in.ck->where();
@@ -31,8 +31,6 @@ Input open_input(const std::string& path, const ModelFamilies& f, int64_t heads_
     if (verify) in.ck->verify_all();
     return in;
   }
-  if (fs::is_directory(path, ec) && fs::exists(fs::path(path) / kManifestName, ec))
-    throw FormatError(concat(path, ": its ", kManifestName, " is not a ", kFormat, " manifest"));
   try {
     in.hf = open_safetensors(path);
   } catch (const FormatError& e) {

@@ -76,9 +76,9 @@ inline std::vector<parallel::layers::Parameter> gpt2_tp_parameters(const ModelCo
 inline int gpt2_pp_stage(const std::vector<int>& stages, const std::string& name) {
   const std::string h = "transformer.h.";
   parallel::layers::Parameter p;
-  p.layer = name.rfind(h, 0) == 0                            ? std::stoi(name.substr(h.size()))
+  p.layer = name.rfind(h, 0) == 0                     ? std::stoi(name.substr(h.size()))
             : name.rfind("transformer.ln_f.", 0) == 0 ? parallel::layers::kHeadLayer
-                                                               : parallel::layers::kEmbeddingLayer;
+                                                      : parallel::layers::kEmbeddingLayer;
   return stage_of(p, stages);
 }
 // "dp_rank_00_tp_rank_01_pp_rank_00".

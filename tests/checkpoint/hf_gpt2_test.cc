@@ -1,9 +1,8 @@
-#include "parallel/models/gpt/hf.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
+#include "parallel/models/gpt/hf.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace tessera::parallel::checkpoint {
