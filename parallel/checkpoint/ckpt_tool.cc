@@ -60,15 +60,18 @@ Layout new_layout(Layout base, const ShardOptions& o) {
 
 uint64_t shard(const std::string& src, const std::string& out_dir, const ShardOptions& o, const ModelFamilies& f) {
   const Input in = open_input(src, f, o.heads);
+  TESSERA_ARG_CHECK(o.heads == 0 || !in.ck, "--heads ", o.heads, " is for Hugging Face sources without config.json; ",
+                    in.where, " records its model");
   WriteOptions w;
-  w.layout = new_layout({}, o);
-  w.run_id = in.ck ? in.ck->run_id() : "";
+  w.layout = new_layout({}, o);  // weights only: no run, step 0
   w.allow_nonfinite = o.allow_nonfinite;
   return write_checkpoint(in.reader(), *in.model, out_dir, w);
 }
 
 std::string reshard(const std::string& src, const std::string& out_dir, const ShardOptions& o, const ModelFamilies& f) {
   const Input in = open_input(src, f, o.heads);
+  TESSERA_ARG_CHECK(o.heads == 0 || !in.ck, "--heads ", o.heads, " is for Hugging Face sources without config.json; ",
+                    in.where, " records its model");
   WriteOptions w;
   w.allow_nonfinite = o.allow_nonfinite;
   if (!in.ck) {

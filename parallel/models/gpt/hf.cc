@@ -1,6 +1,8 @@
 #include "parallel/models/gpt/hf.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -317,7 +319,10 @@ GptConfig gpt_config_of(const ModelConfig& c) {
 
 ModelConfig model_config_of(const GptConfig& g) {
   ModelConfig c = gpt2_config(g.vocab, g.seq, g.hidden, g.layers, g.heads);
-  c.norm_eps = g.ln_eps;
+  // The float's shortest decimal form, so 1e-5f records as 1e-05 (as config.json says), not 9.99999974737875e-06.
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, g.ln_eps);
+  c.norm_eps = std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
   return c;
 }
 
