@@ -42,7 +42,7 @@ int usage(const char* argv0) {
 int main(int argc, char** argv) {
   using namespace tessera::parallel::checkpoint;
   using namespace tessera::parallel::models::gpt;
-  int64_t vocab = 0, n_positions = 0, hidden = 0, layers = 0, heads = 0;
+  int64_t vocab = 0, positions = 0, hidden = 0, layers = 0, heads = 0;
   std::string out;
   uint64_t seed = 1;
   for (int i = 1; i < argc; ++i) {
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
     } else if (a == "--vocab") {
       vocab = n;
     } else if (a == "--seq") {
-      n_positions = n;
+      positions = n;
     } else if (a == "--hidden") {
       hidden = n;
     } else if (a == "--layers") {
@@ -71,9 +71,9 @@ int main(int argc, char** argv) {
       return usage(argv[0]);
     }
   }
-  if (out.empty() || vocab <= 0 || n_positions <= 0 || hidden <= 0 || layers <= 0 || heads <= 0 || hidden % heads != 0)
+  if (out.empty() || vocab <= 0 || positions <= 0 || hidden <= 0 || layers <= 0 || heads <= 0 || hidden % heads != 0)
     return usage(argv[0]);
-  const tessera::parallel::ModelConfig c = gpt2_config(vocab, n_positions, hidden, layers, heads);
+  const tessera::parallel::ModelConfig c = gpt2_config(vocab, positions, hidden, layers, heads);
   try {
     std::vector<TensorSpec> specs;
     for (const std::string& name : gpt2_tensor_names(c))

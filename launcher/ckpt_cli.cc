@@ -130,8 +130,9 @@ void add_layout_flags(CLI::App* cmd, CkptArgs* a) {
       ->check(cli::positive(a->pp));
   cmd->add_option("--stages", a->stages,
                   "Layers per pp stage, e.g. 3,3,2,2 (default: even, leftover layers to the later stages)");
-  cmd->add_option("--heads", a->heads,
-                  "Hugging Face source without config.json: attention heads (default: metadata n_head, else hidden/64)")
+  cmd->add_option(
+         "--heads", a->heads,
+         "Hugging Face source without config.json: attention heads (default: the file's metadata, else hidden/64)")
       ->check(cli::positive(a->heads));
   cmd->add_flag("--allow-nonfinite", a->allow_nonfinite,
                 "Accept NaN/Inf weights (default: an error naming the tensors)");
@@ -153,7 +154,7 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   auto* inspect = ckpt->add_subcommand("inspect", "List tensors, layout, files and the model of any input");
   inspect->add_option("path", args->path, "checkpoint directory, --save directory, safetensors file, HF index/dir")
       ->required();
-  inspect->add_option("--heads", args->heads, "Attention heads (default: config.json, metadata n_head, hidden/64)")
+  inspect->add_option("--heads", args->heads, "Attention heads (default: config.json, the file's metadata, hidden/64)")
       ->check(cli::positive(args->heads));
   inspect->callback([&action, args, families] {
     action = [args, families] { return guarded("inspect", [&] { return run_inspect(*args, *families); }); };

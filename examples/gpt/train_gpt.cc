@@ -23,8 +23,8 @@
 #include "launcher/cli.h"
 #include "parallel/checkpoint/checkpoint.h"
 #include "parallel/checkpoint/safetensors.h"
-#include "parallel/models/gpt/hf.h"
 #include "parallel/mesh.h"
+#include "parallel/models/gpt/hf.h"
 #include "parallel/models/gpt/trainer.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
@@ -146,8 +146,8 @@ std::string human_time(double s) {
 // The model sizes come from --init's file when given; explicit flags must agree.
 void apply_init_config(Flags& f, const CLI::App& app) {
   auto src = parallel::checkpoint::open_safetensors(f.init);
-  // --heads is a hint only for a file that does not record n_head; otherwise it must agree.
-  const bool file_heads = src->metadata().count("n_head") > 0;
+  // --heads is a hint only for a file that does not record its head count; otherwise it must agree.
+  const bool file_heads = models::gpt::gpt2_file_records_heads(*src);
   int64_t heads_hint = app.count("--heads") && !file_heads ? f.t.model.heads : 0;
   const parallel::ModelConfig c = models::gpt::infer_gpt2_config(*src, heads_hint);
   models::gpt::check_gpt2(*src, c);

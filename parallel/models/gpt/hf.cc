@@ -397,6 +397,10 @@ ModelConfig infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
   return c;
 }
 
+bool gpt2_file_records_heads(const TensorSource& src) {
+  return !hf_config_path(src.path()).empty() || src.metadata().count("n_head") > 0;
+}
+
 std::map<std::string, std::string> gpt2_file_metadata(const ModelConfig& c) {
   return {{"format", "pt"},
           {"n_embd", std::to_string(c.hidden)},

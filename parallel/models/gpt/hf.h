@@ -63,6 +63,9 @@ std::string hf_config_path(const std::string& source_path);
 // size). FormatError naming the file when wte/wpe are missing or not 2-d.
 ModelConfig infer_gpt2_config(const TensorSource& src, int64_t heads_hint);
 
+// Whether the architecture of `src` records its head count (config.json beside it, or metadata n_head).
+bool gpt2_file_records_heads(const TensorSource& src);
+
 std::vector<std::string> gpt2_tensor_names(const ModelConfig& c);
 // Shape of a canonical name under `c`; InvalidArgument for a name that is not a GPT-2 tensor.
 Shape gpt2_tensor_shape(const ModelConfig& c, const std::string& name);

@@ -224,6 +224,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // The recorded model, checked against the tensors present, then against this run's.
   const ModelConfig saved = ModelConfig::from_json_text(ck.model_json(), w + " (the manifest's model)");
   ck.verify_model(*models::model_layout(saved));
+  // Every file's size, SHA-256 and recorded model before anything else is believed.
+  ck.verify_collective(world);
   const ModelConfig mine = model_config_of(opts_.model);
   {
     std::string diff;
@@ -260,7 +262,6 @@ void Trainer::load_checkpoint(const std::string& dir) {
     TESSERA_ARG_CHECK(t->second.shape == p.full_shape, w, ": tensor ", p.name, " has shape ",
                       shape_str(t->second.shape), ", the model's is ", shape_str(p.full_shape));
   }
-  ck.verify_collective(world);
   for (const ckpt::HeldTensor& h : held) {
     ck.read_f32(*h.param, ckpt::StateKind::Param, 0, h.param->numel(), h.param->value);
     if (training && h.moment_end > h.moment_begin) {
