@@ -191,7 +191,7 @@ std::string sha256_hex(std::string_view bytes);
 // left from what a live one is writing (docs/errors.md, "Temporary files"):
 //   write_file_atomic                  DIR/.NAME.tmp.<pid>.XXXXXX
 //   ckpt shard / reshard / consolidate OUT's parent/.OUT.tmp-<pid>
-//                                      (consolidate: .OUT.consolidated.tmp-<pid>)
+//                                      (consolidate to one file: write_file_atomic's temp)
 //   bench store directories            $TMPDIR/tessera-bench-<pid>[-<job id>]-XXXXXX (flocked: make_owned_temp_dir)
 // Shared memory is memfd (runtime/shm_memory.h): it has no name and goes
 // with the last process that maps it.
