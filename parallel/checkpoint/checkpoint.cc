@@ -218,7 +218,10 @@ std::pair<std::string, json> rank_file_header(const std::string& name, const Fil
 json write_rank_file(const std::string& tmp, const std::string& name, const FileMeta& fm,
                      const std::vector<PieceOut>& outs, const std::function<void(size_t, FileSink&)>& fill,
                      const std::vector<const void*>* in_memory = nullptr) {
-  auto [head, entry] = rank_file_header(name, fm, outs);
+  // Not a structured binding: clang does not let lambdas capture those.
+  std::pair<std::string, json> hdr = rank_file_header(name, fm, outs);
+  const std::string& head = hdr.first;
+  json& entry = hdr.second;
   std::string sha;
   uint64_t total = 0;
   AtomicWriteOptions wo;
@@ -1360,7 +1363,9 @@ uint64_t write_checkpoint(const TensorReader& src, const ModelLayout& model, con
         FileMeta fm = base;
         fm.world_rank = r + L.tp * (d + L.dp * s);
         const std::string name = rank_file_name(d, r, s);
-        auto [head, entry] = rank_file_header(name, fm, outs);
+        std::pair<std::string, json> hdr = rank_file_header(name, fm, outs);
+        const std::string& head = hdr.first;
+        json& entry = hdr.second;
         const std::string path = (tmp.path() / name).string();
         std::string sha;
         AtomicWriteOptions wo;

@@ -15,7 +15,7 @@ objs=()
 # An object is rebuilt when its source or any header it may include changed
 # (a stale object compiled against an older class layout breaks the ODR).
 for f in tests/fuzz/ckpt_readers_fuzz.cc parallel/checkpoint/safetensors.cc parallel/checkpoint/checkpoint.cc \
-         parallel/checkpoint/ckpt_tool.cc parallel/models/gpt/hf.cc; do
+         parallel/checkpoint/ckpt_tool.cc; do
   o=$work/$(basename "$f").o
   if [ ! -f "$o" ] || [ "$src/$f" -nt "$o" ] ||
      [ -n "$(find "$src/runtime" "$src/collectives" "$src/parallel" -name '*.h' -newer "$o" -print -quit)" ]; then
