@@ -1,4 +1,4 @@
-// `tessera ckpt` (parallel/checkpoint/ckpt_tool.h, gpt2_layout.h): shards are
+// `tessera ckpt` (parallel/checkpoint/ckpt_tool.h, the GPT layout of parallel/models/gpt/hf.h): shards are
 // what a TP rank of GptModel holds, shard -> consolidate is bit-exact, reshard
 // equals a direct shard, bad input is refused with nothing written.
 #include "parallel/checkpoint/ckpt_tool.h"

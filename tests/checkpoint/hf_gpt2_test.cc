@@ -206,3 +206,30 @@ TEST(HfGpt2, ShardedCheckpointValidates) {
 
 }  // namespace
 }  // namespace tessera::parallel::checkpoint
+
+namespace tessera::parallel::checkpoint {
+namespace {
+
+// The model description a checkpoint records is the planner's model JSON:
+// every field round-trips (GPT-2, and a Llama preset with GQA, RoPE scaling
+// and an untied head), and config.json <-> ModelConfig for GPT-2.
+TEST(HfGpt2, ModelJsonAndConfigJsonRoundTrip) {
+  for (const ModelConfig& c : {models::gpt::gpt2_config(50257, 1024, 768, 12, 12), ModelConfig::preset("llama3-8b")}) {
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(ModelConfig::from_json_text(c.to_json(), "round trip"), c);
+  }
+  ModelConfig g = models::gpt::gpt2_config(67, 16, 32, 3, 4);
+  g.norm_eps = 1e-6;
+  const ModelConfig back = models::gpt::config_from_hf_json(models::gpt::hf_config_json(g), "config.json");
+  EXPECT_EQ(back, g);
+  EXPECT_THROW(models::gpt::config_from_hf_json(R"({"model_type": "llama"})", "c.json"), FormatError);
+  try {
+    models::gpt::config_from_hf_json(R"({"vocab_size": 67, "n_positions": 16, "n_embd": 32, "n_layer": 3})", "c.json");
+    ADD_FAILURE() << "no throw";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json: field 'n_head' is missing"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::parallel::checkpoint

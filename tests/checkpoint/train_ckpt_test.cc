@@ -1,4 +1,4 @@
-// Training checkpoints (parallel/checkpoint/train_ckpt.h) through the
+// Training checkpoints (parallel/checkpoint/checkpoint.h) through the
 // Trainer, as forked ranks over the shared-memory communicator.
 //
 // Same layout: in every rank, run A trains 4 steps and saves after step 2;
