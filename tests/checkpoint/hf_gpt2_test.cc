@@ -233,3 +233,37 @@ TEST(HfGpt2, ModelJsonAndConfigJsonRoundTrip) {
 
 }  // namespace
 }  // namespace tessera::parallel::checkpoint
+
+namespace tessera::parallel::checkpoint {
+namespace {
+
+// config.json beside a Hugging Face file is the source of the architecture:
+// it gives the heads the shapes cannot show, a --heads that disagrees is
+// refused naming both, and a config.json that contradicts the tensors is
+// refused naming the field's consequence (the tensor) and the file.
+TEST(HfGpt2, ConfigJsonBesideTheFileIsTheArchitecture) {
+  TempDir dir;
+  const ModelConfig c = models::gpt::gpt2_config(67, 16, 32, 3, 4);
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (const std::string& n : models::gpt::gpt2_tensor_names(c))
+    ts.emplace_back(n, Tensor::zeros(models::gpt::gpt2_tensor_shape(c, n), DType::F32));
+  write_safetensors(dir.file("model.safetensors"), ts, {{"format", "pt"}});  // no n_head: 32 is not a multiple of 64
+  SafetensorsReader r(dir.file("model.safetensors"));
+  EXPECT_THROW(models::gpt::infer_gpt2_config(r, 0), FormatError);
+  testing::write_bytes(dir.file("config.json"), models::gpt::hf_config_json(c));
+  EXPECT_EQ(models::gpt::infer_gpt2_config(r, 0), c);
+  EXPECT_THROW(models::gpt::infer_gpt2_config(r, 2), InvalidArgument);
+  ModelConfig four_layers = c;
+  four_layers.layers = 4;
+  testing::write_bytes(dir.file("config.json"), models::gpt::hf_config_json(four_layers));
+  try {
+    models::gpt::open_hf_gpt2(r, 0);
+    ADD_FAILURE() << "no throw";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer.h.3.ln_1.weight' is missing"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dir.file("model.safetensors")), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::parallel::checkpoint
