@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/checkpoint/safetensors.h"
+#include "parallel/models/gpt/hf.h"
 #include "runtime/files.h"
 
 namespace {
@@ -40,7 +41,8 @@ int usage(const char* argv0) {
 
 int main(int argc, char** argv) {
   using namespace tessera::parallel::checkpoint;
-  Gpt2Config c;
+  using namespace tessera::parallel::models::gpt;
+  int64_t vocab = 0, positions = 0, hidden = 0, layers = 0, heads = 0;
   std::string out;
   uint64_t seed = 1;
   for (int i = 1; i < argc; ++i) {
@@ -54,34 +56,29 @@ int main(int argc, char** argv) {
     if (a == "--out") {
       out = v;
     } else if (a == "--vocab") {
-      c.vocab = n;
+      vocab = n;
     } else if (a == "--seq") {
-      c.n_positions = n;
+      positions = n;
     } else if (a == "--hidden") {
-      c.hidden = n;
+      hidden = n;
     } else if (a == "--layers") {
-      c.layers = n;
+      layers = n;
     } else if (a == "--heads") {
-      c.heads = n;
+      heads = n;
     } else if (a == "--seed") {
       seed = static_cast<uint64_t>(n);
     } else {
       return usage(argv[0]);
     }
   }
-  if (out.empty() || c.vocab <= 0 || c.n_positions <= 0 || c.hidden <= 0 || c.layers <= 0 || c.heads <= 0 ||
-      c.hidden % c.heads != 0)
+  if (out.empty() || vocab <= 0 || positions <= 0 || hidden <= 0 || layers <= 0 || heads <= 0 || hidden % heads != 0)
     return usage(argv[0]);
+  const tessera::parallel::ModelConfig c = gpt2_config(vocab, positions, hidden, layers, heads);
   try {
     std::vector<TensorSpec> specs;
     for (const std::string& name : gpt2_tensor_names(c))
       specs.push_back({name, tessera::DType::F32, gpt2_tensor_shape(c, name)});
-    const std::string header = safetensors_header(specs, {{"format", "pt"},
-                                                          {"n_embd", std::to_string(c.hidden)},
-                                                          {"n_head", std::to_string(c.heads)},
-                                                          {"n_layer", std::to_string(c.layers)},
-                                                          {"n_positions", std::to_string(c.n_positions)},
-                                                          {"vocab_size", std::to_string(c.vocab)}});
+    const std::string header = safetensors_header(specs, gpt2_file_metadata(c));
     uint64_t total = 0;
     tessera::write_file_atomic(out, [&](tessera::FileSink& sink) {
       sink.write(header.data(), header.size());

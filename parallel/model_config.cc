@@ -178,6 +178,25 @@ ModelConfig ModelConfig::from_json_file(const std::string& path) {
   return from_json_text(ss.str(), path);
 }
 
+std::string ModelConfig::to_json() const {
+  json j = {
+      {"name", name},       {"family", family},     {"layers", layers},         {"hidden", hidden},
+      {"heads", heads},     {"kv_heads", kv_heads}, {"ffn_hidden", ffn_hidden}, {"vocab", vocab},
+      {"max_seq", max_seq}, {"norm_eps", norm_eps}, {"rope_theta", rope_theta}, {"attention_bias", attention_bias}};
+  if (head_dim > 0) j["head_dim"] = head_dim;  // 0: hidden / heads (from_json_text takes positive values only)
+  if (tie_embeddings) j["tie_embeddings"] = *tie_embeddings;
+  if (rope_scaling.type.empty()) {
+    j["rope_scaling"] = nullptr;
+  } else {
+    j["rope_scaling"] = {{"type", rope_scaling.type},
+                         {"factor", rope_scaling.factor},
+                         {"low_freq_factor", rope_scaling.low_freq_factor},
+                         {"high_freq_factor", rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  }
+  return j.dump();
+}
+
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& source) {
   json j;
   try {

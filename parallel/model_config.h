@@ -78,6 +78,9 @@ struct ModelConfig {
   // attention_bias. Unknown fields, malformed JSON and bad values throw
   // FormatError naming the file.
   static ModelConfig from_json_file(const std::string& path);
+  // The same fields as from_json_text reads, every one written (compact,
+  // keys sorted): from_json_text(to_json()) == *this.
+  std::string to_json() const;
   static ModelConfig from_json_text(const std::string& text, const std::string& source);
   // A preset name, or a JSON file path (contains '/' or ends in .json).
   static ModelConfig load(const std::string& preset_or_file);

@@ -561,4 +561,54 @@ std::string sha256_hex(std::string_view bytes) {
   return h.hex_digest();
 }
 
+// ---- directory commits (checkpoint directories) ------------------------------
+
+void fsync_directory(const std::string& dir, FileOps* ops_in) {
+  FileOps& ops = ops_in ? *ops_in : posix_file_ops();
+  const int fd = ops.open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+  if (fd < 0) fail(dir, FileStep::OpenDir, dir, errno);
+  if (ops.fsync(fd) != 0) {
+    const int err = errno;
+    ops.close(fd);
+    fail(dir, FileStep::SyncDir, dir, err);
+  }
+  ops.close(fd);
+}
+
+void fsync_path(const std::string& path, FileOps* ops_in) {
+  FileOps& ops = ops_in ? *ops_in : posix_file_ops();
+  const int fd = ops.open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) fail(path, FileStep::SyncFile, path, errno);
+  if (ops.fsync(fd) != 0) {
+    const int err = errno;
+    ops.close(fd);
+    fail(path, FileStep::SyncFile, path, err);
+  }
+  ops.close(fd);
+}
+
+void commit_directory(const std::string& tmp, const std::string& target, const CommitOptions& o) {
+  FileOps& ops = o.ops ? *o.ops : posix_file_ops();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!o.files_synced) {
+    for (const auto& e : fs::directory_iterator(tmp, ec))
+      if (e.is_regular_file(ec)) fsync_path(e.path().string(), &ops);
+    if (ec) fail(target, FileStep::OpenDir, tmp, ec.value());
+  }
+  fsync_directory(tmp, &ops);
+  const fs::path t = fs::path(target).lexically_normal();
+  const std::string parent = t.has_parent_path() ? t.parent_path().string() : ".";
+  if (fs::symlink_status(t, ec).type() != fs::file_type::not_found) {
+    // rename(2) replaces an empty directory by itself; anything else moves aside first (or is refused).
+    if (!(fs::is_directory(fs::symlink_status(t, ec)) && fs::is_empty(t, ec))) {
+      TESSERA_ARG_CHECK(!o.aside.empty(), target, " exists and is not an empty directory (not replaced)");
+      fs::remove_all(o.aside, ec);
+      if (ops.rename(target.c_str(), o.aside.c_str()) != 0) fail(target, FileStep::Rename, o.aside, errno);
+    }
+  }
+  if (ops.rename(tmp.c_str(), target.c_str()) != 0) fail(target, FileStep::Rename, tmp, errno);
+  fsync_directory(parent, &ops);
+}
+
 }  // namespace tessera

@@ -191,7 +191,7 @@ std::string sha256_hex(std::string_view bytes);
 // left from what a live one is writing (docs/errors.md, "Temporary files"):
 //   write_file_atomic                  DIR/.NAME.tmp.<pid>.XXXXXX
 //   ckpt shard / reshard / consolidate OUT's parent/.OUT.tmp-<pid>
-//                                      (consolidate: .OUT.consolidated.tmp-<pid>)
+//                                      (consolidate to one file: write_file_atomic's temp)
 //   bench store directories            $TMPDIR/tessera-bench-<pid>[-<job id>]-XXXXXX (flocked: make_owned_temp_dir)
 // Shared memory is memfd (runtime/shm_memory.h): it has no name and goes
 // with the last process that maps it.
@@ -218,5 +218,30 @@ std::string make_owned_temp_dir(std::string tmpl);
 // directory; make_owned_temp_dir), nor an entry owned by another user. Returns the paths removed; errors (a
 // missing directory, a race with another cleaner) are ignored.
 std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_view prefix);
+
+// ---- directory commits (checkpoint directories) ------------------------------
+// The tree's one directory commit; every rename of a file or directory goes
+// through write_file_atomic or these, through FileOps (fault injection).
+// commit_directory(tmp, target): the caller has filled the directory `tmp`
+// (a sibling of `target`); then
+//  1. fsync of every regular file directly in `tmp` (skipped when
+//     files_synced: the caller fsynced each as it wrote it), then of `tmp`;
+//  2. when `target` exists: an empty directory is removed; anything else is
+//     renamed to `aside` (must be given, else InvalidArgument: nothing is
+//     replaced silently), which the caller removes once the new one is in use;
+//  3. rename(tmp, target);
+//  4. fsync of target's parent directory, so the rename survives a crash.
+// A crash leaves tmp, or target complete (with `aside` holding the old one).
+// IoError naming the target, the step and the OS error.
+struct CommitOptions {
+  FileOps* ops = nullptr;  // nullptr: posix_file_ops()
+  bool files_synced = false;
+  std::string aside;  // where an existing non-empty target goes; empty: refuse to replace one
+};
+void commit_directory(const std::string& tmp, const std::string& target, const CommitOptions& options = {});
+// fsync of a directory through `ops` (nullptr: posix); IoError (step OpenDir / SyncDir) naming it.
+void fsync_directory(const std::string& dir, FileOps* ops = nullptr);
+// fsync of a file through `ops`; IoError (step SyncFile) naming it.
+void fsync_path(const std::string& path, FileOps* ops = nullptr);
 
 }  // namespace tessera

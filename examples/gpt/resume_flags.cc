@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "parallel/checkpoint/ckpt_tool.h"
-#include "parallel/checkpoint/train_ckpt.h"
+#include "parallel/checkpoint/checkpoint.h"
+#include "parallel/models/gpt/hf.h"
 #include "parallel/models/gpt/trainer_state.h"
 #include "runtime/error.h"
 
@@ -38,41 +38,44 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
     auto l = ckpt::latest_checkpoint(save);
     if (!l) return "";  // nothing saved yet: start at step 0
     dir = *l;
-  } else if (!ckpt::is_train_checkpoint(dir) &&
-             std::filesystem::is_regular_file(std::filesystem::path(dir) / ckpt::kManifestName)) {
-    // A `tessera ckpt shard` directory: its weights, a fresh optimizer at step 0; sizes as for --init.
-    const ckpt::Gpt2Config c = ckpt::read_manifest_config(dir);
-    auto agree = [&](const char* flag, int64_t value, int64_t file) {
+  } else {
+    // A checkpoint directory, or a --save directory (its newest complete checkpoint).
+    auto r = ckpt::resolve_checkpoint(dir);
+    TESSERA_ARG_CHECK(r.has_value(), "--resume ", dir, ": not a checkpoint, nor a directory holding a complete one");
+    dir = *r;
+  }
+  ckpt::Checkpoint ck(dir);
+  if (!ck.has_trainer_state()) {
+    // Weights only (a `tessera ckpt shard` output): a fresh optimizer at step 0; sizes as for --init.
+    const parallel::ModelConfig c =
+        parallel::ModelConfig::from_json_text(ck.model_json(), ck.where() + " (the manifest's model)");
+    auto agree = [&](const char* flag, auto value, auto file) {
       TESSERA_ARG_CHECK(!given(flag) || value == file, flag, " ", value, " does not match ", dir, ", which has ", file);
     };
     agree("--heads", t.model.heads, c.heads);
     agree("--vocab", t.model.vocab, c.vocab);
     agree("--hidden", t.model.hidden, c.hidden);
     agree("--layers", t.model.layers, c.layers);
-    t.model.vocab = static_cast<int>(c.vocab);
-    t.model.hidden = static_cast<int>(c.hidden);
-    t.model.layers = static_cast<int>(c.layers);
-    t.model.heads = t.model.kv_heads = static_cast<int>(c.heads);
-    t.model.ffn_hidden = 4 * t.model.hidden;
-    t.model.max_seq = static_cast<int>(c.n_positions);
-    if (!given("--seq")) t.seq = std::min<int64_t>(t.seq, c.n_positions);
-    return dir;
-  } else if (!ckpt::is_train_checkpoint(dir)) {
-    auto l = ckpt::latest_checkpoint(dir);  // a --save directory: its newest complete checkpoint
-    TESSERA_ARG_CHECK(l.has_value(), "--resume ", dir, ": no complete training checkpoint there");
-    dir = *l;
+    agree("--family", t.model.family, c.family);
+    agree("--kv-heads", t.model.kv_heads, c.kv_heads);
+    t.model = c;
+    if (!given("--seq")) t.seq = std::min<int64_t>(t.seq, c.max_seq);
+    return ck.dir();
   }
-  ckpt::TrainCheckpoint ck(dir);
   const models::gpt::TrainerState st =
       models::gpt::decode_trainer_state(ck.read_trainer_state(), "checkpoint " + ck.dir());
   auto agree = [&](const char* flag, auto value, auto saved) {
     TESSERA_ARG_CHECK(!given(flag) || value == saved, flag, " ", value, " does not match checkpoint ", ck.dir(),
                       ", which has ", saved);
   };
-  agree("--vocab", t.model.vocab, st.vocab);
-  agree("--hidden", t.model.hidden, st.hidden);
-  agree("--layers", t.model.layers, st.layers);
-  agree("--heads", t.model.heads, st.heads);
+  const parallel::ModelConfig sm = models::gpt::model_of(st, "checkpoint " + ck.dir());
+  agree("--family", t.model.family, sm.family);
+  agree("--vocab", t.model.vocab, sm.vocab);
+  agree("--hidden", t.model.hidden, sm.hidden);
+  agree("--layers", t.model.layers, sm.layers);
+  agree("--heads", t.model.heads, sm.heads);
+  agree("--kv-heads", t.model.kv_heads, sm.kv_heads);
+  agree("--ffn-hidden", t.model.ffn_hidden, sm.ffn_hidden);
   agree("--seq", t.seq, st.seq);
   agree("--global-batch", t.global_batch, st.global_batch);
   agree("--steps", t.steps, st.steps);
@@ -83,7 +86,7 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
   agree("--clip-grad", t.adamw.clip_norm, st.clip_norm);
   agree("--seed", t.seed, st.seed);
   TESSERA_ARG_CHECK(!given("--data") || t.data == st.data, "--data differs from checkpoint ", ck.dir(), "'s");
-  const models::gpt::TrainOptions saved = models::gpt::options_of(st);
+  const models::gpt::TrainOptions saved = models::gpt::options_of(st, "checkpoint " + ck.dir());
   t.model = saved.model;
   t.seq = saved.seq;
   t.global_batch = saved.global_batch;
@@ -103,8 +106,13 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
   try {
     models::validate_layout(t.model, t.tp);
   } catch (const InvalidArgument& e) {
-    // Name the tensor the new layout cannot split (the fused QKV splits by heads).
-    std::string tensor = "transformer.h.0.attn.c_attn.weight", file = "?";
+    // Name the tensor the new layout cannot split (the first split by heads: GPT's fused QKV, Llama's q_proj).
+    std::string tensor = "?", file = "?";
+    for (const auto& p : models::parameter_layout(saved.model, 2, 0))
+      if (p.layer >= 0 && p.split_dim >= 0) {
+        tensor = p.name;
+        break;
+      }
     for (const auto& p : ck.pieces())
       if (p.tensor == tensor) file = ck.files()[p.file].name;
     throw InvalidArgument(detail::concat("checkpoint ", ck.dir(), ": cannot resume under --tp ", t.tp, ": tensor ",

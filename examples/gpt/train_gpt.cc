@@ -23,10 +23,11 @@
 #include "examples/gpt/resume_flags.h"
 #include "examples/gpt/sgemm_bench.h"
 #include "launcher/cli.h"
+#include "parallel/checkpoint/checkpoint.h"
 #include "parallel/checkpoint/ckpt_tool.h"
 #include "parallel/checkpoint/safetensors.h"
-#include "parallel/checkpoint/train_ckpt.h"
 #include "parallel/mesh.h"
+#include "parallel/models/gpt/hf.h"
 #include "parallel/models/gpt/trainer.h"
 #include "parallel/models/hf_config.h"
 #include "parallel/models/hf_io.h"
@@ -158,7 +159,8 @@ std::string human_time(double s) {
 void apply_init_config(Flags& f, const CLI::App& app) {
   auto src = parallel::checkpoint::open_safetensors(f.init);
   // --heads is a hint only for a GPT-2 file that records no head count; otherwise it must agree.
-  const bool file_heads = src->metadata().count("n_head") > 0 || parallel::models::hf_config_path(f.init);
+  const bool file_heads =
+      models::gpt::gpt2_file_records_heads(*src) || parallel::models::hf_config_path(f.init).has_value();
   const int64_t heads_hint = app.count("--heads") && !file_heads ? f.t.model.heads : 0;
   const parallel::ModelConfig c = parallel::models::hf_model_config(f.init, *src, heads_hint);
   parallel::models::check_hf_tensors(*src, c);

@@ -1,102 +1,97 @@
-// `tessera ckpt` as a library: split a Hugging Face GPT-2 safetensors
-// checkpoint into one file per (tp, pp) rank, and join it back.
+// `tessera ckpt` as a library, for any model: inputs of every kind (a
+// checkpoint directory, a --save directory, a Hugging Face file or sharded
+// directory) opened and checked before a byte is used, then the one writer
+// (write_checkpoint) and the one consolidate (checkpoint.h). The model
+// families supply what depends on the model (ModelFamilies, implemented in
+// parallel/models/), so this layer names no model.
 //
-// Layout of a shard directory (docs/checkpoint.md):
-//   <dir>/dp_rank_00_tp_rank_XX_pp_rank_YY.safetensors   one per (tp, pp) rank
-//   <dir>/manifest.json                                  config, tp/pp, every tensor's full shape, split dim, ranges
-// Each shard file holds exactly what TP rank XX of train_gpt holds for the
-// tensors of pipeline stage YY (gpt2_layout.h), under the Hugging Face names,
-// in the source file's dtype. DP replicas are identical, so only dp_rank 00
-// is written (the manifest records dp).
-//
-// Writers build the whole directory in a temp sibling and rename it into
-// place: a failure leaves no partial output. Every command streams: tensors
-// are read in pieces of at most 8 MiB (pread) and written through fixed
-// buffers, each output file once, sequentially, its SHA-256 computed as it
-// is written, so peak memory does not grow with the model (about 50 MiB for
-// tp 8). Bytes are copied as stored (no dtype conversion). Functions are
-// stateless and may run concurrently on different paths.
+// shard: a checkpoint of the weights only (no moments, no trainer state,
+// step 0) in the new layout; reshard: the same, keeping what the source
+// holds (a training checkpoint's moments, step, run and trainer state).
+// Offline reshard and reshard on load are one code path
+// (Checkpoint::read). Functions are stateless and may run concurrently on
+// different paths.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "parallel/checkpoint/hf_gpt2.h"
-#include "parallel/checkpoint/train_ckpt.h"
+#include "parallel/checkpoint/checkpoint.h"
+#include "parallel/checkpoint/safetensors.h"
 
 namespace tessera::parallel::checkpoint {
 
-struct ShardOptions {
-  // {tp, pp, dp, heads[, stages]} as before stages existed (a constructor, so
-  // the four-value form leaves stages empty without a missing-initializer warning).
-  ShardOptions(int tp_ = 1, int pp_ = 1, int dp_ = 1, int64_t heads_ = 0, std::vector<int> stages_ = {})
-      : tp(tp_), pp(pp_), dp(dp_), heads(heads_), stages(std::move(stages_)) {}
-  int tp, pp, dp;
-  int64_t heads;                 // 0: from the file's metadata, else hidden / 64 (infer_gpt2_config)
-  std::vector<int> stages;       // layers per pp stage; empty: pipeline::stage_layers (gpt2_stages)
-  bool allow_nonfinite = false;  // else NaN/Inf weights are a FormatError naming the tensors
+// A Hugging Face file as a model family reads it: its layout, and each
+// descriptor name's stored name (the family's lenient reading).
+struct HfModel {
+  std::unique_ptr<ModelLayout> layout;
+  std::map<std::string, std::string> stored;
 };
 
-// "dp_rank_00_tp_rank_01_pp_rank_00" (NxD's naming).
-std::string rank_stem(int dp_rank, int tp_rank, int pp_rank);
-constexpr const char* kManifestName = "manifest.json";
+struct ModelFamilies {
+  // The layout of a manifest's model description.
+  LayoutFactory layout;
+  // The model of a Hugging Face source (config.json beside it when present,
+  // else inferred from the tensors; heads_hint > 0: the head count when it
+  // cannot be seen). FormatError listing every problem of the file.
+  std::function<HfModel(const TensorSource& src, int64_t heads_hint)> from_hf;
+  // A training checkpoint's trainer state with its recorded layout set to
+  // `layout` (reshard); empty function: copied unchanged.
+  std::function<std::string(const std::string& state, const Layout& layout, const std::string& where)> relayout_state;
+};
 
-// Shards the GPT-2 checkpoint `src` (a file, an HF index or a directory; see
-// open_safetensors) into `out_dir`, which must not exist or be empty.
-// Throws InvalidArgument for bad options (tp/pp/dp < 1, heads % tp != 0,
-// layers < pp, stages that are not pp positive counts summing to the layers,
-// existing non-empty out_dir) and FormatError naming the file
-// for a bad checkpoint. Returns the bytes of tensor data written.
-uint64_t shard_gpt2(const std::string& src, const std::string& out_dir, const ShardOptions& opt);
+// An input opened and checked: a checkpoint (marker, manifest, model
+// against its layout, every file's size and SHA-256) or a Hugging Face
+// source (the family's checks of every tensor).
+struct Input {
+  std::string where;
+  std::unique_ptr<Checkpoint> ck;    // a checkpoint directory
+  std::unique_ptr<TensorSource> hf;  // or a Hugging Face file / directory
+  std::unique_ptr<WholeTensors> whole;
+  std::unique_ptr<ModelLayout> model;
+  const TensorReader& reader() const;
+};
 
-// Joins the shard directory `dir` back into one Hugging Face GPT-2 file
-// (write_gpt2_safetensors; the original dtype per tensor). Every shard is
-// checked against the manifest; replicated tensors must agree across TP
-// ranks. Before any tensor is read, every shard file's size and SHA-256 are
-// checked against the manifest and the manifest's entries against the layout
-// (check order: names, sizes, config vs bytes, hashes). Refuses an existing
-// out_file (InvalidArgument). Throws FormatError naming the file and the problem.
-void consolidate_gpt2(const std::string& dir, const std::string& out_file, bool allow_nonfinite = false);
+// `path`: a checkpoint directory, a --save directory (its newest complete
+// checkpoint), a Hugging Face file, index or directory. Old formats are
+// refused saying how to regenerate them. verify: hash every file first.
+Input open_input(const std::string& path, const ModelFamilies& f, int64_t heads_hint = 0, bool verify = true);
 
-// The manifest and every shard file's presence, size and SHA-256 (what
-// consolidate checks first); returns the config. FormatError naming the file.
-Gpt2Config verify_shard_dir(const std::string& dir);
+struct ShardOptions {
+  // {tp, pp, dp, heads[, stages]} (a constructor, so shorter forms leave the rest default without a
+  // missing-initializer warning).
+  ShardOptions(int tp_ = 1, int pp_ = 1, int dp_ = 1, int64_t heads_ = 0, std::vector<int> stages_ = {})
+      : tp(tp_), pp(pp_), dp(dp_), heads(heads_), stages(std::move(stages_)) {}
+  int tp, pp, dp;           // dp 0 (reshard): the source's own
+  int64_t heads;            // Hugging Face sources without config.json or metadata: the head count
+  std::vector<int> stages;  // layers per pp stage; empty: parallel/pipeline/partition.h's rule
+  bool allow_nonfinite = false;
+};
 
-// consolidate_gpt2, written in the Hugging Face sharded form into `out_dir`
-// (must not exist or be empty; built in a temp sibling and renamed):
-// model-0000K-of-0000N.safetensors holding the tensors in order, a new file
-// whenever the next tensor would take this one past max_shard_bytes of
-// tensor data (a larger tensor gets a file of its own), and
-// model.safetensors.index.json {"metadata": {"total_size": data bytes},
-// "weight_map": {name: file}}; when everything fits in one file, only
-// model.safetensors (as transformers' save_pretrained). Returns the file
-// names. Same checks and errors as consolidate_gpt2.
-std::vector<std::string> consolidate_gpt2_sharded(const std::string& dir, const std::string& out_dir,
-                                                  uint64_t max_shard_bytes, bool allow_nonfinite = false);
+// The weights of `src` as a checkpoint in the layout `o` at `out_dir`
+// (must not exist or be empty). Returns the bytes written.
+uint64_t shard(const std::string& src, const std::string& out_dir, const ShardOptions& o, const ModelFamilies& f);
+
+// `src` in the layout `o`, keeping what it holds: a training checkpoint
+// goes to OUT/step_NNNNNNNN (so `train_gpt --resume OUT` continues from
+// it) with its moments, step, run id and trainer state; a weights-only
+// checkpoint or a Hugging Face source to OUT itself. Returns the checkpoint
+// directory written.
+std::string reshard(const std::string& src, const std::string& out_dir, const ShardOptions& o, const ModelFamilies& f);
+
+// The weights of `src` (any input) as one Hugging Face file (max_shard_bytes
+// == 0) or a Hugging Face directory (consolidate in checkpoint.h); the
+// source's dtype per tensor, byte for byte. Returns the file names.
+std::vector<std::string> consolidate_path(const std::string& src, const std::string& out, uint64_t max_shard_bytes,
+                                          bool with_optimizer, bool allow_nonfinite, const ModelFamilies& f);
 
 // "500MB", "2GB" (powers of 1000), "512MiB", "2GiB" (powers of 1024), a plain
 // byte count: save_pretrained's max_shard_size. Throws InvalidArgument.
 uint64_t parse_shard_size(const std::string& text);
-
-// The shards of `dir` streamed straight into the new layout (tensor by
-// tensor, in pieces; no consolidated copy), with every check consolidate
-// makes first; heads come from the manifest. A `dir` without a manifest
-// that is a Hugging Face file or sharded directory is sharded (shard_gpt2).
-uint64_t reshard_gpt2(const std::string& dir, const std::string& out_dir, const ShardOptions& opt);
-
-// reshard of a training checkpoint (train_gpt --save; `src` a step directory
-// or a --save directory, whose newest complete checkpoint is taken): writes
-// OUT/step_NNNNNNNN, a complete training checkpoint of the same run and
-// step in ro.layout (relayout_train_checkpoint, train_ckpt.h), built in a
-// temp sibling of OUT and renamed into place; `train_gpt --resume OUT`
-// continues from it. OUT must not exist or be empty. Returns the step directory.
-// reshard_gpt2 given a training checkpoint calls this with the checkpoint's
-// layout changed to opt's tp, pp, dp and stages (its trainer state unchanged).
-std::string reshard_train_checkpoint(const std::string& src, const std::string& out_dir, const RelayoutOptions& ro);
-
-// The config recorded in a shard directory's manifest.
-Gpt2Config read_manifest_config(const std::string& dir);
 
 }  // namespace tessera::parallel::checkpoint

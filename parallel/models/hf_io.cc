@@ -6,9 +6,10 @@
 #include <set>
 #include <sstream>
 
-#include "parallel/checkpoint/hf_gpt2.h"
 #include "parallel/models/causal_lm.h"
+#include "parallel/models/gpt/hf.h"
 #include "parallel/models/hf_config.h"
+#include "parallel/models/llama/hf.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
 
@@ -19,10 +20,6 @@ using parallel::checkpoint::SafetensorsEntry;
 using parallel::checkpoint::TensorSource;
 
 namespace {
-
-parallel::checkpoint::Gpt2Config gpt2_of(const ModelConfig& m) {
-  return {m.vocab, m.max_seq, m.hidden, m.layers, m.heads};
-}
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 bool ends_with(const std::string& s, const std::string& e) {
@@ -82,13 +79,13 @@ std::vector<std::string> llama_problems(const TensorSource& src, const ModelConf
 }  // namespace
 
 std::vector<std::string> hf_tensor_problems(const TensorSource& src, const ModelConfig& m) {
-  if (m.family == "gpt") return parallel::checkpoint::gpt2_problems(src, gpt2_of(m));
+  if (m.family == "gpt") return gpt::gpt2_problems(src, m);
   return llama_problems(src, m);
 }
 
 void check_hf_tensors(const TensorSource& src, const ModelConfig& m) {
   if (m.family == "gpt") {
-    parallel::checkpoint::check_gpt2(src, gpt2_of(m));
+    gpt::check_gpt2(src, m);
     return;
   }
   const std::vector<std::string> problems = llama_problems(src, m);
@@ -102,7 +99,7 @@ void check_hf_tensors(const TensorSource& src, const ModelConfig& m) {
 
 void read_hf_tensor(const TensorSource& src, const ModelConfig& m, const std::string& name, Tensor& dst) {
   if (m.family == "gpt") {
-    parallel::checkpoint::read_gpt2_tensor(src, name, dst);
+    gpt::read_gpt2_tensor(src, name, dst);
     return;
   }
   src.read_into(name, dst);
@@ -110,19 +107,15 @@ void read_hf_tensor(const TensorSource& src, const ModelConfig& m, const std::st
 
 ModelConfig hf_model_config(const std::string& path, const TensorSource& src, int64_t heads_hint) {
   if (auto c = hf_config_of(path)) return *c;
+  // A single file tessera consolidated or exported carries its config.json in its metadata.
+  if (auto it = src.metadata().find(llama::kConfigMetadataKey); it != src.metadata().end())
+    return llama::config_from_hf(it->second, path + " (its metadata's config)");
   if (src.contains(kLlamaEmbedding))
     throw FormatError(path +
                       ": a Llama-family checkpoint needs the config.json Hugging Face saves beside it "
                       "(num_attention_heads, num_key_value_heads, rope_theta, ... are not in the tensors)");
-  const parallel::checkpoint::Gpt2Config g = parallel::checkpoint::infer_gpt2_config(src, heads_hint);
-  ModelConfig m;
-  m.family = "gpt";
+  ModelConfig m = gpt::infer_gpt2_config(src, heads_hint);
   m.name = path;
-  m.vocab = static_cast<int>(g.vocab);
-  m.max_seq = static_cast<int>(g.n_positions);
-  m.hidden = static_cast<int>(g.hidden);
-  m.layers = static_cast<int>(g.layers);
-  m.heads = m.kv_heads = static_cast<int>(g.heads);
   complete_model_config(m);
   return m;
 }
@@ -132,7 +125,7 @@ void write_hf_model(const std::string& out, const ModelConfig& m,
                     const std::string& torch_dtype) {
   const bool single = ends_with(out, ".safetensors");
   if (m.family == "gpt" && single) {
-    parallel::checkpoint::write_gpt2_safetensors(out, gpt2_of(m), tensors, {{"producer", "tessera train_gpt"}});
+    gpt::write_gpt2_safetensors(out, m, tensors, {{"producer", "tessera train_gpt"}});
     return;
   }
   // Exactly the layout's tensors with their shapes, in its (Hugging Face) order.
@@ -164,7 +157,8 @@ void write_hf_model(const std::string& out, const ModelConfig& m,
     for (const std::string& p : problems) os << "\n  " << p;
     throw InvalidArgument(os.str());
   }
-  const std::map<std::string, std::string> md = {{"format", "pt"}, {"producer", "tessera"}};
+  std::map<std::string, std::string> md = {{"format", "pt"}, {"producer", "tessera"}};
+  if (m.family == "llama") md[llama::kConfigMetadataKey] = hf_config_text(m, torch_dtype);
   if (single) {
     parallel::checkpoint::write_safetensors(out, ordered, md);
     return;

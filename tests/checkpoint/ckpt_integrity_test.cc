@@ -3,14 +3,17 @@
 // with a file, outputs that would overwrite inputs, trailing slashes, and
 // every command the README and docs/checkpoint.md show, run as written.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
@@ -23,6 +26,7 @@
 #include "runtime/error.h"
 #include "runtime/files.h"
 #include "tests/checkpoint/gpt2_test_files.h"
+#include "tests/checkpoint/manifest_edit.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace tessera::parallel::checkpoint {
@@ -32,9 +36,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using testing::TempDir;
 
-const Gpt2Config kCfg{67, 16, 32, 3, 4};
+const ModelConfig kCfg = gpt2_config(67, 16, 32, 3, 4);
 
-void make_file(const std::string& path, const Gpt2Config& c, uint32_t seed, float poison = 0.f,
+void make_file(const std::string& path, const ModelConfig& c, uint32_t seed, float poison = 0.f,
                const std::string& poisoned = "") {
   auto t = testing::random_gpt2_tensors(c, DType::F32, seed, 0.02f);
   for (auto& [name, tensor] : t)
@@ -104,40 +108,48 @@ TEST(CkptIntegrity, ManifestThatLiesFailsFastNamingTheField) {
   make_file(src, kCfg, 3);
   shard_gpt2(src, d.file("base"), {2, 1, 1, 0});
   int k = 0;
+  // Every edit with the marker re-hashed (as someone who knows the format
+  // would), so the manifest's own checks are what is tested.
   auto edited = [&](const std::function<void(json&)>& edit) {
     std::string dir = d.file("m" + std::to_string(k++));
     fs::copy(d.file("base"), dir, fs::copy_options::recursive);
-    json j = read_json(dir + "/manifest.json");
-    edit(j);
-    write_json(dir + "/manifest.json", j);
+    testing::edit_manifest_rehashed(dir, edit);
     return dir;
   };
   struct Case {
     std::function<void(json&)> edit;
     std::vector<std::string> says;
   };
+  const std::string r0 = rank_stem(0, 0, 0) + ".safetensors";
+  const std::string wte = "param/transformer.wte.weight";
   const std::vector<Case> cases = {
-      {[](json& j) { j["config"]["n_layer"] = 1000000; }, {"manifest.json", "n_layer", "bytes"}},
-      {[](json& j) { j["config"]["vocab_size"] = int64_t{1} << 40; }, {"manifest.json", "vocab_size", "bytes"}},
-      {[](json& j) { j["files"][0]["file"] = "../model.safetensors"; }, {"manifest.json", "../model.safetensors"}},
-      {[](json& j) { j["files"][1]["tp_rank"] = 0; }, {"manifest.json", "files[1]"}},
-      {[](json& j) { j["files"][0]["tp_rank"] = 7; }, {"manifest.json", "tp_rank 7"}},
-      {[](json& j) { j["files"].erase(1); }, {"manifest.json", "lists 1 files"}},
-      {[](json& j) { j["files"][0]["bytes"] = 12; }, {rank_stem(0, 0, 0), "records 12"}},
-      {[](json& j) { j["files"][0].erase("sha256"); }, {"manifest.json", "sha256"}},
+      {[](json& j) { j["model"]["layers"] = 1000000; }, {"manifest's model", "1000000 layers", "layers 0..2"}},
+      {[](json& j) { j["model"]["vocab"] = int64_t{1} << 40; }, {"manifest's model", "'vocab'"}},
+      {[](json& j) { j["model"]["vocab"] = 68; }, {"manifest's model", "transformer.wte.weight", "[68, 32]"}},
+      {[](json& j) { j["model"]["family"] = "mamba"; }, {"manifest's model", "family"}},
+      {[](json& j) { j["files"][0]["name"] = "../model.safetensors"; }, {"manifest.json", "../model.safetensors"}},
+      {[](json& j) { j["files"][1]["name"] = j["files"][0]["name"]; }, {"manifest.json", "listed twice"}},
+      {[](json& j) { j["files"].erase(1); }, {"transformer.", "in no file"}},
+      {[](json& j) { j["files"][0]["bytes"] = 12; }, {r0, "the manifest says 12"}},
+      {[](json& j) { j["files"][0].erase("sha256"); }, {"manifest.json", "'sha256' is missing"}},
       {[](json& j) {
-         j["files"][0]["tensors"][0]["shape"] = {1, 2};
+         j["tensors"]["transformer.wpe.weight"]["shape"] = {1, 2};
        },
-       {"manifest.json", "'shape' is [1,2]"}},
-      {[](json& j) { j["files"][0]["tensors"][0]["dtype"] = "bf16"; }, {"manifest.json", "'dtype'"}},
-      {[](json& j) { j["files"][1]["tensors"][0]["split_dim"] = 1; }, {"manifest.json", "'split_dim'"}},
+       {"transformer.wpe.weight", "[1, 2]"}},
+      {[](json& j) { j["tensors"]["transformer.wpe.weight"]["dtype"] = "BF16"; }, {r0, "the manifest says BF16"}},
+      {[](json& j) { j["tensors"]["transformer.wpe.weight"]["dtype"] = "Q7"; }, {"manifest.json", "'Q7'"}},
+      {[](json& j) { j["files"][1]["pieces"][0]["split_dim"] = 1; }, {"manifest.json", "shard_shape"}},
       {[](json& j) {
-         j["files"][1]["tensors"][0]["ranges"] = {{0, 67}};
+         j["files"][1]["pieces"][0]["range"] = {0, 1};
        },
-       {"manifest.json", "'ranges'"}},
-      {[](json& j) { j["files"][0]["tensors"][2]["full_shape"] = {99}; }, {"manifest.json", "'full_shape'"}},
-      {[](json& j) { j["version"] = 1; }, {"manifest.json", "version 1"}},
+       {"transformer.wte.weight", "in no file"}},
+      {[](json& j) {
+         j["files"][0]["pieces"][0]["range"] = {0, 1u << 30};
+       },
+       {"manifest.json", "not inside"}},
+      {[](json& j) { j["version"] = 99; }, {"manifest.json", "version 99"}},
   };
+  (void)wte;
   for (const Case& c : cases) {
     const std::string dir = edited(c.edit);
     SCOPED_TRACE(c.says.back());
@@ -146,13 +158,23 @@ TEST(CkptIntegrity, ManifestThatLiesFailsFastNamingTheField) {
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
     EXPECT_FALSE(fs::exists(dir + ".o.safetensors"));
   }
+  // Not re-hashed: the marker refuses the edited manifest.
+  {
+    const std::string dir = d.file("unhashed");
+    fs::copy(d.file("base"), dir, fs::copy_options::recursive);
+    json j = read_json(dir + "/manifest.json");
+    j["model"]["heads"] = 8;
+    write_json(dir + "/manifest.json", j);
+    expect_format_error([&] { consolidate_gpt2(dir, dir + ".o.safetensors"); },
+                        {"manifest.json", "the manifest was changed after the save"});
+  }
   // The CLI: exit 2 and no bad_alloc.
-  const std::string dir = edited([](json& j) { j["config"]["vocab_size"] = int64_t{1} << 40; });
+  const std::string dir = edited([](json& j) { j["model"]["vocab"] = int64_t{1} << 40; });
   auto [code, out] =
       run_out(std::string(TESSERA_BIN) + " ckpt consolidate --out " + d.file("x.safetensors") + " " + dir);
   EXPECT_EQ(code, 2) << out;
   EXPECT_EQ(out.find("bad_alloc"), std::string::npos) << out;
-  EXPECT_NE(out.find("vocab_size"), std::string::npos) << out;
+  EXPECT_NE(out.find("vocab"), std::string::npos) << out;
 }
 
 TEST(CkptIntegrity, FifosAreRefusedNotWaitedOn) {
@@ -212,7 +234,7 @@ TEST(CkptIntegrity, NonFiniteWeightsAreReportedByTensor) {
 
 TEST(CkptIntegrity, TrainGptInitChecksWeightsAndFlags) {
   TempDir d;
-  const Gpt2Config c{256, 16, 32, 1, 4};
+  const ModelConfig c = gpt2_config(256, 16, 32, 1, 4);
   const std::string good = d.file("good.safetensors"), bad = d.file("nan.safetensors");
   make_file(good, c, 6);
   make_file(bad, c, 6, std::nanf(""), "transformer.h.0.attn.c_attn.weight");
@@ -254,12 +276,12 @@ TEST(CkptIntegrity, ConsolidateRefusesToOverwriteAndEmptyVocabIsInvalid) {
   EXPECT_THROW(consolidate_gpt2(d.file("s"), src), InvalidArgument);
 
   const std::string empty = d.file("empty.safetensors");
-  make_file(empty, Gpt2Config{0, 16, 32, 1, 4}, 8);
+  make_file(empty, gpt2_config(0, 16, 32, 1, 4), 8);
   expect_format_error([&] { shard_gpt2(empty, d.file("e"), {1, 1, 1, 0}); }, {empty, "wte.weight", "[0, 32]"});
   EXPECT_FALSE(fs::exists(d.file("e")));
   auto [icode, iout] = run_out(std::string(TESSERA_BIN) + " ckpt inspect " + empty);
-  EXPECT_EQ(iout.find("valid GPT-2 checkpoint\n"), std::string::npos) << iout;
-  EXPECT_NE(iout.find("not a GPT-2 checkpoint"), std::string::npos) << iout;
+  EXPECT_EQ(iout.find("valid checkpoint of it\n"), std::string::npos) << iout;
+  EXPECT_NE(iout.find("not a valid checkpoint"), std::string::npos) << iout;
 }
 
 TEST(CkptIntegrity, TrailingSlashesAndFailuresLeaveNothing) {
@@ -327,6 +349,55 @@ TEST(CkptIntegrity, EveryDocumentedCommandRuns) {
     auto [code, out] = run_out("cd " + d.path() + " && " + c);
     EXPECT_EQ(code, 0) << out;
   }
+}
+
+}  // namespace
+}  // namespace tessera::parallel::checkpoint
+
+namespace tessera::parallel::checkpoint {
+namespace {
+
+// kill -9 of shard, reshard and consolidate halfway through their outputs
+// and before the commit: no --out appears, the input is untouched and
+// still verifies, and the next run (its temp directory's pid dead)
+// succeeds and leaves no temp directory behind.
+TEST(CkptIntegrity, KillDuringEveryCommandLeavesTheInputAndNoOutput) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_file(src, kCfg, 10);
+  shard_gpt2(src, d.file("in"), {2, 1, 1, 0});
+  std::map<std::string, std::string> before;
+  for (const auto& e : fs::directory_iterator(d.file("in"))) before[e.path().string()] = testing::read_bytes(e.path());
+  const std::string bin = TESSERA_BIN;
+  struct Cmd {
+    std::string args, out;
+  };
+  const std::vector<Cmd> cmds = {
+      {"shard --tp 4 --pp 2 --out " + d.file("o_shard") + " " + src, d.file("o_shard")},
+      {"reshard --tp 4 --out " + d.file("o_reshard") + " " + d.file("in"), d.file("o_reshard")},
+      {"consolidate --out " + d.file("o_c.safetensors") + " " + d.file("in"), d.file("o_c.safetensors")},
+      {"consolidate --max-shard-size 20KB --out " + d.file("o_hf") + " " + d.file("in"), d.file("o_hf")},
+  };
+  for (const Cmd& c : cmds) {
+    for (const char* point : {"mid_output", "before_commit"}) {
+      if (c.args.rfind("consolidate", 0) == 0 && std::string(point) == "mid_output") continue;  // one pass, one point
+      SCOPED_TRACE(c.args + " killed at " + point);
+      auto [code, out] = run_out("TESSERA_CKPT_FAULT=" + std::string(point) + " " + bin + " ckpt " + c.args);
+      EXPECT_EQ(code, 128 + SIGKILL) << out;
+      EXPECT_FALSE(fs::exists(c.out)) << out;
+      for (const auto& [path, bytes] : before) EXPECT_TRUE(testing::read_bytes(path) == bytes) << path;
+      EXPECT_NO_THROW(verify_shard_dir(d.file("in")));
+    }
+    auto [code, out] = run_out(bin + " ckpt " + c.args);
+    EXPECT_EQ(code, 0) << out;
+    for (const auto& e : fs::directory_iterator(d.path()))
+      EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "left behind: " << e.path();
+  }
+  // The outputs of the runs after the kills are right: every tensor of the source, byte for byte.
+  consolidate_gpt2(d.file("o_shard"), d.file("back.safetensors"));
+  SafetensorsReader a(d.file("back.safetensors")), b(src);
+  for (const SafetensorsEntry& e : b.entries())
+    EXPECT_EQ(std::memcmp(a.bytes(a.entry(e.name)), b.bytes(e), e.end - e.begin), 0) << e.name;
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ using json = nlohmann::json;
 using testing::TempDir;
 
 // 8 heads (tp up to 8), 4 layers (pp up to 4), vocab 67 (padding for tp 2, 4, 8).
-const Gpt2Config kCfg{67, 16, 32, 4, 8};
+const ModelConfig kCfg = gpt2_config(67, 16, 32, 4, 8);
 
 std::string raw(const SafetensorsReader& r, const std::string& name) {
   const SafetensorsEntry& e = r.entry(name);
@@ -255,7 +255,7 @@ TEST(CkptStream, ParseShardSize) {
 }
 
 // A GPT-2-shaped f32 file of `layers` layers written by streaming (finite values).
-void write_big(const std::string& path, const Gpt2Config& c) {
+void write_big(const std::string& path, const ModelConfig& c) {
   std::vector<TensorSpec> specs;
   for (const std::string& n : gpt2_tensor_names(c)) specs.push_back({n, DType::F32, gpt2_tensor_shape(c, n)});
   const std::string header = safetensors_header(specs, {{"format", "pt"}, {"n_head", std::to_string(c.heads)}});
@@ -308,7 +308,7 @@ TEST(CkptStream, PeakMemoryDoesNotGrowWithTheModel) {
   const std::string bin = TESSERA_BIN;
   std::vector<long> peaks[2];
   for (int k = 0; k < 2; ++k) {
-    const Gpt2Config c{4096, 64, 384, k == 0 ? 1 : 8, 8};
+    const ModelConfig c = gpt2_config(4096, 64, 384, k == 0 ? 1 : 8, 8);
     const std::string dir = d.file(std::to_string(k));
     fs::create_directories(dir);
     write_big(dir + "/m.safetensors", c);

@@ -1,21 +1,22 @@
-#include "parallel/checkpoint/hf_gpt2.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
+#include "parallel/models/gpt/hf.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace tessera::parallel::checkpoint {
 namespace {
 
+using namespace tessera::parallel::models::gpt;  // NOLINT(google-build-using-namespace)
+
 using tessera::testing::TempDir;
 
-const Gpt2Config kTiny{/*vocab=*/11, /*n_positions=*/7, /*hidden=*/8, /*layers=*/2, /*heads=*/2};
+const ModelConfig kTiny = gpt2_config(/*vocab=*/11, /*n_positions=*/7, /*hidden=*/8, /*layers=*/2, /*heads=*/2);
 
 // Every tensor filled with a value derived from its position in the list, so
 // mix-ups show.
-std::vector<std::pair<std::string, Tensor>> tiny_tensors(const Gpt2Config& c, const std::string& prefix) {
+std::vector<std::pair<std::string, Tensor>> tiny_tensors(const ModelConfig& c, const std::string& prefix) {
   std::vector<std::pair<std::string, Tensor>> ts;
   int i = 0;
   for (const std::string& n : gpt2_tensor_names(c)) {
@@ -65,8 +66,8 @@ TEST(HfGpt2, ExportThenInferAndValidate) {
   EXPECT_EQ(r.metadata().at("step"), "3");
   EXPECT_EQ(r.entries().front().name, "transformer.wte.weight");
   EXPECT_EQ(infer_gpt2_config(r, 0), kTiny);  // heads from metadata
-  Gpt2Config four = kTiny;
-  four.heads = 4;
+  ModelConfig four = kTiny;
+  four.heads = four.kv_heads = 4;
   EXPECT_EQ(infer_gpt2_config(r, 4), four);  // hint wins
   EXPECT_THROW(infer_gpt2_config(r, 3), InvalidArgument);
   EXPECT_TRUE(gpt2_problems(r, kTiny).empty()) << joined(gpt2_problems(r, kTiny));
@@ -90,7 +91,7 @@ TEST(HfGpt2, AcceptsGpt2ModelNamesMaskBuffersAndTiedHead) {
   const std::string path = dir.file("bare.safetensors");
   write_safetensors(path, ts, {{"format", "pt"}});
   SafetensorsReader r(path);
-  Gpt2Config c = infer_gpt2_config(r, 2);
+  ModelConfig c = infer_gpt2_config(r, 2);
   EXPECT_EQ(c, kTiny);
   EXPECT_TRUE(gpt2_problems(r, c).empty()) << joined(gpt2_problems(r, c));
   EXPECT_EQ(gpt2_stored_name(r, "transformer.ln_f.bias"), "ln_f.bias");
@@ -101,7 +102,7 @@ TEST(HfGpt2, AcceptsGpt2ModelNamesMaskBuffersAndTiedHead) {
 
 TEST(HfGpt2, HeadsDefaultToHiddenOver64) {
   TempDir dir;
-  Gpt2Config c{5, 4, 128, 1, 2};
+  ModelConfig c = gpt2_config(5, 4, 128, 1, 2);
   const std::string path = dir.file("h.safetensors");
   write_safetensors(path, tiny_tensors(c, "transformer."));  // no metadata
   SafetensorsReader r(path);
@@ -126,7 +127,7 @@ TEST(HfGpt2, MisShapedMissingAndExtraTensorsReportedByNameAndFile) {
   const std::string path = dir.file("bad.safetensors");
   write_safetensors(path, ts);
   SafetensorsReader r(path);
-  Gpt2Config c = infer_gpt2_config(r, 2);
+  ModelConfig c = infer_gpt2_config(r, 2);
   EXPECT_EQ(c, kTiny);
   auto problems = gpt2_problems(r, c);
   ASSERT_EQ(problems.size(), 3u) << joined(problems);
@@ -144,7 +145,7 @@ TEST(HfGpt2, MisShapedMissingAndExtraTensorsReportedByNameAndFile) {
     EXPECT_NE(std::string(e.what()).find("3 problems"), std::string::npos) << e.what();
   }
   // Validating against a config with more layers lists the missing tensors.
-  Gpt2Config three = kTiny;
+  ModelConfig three = kTiny;
   three.layers = 3;
   auto missing = gpt2_problems(r, three);
   EXPECT_NE(joined(missing).find(path + ": tensor 'transformer.h.2.attn.c_attn.weight' is missing"), std::string::npos);
@@ -201,6 +202,67 @@ TEST(HfGpt2, ShardedCheckpointValidates) {
   auto src = open_safetensors(dir.path());
   EXPECT_EQ(infer_gpt2_config(*src, 0), kTiny);
   EXPECT_TRUE(gpt2_problems(*src, kTiny).empty()) << joined(gpt2_problems(*src, kTiny));
+}
+
+}  // namespace
+}  // namespace tessera::parallel::checkpoint
+
+namespace tessera::parallel::checkpoint {
+namespace {
+
+// The model description a checkpoint records is the planner's model JSON:
+// every field round-trips (GPT-2, and a Llama preset with GQA, RoPE scaling
+// and an untied head), and config.json <-> ModelConfig for GPT-2.
+TEST(HfGpt2, ModelJsonAndConfigJsonRoundTrip) {
+  for (const ModelConfig& c : {models::gpt::gpt2_config(50257, 1024, 768, 12, 12), ModelConfig::preset("llama3-8b")}) {
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(ModelConfig::from_json_text(c.to_json(), "round trip"), c);
+  }
+  ModelConfig g = models::gpt::gpt2_config(67, 16, 32, 3, 4);
+  g.norm_eps = 1e-6;
+  const ModelConfig back = models::gpt::config_from_hf_json(models::gpt::hf_config_json(g), "config.json");
+  EXPECT_EQ(back, g);
+  EXPECT_THROW(models::gpt::config_from_hf_json(R"({"model_type": "llama"})", "c.json"), FormatError);
+  try {
+    models::gpt::config_from_hf_json(R"({"vocab_size": 67, "n_positions": 16, "n_embd": 32, "n_layer": 3})", "c.json");
+    ADD_FAILURE() << "no throw";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json: field 'n_head' is missing"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::parallel::checkpoint
+
+namespace tessera::parallel::checkpoint {
+namespace {
+
+// config.json beside a Hugging Face file is the source of the architecture:
+// it gives the heads the shapes cannot show, a --heads that disagrees is
+// refused naming both, and a config.json that contradicts the tensors is
+// refused naming the field's consequence (the tensor) and the file.
+TEST(HfGpt2, ConfigJsonBesideTheFileIsTheArchitecture) {
+  TempDir dir;
+  const ModelConfig c = models::gpt::gpt2_config(67, 16, 32, 3, 4);
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (const std::string& n : models::gpt::gpt2_tensor_names(c))
+    ts.emplace_back(n, Tensor::zeros(models::gpt::gpt2_tensor_shape(c, n), DType::F32));
+  write_safetensors(dir.file("model.safetensors"), ts, {{"format", "pt"}});  // no n_head: 32 is not a multiple of 64
+  SafetensorsReader r(dir.file("model.safetensors"));
+  EXPECT_THROW(models::gpt::infer_gpt2_config(r, 0), FormatError);
+  testing::write_bytes(dir.file("config.json"), models::gpt::hf_config_json(c));
+  EXPECT_EQ(models::gpt::infer_gpt2_config(r, 0), c);
+  EXPECT_THROW(models::gpt::infer_gpt2_config(r, 2), InvalidArgument);
+  ModelConfig four_layers = c;
+  four_layers.layers = 4;
+  testing::write_bytes(dir.file("config.json"), models::gpt::hf_config_json(four_layers));
+  try {
+    models::gpt::open_hf_gpt2(r, 0);
+    ADD_FAILURE() << "no throw";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer.h.3.ln_1.weight' is missing"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dir.file("model.safetensors")), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "parallel/checkpoint/safetensors.h"
 #include "runtime/error.h"
+#include "tests/checkpoint/manifest_edit.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace {
@@ -102,10 +103,12 @@ class TrainCkptCli : public ::testing::Test {
     EXPECT_NE(v.code, 0) << v.out;
     for (const std::string& w : want)
       EXPECT_NE(v.out.find(w), std::string::npos) << "verify: missing '" << w << "' in\n" << v.out;
-    // shard and reshard check every hash before using a byte, as resume does.
-    for (const char* cmd : {"shard", "reshard"}) {
+    // shard, reshard and consolidate check every hash before using a byte, as resume does.
+    for (const char* cmd : {"shard", "reshard", "consolidate"}) {
       const std::string out = tmp_.file(std::string("out_") + cmd);
-      CommandResult c = tessera_cmd(concat("ckpt ", cmd, " --tp 2 --out ", out, " ", dir));
+      CommandResult c =
+          tessera_cmd(std::string(cmd) == "consolidate" ? concat("ckpt consolidate --out ", out, " ", dir)
+                                                        : concat("ckpt ", cmd, " --tp 2 --out ", out, " ", dir));
       EXPECT_NE(c.code, 0) << cmd << ": " << c.out;
       for (const std::string& w : want)
         EXPECT_NE(c.out.find(w), std::string::npos) << cmd << ": missing '" << w << "' in\n" << c.out;
@@ -229,7 +232,7 @@ TEST_F(TrainCkptCli, TruncatedShardIsRefused) {
   const std::string f = d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors";
   std::string b = read_bytes(f);
   write_bytes(f, b.substr(0, b.size() / 2));
-  expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors has", "(truncated)", d});
+  expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors has", "(truncated", d});
 }
 
 TEST_F(TrainCkptCli, MissingShardIsRefused) {
@@ -320,6 +323,50 @@ TEST_F(TrainCkptCli, ShardFromAnotherRunIsRefused) {
   fs::copy_file(other.file("ck") + "/step_00000004/dp_rank_00_tp_rank_00_pp_rank_00.safetensors",
                 d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors", fs::copy_options::overwrite_existing);
   expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors", "from run", d});
+}
+
+// Another run's trainer state under this checkpoint's manifest (sizes and
+// hashes made consistent, the marker re-hashed): resume names both runs
+// and steps in words (issue 32 item 5).
+TEST_F(TrainCkptCli, TrainerStateOfAnotherRunIsNamed) {
+  TempDir other;
+  CommandResult r = train("--steps 6 --save-every 2 --seed 5 --save " + other.file("ck"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string d = copy_of(4);
+  const std::string theirs = other.file("ck") + "/step_00000002";
+  fs::copy_file(theirs + "/trainer_state.cereal", d + "/trainer_state.cereal", fs::copy_options::overwrite_existing);
+  const json their_manifest = json::parse(read_bytes(theirs + "/manifest.json"));
+  std::string mine_run;
+  tessera::testing::edit_manifest_rehashed(d, [&](json& m) {
+    mine_run = m["run_id"].get<std::string>();
+    m["trainer_state"]["bytes"] = fs::file_size(d + "/trainer_state.cereal");
+    m["trainer_state"]["sha256"] = tessera::sha256_file_hex(d + "/trainer_state.cereal");
+  });
+  r = train("--resume " + d);     // the run configuration comes from the (foreign) trainer state
+  EXPECT_EQ(r.code, 1) << r.out;  // a damaged checkpoint, as the other damage cases
+  const std::string want =
+      concat("trainer_state.cereal in ", d, " belongs to run ", their_manifest["run_id"].get<std::string>(),
+             " at step 2, the manifest to run ", mine_run, " at step 4");
+  EXPECT_NE(r.out.find(want), std::string::npos) << "missing '" << want << "' in\n" << r.out;
+  EXPECT_EQ(r.out.find("check failed"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(".cc:"), std::string::npos) << r.out;
+}
+
+// A manifest whose model fields lie (the marker re-hashed) is refused by
+// verify, resume, shard, reshard and consolidate (issue 32 item 4): heads
+// 4 -> 8 (the shapes cannot show it: the files' model hash does), layers 2 -> 3.
+TEST_F(TrainCkptCli, ManifestLyingAboutTheModelIsRefused) {
+  {
+    const std::string d = copy_of(4);
+    tessera::testing::edit_manifest_rehashed(d, [](json& m) { m["model"]["heads"] = m["model"]["kv_heads"] = 8; });
+    expect_refused(d, {"the manifest's model was changed after the save", d});
+  }
+  fs::remove_all(tmp_.file("copy"));
+  {
+    const std::string d = copy_of(4);
+    tessera::testing::edit_manifest_rehashed(d, [](json& m) { m["model"]["layers"] = 3; });
+    expect_refused(d, {"has 3 layers; the files hold layers 0..1", d});
+  }
 }
 
 // consolidate writes the weights the run exported at the same step (every
@@ -506,10 +553,10 @@ TEST_F(TrainCkptCli, ShardOfATrainingCheckpointEqualsShardOfItsConsolidation) {
   r = tessera_cmd("ckpt shard --tp 2 --out " + tmp_.file("h6") + " " + tmp_.file("c6.safetensors"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(shard_set(tmp_.file("s6")), shard_set(tmp_.file("h6")));
-  // A head count the checkpoint does not have is refused.
+  // A head count is for Hugging Face files that do not say theirs: a checkpoint records its model.
   r = tessera_cmd("ckpt shard --tp 2 --heads 2 --out " + tmp_.file("x") + " " + ckpt(4));
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("--heads 2 does not match"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--heads 2 is for Hugging Face sources"), std::string::npos) << r.out;
 }
 
 // reshard of a training checkpoint writes a training checkpoint of the
@@ -553,7 +600,7 @@ TEST_F(TrainCkptCli, ReshardOfATrainingCheckpointKeepsTheStateExactly) {
   // Bad layouts are exit 2 and leave nothing behind.
   r = tessera_cmd("ckpt reshard --tp 3 --out " + tmp_.file("r3") + " " + ckpt(2));
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("does not divide the 4 attention heads"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("heads 4 do not divide over tp 3"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(tmp_.file("r3")));
   r = tessera_cmd("ckpt reshard --tp 1 --out " + tmp_.file("r1") + " " + ckpt(2));
   EXPECT_EQ(r.code, 2) << "overwrote a non-empty --out: " << r.out;

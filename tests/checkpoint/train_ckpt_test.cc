@@ -1,4 +1,4 @@
-// Training checkpoints (parallel/checkpoint/train_ckpt.h) through the
+// Training checkpoints (parallel/checkpoint/checkpoint.h) through the
 // Trainer, as forked ranks over the shared-memory communicator.
 //
 // Same layout: in every rank, run A trains 4 steps and saves after step 2;
@@ -11,8 +11,6 @@
 // holds as full tensors (store_shard / the optimizer's moment runs, not the
 // checkpoint reader); B's loaded state must equal A's step-2 state exactly,
 // and B's losses of steps 3 and 4 must be within 1e-5 relative of A's.
-#include "parallel/checkpoint/train_ckpt.h"
-
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
@@ -23,6 +21,7 @@
 #include <filesystem>
 #include <map>
 
+#include "parallel/checkpoint/checkpoint.h"
 #include "parallel/models/gpt/trainer.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"

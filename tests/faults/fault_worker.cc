@@ -33,6 +33,7 @@
 
 #include "launcher/worker.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace {
 
@@ -105,8 +106,9 @@ class DataChild {
 
 // Whole or not at all: the suite reads these files while they are written.
 void write_pid(const std::string& path, pid_t pid) {
-  std::ofstream(path + ".part") << pid << "\n";
-  std::rename((path + ".part").c_str(), path.c_str());
+  tessera::AtomicWriteOptions o;
+  o.sync = false;  // the suite's own scratch file: atomic is what it needs (runtime/files.h renames for us)
+  tessera::write_file_atomic(path, std::to_string(pid) + "\n", o);
 }
 
 int run(int argc, char** argv) {

@@ -17,10 +17,14 @@
 #include <vector>
 
 #include "parallel/checkpoint/ckpt_tool.h"
+#include "parallel/models/families.h"
+#include "parallel/models/gpt/hf.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace fs = std::filesystem;
 namespace ck = tessera::parallel::checkpoint;
+namespace gpt = tessera::parallel::models::gpt;
 
 namespace {
 
@@ -42,18 +46,20 @@ void seed(const std::string& dir, const std::string& name, char mode, const std:
 
 // A tiny GPT-2 (2 layers), its tp-2 shard directory and a 2-file HF sharded copy.
 void make_fixtures() {
-  const ck::Gpt2Config c{11, 4, 8, 2, 2};
+  const tessera::parallel::ModelConfig c = gpt::gpt2_config(11, 4, 8, 2, 2);
   std::mt19937 gen(1);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<std::pair<std::string, tessera::Tensor>> t;
-  for (const std::string& name : ck::gpt2_tensor_names(c)) {
-    tessera::Shape s = ck::gpt2_tensor_shape(c, name);
+  for (const std::string& name : gpt::gpt2_tensor_names(c)) {
+    tessera::Shape s = gpt::gpt2_tensor_shape(c, name);
     std::vector<float> v(static_cast<size_t>(tessera::shape_numel(s)));
     for (float& x : v) x = nd(gen);
     t.emplace_back(name, tessera::Tensor::from_vector(v, s, tessera::DType::F32));
   }
-  ck::write_gpt2_safetensors(g_dir + "/model.safetensors", c, t);
-  ck::shard_gpt2(g_dir + "/model.safetensors", g_dir + "/shards", {2, 1, 1, 0});
+  gpt::write_gpt2_safetensors(g_dir + "/model.safetensors", c, t);
+  ck::ShardOptions o;
+  o.tp = 2;
+  ck::shard(g_dir + "/model.safetensors", g_dir + "/shards", o, tessera::parallel::models::model_families());
   fs::create_directories(g_dir + "/hf");
   ck::write_sharded_safetensors(g_dir + "/hf", t, 600, {{"format", "pt"}});
 }
@@ -80,7 +86,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* s = std::getenv("TESSERA_FUZZ_SEEDS")) {
     fs::create_directories(s);
     seed(s, "safetensors", 0, slurp(g_dir + "/model.safetensors"));
-    seed(s, "shard", 0, slurp(g_dir + "/shards/" + ck::rank_stem(0, 1, 0) + ".safetensors"));
+    seed(s, "shard", 0, slurp(g_dir + "/shards/" + ck::rank_file_name(0, 1, 0)));
     seed(s, "index", 1, slurp(g_dir + "/hf/model.safetensors.index.json"));
     seed(s, "manifest", 2, slurp(g_dir + "/shards/manifest.json"));
   }
@@ -108,13 +114,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::string dir = g_dir + "/m";
       fs::create_directories(dir);
       for (int r = 0; r < 2; ++r) {
-        const std::string f = ck::rank_stem(0, r, 0) + ".safetensors";
+        const std::string f = ck::rank_file_name(0, r, 0);
         if (!fs::exists(dir + "/" + f)) fs::copy_file(g_dir + "/shards/" + f, dir + "/" + f);
       }
       put(dir + "/manifest.json", data, size);
+      // The marker matches the fuzzed manifest, so the manifest's own checks are what is fuzzed.
+      const std::string text(reinterpret_cast<const char*>(data), size);
+      tessera::write_file_atomic(dir + "/done",
+                                 "{\"manifest_sha256\": \"" + tessera::sha256_hex(text) + "\", \"step\": 0}\n");
       const std::string out = g_dir + "/back.safetensors";
       fs::remove(out);
-      ck::consolidate_gpt2(dir, out);
+      ck::consolidate_path(dir, out, 0, false, false, tessera::parallel::models::model_families());
     }
   } catch (const tessera::Error&) {
   }

@@ -14,7 +14,7 @@ bin=$work/ckpt_readers_fuzz
 objs=()
 # An object is rebuilt when its source or any header it may include changed
 # (a stale object compiled against an older class layout breaks the ODR).
-for f in tests/fuzz/ckpt_readers_fuzz.cc parallel/checkpoint/safetensors.cc parallel/checkpoint/hf_gpt2.cc \
+for f in tests/fuzz/ckpt_readers_fuzz.cc parallel/checkpoint/safetensors.cc parallel/checkpoint/checkpoint.cc \
          parallel/checkpoint/ckpt_tool.cc; do
   o=$work/$(basename "$f").o
   if [ ! -f "$o" ] || [ "$src/$f" -nt "$o" ] ||

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/checkpoint/train_ckpt.h"
+#include "parallel/checkpoint/checkpoint.h"
 #include "parallel/data/byte_dataset.h"
 #include "parallel/models/causal_lm.h"
 #include "parallel/optim/optimizer.h"
@@ -113,7 +113,7 @@ class Trainer {
   // (the last stage's tied copy of the embedding is not written).
   void export_hf(const std::string& path, uint64_t max_shard_bytes = 0);
 
-  // Training checkpoints (parallel/checkpoint/train_ckpt.h, trainer_state.cc),
+  // Checkpoints (parallel/checkpoint/checkpoint.h, trainer_state.cc),
   // collective over every rank. save_checkpoint writes the state after
   // steps_done() into root/step_NNNNNNNN (keep > 0: then only the newest
   // `keep` complete checkpoints remain). load_checkpoint reads one saved

@@ -1,5 +1,5 @@
 // The Trainer's training checkpoints: TrainerState (cereal) and
-// Trainer::save_checkpoint / load_checkpoint over parallel/checkpoint/train_ckpt.h.
+// Trainer::save_checkpoint / load_checkpoint over parallel/checkpoint/checkpoint.h.
 #include "parallel/models/gpt/trainer_state.h"
 
 #include <cereal/archives/portable_binary.hpp>
@@ -11,9 +11,9 @@
 #include <random>
 #include <sstream>
 
-#include "parallel/checkpoint/ckpt_tool.h"
-#include "parallel/checkpoint/gpt2_layout.h"
-#include "parallel/checkpoint/safetensors.h"
+#include "parallel/checkpoint/checkpoint.h"
+#include "parallel/models/families.h"
+#include "parallel/models/gpt/hf.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
 
@@ -28,12 +28,9 @@ TrainerState make_trainer_state(const TrainOptions& o, int64_t step, const std::
   s.run_id = run_id;
   s.seed = o.seed;
   s.next_sample = step * o.global_batch;
-  s.vocab = o.model.vocab;
-  s.ctx = o.model.max_seq;
-  s.hidden = o.model.hidden;
-  s.layers = o.model.layers;
-  s.heads = o.model.heads;
-  s.ln_eps = static_cast<float>(o.model.norm_eps);
+  ModelConfig m = o.model;
+  m.name.clear();
+  s.model_json = m.to_json();
   s.seq = o.seq;
   s.micro_batch = o.micro_batch;
   s.global_batch = o.global_batch;
@@ -58,16 +55,13 @@ TrainerState make_trainer_state(const TrainOptions& o, int64_t step, const std::
   return s;
 }
 
-TrainOptions options_of(const TrainerState& s) {
+ModelConfig model_of(const TrainerState& s, const std::string& where) {
+  return ModelConfig::from_json_text(s.model_json, where + " (its model)");
+}
+
+TrainOptions options_of(const TrainerState& s, const std::string& where) {
   TrainOptions o;
-  o.model.vocab = static_cast<int>(s.vocab);
-  o.model.max_seq = static_cast<int>(s.ctx);
-  o.model.hidden = static_cast<int>(s.hidden);
-  o.model.layers = static_cast<int>(s.layers);
-  o.model.heads = static_cast<int>(s.heads);
-  o.model.norm_eps = s.ln_eps;
-  o.model.kv_heads = o.model.heads;
-  o.model.ffn_hidden = 4 * o.model.hidden;
+  o.model = model_of(s, where);
   o.seq = s.seq;
   o.tp = s.tp;
   o.dp = s.dp;
@@ -125,11 +119,7 @@ std::string resume_mismatches(const TrainerState& saved, const TrainOptions& now
   auto cmp = [&](const char* what, auto a, auto b) {
     if (a != b) out << what << ": the checkpoint has " << a << ", this run " << b << "\n";
   };
-  cmp("vocab", saved.vocab, n.vocab);
-  cmp("context (wpe rows)", saved.ctx, n.ctx);
-  cmp("hidden", saved.hidden, n.hidden);
-  cmp("layers", saved.layers, n.layers);
-  cmp("heads", saved.heads, n.heads);
+  cmp("model", saved.model_json, n.model_json);
   cmp("seq", saved.seq, n.seq);
   cmp("global batch", saved.global_batch, n.global_batch);
   cmp("steps (the learning-rate schedule decays over them)", saved.decay_steps, n.decay_steps);
@@ -147,6 +137,14 @@ std::string resume_mismatches(const TrainerState& saved, const TrainOptions& now
   return out.str();
 }
 
+std::string relayout_trainer_state(const std::string& bytes, int tp, int dp, int pp, const std::string& where) {
+  TrainerState st = decode_trainer_state(bytes, where);
+  st.tp = tp;
+  st.dp = dp;
+  st.pp = pp;
+  return encode_trainer_state(st);
+}
+
 namespace {
 
 // 128 random bits from world rank 0, the same on every rank.
@@ -161,14 +159,6 @@ std::string new_run_id(collectives::Communicator* world) {
   std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", static_cast<uint32_t>(bits[0]), static_cast<uint32_t>(bits[1]),
                 static_cast<uint32_t>(bits[2]), static_cast<uint32_t>(bits[3]));
   return buf;
-}
-
-std::map<std::string, int64_t> model_map(const ModelConfig& m) {
-  return {{"vocab_size", m.vocab},
-          {"n_positions", m.max_seq},
-          {"n_embd", m.hidden},
-          {"n_layer", m.layers},
-          {"n_head", m.heads}};
 }
 
 // Each parameter of every model chunk this rank holds, with the range of its
@@ -198,56 +188,6 @@ std::vector<ckpt::HeldTensor> held_tensors(const std::vector<parallel::layers::P
   return held;
 }
 
-// A `tessera ckpt shard` directory: every parameter from the TP shards of its
-// stage's files (sizes, hashes and layout checked first by verify_shard_dir),
-// one full tensor at a time.
-void load_shard_set(const std::string& dir, const ModelConfig& m,
-                    const std::vector<parallel::layers::Parameter*>& params) {
-  const ckpt::Gpt2Config c = ckpt::verify_shard_dir(dir);
-  auto agree = [&](const char* what, int64_t model_v, int64_t file_v) {
-    TESSERA_ARG_CHECK(model_v == file_v, "shard directory ", dir, " has ", what, " ", file_v, ", the model ", model_v);
-  };
-  agree("vocab_size", m.vocab, c.vocab);
-  agree("n_positions", m.max_seq, c.n_positions);
-  agree("n_embd", m.hidden, c.hidden);
-  agree("n_layer", m.layers, c.layers);
-  agree("n_head", m.heads, c.heads);
-  const std::string mpath = (std::filesystem::path(dir) / ckpt::kManifestName).string();
-  const nlohmann::json j = nlohmann::json::parse(read_regular_file(mpath, uint64_t{1} << 30));
-  const int tp = j.at("tp").get<int>(), pp = j.at("pp").get<int>();
-  std::vector<int> layers;
-  for (const auto& st : j.at("stages")) layers.push_back(st.at("layers")[1].get<int>() - st.at("layers")[0].get<int>());
-  const std::vector<int> stages = ckpt::gpt2_stages(c, pp, layers);
-  std::vector<std::vector<parallel::layers::Parameter>> src;
-  src.reserve(static_cast<size_t>(tp));
-  for (int r = 0; r < tp; ++r) src.push_back(ckpt::gpt2_tp_parameters(c, tp, r));
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < src[0].size(); ++i) index[src[0][i].name] = i;
-  std::map<std::pair<int, int>, std::unique_ptr<ckpt::SafetensorsReader>> readers;
-  auto reader = [&](int r, int s) -> const ckpt::SafetensorsReader& {
-    auto& rd = readers[{r, s}];
-    if (!rd)
-      rd = std::make_unique<ckpt::SafetensorsReader>(
-          (std::filesystem::path(dir) / (ckpt::rank_stem(0, r, s) + ".safetensors")).string());
-    return *rd;
-  };
-  for (parallel::layers::Parameter* p : params) {
-    auto it = index.find(p->name);
-    TESSERA_ARG_CHECK(it != index.end(), "shard directory ", dir, " has no tensor ", p->name);
-    Tensor full = Tensor::empty(p->full_shape, DType::F32);
-    const int s = ckpt::gpt2_pp_stage(stages, p->name);
-    const int ranks = src[0][it->second].split_dim < 0 ? 1 : tp;
-    for (int r = 0; r < ranks; ++r) {
-      parallel::layers::Parameter sp = src[static_cast<size_t>(r)][it->second];
-      Tensor shard = Tensor::empty(sp.shape, DType::F32);
-      reader(r, s).read_into(p->name, shard);
-      sp.value = shard.data<float>();
-      parallel::layers::store_shard(sp, full.data<float>());
-    }
-    parallel::layers::load_shard(*p, full.data<float>());
-  }
-}
-
 }  // namespace
 
 ckpt::SaveResult Trainer::save_checkpoint(const std::string& root, int keep) {
@@ -257,52 +197,77 @@ ckpt::SaveResult Trainer::save_checkpoint(const std::string& root, int keep) {
   spec.root = root;
   spec.step = step_;
   spec.run_id = run_id_;
-  spec.layout = {ps_.tp_size, ps_.dp_size, ps_.pp_size, opts_.adamw.zero1, ps_.sp()};
+  spec.layout = {ps_.tp_size, ps_.dp_size, ps_.pp_size, opts_.adamw.zero1, ps_.sp(), {}};
+  if (opts_.virtual_stages == 1) spec.layout.stages = opts_.stages;
   spec.tp_rank = ps_.tp_rank;
   spec.dp_rank = ps_.dp_rank;
   spec.pp_rank = ps_.pp_rank;
   spec.world_rank = ps_.global_rank();
-  spec.model = model_map(opts_.model);
+  spec.model_json = opts_.model.to_json();
   spec.trainer_state = encode_trainer_state(make_trainer_state(opts_, step_, run_id_, ps_.pp_size));
   spec.keep = keep;
-  return ckpt::save_train_checkpoint(world, held_tensors(parameters(), *opt_, tied_copy()), spec);
+  return ckpt::save_checkpoint(world, held_tensors(parameters(), *opt_, tied_copy()), spec);
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
   collectives::Communicator* world = ps_.world.get();
-  if (!ckpt::is_train_checkpoint(dir) &&
-      std::filesystem::is_regular_file(std::filesystem::path(dir) / ckpt::kManifestName)) {
-    load_shard_set(dir, opts_.model, parameters());  // parameters only: a fresh optimizer at step 0
-    step_ = 0;
-    return;
+  ckpt::Checkpoint ck(dir);
+  const std::string w = ck.where();
+  // The recorded model, checked against the tensors present, then against this run's.
+  const ModelConfig saved = ModelConfig::from_json_text(ck.model_json(), w + " (the manifest's model)");
+  ck.verify_model(*models::model_layout(saved));
+  // Every file's size, SHA-256 and recorded model before anything else is believed.
+  ck.verify_collective(world);
+  const ModelConfig& mine = opts_.model;
+  {
+    std::string diff;
+    auto cmp = [&](const char* what, int64_t a, int64_t b) {
+      if (a != b) diff += concat("\n  ", what, ": the checkpoint has ", a, ", this run ", b);
+    };
+    cmp("vocab", saved.vocab, mine.vocab);
+    cmp("context (max_seq)", saved.max_seq, mine.max_seq);
+    cmp("hidden", saved.hidden, mine.hidden);
+    cmp("layers", saved.layers, mine.layers);
+    cmp("heads", saved.heads, mine.heads);
+    cmp("kv_heads", saved.kv_heads, mine.kv_heads);
+    cmp("ffn_hidden", saved.ffn_hidden, mine.ffn_hidden);
+    cmp("head size", saved.head_size(), mine.head_size());
+    cmp("tied embeddings", saved.tied_embeddings(), mine.tied_embeddings());
+    if (saved.family != mine.family)
+      diff += concat("\n  family: the checkpoint has ", saved.family, ", this run ", mine.family);
+    TESSERA_ARG_CHECK(diff.empty(), w, " holds another model:", diff);
   }
-  ckpt::TrainCheckpoint ck(dir);
-  const TrainerState st = decode_trainer_state(ck.read_trainer_state(), "checkpoint " + ck.dir());
-  const std::string diff = resume_mismatches(st, opts_);
-  TESSERA_ARG_CHECK(diff.empty(), "checkpoint ", ck.dir(), " is of another run configuration:\n", diff);
-  TESSERA_CHECK(st.step == ck.step() && st.run_id == ck.run_id(), "checkpoint ", ck.dir(),
-                ": trainer state and manifest disagree on step or run");
+  const bool training = ck.has_trainer_state();
+  if (training) {
+    const TrainerState st = decode_trainer_state(ck.read_trainer_state(), w);
+    if (st.step != ck.step() || st.run_id != ck.run_id())
+      throw FormatError(concat(ckpt::kTrainerStateName, " in ", ck.dir(), " belongs to run ", st.run_id, " at step ",
+                               st.step, ", the manifest to run ", ck.run_id(), " at step ", ck.step(),
+                               " (a trainer state copied from another checkpoint)"));
+    const std::string diff = resume_mismatches(st, opts_);
+    TESSERA_ARG_CHECK(diff.empty(), w, " is of another run configuration:\n", diff);
+    TESSERA_ARG_CHECK(ck.has_kind(ckpt::StateKind::ExpAvg) && ck.has_kind(ckpt::StateKind::ExpAvgSq), w,
+                      " holds no optimizer state");
+  }
   std::vector<ckpt::HeldTensor> held = held_tensors(parameters(), *opt_, tied_copy());
   // Every shape is checked before the first byte is copied.
   for (const ckpt::HeldTensor& h : held) {
     const parallel::layers::Parameter& p = *h.param;
     auto t = ck.tensors().find(p.name);
-    if (t == ck.tensors().end()) throw FormatError(concat("checkpoint ", ck.dir(), " has no tensor ", p.name));
-    TESSERA_ARG_CHECK(t->second.shape == p.full_shape, "checkpoint ", ck.dir(), ": tensor ", p.name, " has shape ",
+    if (t == ck.tensors().end()) throw FormatError(concat(w, " has no tensor ", p.name));
+    TESSERA_ARG_CHECK(t->second.shape == p.full_shape, w, ": tensor ", p.name, " has shape ",
                       shape_str(t->second.shape), ", the model's is ", shape_str(p.full_shape));
   }
-  TESSERA_ARG_CHECK(ck.has_kind(ckpt::StateKind::ExpAvg) && ck.has_kind(ckpt::StateKind::ExpAvgSq), "checkpoint ",
-                    ck.dir(), " holds no optimizer state");
-  ck.verify_collective(world);
   for (const ckpt::HeldTensor& h : held) {
-    ck.read(*h.param, ckpt::StateKind::Param, 0, h.param->numel(), h.param->value);
-    if (h.moment_end > h.moment_begin) {
-      ck.read(*h.param, ckpt::StateKind::ExpAvg, h.moment_begin, h.moment_end, h.m);
-      ck.read(*h.param, ckpt::StateKind::ExpAvgSq, h.moment_begin, h.moment_end, h.v);
+    ck.read_f32(*h.param, ckpt::StateKind::Param, 0, h.param->numel(), h.param->value);
+    if (training && h.moment_end > h.moment_begin) {
+      ck.read_f32(*h.param, ckpt::StateKind::ExpAvg, h.moment_begin, h.moment_end, h.m);
+      ck.read_f32(*h.param, ckpt::StateKind::ExpAvgSq, h.moment_begin, h.moment_end, h.v);
     }
   }
-  step_ = ck.step();
-  run_id_ = ck.run_id();
+  // Weights only (a `tessera ckpt shard` output): a fresh optimizer at step 0, a new run.
+  step_ = training ? ck.step() : 0;
+  if (training) run_id_ = ck.run_id();
 }
 
 }  // namespace tessera::parallel::models::gpt

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "parallel/models/llama/llama_model.h"
 #include "runtime/error.h"
 
 namespace tessera::parallel::models::llama {
@@ -155,6 +156,16 @@ std::string config_to_hf(const ModelConfig& m, const std::string& torch_dtype) {
                          {"original_max_position_embeddings", m.rope_scaling.original_max_position_embeddings}};
   }
   return j.dump(2) + "\n";
+}
+
+std::string config_str(const ModelConfig& m) {
+  return detail::concat("llama layers=", m.layers, " hidden=", m.hidden, " heads=", m.heads, " kv_heads=", m.kv_heads,
+                        " head_dim=", m.head_size(), " ffn=", m.ffn_hidden, " vocab=", m.vocab, " ctx=", m.max_seq,
+                        m.tied_embeddings() ? " tied" : " untied");
+}
+
+std::vector<parallel::layers::Parameter> LlamaLayout::tensors(int tp, int tp_rank) const {
+  return LlamaModel::parameter_layout(c_, tp, tp_rank);
 }
 
 }  // namespace tessera::parallel::models::llama

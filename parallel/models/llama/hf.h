@@ -15,8 +15,12 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "parallel/checkpoint/checkpoint.h"
 #include "parallel/model_config.h"
 
 namespace tessera::parallel::models::llama {
@@ -28,5 +32,35 @@ ModelConfig config_from_hf(const std::string& text, const std::string& source);
 // config.json that transformers' LlamaForCausalLM loads as it is
 // (architectures, model_type "llama", every field above, torch_dtype).
 std::string config_to_hf(const ModelConfig& m, const std::string& torch_dtype);
+
+// The __metadata__ key of a single Llama file that holds its config.json.
+constexpr const char* kConfigMetadataKey = "config";
+
+// "llama layers=2 hidden=64 heads=4 kv_heads=2 head_dim=16 ffn=96 vocab=256 ctx=32 untied"
+std::string config_str(const ModelConfig& m);
+
+// The Llama family's layout as the checkpoint layer takes it (LlamaModel's
+// parameter_layout); its model description is ModelConfig::to_json, its
+// consolidated directory's config.json the one LlamaForCausalLM loads.
+class LlamaLayout : public checkpoint::ModelLayout {
+ public:
+  // The name is cosmetic (a file's path, a preset's name): the model the checkpoint records is its architecture.
+  explicit LlamaLayout(ModelConfig c) : c_(std::move(c)) { c_.name.clear(); }
+  std::string model_json() const override { return c_.to_json(); }
+  std::string describe() const override { return config_str(c_); }
+  int64_t layers() const override { return c_.layers; }
+  std::vector<parallel::layers::Parameter> tensors(int tp, int tp_rank) const override;
+  // A single consolidated file carries its config.json in "config" (a
+  // directory has it beside the tensors): --init and shard read it back.
+  std::map<std::string, std::string> file_metadata() const override {
+    return {{"format", "pt"}, {kConfigMetadataKey, config_to_hf(c_, "float32")}};
+  }
+  std::vector<std::pair<std::string, std::string>> hf_files() const override {
+    return {{"config.json", config_to_hf(c_, "float32")}};
+  }
+
+ private:
+  ModelConfig c_;
+};
 
 }  // namespace tessera::parallel::models::llama

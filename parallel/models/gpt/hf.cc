@@ -1,11 +1,23 @@
-#include "parallel/checkpoint/hf_gpt2.h"
+#include "parallel/models/gpt/hf.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
-namespace tessera::parallel::checkpoint {
+#include "parallel/models/hf_config.h"
+#include "runtime/files.h"
+
+namespace tessera::parallel::models::gpt {
+
+using checkpoint::SafetensorsEntry;
+using checkpoint::write_safetensors;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -27,8 +39,9 @@ bool parse_layer(const std::string& s, int64_t* layer, std::string* rest) {
 
 // Shape of a per-layer tensor by the part after "h.N."; empty optional-like
 // flag when unknown.
-bool layer_shape(const Gpt2Config& c, const std::string& rest, Shape* out) {
+bool layer_shape(const ModelConfig& c, const std::string& rest, Shape* out) {
   const int64_t C = c.hidden;
+  const int64_t F = c.ffn_hidden;
   if (rest == "ln_1.weight" || rest == "ln_1.bias" || rest == "ln_2.weight" || rest == "ln_2.bias" ||
       rest == "attn.c_proj.bias" || rest == "mlp.c_proj.bias") {
     *out = {C};
@@ -39,11 +52,11 @@ bool layer_shape(const Gpt2Config& c, const std::string& rest, Shape* out) {
   } else if (rest == "attn.c_proj.weight") {
     *out = {C, C};
   } else if (rest == "mlp.c_fc.weight") {
-    *out = {C, 4 * C};
+    *out = {C, F};
   } else if (rest == "mlp.c_fc.bias") {
-    *out = {4 * C};
+    *out = {F};
   } else if (rest == "mlp.c_proj.weight") {
-    *out = {4 * C, C};
+    *out = {F, C};
   } else {
     return false;
   }
@@ -69,12 +82,12 @@ std::string strip(const std::string& canonical) {
 
 }  // namespace
 
-std::string gpt2_config_str(const Gpt2Config& c) {
-  return detail::concat("vocab=", c.vocab, " n_positions=", c.n_positions, " hidden=", c.hidden, " layers=", c.layers,
+std::string gpt2_config_str(const ModelConfig& c) {
+  return detail::concat("vocab=", c.vocab, " n_positions=", c.max_seq, " hidden=", c.hidden, " layers=", c.layers,
                         " heads=", c.heads);
 }
 
-Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
+static ModelConfig infer_from_tensors(const TensorSource& src, int64_t heads_hint) {
   const std::string p = stored_prefix(src);
   const std::string& file = src.path();
   auto shape2 = [&](const std::string& n) {
@@ -85,11 +98,11 @@ Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
     }
     return s;
   };
-  Gpt2Config c;
   Shape wte = shape2("wte.weight"), wpe = shape2("wpe.weight");
-  c.vocab = wte[0];
-  c.hidden = wte[1];
-  c.n_positions = wpe[0];
+  for (int64_t d : {wte[0], wte[1], wpe[0]})
+    if (d > (int64_t{1} << 30))
+      throw FormatError(detail::concat(file, ": tensor '", p, "wte.weight' or 'wpe.weight' is too large (", d, ")"));
+  ModelConfig c = gpt2_config(wte[0], wpe[0], wte[1], 0, 1);
   int64_t max_layer = -1;
   for (const std::string& n : src.names()) {
     if (!starts_with(n, p)) continue;
@@ -97,8 +110,8 @@ Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
     std::string rest;
     if (parse_layer(n.substr(p.size()), &layer, &rest)) max_layer = std::max(max_layer, layer);
   }
-  c.layers = max_layer + 1;
-  if (c.vocab <= 0 || c.hidden <= 0 || c.n_positions <= 0) {
+  c.layers = static_cast<int>(max_layer + 1);
+  if (c.vocab <= 0 || c.hidden <= 0 || c.max_seq <= 0) {
     throw FormatError(detail::concat(file, ": tensor '", p, c.vocab <= 0 ? "wte" : "wpe", ".weight' has shape ",
                                      shape_str(c.vocab <= 0 || c.hidden <= 0 ? wte : wpe),
                                      "; a GPT-2 needs at least one vocabulary row, position and hidden unit"));
@@ -106,7 +119,7 @@ Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
   if (heads_hint > 0) {
     TESSERA_ARG_CHECK(c.hidden % heads_hint == 0, "GPT-2 heads ", heads_hint, " do not divide the hidden size ",
                       c.hidden, " of ", file);
-    c.heads = heads_hint;
+    c.heads = static_cast<int>(heads_hint);
   } else {
     auto it = src.metadata().find("n_head");
     if (it != src.metadata().end()) {
@@ -119,7 +132,7 @@ Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
         throw FormatError(
             detail::concat(file, ": metadata n_head '", it->second, "' does not divide hidden ", c.hidden));
       }
-      c.heads = h;
+      c.heads = static_cast<int>(h);
     } else if (c.hidden % 64 == 0 && c.hidden > 0) {
       c.heads = c.hidden / 64;
     } else {
@@ -128,10 +141,11 @@ Gpt2Config infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
                                        "of heads explicitly"));
     }
   }
+  c.kv_heads = c.heads;
   return c;
 }
 
-std::vector<std::string> gpt2_tensor_names(const Gpt2Config& c) {
+std::vector<std::string> gpt2_tensor_names(const ModelConfig& c) {
   std::vector<std::string> out = {"transformer.wte.weight", "transformer.wpe.weight"};
   for (int64_t l = 0; l < c.layers; ++l) {
     for (const char* part : kLayerParts) out.push_back(detail::concat("transformer.h.", l, ".", part));
@@ -141,10 +155,10 @@ std::vector<std::string> gpt2_tensor_names(const Gpt2Config& c) {
   return out;
 }
 
-Shape gpt2_tensor_shape(const Gpt2Config& c, const std::string& name) {
+Shape gpt2_tensor_shape(const ModelConfig& c, const std::string& name) {
   const std::string s = strip(name);
   if (s == "wte.weight") return {c.vocab, c.hidden};
-  if (s == "wpe.weight") return {c.n_positions, c.hidden};
+  if (s == "wpe.weight") return {c.max_seq, c.hidden};
   if (s == "ln_f.weight" || s == "ln_f.bias") return {c.hidden};
   int64_t layer;
   std::string rest;
@@ -164,7 +178,7 @@ void read_gpt2_tensor(const TensorSource& src, const std::string& name, Tensor& 
   src.read_into(gpt2_stored_name(src, name), dst);
 }
 
-std::vector<std::string> gpt2_problems(const TensorSource& src, const Gpt2Config& c) {
+std::vector<std::string> gpt2_problems(const TensorSource& src, const ModelConfig& c) {
   std::vector<std::string> problems;
   const std::string& file = src.path();
   std::string p;
@@ -227,7 +241,7 @@ std::vector<std::string> gpt2_problems(const TensorSource& src, const Gpt2Config
   return problems;
 }
 
-void check_gpt2(const TensorSource& src, const Gpt2Config& c) {
+void check_gpt2(const TensorSource& src, const ModelConfig& c) {
   std::vector<std::string> problems = gpt2_problems(src, c);
   if (problems.empty()) return;
   std::ostringstream os;
@@ -237,7 +251,7 @@ void check_gpt2(const TensorSource& src, const Gpt2Config& c) {
   throw FormatError(os.str());
 }
 
-void write_gpt2_safetensors(const std::string& path, const Gpt2Config& c,
+void write_gpt2_safetensors(const std::string& path, const ModelConfig& c,
                             const std::vector<std::pair<std::string, Tensor>>& tensors,
                             const std::map<std::string, std::string>& extra_metadata) {
   std::map<std::string, const Tensor*> given;
@@ -269,14 +283,135 @@ void write_gpt2_safetensors(const std::string& path, const Gpt2Config& c,
     throw InvalidArgument(os.str());
   }
   std::map<std::string, std::string> md = extra_metadata;
-  // transformers refuses a safetensors file whose "format" is not pt/tf/flax/mlx.
-  md["format"] = "pt";
-  md["n_embd"] = std::to_string(c.hidden);
-  md["n_head"] = std::to_string(c.heads);
-  md["n_layer"] = std::to_string(c.layers);
-  md["n_positions"] = std::to_string(c.n_positions);
-  md["vocab_size"] = std::to_string(c.vocab);
+  for (const auto& [k, v] : gpt2_file_metadata(c)) md[k] = v;
   write_safetensors(path, ordered, md);
 }
 
-}  // namespace tessera::parallel::checkpoint
+ModelConfig gpt2_config(int64_t vocab, int64_t n_positions, int64_t hidden, int64_t layers, int64_t heads) {
+  ModelConfig c;
+  c.name = "gpt2";
+  c.family = "gpt";
+  c.vocab = static_cast<int>(vocab);
+  c.max_seq = static_cast<int>(n_positions);
+  c.hidden = static_cast<int>(hidden);
+  c.layers = static_cast<int>(layers);
+  c.heads = static_cast<int>(heads);
+  c.kv_heads = c.heads;
+  c.ffn_hidden = 4 * c.hidden;
+  return c;
+}
+
+std::string hf_config_json(const ModelConfig& c, const std::string& torch_dtype) {
+  json j = {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", c.vocab},
+            {"n_positions", c.max_seq},
+            {"n_ctx", c.max_seq},
+            {"n_embd", c.hidden},
+            {"n_layer", c.layers},
+            {"n_head", c.heads},
+            {"n_inner", nullptr},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", c.norm_eps},
+            {"resid_pdrop", 0.0},
+            {"embd_pdrop", 0.0},
+            {"attn_pdrop", 0.0},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", true},
+            {"torch_dtype", torch_dtype}};
+  if (c.ffn_hidden != 4 * c.hidden) j["n_inner"] = c.ffn_hidden;
+  return j.dump(2) + "\n";
+}
+
+ModelConfig config_from_hf_json(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw FormatError(detail::concat(where, ": not valid JSON (at byte ", e.byte, ")"));
+  }
+  if (!j.is_object()) throw FormatError(detail::concat(where, ": expected a JSON object"));
+  if (j.contains("model_type") && j["model_type"] != "gpt2")
+    throw FormatError(detail::concat(where, ": model_type ", j["model_type"].dump(), " is not \"gpt2\""));
+  auto get = [&](const char* k, int64_t fallback) -> int64_t {
+    if (!j.contains(k)) {
+      if (fallback >= 0) return fallback;
+      throw FormatError(detail::concat(where, ": field '", k, "' is missing"));
+    }
+    if (!j[k].is_number_integer() || j[k].get<int64_t>() <= 0 || j[k].get<int64_t>() > (int64_t{1} << 30))
+      throw FormatError(detail::concat(where, ": field '", k, "' must be a positive integer, not ", j[k].dump()));
+    return j[k].get<int64_t>();
+  };
+  const int64_t n_pos = j.contains("n_positions") ? get("n_positions", -1) : get("n_ctx", -1);
+  ModelConfig c = gpt2_config(get("vocab_size", -1), n_pos, get("n_embd", -1), get("n_layer", -1), get("n_head", -1));
+  if (j.contains("n_inner") && !j["n_inner"].is_null()) c.ffn_hidden = static_cast<int>(get("n_inner", -1));
+  // What tessera's GPT-2 would compute differently (transformers' GPT2Config fields).
+  if (auto it = j.find("activation_function"); it != j.end() && *it != "gelu_new")
+    throw FormatError(detail::concat(where, ": field 'activation_function' is ", it->dump(),
+                                     "; tessera's GPT-2 computes gelu_new (the tanh GELU)"));
+  for (const char* key : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"})
+    if (auto it = j.find(key); it != j.end() && *it == true)
+      throw FormatError(detail::concat(where, ": field '", key, "' is true; tessera does not compute it"));
+  if (auto it = j.find("scale_attn_weights"); it != j.end() && *it == false)
+    throw FormatError(detail::concat(where,
+                                     ": field 'scale_attn_weights' is false; tessera scales attention by "
+                                     "1/sqrt(head size)"));
+  if (j.contains("layer_norm_epsilon")) {
+    if (!j["layer_norm_epsilon"].is_number() || !(j["layer_norm_epsilon"].get<double>() > 0))
+      throw FormatError(detail::concat(where, ": field 'layer_norm_epsilon' must be a positive number"));
+    c.norm_eps = j["layer_norm_epsilon"].get<double>();
+  }
+  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"] != true)
+    throw FormatError(detail::concat(where, ": field 'tie_word_embeddings' is ", j["tie_word_embeddings"].dump(),
+                                     "; tessera's GPT ties the LM head to the token embedding"));
+  if (c.hidden % c.heads != 0)
+    throw FormatError(
+        detail::concat(where, ": field 'n_head' (", c.heads, ") does not divide 'n_embd' (", c.hidden, ")"));
+  return c;
+}
+
+std::string hf_config_path(const std::string& source_path) {
+  return models::hf_config_path(source_path).value_or(std::string());
+}
+
+ModelConfig infer_gpt2_config(const TensorSource& src, int64_t heads_hint) {
+  const std::string cfg = hf_config_path(src.path());
+  if (cfg.empty()) return infer_from_tensors(src, heads_hint);
+  ModelConfig c = config_from_hf_json(read_regular_file(cfg, 1 << 20), cfg);
+  TESSERA_ARG_CHECK(heads_hint <= 0 || heads_hint == c.heads, "--heads ", heads_hint, " disagrees with ", cfg,
+                    ", whose n_head is ", c.heads);
+  return c;
+}
+
+bool gpt2_file_records_heads(const TensorSource& src) {
+  return !hf_config_path(src.path()).empty() || src.metadata().count("n_head") > 0;
+}
+
+std::map<std::string, std::string> gpt2_file_metadata(const ModelConfig& c) {
+  return {{"format", "pt"},
+          {"n_embd", std::to_string(c.hidden)},
+          {"n_head", std::to_string(c.heads)},
+          {"n_layer", std::to_string(c.layers)},
+          {"n_positions", std::to_string(c.max_seq)},
+          {"vocab_size", std::to_string(c.vocab)}};
+}
+
+std::vector<parallel::layers::Parameter> gpt_layout(const ModelConfig& c, int tp, int tp_rank) {
+  TESSERA_ARG_CHECK(tp >= 1 && tp_rank >= 0 && tp_rank < tp, "bad tp rank ", tp_rank, " of ", tp);
+  TESSERA_ARG_CHECK(c.heads > 0 && c.hidden % c.heads == 0, "hidden ", c.hidden, " is not a multiple of heads ",
+                    c.heads);
+  TESSERA_ARG_CHECK(c.heads % tp == 0, "heads ", c.heads, " do not divide over tp ", tp,
+                    " (attention is split by heads)");
+  return GptModel::parameter_layout(c, tp, tp_rank);
+}
+
+HfGpt2 open_hf_gpt2(const TensorSource& src, int64_t heads_hint) {
+  const ModelConfig c = infer_gpt2_config(src, heads_hint);
+  check_gpt2(src, c);
+  HfGpt2 out;
+  for (const std::string& n : gpt2_tensor_names(c)) out.stored[n] = gpt2_stored_name(src, n);
+  out.layout = std::make_unique<GptLayout>(c);
+  return out;
+}
+
+}  // namespace tessera::parallel::models::gpt
