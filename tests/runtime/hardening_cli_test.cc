@@ -3,10 +3,11 @@
 // character device (mknod c 1 3, /dev/null's numbers) or a FIFO leaves it a
 // device or a FIFO; every JSON input given /dev/zero, a FIFO, a directory or
 // a 1 GB file is refused at once in little memory; a full device
-// (/dev/full: ENOSPC) fails the run naming the file; library text does not
+// (/dev/full's numbers: ENOSPC) fails the run naming the file; library text does not
 // reach the user.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -34,15 +35,23 @@ using tessera::testing::is_fifo;
 using tessera::testing::is_null_device;
 using tessera::testing::TempDir;
 
-const std::string kTessera = TESSERA_BIN;
-const std::string kTrain = std::string("OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=60 ") + TRAIN_GPT_BIN;
+// HARDENING_TESSERA_BIN / HARDENING_TRAIN_GPT_BIN run the cases against other
+// binaries (an older build, to see the cases fail there).
+std::string bin(const char* env, const char* built) {
+  const char* v = std::getenv(env);
+  return v && *v ? v : built;
+}
+const std::string kTessera = bin("HARDENING_TESSERA_BIN", TESSERA_BIN);
+const std::string kTrainBin = bin("HARDENING_TRAIN_GPT_BIN", TRAIN_GPT_BIN);
+const std::string kTrain = "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=60 " + kTrainBin;
 const std::string kTiny = " --steps 1 --layers 1 --hidden 32 --heads 2 --seq 16 --vocab 256 --micro-batch 1";
 const std::string kTiny2 = " --steps 1 --layers 2 --hidden 32 --heads 2 --seq 16 --vocab 256 --micro-batch 1";
 const std::string kPlanArgs = " plan --model gpt2-124m --topology trn1.32xlarge --global-batch 8 --seq 128 --top 1";
 const std::string kBench = " bench allr -r 2 -b 1K -e 4K -f 2 -n 1 -w 0";
 
 // A command run through `sh -c 'exec ...'`: its exit code, its output
-// (stdout and stderr), its peak RSS (wait4) and how long it took.
+// (stdout and stderr), its peak RSS (wait4) and how long it took. A command
+// still running after 120 s (HARDENING_TIMEOUT_S) is killed: code 128 + 9, "timed out".
 struct CmdRun {
   int code = -1;
   std::string out;
@@ -63,13 +72,23 @@ CmdRun run(const std::string& cmd) {
   }
   int st = 0;
   rusage ru{};
-  ::wait4(pid, &st, 0, &ru);
+  bool timed_out = false;
+  while (::wait4(pid, &st, WNOHANG, &ru) == 0) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(std::stoi(bin("HARDENING_TIMEOUT_S", "120")))) {
+      ::kill(pid, SIGKILL);
+      timed_out = true;
+      ::wait4(pid, &st, 0, &ru);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   CmdRun r;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   r.max_rss_kib = ru.ru_maxrss;
   ::close(fd);
   r.out = tessera::testing::read_bytes(tmpl);
+  if (timed_out) r.out += "\n(timed out: killed)";
   ::unlink(tmpl);
   return r;
 }
@@ -89,8 +108,8 @@ std::vector<OutputCase> output_cases(const TempDir& d) {
       {"train_gpt --log-json", [](const std::string& o) { return kTrain + kTiny + " --log-json " + o; }, 0},
       {"train_gpt --trace",
        [](const std::string& o) {
-         return "TESSERA_TIMEOUT_S=60 OPENBLAS_NUM_THREADS=1 " + kTessera + " run --nproc-per-node 2 -- " +
-                TRAIN_GPT_BIN + kTiny2 + " --pp 2 --trace " + o;
+         return "TESSERA_TIMEOUT_S=60 OPENBLAS_NUM_THREADS=1 " + kTessera + " run --nproc-per-node 2 -- " + kTrainBin +
+                kTiny2 + " --pp 2 --trace " + o;
        },
        0},
       // The ckpt commands refuse an --out that exists (docs/checkpoint.md).
@@ -176,12 +195,19 @@ TEST(HardeningCli, AFifoWithoutAReaderIsRefusedNotWaitedFor) {
 }
 
 TEST(HardeningCli, AFullDeviceFailsTheRunNamingTheFile) {
-  for (const std::string& cmd : {kTrain + kTiny + " --log-json /dev/full", kTrain + kTiny + " --export /dev/full",
-                                 kTessera + kPlanArgs + " --json /dev/full", kTessera + kBench + " --json /dev/full"}) {
+  // A node with /dev/full's numbers in a temp dir: a binary that wrongly
+  // replaces its output replaces that, never the system's /dev/full.
+  TempDir d;
+  const std::string full = tessera::testing::full_device(d.path());
+  for (const std::string& cmd : {kTrain + kTiny + " --log-json " + full, kTrain + kTiny + " --export " + full,
+                                 kTessera + kPlanArgs + " --json " + full, kTessera + kBench + " --json " + full}) {
     SCOPED_TRACE(cmd);
     const CmdRun r = run(cmd);
     EXPECT_NE(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("/dev/full: cannot write: No space left on device"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(full + ": cannot write: No space left on device"), std::string::npos) << r.out;
+    struct stat st {};
+    ASSERT_EQ(::lstat(full.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode)) << "replaced";
   }
 }
 

@@ -1,7 +1,7 @@
 // The output and input rules of docs/errors.md (runtime/files.h):
 // write_file_atomic and OutputStream never replace what is not a regular
 // file (a character device or FIFO is written through, a directory, block
-// device or socket refused), every write failure is reported (/dev/full),
+// device or socket refused), every write failure is reported (a full device),
 // and read_input_file refuses /dev/zero, a FIFO, a directory and a 1 GB
 // file at once, in little memory. Plus library text in tessera's words.
 #include <fcntl.h>
@@ -193,23 +193,28 @@ TEST(Outputs, DirectorySocketAndBlockDeviceAreRefusedAndLeftAlone) {
 }
 
 TEST(Outputs, FullDeviceFailsTheWriteNamingThePath) {
-  // /dev/full: every write gives ENOSPC, as a full disk does.
+  // A full device (/dev/full's numbers): every write gives ENOSPC, as a full disk does.
+  Dir d;
+  const std::string full = testing::full_device(d.path());
   try {
-    write_file_atomic("/dev/full", std::string(100, 'x'));
+    write_file_atomic(full, std::string(100, 'x'));
     ADD_FAILURE() << "no throw";
   } catch (const IoError& e) {
     EXPECT_EQ(e.step(), FileStep::Write);
     EXPECT_EQ(e.os_error(), ENOSPC);
-    EXPECT_EQ(std::string(e.what()), "/dev/full: cannot write: No space left on device");
+    EXPECT_EQ(std::string(e.what()), full + ": cannot write: No space left on device");
   }
-  OutputStream s("/dev/full");
+  OutputStream s(full);
   try {
     s.write("{\"step\": 1}\n");
     ADD_FAILURE() << "no throw";
   } catch (const IoError& e) {
     EXPECT_EQ(e.os_error(), ENOSPC);
-    EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(full + ": cannot write"), std::string::npos) << e.what();
   }
+  struct stat st {};
+  ASSERT_EQ(::lstat(full.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
 }
 
 TEST(Outputs, OutputStreamWritesARegularFileInPlace) {

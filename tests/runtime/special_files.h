@@ -18,6 +18,15 @@ namespace tessera::testing {
 // makes; false when this user may not make device nodes.
 inline bool make_null_device(const std::string& p) { return ::mknod(p.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0; }
 
+// A full device for ENOSPC tests: `dir`/full made with /dev/full's numbers
+// (1, 7), so that a writer that wrongly replaces its output replaces this
+// node and never the system's /dev/full; /dev/full itself where this user
+// may not make device nodes (and then cannot replace anything in /dev).
+inline std::string full_device(const std::string& dir) {
+  const std::string p = dir + "/full";
+  return ::mknod(p.c_str(), S_IFCHR | 0666, makedev(1, 7)) == 0 ? p : "/dev/full";
+}
+
 inline bool is_null_device(const std::string& p) {
   struct stat st {};
   return ::lstat(p.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3);
