@@ -23,11 +23,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -49,7 +51,7 @@ using namespace tessera::collectives;  // the bench library and the communicator
 struct BenchArgs : bench::RankOptions {
   std::string op;
   std::string minbytes = "32M", maxbytes = "32M";
-  double stepfactor = 0;
+  double stepfactor = std::numeric_limits<double>::quiet_NaN();  // NaN: -f not given (-f 0 is refused)
   std::string stepbytes;
   int iters = 20, warmup = 5;
   std::string datatype = "f32", redop = "sum";
@@ -113,11 +115,11 @@ bench::BenchConfig make_config(const BenchArgs& a) {
   bench::BenchConfig c;
   c.op = bench::parse_bench_op(a.op);
   size_t lo = bench::parse_size(a.minbytes), hi = bench::parse_size(a.maxbytes);
-  if (a.stepfactor != 0 && !a.stepbytes.empty())
-    throw InvalidArgument("give -f/--stepfactor or -i/--stepbytes, not both");
-  if (a.stepfactor != 0 && a.stepfactor <= 1.0)
-    throw InvalidArgument("-f/--stepfactor must be > 1, got " + std::to_string(a.stepfactor));
-  double factor = a.stepfactor;
+  const bool given = !std::isnan(a.stepfactor);
+  if (given && !a.stepbytes.empty()) throw InvalidArgument("give -f/--stepfactor or -i/--stepbytes, not both");
+  if (given && !(a.stepfactor > 1.0))
+    throw InvalidArgument(detail::concat("-f/--stepfactor must be > 1, got ", a.stepfactor));
+  double factor = given ? a.stepfactor : 0;
   size_t step = 0;
   if (!a.stepbytes.empty())
     step = bench::parse_size(a.stepbytes);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace tessera::launcher::cli {
 
@@ -77,6 +78,13 @@ void check_output_file(const std::string& flag, const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
   if (fs::is_directory(p, ec)) fail("it is a directory");
+  // A block device, socket or dangling symlink is refused (runtime/files.h, classify_output); a character device or
+  // FIFO is written through, so only it need be writable, not its directory (/dev/stdout).
+  if (const std::string why = output_refusal(path); !why.empty()) fail(why);
+  if (classify_output(path).kind == OutputKind::WriteThrough) {
+    if (::access(path.c_str(), W_OK) != 0) fail(std::strerror(errno));
+    return;
+  }
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   if (!fs::exists(dir, ec)) fail("directory '" + dir.string() + "' does not exist");
   if (!fs::is_directory(dir, ec)) fail("'" + dir.string() + "' is not a directory");

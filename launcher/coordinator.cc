@@ -10,6 +10,7 @@
 
 #include "launcher/proto/coordinator.grpc.pb.h"
 #include "runtime/error.h"
+#include "runtime/log_throttle.h"
 
 namespace tessera::launcher {
 
@@ -271,6 +272,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
 
  private:
   static std::chrono::milliseconds ms(int64_t v) { return std::chrono::milliseconds(v); }
+  LogThrottle refused_log_;  // refused calls: 5 lines per 10 s at most
 
   // gRPC has no wake-up hook for a cancelled sync call: JobState polls this.
   static JobState::Cancelled cancelled(ServerContext* ctx) {
@@ -285,8 +287,11 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
       const auto& md = ctx->client_metadata();
       auto it = md.find(kTokenKey);
       if (it == md.end() || !same_token(std::string(it->second.data(), it->second.size()), opt_.token)) {
-        spdlog::warn("coordinator: refused {} from {}: {} job token", method, ctx->peer(),
-                     it == md.end() ? "no" : "wrong");
+        // Throttled: anyone who can reach the port can trigger this line.
+        if (uint64_t dropped = 0; refused_log_.allow(&dropped))
+          spdlog::warn("coordinator: refused {} from {}: {} job token{}", method, ctx->peer(),
+                       it == md.end() ? "no" : "wrong",
+                       dropped ? detail::concat(" (", dropped, " more refused calls not logged)") : std::string());
         return {StatusCode::PERMISSION_DENIED, "missing or wrong job token"};
       }
       int round = -1;

@@ -91,9 +91,13 @@ bool set_by_tessera(const char* kv) {
     if (getppid() != keeper) _exit(137);
     pthread_sigmask(SIG_SETMASK, &none, nullptr);
     execve(program.c_str(), argv, envp);
-    const char msg[] = "tessera run: exec failed\n";
-    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
-    (void)ignored;
+    // "tessera run: cannot execute './badelf': Exec format error", from
+    // write(2) alone (this child of a forked process calls nothing that locks).
+    const char* why = strerror(errno);
+    for (const char* part : {"tessera run: cannot execute '", program.c_str(), "': ", why, "\n"}) {
+      ssize_t ignored = ::write(2, part, strlen(part));
+      (void)ignored;
+    }
     _exit(127);
   }
   // The keeper holds no descriptor: the pipes reach EOF when the worker and

@@ -263,7 +263,18 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     beat.set_node_rank(ctx.world.node_rank);
     beat.set_host(ctx.host);
     // A first beat in this thread: a wrong token or a dead coordinator fails init, not a background thread.
-    auto rep = r.client->heartbeat(beat, 10s);
+    pb::HeartbeatReply rep;
+    try {
+      rep = r.client->heartbeat(beat, 10s);
+    } catch (const AbortedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      // Name where the address came from: the user may have set it by hand.
+      if (r.mode != BootstrapMode::TesseraRun) throw;
+      throw Error(detail::concat("TESSERA_COORDINATOR=", address, ": cannot reach the coordinator: ", e.what(),
+                                 " (`tessera run` sets it for its workers; check the address, or unset it to run "
+                                 "alone)"));
+    }
     if (rep.aborted()) throw AbortedError("the job was aborted before this worker joined");
     r.heartbeat =
         std::make_unique<Heartbeater>(r.client, beat, interval, std::max(10000ms, 5 * interval),

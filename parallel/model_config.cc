@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/files.h"
+#include "runtime/library_text.h"
 
 namespace tessera::parallel {
 
@@ -171,11 +173,7 @@ ModelConfig ModelConfig::load(const std::string& s) {
 }
 
 ModelConfig ModelConfig::from_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InvalidArgument("cannot open model file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json_text(ss.str(), path);
+  return from_json_text(read_input_file(path, "model file"), path);
 }
 
 std::string ModelConfig::to_json() const {
@@ -202,9 +200,9 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
-    bad_file(source, std::string("malformed JSON: ") + e.what());
+    bad_file(source, "malformed JSON: " + json_library_text(e));
   }
-  if (!j.is_object()) bad_file(source, "expected a JSON object");
+  if (!j.is_object()) bad_file(source, std::string("expected a JSON object, found ") + j.type_name());
   static const std::set<std::string> allowed = {
       "name",    "family",   "layers",   "hidden",     "heads",        "kv_heads",       "vocab",         "ffn_hidden",
       "max_seq", "head_dim", "norm_eps", "rope_theta", "rope_scaling", "tie_embeddings", "attention_bias"};

@@ -5,13 +5,14 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 
 #include "runtime/error.h"
 #include "runtime/files.h"
+#include "runtime/library_text.h"
 
 namespace tessera::parallel {
 
@@ -213,13 +214,98 @@ std::string plan_to_json(const tessera::plan::Plan& plan) {
   return s.substr(0, end) + p + "}\n";
 }
 
+namespace {
+
+// The plan's JSON checked against the message's descriptor before protobuf
+// parses it, so a mistake is said in tessera's words ("field 'tp': expected
+// an integer, found string \"two\"") instead of protobuf's ("invalid value
+// "two" for type TYPE_INT32", "Root element must be a message.").
+void check_plan_json(const nlohmann::json& j, const google::protobuf::Descriptor& d, const std::string& where,
+                     const std::function<void(const std::string&)>& bad) {
+  using google::protobuf::FieldDescriptor;
+  if (!j.is_object())
+    bad(detail::concat(where.empty() ? "the plan" : where, ": expected a JSON object, found ", j.type_name()));
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const FieldDescriptor* f = d.FindFieldByName(it.key());
+    for (int i = 0; !f && i < d.field_count(); ++i)
+      if (d.field(i)->json_name() == it.key()) f = d.field(i);  // lowerCamelCase, as proto3 JSON allows
+    const std::string name = where.empty() ? it.key() : where + "." + it.key();
+    if (!f) {
+      std::string allowed;
+      for (int i = 0; i < d.field_count(); ++i) allowed += (i ? ", " : "") + std::string(d.field(i)->name());
+      bad(detail::concat("unknown field '", name, "' (allowed: ", allowed, ")"));
+    }
+    if (it.value().is_null()) continue;  // proto3 JSON: the default
+    auto check_one = [&](const nlohmann::json& v, const std::string& n) {
+      auto expected = [&](const char* what) {
+        bad(detail::concat("field '", n, "': expected ", what, ", found ", v.type_name(), " ", v.dump()));
+      };
+      // proto3 JSON also takes numbers as strings ("1024", "NaN"): protobuf checks those below.
+      const bool digits = v.is_string() && !v.get<std::string>().empty() &&
+                          v.get<std::string>().find_first_not_of("-0123456789") == std::string::npos;
+      switch (f->cpp_type()) {
+        case FieldDescriptor::CPPTYPE_INT32:
+          if (!digits && (!v.is_number_integer() ||
+                          (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{INT32_MAX}
+                                                  : v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX)))
+            expected("an integer from -2147483648 to 2147483647");
+          break;
+        case FieldDescriptor::CPPTYPE_UINT32:
+          if (!digits && (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t{UINT32_MAX}))
+            expected("an integer from 0 to 4294967295");
+          break;
+        case FieldDescriptor::CPPTYPE_INT64:
+          if (!digits && !v.is_number_integer()) expected("an integer");
+          break;
+        case FieldDescriptor::CPPTYPE_UINT64:
+          if (!digits && !v.is_number_unsigned()) expected("a non-negative integer");
+          break;
+        case FieldDescriptor::CPPTYPE_DOUBLE:
+        case FieldDescriptor::CPPTYPE_FLOAT:
+          if (!v.is_number() && !(v.is_string() && (v == "NaN" || v == "Infinity" || v == "-Infinity" || digits)))
+            expected("a number");
+          break;
+        case FieldDescriptor::CPPTYPE_BOOL:
+          if (!v.is_boolean()) expected("true or false");
+          break;
+        case FieldDescriptor::CPPTYPE_STRING:
+          if (!v.is_string()) expected("a string");
+          break;
+        case FieldDescriptor::CPPTYPE_MESSAGE:
+          check_plan_json(v, *f->message_type(), n, bad);
+          break;
+        default:
+          break;  // enums: none in the plan; protobuf's own check below
+      }
+    };
+    if (f->is_repeated()) {
+      if (!it.value().is_array())
+        bad(detail::concat("field '", name, "': expected an array, found ", it.value().type_name()));
+      for (size_t i = 0; i < it.value().size(); ++i) check_one(it.value()[i], detail::concat(name, "[", i, "]"));
+    } else {
+      check_one(it.value(), name);
+    }
+  }
+}
+
+}  // namespace
+
 tessera::plan::Plan plan_from_json(const std::string& text, const std::string& source) {
+  auto bad = [&](const std::string& what) { throw FormatError("plan file '" + source + "': " + what); };
+  {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      bad("malformed JSON: " + json_library_text(e));
+    }
+    check_plan_json(j, *tessera::plan::Plan::descriptor(), "", bad);
+  }
   tessera::plan::Plan p;
   google::protobuf::util::JsonParseOptions o;
   o.ignore_unknown_fields = false;
   auto st = google::protobuf::util::JsonStringToMessage(text, &p, o);
-  if (!st.ok()) throw FormatError("plan file '" + source + "': " + std::string(st.message()));
-  auto bad = [&](const std::string& what) { throw FormatError("plan file '" + source + "': " + what); };
+  if (!st.ok()) bad("not a valid plan: " + std::string(st.message()));
   if (p.tp() < 1 || p.pp() < 1 || p.dp() < 1) bad("tp, pp and dp must be positive");
   if (p.cores() != 0 && static_cast<long>(p.tp()) * p.pp() * p.dp() != p.cores())
     bad("tp*pp*dp = " + std::to_string(static_cast<long>(p.tp()) * p.pp() * p.dp()) +
@@ -264,6 +350,7 @@ void write_plan_json(const std::string& path, const tessera::plan::Plan& plan) {
   } catch (const IoError& e) {
     // An output that cannot even be created (no such directory, no
     // permission) is the caller's bad path: exit 2, as before.
+    if (e.step() == FileStep::CheckOutput || e.step() == FileStep::OpenOutput) throw InvalidArgument(e.what());
     if (e.step() == FileStep::CreateTemp)
       throw InvalidArgument(detail::concat("cannot write plan file '", path, "': ", std::strerror(e.os_error())));
     throw;
@@ -271,11 +358,7 @@ void write_plan_json(const std::string& path, const tessera::plan::Plan& plan) {
 }
 
 tessera::plan::Plan read_plan_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InvalidArgument("cannot open plan file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return plan_from_json(ss.str(), path);
+  return plan_from_json(read_input_file(path, "plan file"), path);
 }
 
 }  // namespace tessera::parallel

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -161,6 +162,10 @@ const char* file_step_name(FileStep step) {
       return "open the directory";
     case FileStep::SyncDir:
       return "fsync the directory";
+    case FileStep::CheckOutput:
+      return "check the output";
+    case FileStep::OpenOutput:
+      return "open the output";
   }
   return "?";
 }
@@ -198,6 +203,11 @@ bool block_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kDir
 }  // namespace
 
 FileSink::~FileSink() { std::free(stage_); }
+
+void FileSink::fail_write(int err) const {
+  if (!tmp_.empty()) fail(path_, FileStep::Write, tmp_, err);
+  throw IoError(detail::concat(path_, ": cannot write: ", std::strerror(err)), path_, FileStep::Write, err);
+}
 
 void FileSink::write(const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
@@ -244,8 +254,8 @@ void FileSink::put(const char* p, size_t bytes) {
     // Linux caps one write at ~2 GiB; larger buffers go in pieces.
     const ssize_t n = ops_.write(fd_, p, std::min<size_t>(bytes, size_t{1} << 30));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail(path_, FileStep::Write, tmp_, errno);
-    if (n == 0) fail(path_, FileStep::Write, tmp_, EIO);  // no progress: would loop forever
+    if (n < 0) fail_write(errno);
+    if (n == 0) fail_write(EIO);  // no progress: would loop forever
     p += n;
     bytes -= static_cast<size_t>(n);
     put_ += static_cast<uint64_t>(n);
@@ -270,8 +280,8 @@ void FileSink::put_direct(const char* p, size_t bytes) {
       to_buffered();
       break;
     }
-    if (n < 0) fail(path_, FileStep::Write, tmp_, errno);
-    if (n == 0) fail(path_, FileStep::Write, tmp_, EIO);
+    if (n < 0) fail_write(errno);
+    if (n == 0) fail_write(EIO);
     p += n;
     bytes -= static_cast<size_t>(n);
     put_ += static_cast<uint64_t>(n);
@@ -292,12 +302,114 @@ void FileSink::finish() {
   staged_ = 0;
 }
 
+namespace {
+
+// SIGPIPE held back while writing through to a FIFO, so a reader that went
+// away is an EPIPE error naming the output instead of the process's death.
+// A SIGPIPE raised meanwhile (by this thread's writes) is consumed.
+class NoSigpipe {
+ public:
+  NoSigpipe() {
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigset_t pending;
+    sigemptyset(&pending);
+    ::sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = ::pthread_sigmask(SIG_BLOCK, &pipe_set, &old_) == 0;
+  }
+  ~NoSigpipe() {
+    if (!blocked_) return;
+    if (!was_pending_) {
+      sigset_t pipe_set, pending;
+      sigemptyset(&pipe_set);
+      sigaddset(&pipe_set, SIGPIPE);
+      sigemptyset(&pending);
+      if (::sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+        const timespec zero{0, 0};
+        while (::sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+        }
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  NoSigpipe(const NoSigpipe&) = delete;
+  NoSigpipe& operator=(const NoSigpipe&) = delete;
+
+ private:
+  sigset_t old_;
+  bool blocked_ = false, was_pending_ = false;
+};
+
+// Opens a character device or a FIFO for writing in place: O_NONBLOCK, so
+// neither a FIFO without a reader nor a slow device blocks the open (a FIFO
+// then fails with ENXIO), and back to blocking writes once open. Re-checks
+// what was opened: a regular file that replaced the device meanwhile gives
+// -1 with errno EAGAIN (the caller writes it atomically instead).
+int open_write_through(FileOps& ops, const std::string& path, const OutputTarget& t) {
+  const int fd = ops.open(t.path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENXIO && t.what == "a FIFO")
+      throw IoError(detail::concat(path, ": cannot open the FIFO for writing: no process has it open for reading ",
+                                   "(start the reader first; tessera does not wait for one)"),
+                    path, FileStep::OpenOutput, err);
+    throw IoError(detail::concat(path, ": cannot open ", t.what, " for writing: ", std::strerror(err)), path,
+                  FileStep::OpenOutput, err);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && !S_ISCHR(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+    ops.close(fd);
+    errno = EAGAIN;
+    return -1;
+  }
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::function<void(FileSink&)>& fill,
                        const AtomicWriteOptions& options) {
   FileOps& ops = options.ops ? *options.ops : posix_file_ops();
   const size_t slash = path.rfind('/');
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
   TESSERA_ARG_CHECK(!name.empty() && name != "." && name != "..", "cannot write '", path, "': not a file name");
+  const OutputTarget target = classify_output(path);
+  if (target.kind == OutputKind::Refused)
+    throw IoError(detail::concat(path, ": cannot write: it is ", target.what,
+                                 " (tessera writes regular files, character devices and FIFOs; it replaces only "
+                                 "regular files)"),
+                  path, FileStep::CheckOutput, EEXIST);
+  if (target.path != path) {  // a symlink: the file it names, in that file's directory
+    write_file_atomic(target.path, fill, options);
+    return;
+  }
+  if (target.kind == OutputKind::WriteThrough) {
+    int fd = open_write_through(ops, path, target);
+    if (fd >= 0) {
+      static const std::string kNoTemp;
+      NoSigpipe no_sigpipe;
+      try {
+        std::unique_ptr<Sha256> hash = options.sha256_hex ? std::make_unique<Sha256>() : nullptr;
+        FileSink sink(ops, fd, path, kNoTemp, hash.get(), false);
+        fill(sink);
+        sink.finish();
+        if (hash) *options.sha256_hex = hash->hex_digest();
+      } catch (...) {
+        ops.close(fd);
+        throw;
+      }
+      if (ops.close(fd) != 0) {
+        const int err = errno;
+        throw IoError(detail::concat(path, ": cannot close: ", std::strerror(err)), path, FileStep::CloseFile, err);
+      }
+      return;
+    }
+    // A regular file replaced the device since the stat: the atomic write below.
+  }
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   // The temp name stays within NAME_MAX however long the destination's name.
   const std::string prefix = "." + name.substr(0, 200) + ".tmp.";
@@ -540,12 +652,33 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
     throw FormatError(detail::concat(path, ": ", size, " bytes, more than the limit of ", max_bytes));
   std::string out;
   out.reserve(size);
-  read_all(path, fd.fd, [&](const char* p, size_t n) {
-    if (out.size() + n > max_bytes)
+  // At most max_bytes + 1 bytes are read: one past the limit proves the file grew past it.
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(max_bytes + 1, uint64_t{1} << 20)));
+  for (;;) {
+    const uint64_t room = max_bytes + 1 - out.size();
+    const ssize_t r = ::read(fd.fd, buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), room)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw FormatError(os_msg(path, "cannot read", errno));
+    if (r == 0) return out;
+    if (out.size() + static_cast<size_t>(r) > max_bytes)
       throw FormatError(detail::concat(path, ": grew past the limit of ", max_bytes, " bytes while read"));
-    out.append(p, n);
-  });
-  return out;
+    out.append(buf.data(), static_cast<size_t>(r));
+  }
+}
+
+std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  // A missing file is the caller's bad argument (InvalidArgument, as before); the rest FormatError.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT)
+    throw InvalidArgument(detail::concat(what, " '", path, "': no such file"));
+  try {
+    return read_regular_file(path, max_bytes);
+  } catch (const FormatError& e) {
+    // read_regular_file's messages start with the path; say what the file is for.
+    std::string m = e.what();
+    if (m.compare(0, path.size() + 2, path + ": ") == 0) m.erase(0, path.size() + 2);
+    throw FormatError(detail::concat(what, " '", path, "': ", m));
+  }
 }
 
 std::string sha256_file_hex(const std::string& path) {
@@ -609,6 +742,116 @@ void commit_directory(const std::string& tmp, const std::string& target, const C
   }
   if (ops.rename(tmp.c_str(), target.c_str()) != 0) fail(target, FileStep::Rename, tmp, errno);
   fsync_directory(parent, &ops);
+}
+
+// ---- outputs: what a path names before tessera writes it -------------------
+
+namespace {
+const char* refused_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return nullptr;
+}
+}  // namespace
+
+OutputTarget classify_output(const std::string& path) {
+  OutputTarget t;
+  t.path = path;
+  struct stat lst {};
+  if (::lstat(path.c_str(), &lst) != 0) return t;  // New (or an error the write reports)
+  struct stat st = lst;
+  if (S_ISLNK(lst.st_mode)) {
+    if (::stat(path.c_str(), &st) != 0) {
+      t.kind = OutputKind::Refused;
+      t.what = detail::concat("a symbolic link to a missing file (", std::strerror(errno), ")");
+      return t;
+    }
+    if (S_ISREG(st.st_mode)) {
+      // Replace the file the link names, not the link (as cp does).
+      char* real = ::realpath(path.c_str(), nullptr);
+      if (!real) {
+        t.kind = OutputKind::Refused;
+        t.what = detail::concat("a symbolic link that cannot be resolved (", std::strerror(errno), ")");
+        return t;
+      }
+      t.path = real;
+      std::free(real);
+    }
+  }
+  if (S_ISREG(st.st_mode)) {
+    t.kind = OutputKind::Regular;
+    t.what = "a regular file";
+  } else if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+    t.kind = OutputKind::WriteThrough;
+    t.what = S_ISFIFO(st.st_mode) ? "a FIFO" : "a character device";
+  } else {
+    const char* k = refused_kind(st.st_mode);
+    t.kind = OutputKind::Refused;
+    t.what = k ? k : "not a regular file";
+  }
+  return t;
+}
+
+std::string output_refusal(const std::string& path) {
+  const OutputTarget t = classify_output(path);
+  if (t.kind != OutputKind::Refused) return {};
+  return detail::concat("it is ", t.what, " (tessera writes regular files, character devices and FIFOs)");
+}
+
+OutputStream::OutputStream(const std::string& path) : path_(path) {
+  const OutputTarget t = classify_output(path);
+  if (t.kind == OutputKind::Refused)
+    throw IoError(detail::concat(path, ": cannot write: it is ", t.what,
+                                 " (tessera writes regular files, character devices and FIFOs)"),
+                  path, FileStep::CheckOutput, EEXIST);
+  if (t.kind == OutputKind::WriteThrough) {
+    fd_ = open_write_through(posix_file_ops(), path, t);
+    if (fd_ >= 0) return;
+  }
+  fd_ = ::open(t.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666);
+  if (fd_ < 0) {
+    const int err = errno;
+    throw IoError(detail::concat(path, ": cannot open for writing: ", std::strerror(err)), path, FileStep::OpenOutput,
+                  err);
+  }
+  regular_ = true;
+}
+
+OutputStream::~OutputStream() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void OutputStream::write(std::string_view bytes) {
+  TESSERA_CHECK(fd_ >= 0, "OutputStream::write after close");
+  NoSigpipe no_sigpipe;
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      throw IoError(detail::concat(path_, ": cannot write: ", std::strerror(err)), path_, FileStep::Write, err);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+void OutputStream::close() {
+  if (fd_ < 0) return;
+  const int fd = fd_;
+  fd_ = -1;
+  if (regular_ && ::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw IoError(detail::concat(path_, ": cannot fsync: ", std::strerror(err)), path_, FileStep::SyncFile, err);
+  }
+  if (::close(fd) != 0) {
+    const int err = errno;
+    throw IoError(detail::concat(path_, ": cannot close: ", std::strerror(err)), path_, FileStep::CloseFile, err);
+  }
 }
 
 }  // namespace tessera

@@ -25,6 +25,17 @@
 // exception thrown by a streaming writer's callback propagates unchanged
 // (after the temp file is removed).
 //
+// Outputs that are not regular files (docs/errors.md, "Outputs"): the
+// rename is applied only to a regular file or a new one. A character device
+// or a FIFO (`--json /dev/stdout`, `/dev/null`, a pipe) is written through,
+// in place: no temp file, no fsync; a FIFO must already have a reader (it is
+// opened with O_NONBLOCK; without one the call fails at once, step
+// OpenOutput, instead of blocking), and a reader that goes away gives EPIPE,
+// not SIGPIPE. A directory, a block device or a socket is refused (step
+// CheckOutput) and left as it is. A symbolic link is followed, as cp does:
+// the file it names is replaced (atomically, in that file's directory), a
+// device it names is written through; a dangling link is refused.
+//
 // Threads: every function is safe to call from any thread; a FileSink
 // belongs to the call that made it. The system calls go through FileOps
 // (LevelDB's Env, reduced to what this needs), so tests can fail any step.
@@ -79,7 +90,7 @@ class FileOps {
 FileOps& posix_file_ops();
 
 // The steps of the contract above, for errors and tests.
-enum class FileStep { CreateTemp, Write, SyncFile, CloseFile, Rename, OpenDir, SyncDir };
+enum class FileStep { CreateTemp, Write, SyncFile, CloseFile, Rename, OpenDir, SyncDir, CheckOutput, OpenOutput };
 const char* file_step_name(FileStep step);  // "create the temp file", "write", ...
 
 class IoError : public Error {
@@ -134,6 +145,7 @@ class FileSink {
   friend void write_file_atomic(const std::string&, const std::function<void(FileSink&)>&, const AtomicWriteOptions&);
   FileSink(FileOps& ops, int fd, const std::string& path, const std::string& tmp, Sha256* hash, bool direct)
       : ops_(ops), fd_(fd), path_(path), tmp_(tmp), hash_(hash), direct_(direct) {}
+  [[noreturn]] void fail_write(int err) const;  // IoError, step Write
   ~FileSink();
   FileSink(const FileSink&) = delete;
   FileSink& operator=(const FileSink&) = delete;
@@ -144,8 +156,8 @@ class FileSink {
   FileOps& ops_;
   int fd_;
   const std::string& path_;
-  const std::string& tmp_;
-  Sha256* hash_;  // nullptr unless AtomicWriteOptions::sha256_hex is set
+  const std::string& tmp_;  // empty: written through (a device or a FIFO), no temp file
+  Sha256* hash_;            // nullptr unless AtomicWriteOptions::sha256_hex is set
   bool direct_;
   char* stage_ = nullptr;  // direct: aligned staging buffer (kStage bytes), staged_ of them used
   size_t staged_ = 0;
@@ -179,6 +191,20 @@ void write_files_atomic(const std::vector<std::string>& paths,
 int open_regular_file(const std::string& path, uint64_t* size);
 // The whole file through open_regular_file; FormatError when it is larger than max_bytes.
 std::string read_regular_file(const std::string& path, uint64_t max_bytes);
+
+// ---- inputs: one reader of small files (docs/errors.md, "Inputs") -----------
+// Every JSON or text input a user names (a model, topology or plan file,
+// bench's --topology, train_gpt's --plan) is read by read_input_file: it
+// refuses at once, without blocking or reading, anything that is not a
+// regular file (/dev/zero, a FIFO, a directory) and a file larger than the
+// limit (stat first; then at most limit + 1 bytes are read, for a file that
+// grows meanwhile). FormatError "<what> '<path>': <problem>", e.g. "model
+// file '/dev/zero': not a regular file (a character device)"; a missing
+// file is InvalidArgument "<what> '<path>': no such file".
+// The limit: far above any real input (a plan for 65,536 ranks is ~5 MB, a
+// model or topology a few hundred bytes), far below what would hurt a host.
+constexpr uint64_t kMaxInputFileBytes = uint64_t{64} << 20;
+std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxInputFileBytes);
 // SHA-256 of the file's bytes as 64 lowercase hex digits (OpenSSL's libcrypto);
 // the file must be regular (open_regular_file).
 std::string sha256_file_hex(const std::string& path);
@@ -243,5 +269,47 @@ void commit_directory(const std::string& tmp, const std::string& target, const C
 void fsync_directory(const std::string& dir, FileOps* ops = nullptr);
 // fsync of a file through `ops`; IoError (step SyncFile) naming it.
 void fsync_path(const std::string& path, FileOps* ops = nullptr);
+// ---- outputs: what a path names before tessera writes it -------------------
+// (docs/errors.md, "Outputs"; the rule write_file_atomic and OutputStream apply.)
+enum class OutputKind {
+  New,           // nothing there yet (or a symlink's target does not exist yet: see below)
+  Regular,       // a regular file: replaced atomically (write_file_atomic) or truncated (OutputStream)
+  WriteThrough,  // a character device or a FIFO: written in place
+  Refused,       // a directory, block device, socket or dangling symlink: never written
+};
+struct OutputTarget {
+  OutputKind kind = OutputKind::New;
+  std::string path;  // the file to write: `path` itself, or the file a symlink names
+  std::string what;  // for messages: "a FIFO", "a directory", ...
+};
+// stat()s `path` (following symbolic links). Errors other than ENOENT (no
+// permission on a directory) give New: the write that follows reports them.
+OutputTarget classify_output(const std::string& path);
+// For the front-ends' start-up checks (launcher/cli.h check_output_file):
+// empty when `path` may be written, else why not ("it is a block device ...").
+std::string output_refusal(const std::string& path);
+
+// An output written as it goes (a step log, one line at a time), under the
+// same rule: a regular file (new or existing) is truncated and written in
+// place, a character device or a FIFO written through, anything else
+// refused. Every write is checked: write() throws IoError (step Write)
+// naming the path and the OS error (ENOSPC on a full disk, EPIPE when a
+// FIFO's reader went away), and close() reports a failed fsync or close.
+// One owner; not shared between threads without a lock.
+class OutputStream {
+ public:
+  explicit OutputStream(const std::string& path);  // IoError: CheckOutput, OpenOutput
+  ~OutputStream();                                 // closes; errors are lost: call close()
+  OutputStream(const OutputStream&) = delete;
+  OutputStream& operator=(const OutputStream&) = delete;
+  void write(std::string_view bytes);
+  void close();  // fsync (regular files) and close; IoError on failure
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool regular_ = false;
+};
 
 }  // namespace tessera

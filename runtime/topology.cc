@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/files.h"
+#include "runtime/library_text.h"
 
 namespace tessera {
 
@@ -243,11 +245,7 @@ Topology Topology::load(const std::string& preset_or_file, const TopologyOptions
 }
 
 Topology Topology::from_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InvalidArgument("cannot open topology file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json_text(ss.str(), path);
+  return from_json_text(read_input_file(path, "topology file"), path);
 }
 
 Topology Topology::from_json_text(const std::string& text, const std::string& source) {
@@ -255,7 +253,7 @@ Topology Topology::from_json_text(const std::string& text, const std::string& so
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
-    bad_file(source, std::string("malformed JSON: ") + e.what());
+    bad_file(source, "malformed JSON: " + json_library_text(e));
   }
   check_fields(j, "the top level", {"name", "device", "dims"}, source);
   std::string name = j.contains("name") ? get_string(j, "name", "the top level", source) : source;

@@ -17,12 +17,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <thread>
 
 #include "collectives/bench/bench.h"
 #include "collectives/host.h"
 #include "collectives/tcp/tcp_transport.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace tessera::collectives::bench {
 namespace {
@@ -189,49 +191,77 @@ TcpBaseline measure_tcp_loopback(Communicator& comm, size_t bytes, int reps) {
   return res;
 }
 
+namespace {
+
+std::string plot_data(const Report& r) {
+  std::ostringstream d;
+  d << "# size_bytes oop_busbw ip_busbw modeled_busbw compare_busbw\n";
+  for (const auto& row : r.rows) {
+    if (row.size_bytes == 0) continue;  // no place on a log axis
+    d << row.size_bytes << " " << row.oop.busbw_gbps << " " << (row.ip ? row.ip->busbw_gbps : 0) << " "
+      << row.modeled_busbw_gbps << " " << row.compare_busbw_gbps.value_or(0) << "\n";
+  }
+  return d.str();
+}
+
+std::string plot_script(const Report& r, const std::string& png, const std::string& dat) {
+  std::ostringstream g;
+  g << "set terminal pngcairo size 960,600 noenhanced\n"
+    << "set output '" << png << "'\n"
+    << "set title 'tessera bench " << r.op << ": " << r.ranks << " ranks, " << r.transport << ", " << r.dtype << "'\n"
+    << "set logscale x 2\nset xlabel 'size (bytes)'\nset ylabel 'busbw (GB/s)'\nset grid\nset key left top\n"
+    << "set format x '%.0b %BB'\n"
+    << "plot '" << dat << "' using 1:2 with linespoints title 'out-of-place'";
+  bool ip = false;
+  for (const auto& row : r.rows) ip |= row.ip.has_value();
+  if (ip) g << ", '' using 1:3 with linespoints title 'in-place'";
+  bool modeled = false;
+  for (const auto& row : r.rows) modeled |= row.modeled_busbw_gbps > 0;
+  if (modeled) g << ", '' using 1:4 with lines dashtype 2 title 'modeled'";
+  if (!r.compare.empty()) g << ", '' using 1:5 with linespoints title '" << r.compare << "'";
+  if (r.memcpy_gbps) g << ", " << *r.memcpy_gbps << " with lines title 'memcpy baseline'";
+  if (r.tcp_loopback_gbps) g << ", " << *r.tcp_loopback_gbps << " with lines title 'TCP loopback baseline'";
+  g << "\n";
+  return g.str();
+}
+
+}  // namespace
+
+// gnuplot draws into a private temp directory; the PNG then goes to `png`
+// through write_file_atomic (a character device or FIFO written through,
+// never replaced). FILE.dat and FILE.gp are left next to a regular (or new)
+// `png` only: next to a device they would land in /dev.
 void plot_png(const Report& r, const std::string& png) {
   namespace fs = std::filesystem;
-  const fs::path dat = fs::path(png).replace_extension(".dat");
-  const fs::path gp = fs::path(png).replace_extension(".gp");
-  {
-    std::ofstream d(dat);
-    d << "# size_bytes oop_busbw ip_busbw modeled_busbw compare_busbw\n";
-    for (const auto& row : r.rows) {
-      if (row.size_bytes == 0) continue;  // no place on a log axis
-      d << row.size_bytes << " " << row.oop.busbw_gbps << " " << (row.ip ? row.ip->busbw_gbps : 0) << " "
-        << row.modeled_busbw_gbps << " " << row.compare_busbw_gbps.value_or(0) << "\n";
+  const std::string tmp = make_owned_temp_dir(
+      (fs::path(temp_directory()) / ("tessera-bench-" + std::to_string(::getpid()) + "-plot-XXXXXX")).string());
+  struct Remove {
+    std::string dir;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
     }
-    if (!d) throw Error("--plot: cannot write '" + dat.string() + "'");
-  }
-  {
-    std::ofstream g(gp);
-    g << "set terminal pngcairo size 960,600 noenhanced\n"
-      << "set output '" << png << "'\n"
-      << "set title 'tessera bench " << r.op << ": " << r.ranks << " ranks, " << r.transport << ", " << r.dtype << "'\n"
-      << "set logscale x 2\nset xlabel 'size (bytes)'\nset ylabel 'busbw (GB/s)'\nset grid\nset key left top\n"
-      << "set format x '%.0b %BB'\n"
-      << "plot '" << dat.string() << "' using 1:2 with linespoints title 'out-of-place'";
-    bool ip = false;
-    for (const auto& row : r.rows) ip |= row.ip.has_value();
-    if (ip) g << ", '' using 1:3 with linespoints title 'in-place'";
-    bool modeled = false;
-    for (const auto& row : r.rows) modeled |= row.modeled_busbw_gbps > 0;
-    if (modeled) g << ", '' using 1:4 with lines dashtype 2 title 'modeled'";
-    if (!r.compare.empty()) g << ", '' using 1:5 with linespoints title '" << r.compare << "'";
-    if (r.memcpy_gbps) g << ", " << *r.memcpy_gbps << " with lines title 'memcpy baseline'";
-    if (r.tcp_loopback_gbps) g << ", " << *r.tcp_loopback_gbps << " with lines title 'TCP loopback baseline'";
-    g << "\n";
-    if (!g) throw Error("--plot: cannot write '" + gp.string() + "'");
-  }
-  const std::string cmd = "gnuplot '" + gp.string() + "' 2>&1";
+  } remove{tmp};
+  const std::string tdat = tmp + "/plot.dat", tgp = tmp + "/plot.gp", tpng = tmp + "/plot.png";
+  write_file_atomic(tdat, plot_data(r), {.sync = false});
+  write_file_atomic(tgp, plot_script(r, tpng, tdat), {.sync = false});
+  const std::string cmd = "gnuplot '" + tgp + "' 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) throw Error("--plot: cannot run gnuplot");
   std::string out;
   char buf[256];
   while (fgets(buf, sizeof buf, p)) out += buf;
   int rc = pclose(p);
-  if (rc != 0 || !fs::exists(png))
+  if (rc != 0 || !fs::exists(tpng))
     throw Error("--plot: gnuplot failed to draw '" + png + "' (is the Debian package gnuplot installed?): " + out);
+  write_file_atomic(png, read_regular_file(tpng, uint64_t{1} << 30));
+  const OutputKind kind = classify_output(png).kind;
+  if (kind == OutputKind::Regular || kind == OutputKind::New) {
+    const fs::path dat = fs::path(png).replace_extension(".dat");
+    const fs::path gp = fs::path(png).replace_extension(".gp");
+    write_file_atomic(dat.string(), plot_data(r));
+    write_file_atomic(gp.string(), plot_script(r, png, dat.string()));
+  }
 }
 
 }  // namespace tessera::collectives::bench

@@ -193,11 +193,7 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
 
   if (w.rank == 0) {
     std::cout << format_table(rep) << std::flush;
-    if (!a.json.empty()) {
-      std::ofstream f(a.json);
-      f << to_json(rep).dump(2) << "\n";
-      if (!f) throw Error("bench: cannot write --json file '" + a.json + "'");
-    }
+    if (!a.json.empty()) write_file_atomic(a.json, to_json(rep).dump(2) + "\n");  // a device or FIFO: written through
     if (!a.plot.empty()) plot_png(rep, a.plot);
   }
   comm->barrier();

@@ -241,11 +241,8 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
   double sgemm_before = 0;
   if (f.bench_sgemm) sgemm_before = gpt::measure_sgemm_flops(o.model, o.micro_batch * o.seq, 2.0);
 
-  std::unique_ptr<std::ofstream> json;
-  if (lead && !f.log_json.empty()) {
-    json = std::make_unique<std::ofstream>(f.log_json);
-    if (!*json) throw InvalidArgument("--log-json: cannot open " + f.log_json + " for writing");
-  }
+  std::unique_ptr<OutputStream> json;  // every write checked (runtime/files.h)
+  if (lead && !f.log_json.empty()) json = std::make_unique<OutputStream>(f.log_json);
   if (lead) {
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     const std::string gqa = o.model.family != "llama" ? std::string()
@@ -307,8 +304,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
                          {"modeled_idle_s", r.modeled_idle_s},
                          {"mfu", r.mfu},
                          {"peak_mem_bytes", r.peak_mem_bytes}};
-        *json << j.dump() << "\n";
-        json->flush();
+        json->write(j.dump() + "\n");
       }
     }
     if (f.val_every > 0 && (r.step % f.val_every == 0 || r.step == o.steps)) {
@@ -336,6 +332,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
       }
     }
   }
+  if (json) json->close();  // a failed fsync or close is an error too
   if (o.steps > 0) report_pipeline(f, job, trainer);
   if (lead && !f.plan.empty() && !modeled_steps.empty()) {
     // Step 1 first-touches every buffer; later steps are the steady state.

@@ -515,6 +515,12 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   for (const auto& de : fs::directory_iterator(root, ec)) {
     int64_t s = 0;
     if (!parse_step_dir(de.path().filename().string(), &s)) continue;
+    // A marker that is there but not a file (a FIFO, a directory) is refused, not taken for a missing one:
+    // skipping the checkpoint would silently throw away its progress (resume at an older step, or step 0).
+    if (const auto st = fs::symlink_status(de.path() / kDoneMarkerName, ec);
+        de.is_directory(ec) && fs::exists(st) && !fs::is_regular_file(st))
+      throw FormatError(concat((de.path() / kDoneMarkerName).string(),
+                               ": the done marker is not a regular file; remove it (or the step directory) by hand"));
     if (!de.is_directory(ec) || !fs::is_regular_file(de.path() / kDoneMarkerName, ec)) continue;
     out.emplace_back(s, de.path().string());
   }

@@ -100,7 +100,7 @@ std::string reshard(const std::string& src, const std::string& out_dir, const Sh
     TESSERA_ARG_CHECK(fs::create_directory(out_dir, ec), "--out ", out_dir,
                       ": cannot create the directory: ", ec.message());
   }
-  const std::string step_dir = (fs::path(out_dir) / step_dir_name(ck.step())).lexically_normal().string();
+  std::string step_dir = (fs::path(out_dir) / step_dir_name(ck.step())).lexically_normal().string();
   try {
     write_checkpoint(ck, *in.model, step_dir, w);
   } catch (...) {

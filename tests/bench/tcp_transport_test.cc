@@ -22,6 +22,7 @@
 #include "runtime/dtype.h"
 #include "tests/bench/rank_fork.h"
 #include "tests/test_timeouts.h"
+#include "tests/timing_gate.h"
 
 namespace tessera::collectives {
 namespace {
@@ -265,6 +266,7 @@ TEST_F(TcpTransportTest, RingAllReduceReducingInTheReadingThreadIsExact) {
 // after the peer is gone; the next recv names the dead peer; a recv whose
 // size differs from a read-ahead message is a protocol error.
 TEST_F(TcpTransportTest, SmallMessagesReadAheadSurviveTheSenderExiting) {
+  TESSERA_TIMING_TEST();  // a 300 ms sleep stands for "the reader got there first"
   const std::vector<size_t> sizes = {1, 64, 4096, size_t{64} << 10, (size_t{3} << 20) + 1, 8, 0, 100};
   auto codes = test::run_ranks(2, [&](int r) {
     auto t = make(r, 2, 20000, "eager/");

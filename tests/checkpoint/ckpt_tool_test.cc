@@ -145,7 +145,7 @@ TEST(Gpt2Layout, StagesAgreeWithPlanner) {
     for (int pp : {1, 2, 3, 4, 8}) {
       if (pp > layers) continue;
       ModelConfig c = kCfg;
-      c.layers = layers;
+      c.layers = static_cast<int>(layers);
       const std::vector<int> planner = parallel::partition_layers(static_cast<int>(layers), pp, false, 0.5);
       EXPECT_EQ(gpt2_stages(c, pp), planner) << layers << " layers, pp " << pp;
       int64_t first = 0;

@@ -128,16 +128,16 @@ TEST(LlamaCheckpoint, ConfigThatContradictsTheTensorsIsRefusedByFieldAndTensor) 
   struct Case {
     std::string from, to, says;
   };
-  for (const Case& c :
-       {Case{R"("num_key_value_heads": 2)", R"("num_key_value_heads": 4)",
-             "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [8, 32], but the config"},
-        Case{R"("num_key_value_heads": 2)", R"("num_key_value_heads": 3)",
-             "field 'num_key_value_heads' (3) does not divide 'num_attention_heads' (8)"},
-        Case{R"("intermediate_size": 64)", R"("intermediate_size": 96)",
-             "'model.layers.0.mlp.gate_proj.weight' has shape [64, 32]"},
-        Case{R"("num_hidden_layers": 4)", R"("num_hidden_layers": 3)",
-             "extra tensor 'model.layers.3.input_layernorm.weight'"},
-        Case{R"("tie_word_embeddings": false)", R"("tie_word_embeddings": true)", "'lm_head.weight' differs from 'model.embed_tokens.weight' but the config ties them"}}) {
+  for (const Case& c : {Case{R"("num_key_value_heads": 2)", R"("num_key_value_heads": 4)",
+                             "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [8, 32], but the config"},
+                        Case{R"("num_key_value_heads": 2)", R"("num_key_value_heads": 3)",
+                             "field 'num_key_value_heads' (3) does not divide 'num_attention_heads' (8)"},
+                        Case{R"("intermediate_size": 64)", R"("intermediate_size": 96)",
+                             "'model.layers.0.mlp.gate_proj.weight' has shape [64, 32]"},
+                        Case{R"("num_hidden_layers": 4)", R"("num_hidden_layers": 3)",
+                             "extra tensor 'model.layers.3.input_layernorm.weight'"},
+                        Case{R"("tie_word_embeddings": false)", R"("tie_word_embeddings": true)",
+                             "'lm_head.weight' differs from 'model.embed_tokens.weight' but the config ties them"}}) {
     SCOPED_TRACE(c.to);
     std::string lying = config;
     const size_t at = lying.find(c.from);

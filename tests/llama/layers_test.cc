@@ -164,11 +164,11 @@ TEST(LlamaLayers, RopeGradient) {
   std::vector<float> y;
   auto f = [&]() {
     y = x;
-    rope.forward(nullptr, y.data(), ld, batch * seq, seq, heads);
+    rope.forward(nullptr, y.data(), ld, int64_t{batch} * seq, seq, heads);
     return dot(y, probe);
   };
   std::vector<float> g = probe;
-  rope.backward(nullptr, g.data(), ld, batch * seq, seq, heads);
+  rope.backward(nullptr, g.data(), ld, int64_t{batch} * seq, seq, heads);
   // The padding columns are not touched: their gradient is the probe itself, as f's.
   check_grad("rope", x, f, g);
 }

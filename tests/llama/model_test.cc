@@ -300,7 +300,8 @@ TEST(LlamaParallel, KvGroups) {
     if (ps.kv_replicas != 2 || !ps.kv || ps.kv->size() != 2) throw std::runtime_error("no kv group of 2");
     float v = static_cast<float>(rank), sum = 0;
     ps.kv_all_reduce(&v, &sum, 1);
-    const float want = static_cast<float>(rank / 2 * 4 + 1);  // 2k + (2k + 1)
+    const int k = rank / 2;                            // the kv group
+    const float want = static_cast<float>(4 * k + 1);  // 2k + (2k + 1)
     if (sum != want) throw std::runtime_error("rank " + std::to_string(rank) + ": kv sum " + std::to_string(sum));
     world->barrier();
   });
@@ -407,6 +408,7 @@ TEST(LlamaModelTest, HuggingFaceNamesAndLayout) {
   const ModelConfig cfg = tiny(2, false, false, 1);
   const auto serial_layout = LlamaModel::parameter_layout(cfg, 1, 0);
   std::vector<std::string> names;
+  names.reserve(serial_layout.size());
   for (const Parameter& p : serial_layout) names.push_back(p.name);
   const std::vector<std::string> want = {"model.embed_tokens.weight",
                                          "model.layers.0.self_attn.q_proj.weight",

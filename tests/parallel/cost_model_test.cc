@@ -231,13 +231,13 @@ TEST(CostModel, MegatronRedoesSequenceParallelGathers) {
   const PlanCost mg = CostModel(m, DeviceSpec::preset("trn1-core"), tc).evaluate(c, nets);
   using collectives::CollKind;
   auto pred = [&](CollKind kind, int64_t n) { return collectives::predict(kind, n, DType::F32, nets.tp).seconds; };
-  const double gather = pred(CollKind::AllGather, 2 * 128 / 2 * 768);
+  const double gather = pred(CollKind::AllGather, int64_t{2} * 128 / 2 * 768);
   // The sequence-parallel weights' gradients (norms, row-parallel biases,
   // positions, final norm) are summed over TP per gradient bucket: tessera's
   // 1 Mi-element buckets, Megatron-LM's one buffer.
   const double sp = 12.0 * static_cast<double>(m.layer_params() - m.layer_params_tp_sharded()) + 1024.0 * 768 + 2 * 768;
   const int64_t P = (12 * m.layer_params_tp_sharded()) / 2 + 12 * (m.layer_params() - m.layer_params_tp_sharded()) +
-                    50257 * 768 / 2 + 1024 * 768 + 2 * 768;
+                    int64_t{50257} * 768 / 2 + int64_t{1024} * 768 + 2 * 768;
   const int64_t nb = (P + (int64_t{1} << 20) - 1) >> 20;
   const double sp_sums =
       pred(CollKind::AllReduce, std::llround(sp)) -

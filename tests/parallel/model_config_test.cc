@@ -40,7 +40,7 @@ TEST(ModelConfig, HeadDimAndAttentionBiasCount) {
   // per layer: q 64x128 + k, v 64x64 each + o 128x64 + 3 x 64x96 + q/k/v/o biases 128+64+64+64 + 2 norms of 64
   const int64_t layer = 64 * 128 + 2 * 64 * 64 + 128 * 64 + 3 * 64 * 96 + (128 + 64 + 64 + 64) + 2 * 64;
   EXPECT_EQ(m.layer_params(), layer);
-  EXPECT_EQ(m.total_params(), 100 * 64 + 2 * layer + 64);  // tied: no separate head matrix
+  EXPECT_EQ(m.total_params(), int64_t{100} * 64 + 2 * layer + 64);  // tied: no separate head matrix
 }
 
 TEST(ModelConfig, RopeScalingJsonAndErrors) {
@@ -133,7 +133,8 @@ TEST(LlamaHfConfig, WhatTesseraWouldComputeDifferentlyIsRefusedByField) {
   err(R"("mlp_bias": false)", R"("mlp_bias": true)", "field 'mlp_bias'");
   err(R"("rope_type": "llama3")", R"("rope_type": "yarn")", "field 'rope_scaling'");
   err(R"("hidden_size": 4096,)", "", "field 'hidden_size' is missing");
-  err(R"("num_key_value_heads": 8)", R"("num_key_value_heads": 5)", "field 'num_key_value_heads' (5) does not divide 'num_attention_heads' (32)");
+  err(R"("num_key_value_heads": 8)", R"("num_key_value_heads": 5)",
+      "field 'num_key_value_heads' (5) does not divide 'num_attention_heads' (32)");
   err(R"("num_hidden_layers": 32)", R"("num_hidden_layers": "32")", "field 'num_hidden_layers' must be a positive");
   err(R"("model_type": "llama")", R"("model_type": "gpt_neox")", "field 'model_type'");
   err(R"("rms_norm_eps": 1e-05)", R"("rms_norm_eps": 1e-05, "sliding_window": 4096)", "field 'sliding_window'");

@@ -8,6 +8,7 @@
 
 #include "runtime/error.h"
 #include "tests/test_timeouts.h"
+#include "tests/timing_gate.h"
 
 namespace tessera {
 namespace {
@@ -77,6 +78,7 @@ TEST(CpuRotationSlot, LocalRanksNeverShareACpuAndEachVisitsEveryCpu) {
 }
 
 TEST(CpuRotation, MovesTheThreadEveryPeriodAndRestoresItsMask) {
+  TESSERA_TIMING_TEST();  // samples a 20 ms period: late under load
   const std::vector<int> original = current_cpu_mask();
   if (original.size() < 2) GTEST_SKIP() << "needs two CPUs in the affinity mask, have " << original.size();
   const std::vector<int> cpus{original[0], original[1]};

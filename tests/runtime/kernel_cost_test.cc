@@ -56,13 +56,13 @@ TEST(KernelCost, GemmEfficiencyQuantisesTilesAndWaves) {
   EXPECT_NEAR(cost::kernel_seconds(a100, g, DType::BF16), 4e-6 + 2.0 * 2048 * 4608 * 12288 / (312e12 * ideal * 8 / 9),
               1e-12);
   // Whole waves of whole tiles sustain the ideal fraction: 108 tiles of 128 x 256.
-  EXPECT_NEAR(cost::gemm_efficiency(a100, 128 * 108, 256, 4096), ideal, 1e-12);
+  EXPECT_NEAR(cost::gemm_efficiency(a100, int64_t{128} * 108, 256, 4096), ideal, 1e-12);
   // One more row starts a second wave: efficiency (108 * 128 + 1) / (2 * 108 * 128)... the transpose (256 x 128
   // tiles) needs 55 x 2 = 110 tiles, 2 waves as well, so the same.
   EXPECT_NEAR(cost::gemm_efficiency(a100, 128 * 108 + 1, 256, 4096), ideal * (128.0 * 108 + 1) / (2 * 108 * 128.0),
               1e-12);
   // A contraction of 96 (the 1.7B model's head size) pays for 128: 3/4.
-  EXPECT_NEAR(cost::gemm_efficiency(a100, 128 * 108, 256, 96), ideal * 0.75, 1e-12);
+  EXPECT_NEAR(cost::gemm_efficiency(a100, int64_t{128} * 108, 256, 96), ideal * 0.75, 1e-12);
   // Batched: 36 products of one 128 x 256 tile each fill a third of a wave.
   EXPECT_NEAR(cost::gemm_efficiency(a100, 128, 256, 64, 36), ideal / 3, 1e-12);
   // Without compute units (trn1-core, test-core) every shape sustains the device's fraction.
@@ -97,7 +97,7 @@ TEST(KernelCost, UnfusedAttentionKernels) {
   EXPECT_DOUBLE_EQ(cost::softmax_backward(1024, 2048).bytes, 4.0 * 3 * 1024 * 2048);
   EXPECT_DOUBLE_EQ(cost::dropout_forward(1000).bytes, 4.0 * 2.5 * 1000);
   // Softmax of 12 heads x 2048 rows of 2048 at bf16: 2 x 50.3 MB at 2039 GB/s.
-  cost::Kernel sm = cost::softmax_forward(12 * 2048, 2048);
+  cost::Kernel sm = cost::softmax_forward(int64_t{12} * 2048, 2048);
   sm.bytes *= 0.5;
   EXPECT_NEAR(cost::kernel_seconds(a100, sm, DType::BF16), 4e-6 + 2.0 * 2 * 12 * 2048 * 2048 / 2039e9, 1e-12);
   // The score GEMM of 12 heads: [2048, 128] x [128, 2048], batched.

@@ -37,7 +37,7 @@ void validate_gpt(const ModelConfig& cfg, int tp) {
 
 struct GptModel::Block {
   Block(int64_t i, const ModelConfig& cfg, const parallel::layers::ParallelState& ps)
-      : qkv("transformer.h." + std::to_string(i) + ".attn.c_attn", cfg.hidden, 3 * cfg.hidden, 3, ps, 0.02f),
+      : qkv("transformer.h." + std::to_string(i) + ".attn.c_attn", cfg.hidden, int64_t{3} * cfg.hidden, 3, ps, 0.02f),
         proj("transformer.h." + std::to_string(i) + ".attn.c_proj", cfg.hidden, cfg.hidden, ps,
              0.02f / std::sqrt(2.0f * cfg.layers)),
         fc("transformer.h." + std::to_string(i) + ".mlp.c_fc", cfg.hidden, cfg.ffn_hidden, 1, ps, 0.02f),

@@ -1,0 +1,324 @@
+// The binaries against a careless or hostile user (issue 32; docs/errors.md,
+// "Outputs", "Inputs", "Messages"): every output of every command given a
+// character device (mknod c 1 3, /dev/null's numbers) or a FIFO leaves it a
+// device or a FIFO; every JSON input given /dev/zero, a FIFO, a directory or
+// a 1 GB file is refused at once in little memory; a full device
+// (/dev/full's numbers: ENOSPC) fails the run naming the file; library text does not
+// reach the user.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/checkpoint/test_util.h"
+#include "tests/runtime/special_files.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using tessera::testing::FifoReader;
+using tessera::testing::is_fifo;
+using tessera::testing::is_null_device;
+using tessera::testing::TempDir;
+
+// HARDENING_TESSERA_BIN / HARDENING_TRAIN_GPT_BIN run the cases against other
+// binaries (an older build, to see the cases fail there).
+std::string bin(const char* env, const char* built) {
+  const char* v = std::getenv(env);
+  return v && *v ? v : built;
+}
+const std::string kTessera = bin("HARDENING_TESSERA_BIN", TESSERA_BIN);
+const std::string kTrainBin = bin("HARDENING_TRAIN_GPT_BIN", TRAIN_GPT_BIN);
+const std::string kTrain = "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=60 " + kTrainBin;
+const std::string kTiny = " --steps 1 --layers 1 --hidden 32 --heads 2 --seq 16 --vocab 256 --micro-batch 1";
+const std::string kTiny2 = " --steps 1 --layers 2 --hidden 32 --heads 2 --seq 16 --vocab 256 --micro-batch 1";
+const std::string kPlanArgs = " plan --model gpt2-124m --topology trn1.32xlarge --global-batch 8 --seq 128 --top 1";
+const std::string kBench = " bench allr -r 2 -b 1K -e 4K -f 2 -n 1 -w 0";
+
+// A command run through `sh -c 'exec ...'`: its exit code, its output
+// (stdout and stderr), its peak RSS (wait4) and how long it took. A command
+// still running after 120 s (HARDENING_TIMEOUT_S) is killed: code 128 + 9, "timed out".
+struct CmdRun {
+  int code = -1;
+  std::string out;
+  long max_rss_kib = 0;
+  double seconds = 0;
+};
+CmdRun run(const std::string& cmd) {
+  char tmpl[] = "/tmp/tessera_hard_out_XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  if (fd < 0) return {};
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl("/bin/sh", "sh", "-c", ("exec env " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int st = 0;
+  rusage ru{};
+  bool timed_out = false;
+  while (::wait4(pid, &st, WNOHANG, &ru) == 0) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(std::stoi(bin("HARDENING_TIMEOUT_S", "120")))) {
+      ::kill(pid, SIGKILL);
+      timed_out = true;
+      ::wait4(pid, &st, 0, &ru);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CmdRun r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.max_rss_kib = ru.ru_maxrss;
+  ::close(fd);
+  r.out = tessera::testing::read_bytes(tmpl);
+  if (timed_out) r.out += "\n(timed out: killed)";
+  ::unlink(tmpl);
+  return r;
+}
+
+struct OutputCase {
+  std::string name;
+  std::function<std::string(const std::string& out)> cmd;  // the command writing `out`
+  int code;                                                // 0: written through; 2: refused
+};
+
+std::vector<OutputCase> output_cases(const TempDir& d) {
+  return {
+      {"plan --json", [](const std::string& o) { return kTessera + kPlanArgs + " --json " + o; }, 0},
+      {"bench --json", [](const std::string& o) { return kTessera + kBench + " --json " + o; }, 0},
+      {"bench --plot", [](const std::string& o) { return kTessera + kBench + " --plot " + o; }, 0},
+      {"train_gpt --export", [](const std::string& o) { return kTrain + kTiny + " --export " + o; }, 0},
+      {"train_gpt --log-json", [](const std::string& o) { return kTrain + kTiny + " --log-json " + o; }, 0},
+      {"train_gpt --trace",
+       [](const std::string& o) {
+         return "TESSERA_TIMEOUT_S=60 OPENBLAS_NUM_THREADS=1 " + kTessera + " run --nproc-per-node 2 -- " + kTrainBin +
+                kTiny2 + " --pp 2 --trace " + o;
+       },
+       0},
+      // The ckpt commands refuse an --out that exists (docs/checkpoint.md).
+      {"ckpt consolidate --out",
+       [&d](const std::string& o) { return kTessera + " ckpt consolidate --out " + o + " " + d.file("shards"); }, 2},
+      {"ckpt shard --out",
+       [&d](const std::string& o) {
+         return kTessera + " ckpt shard --tp 1 --out " + o + " " + d.file("m.safetensors");
+       },
+       2},
+  };
+}
+
+// Weights and a shard directory for the ckpt commands.
+void make_checkpoint(const TempDir& d) {
+  CmdRun r = run(kTrain + kTiny + " --export " + d.file("m.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run(kTessera + " ckpt shard --tp 1 --out " + d.file("shards") + " " + d.file("m.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+}
+
+TEST(HardeningCli, EveryOutputToACharacterDeviceLeavesTheDevice) {
+  TempDir d;
+  make_checkpoint(d);
+  for (const OutputCase& c : output_cases(d)) {
+    SCOPED_TRACE(c.name);
+    const std::string dev = d.file("dev");
+    fs::remove(dev);
+    if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) GTEST_SKIP() << "mknod: " << std::strerror(errno);
+    const CmdRun r = run(c.cmd(dev));
+    EXPECT_EQ(r.code, c.code) << r.out;
+    EXPECT_TRUE(is_null_device(dev)) << "replaced: " << c.name;
+  }
+  // Nothing left beside the device (no temp file, no FILE.dat in its place).
+  for (const auto& e : fs::directory_iterator(d.path())) {
+    const std::string n = e.path().filename().string();
+    EXPECT_TRUE(n == "dev" || n == "m.safetensors" || n == "shards") << n;
+  }
+}
+
+TEST(HardeningCli, EveryOutputToAFifoWritesThroughToItsReader) {
+  TempDir d;
+  make_checkpoint(d);
+  for (const OutputCase& c : output_cases(d)) {
+    SCOPED_TRACE(c.name);
+    const std::string fifo = d.file("fifo");
+    fs::remove(fifo);
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    std::string got;
+    CmdRun r;
+    {
+      FifoReader reader(fifo);
+      r = run(c.cmd(fifo));
+      if (c.code == 0)
+        got = reader.take();
+      else
+        reader.stop();
+    }
+    EXPECT_EQ(r.code, c.code) << r.out;
+    EXPECT_TRUE(is_fifo(fifo)) << "replaced: " << c.name;
+    if (c.code == 0) {
+      EXPECT_FALSE(got.empty()) << "the reader got nothing";
+    }
+    if (c.name == "plan --json" || c.name == "bench --json" || c.name == "train_gpt --trace") {
+      EXPECT_EQ(got.substr(0, 1), "{") << got.substr(0, 200);
+    }
+    if (c.name == "bench --plot") {
+      EXPECT_EQ(got.substr(1, 3), "PNG");
+    }
+  }
+}
+
+TEST(HardeningCli, AFifoWithoutAReaderIsRefusedNotWaitedFor) {
+  TempDir d;
+  const std::string fifo = d.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const CmdRun r = run(kTessera + kPlanArgs + " --json " + fifo);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(fifo + ": cannot open the FIFO for writing: no process has it open for reading"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(is_fifo(fifo));
+}
+
+TEST(HardeningCli, AFullDeviceFailsTheRunNamingTheFile) {
+  // A node with /dev/full's numbers in a temp dir: a binary that wrongly
+  // replaces its output replaces that, never the system's /dev/full.
+  TempDir d;
+  const std::string full = tessera::testing::full_device(d.path());
+  // NOLINTBEGIN(performance-inefficient-string-concatenation): test commands, built once
+  for (const std::string& cmd : {kTrain + kTiny + " --log-json " + full, kTrain + kTiny + " --export " + full,
+                                 kTessera + kPlanArgs + " --json " + full, kTessera + kBench + " --json " + full}) {
+    // NOLINTEND(performance-inefficient-string-concatenation)
+    SCOPED_TRACE(cmd);
+    const CmdRun r = run(cmd);
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(full + ": cannot write: No space left on device"), std::string::npos) << r.out;
+    struct stat st {};
+    ASSERT_EQ(::lstat(full.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode)) << "replaced";
+  }
+}
+
+TEST(HardeningCli, EveryJsonInputRefusesDevZeroFifoDirectoryAndHugeFileAtOnce) {
+  TempDir d;
+  tessera::testing::BadInputs bad;
+  ASSERT_TRUE(tessera::testing::make_bad_inputs(d.path(), &bad));
+  const std::vector<std::function<std::string(const std::string&)>> inputs = {
+      [](const std::string& f) {
+        return kTessera + " plan --model " + f + " --topology trn1.32xlarge --global-batch 8 --seq 128";
+      },
+      [](const std::string& f) {
+        return kTessera + " plan --model gpt2-124m --topology " + f + " --global-batch 8 --seq 128";
+      },
+      [](const std::string& f) { return kTessera + kBench + " --topology " + f; },
+      [](const std::string& f) { return kTrain + kTiny + " --plan " + f; },
+  };
+  for (const auto& cmd : inputs) {
+    for (const std::string& f : {std::string("/dev/zero"), bad.fifo, bad.dir, bad.big}) {
+      const std::string c = cmd(f);
+      SCOPED_TRACE(c);
+      const CmdRun r = run(c);
+      EXPECT_EQ(r.code, 2) << r.out;
+      EXPECT_NE(r.out.find(f), std::string::npos) << r.out;
+      // The whole process, start-up included (the reader's own < 0.1 s: runtime_test Inputs.*).
+      EXPECT_LT(r.seconds, 5.0);
+      EXPECT_LE(r.max_rss_kib, 64 * 1024) << r.out;
+    }
+  }
+}
+
+TEST(HardeningCli, LibraryTextDoesNotReachTheUser) {
+  TempDir d;
+  struct Case {
+    std::string file, text, cmd, says;
+  };
+  const std::string topo = " --topology trn1.32xlarge --global-batch 8 --seq 128";
+  for (const Case& c : {
+           Case{"two.json", R"({"tp": "two"})", kTrain + kTiny + " --plan ",
+                "field 'tp': expected an integer from -2147483648 to 2147483647, found string \"two\""},
+           Case{"array.json", "[1, 2]", kTrain + kTiny + " --plan ", "the plan: expected a JSON object, found array"},
+           Case{"cut.json", R"({"tp": 1)", kTrain + kTiny + " --plan ", "malformed JSON: at line 1, column 9"},
+           Case{"big.json", R"({"tp": 2147483648})", kTrain + kTiny + " --plan ", "field 'tp': expected an integer"},
+           Case{"nested.json", R"({"memory_bytes_per_rank": {"params": -1}})", kTrain + kTiny + " --plan ",
+                "field 'memory_bytes_per_rank.params': expected a non-negative integer, found number -1"},
+           Case{"unknown.json", R"({"colour": 2})", kTrain + kTiny + " --plan ",
+                "unknown field 'colour' (allowed: model,"},
+           // NOLINTNEXTLINE(performance-inefficient-string-concatenation): a test command
+           Case{"model.json", R"({"layers": 4)", kTessera + " plan" + topo + " --model ",
+                "model file '" + d.file("model.json") + "': malformed JSON: at line 1, column 13"},
+           Case{"topo.json", R"({"device": )",
+                kTessera + " plan --model gpt2-124m --global-batch 8 --seq 128 --topology ",
+                "topology file '" + d.file("topo.json") + "': malformed JSON: at line 1"},
+       }) {
+    SCOPED_TRACE(c.file);
+    std::ofstream(d.file(c.file)) << c.text;
+    const CmdRun r = run(c.cmd + d.file(c.file));
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << r.out;
+    for (const char* lib : {"json.exception", "Root element", "TYPE_INT32", "TYPE_UINT64", "INVALID_ARGUMENT"})
+      EXPECT_EQ(r.out.find(lib), std::string::npos) << r.out;
+  }
+}
+
+TEST(HardeningCli, BenchRefusesStepFactorZeroAsItRefusesAHalf) {
+  for (const char* f : {"0", "0.5", "1"}) {
+    const CmdRun r = run(kTessera + " bench allr -r 2 -b 1K -e 4K -f " + f);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("-f/--stepfactor must be > 1, got"), std::string::npos) << r.out;
+  }
+}
+
+TEST(HardeningCli, RunNamesTheProgramItCannotExecuteAndWhy) {
+  TempDir d;
+  const std::string bad = d.file("badelf");
+  std::ofstream(bad) << "\x7f"
+                        "ELF not really";
+  ::chmod(bad.c_str(), 0755);
+  const CmdRun r = run("TESSERA_TIMEOUT_S=30 " + kTessera + " run --nproc-per-node 1 -- " + bad);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cannot execute '" + bad + "': Exec format error"), std::string::npos) << r.out;
+}
+
+TEST(HardeningCli, ABadCoordinatorAddressIsNamedWithItsVariable) {
+  // Port 1 on loopback: nothing listens there.
+  const CmdRun r =
+      run("TESSERA_COORDINATOR=127.0.0.1:1 TESSERA_JOB_TOKEN=t TESSERA_RANK=0 TESSERA_WORLD_SIZE=1 " + kTrain + kTiny);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("TESSERA_COORDINATOR=127.0.0.1:1: cannot reach the coordinator"), std::string::npos) << r.out;
+}
+
+}  // namespace
+
+namespace {
+
+TEST(HardeningCli, ResumeLatestRefusesADoneMarkerThatIsNotAFile) {
+  TempDir d;
+  const std::string model = " --layers 1 --hidden 32 --heads 2 --seq 16 --vocab 256 --micro-batch 1";
+  const std::string ck = d.file("ck");
+  CmdRun r = run(kTrain + model + " --steps 2 --save " + ck);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string done = ck + "/step_00000002/done";
+  ASSERT_TRUE(fs::remove(done));
+  ASSERT_EQ(::mkfifo(done.c_str(), 0600), 0);
+  r = run(kTrain + model + " --steps 3 --save " + ck + " --resume latest");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(done + ": the done marker is not a regular file"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("starting at step 0"), std::string::npos) << r.out;
+  EXPECT_TRUE(is_fifo(done));
+}
+
+}  // namespace
