@@ -421,7 +421,7 @@ std::optional<bench::JoinedJob> join_tessera_run() {
   launcher::WorkerOptions wo;
   wo.create_communicator = false;
   auto ctx = std::make_shared<launcher::WorkerContext>(launcher::init_worker(wo));
-  return bench::JoinedJob{ctx->world, ctx->store, [ctx] { launcher::shutdown(*ctx); }};
+  return bench::JoinedJob{ctx->world, ctx->store, ctx->reach, [ctx] { launcher::shutdown(*ctx); }};
 }
 
 int bench_main(const BenchArgs& a) {

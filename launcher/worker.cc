@@ -15,6 +15,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/mpi/mpi_env.h"
+#include "collectives/tcp/tcp_transport.h"
 #include "launcher/client.h"
 #include "launcher/coordinator.h"
 #include "runtime/cpu_rotation.h"
@@ -76,6 +77,13 @@ int64_t env_int(const char* name, int64_t dflt) {
   long long x = std::strtoll(v, &end, 10);
   if (*end != '\0' || x < 0) throw InvalidArgument(detail::concat(name, "='", v, "' is not a non-negative integer"));
   return x;
+}
+
+// "HOST:PORT" or "[V6]:PORT" -> HOST.
+std::string host_of_address(const std::string& address) {
+  std::string h = address.substr(0, address.rfind(':'));
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  return h;
 }
 
 std::string host_name() {
@@ -170,7 +178,11 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
     try {
       // One host: stay on loopback. Several: listen everywhere, advertise our name.
       bool one_host = r.world.local_size == r.world.size;
-      std::string adv = one_host ? "127.0.0.1" : env_or("TESSERA_COORDINATOR_HOST", r.host);
+      // Several hosts: the address of the interface OpenMPI's own out-of-band
+      // channel uses (tcp::advertised_address), not the host name, which
+      // may resolve nowhere or to loopback (Debian's 127.0.1.1).
+      std::string adv = one_host ? "127.0.0.1" : env_or("TESSERA_COORDINATOR_HOST", "");
+      if (adv.empty()) adv = collectives::tcp::advertised_address(true);
       CoordinatorOptions co;
       co.address = one_host ? "127.0.0.1:0" : "0.0.0.0:0";
       co.token = make_job_token();
@@ -254,6 +266,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   r.client->set_round(ctx.restart_count);
   ctx.client = r.client;
   ctx.store = std::make_shared<GrpcStore>(r.client);
+  ctx.reach = {host_of_address(address)};
 
   if (r.mode == BootstrapMode::Mpi) watch_launcher();
   if (r.mode != BootstrapMode::Single) {
@@ -277,7 +290,10 @@ WorkerContext init_worker(const WorkerOptions& opt) {
 
   if (opt.create_communicator) {
     auto comm_store = std::make_shared<collectives::PrefixStore>(ctx.store, "tessera/comm/world/");
-    ctx.world_comm = collectives::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, opt.comm);
+    // Across hosts, TCP endpoints use the interface that reaches the coordinator.
+    collectives::CommOptions comm = opt.comm;
+    if (comm.reach.empty()) comm.reach = ctx.reach;
+    ctx.world_comm = collectives::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, std::move(comm));
     std::lock_guard<std::mutex> l(r.mu);
     r.comm = ctx.world_comm;
   }

@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/store.h"
@@ -63,6 +64,10 @@ struct WorkerContext {
   std::shared_ptr<collectives::Store> store;
   std::shared_ptr<collectives::Communicator> world_comm;  // null unless create_communicator
   std::shared_ptr<CoordinatorClient> client;              // null when Single
+  // The coordinator's host, which every host of the job reaches: pass it as
+  // CommOptions::reach to communicators built on `store` by hand, so across
+  // hosts their TCP endpoints use the interface that reaches it.
+  std::vector<std::string> reach;
 
   // A barrier over the whole world through the coordinator (not the
   // communicator): usable before and without collectives. Names let several

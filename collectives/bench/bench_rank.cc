@@ -137,6 +137,7 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
   opts.name = "bench";
   opts.algo = a.algo;
   opts.net = topology_model(a.topology, w.size);
+  if (job) opts.reach = job->reach;
   auto comm = Communicator::create(store, w.rank, w.size, opts);
   std::shared_ptr<Communicator> compare;
   if (compare_in_process) {

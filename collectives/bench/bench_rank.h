@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "collectives/bench/bench.h"
 #include "collectives/store.h"
@@ -31,8 +32,9 @@ namespace tessera::collectives::bench {
 // A job this rank joined through its launcher.
 struct JoinedJob {
   World world;
-  std::shared_ptr<Store> store;  // shared by every rank of the job
-  std::function<void()> leave;   // called once when the run ends cleanly (may be empty)
+  std::shared_ptr<Store> store;    // shared by every rank of the job
+  std::vector<std::string> reach;  // CommOptions::reach: hosts every host reaches (the coordinator)
+  std::function<void()> leave;     // called once when the run ends cleanly (may be empty)
 };
 // Joins the job this process was launched into, or returns nullopt when
 // there is no launcher to join. Throws when a launcher is there but cannot
