@@ -43,7 +43,9 @@ bool set_by_tessera(const char* kv) {
                                 "TORCHELASTIC_RUN_ID=",
                                 "ROLE_RANK=",
                                 "ROLE_WORLD_SIZE=",
-                                "GROUP_WORLD_SIZE="};
+                                "GROUP_WORLD_SIZE=",
+                                "ROLE_NAME=",
+                                "TORCHELASTIC_USE_AGENT_STORE="};
   for (const char* n : names)
     if (std::strncmp(kv, n, std::strlen(n)) == 0) return true;
   return false;
@@ -163,6 +165,15 @@ std::vector<std::string> worker_environment(const WorkerEnv& w) {
   add("TORCHELASTIC_RESTART_COUNT", rc);
   add("TORCHELASTIC_MAX_RESTARTS", std::to_string(w.max_restarts));
   add("TORCHELASTIC_RUN_ID", w.run_id);
+  // As torchrun's LocalElasticAgent: one role, "default" (ROLE_RANK and
+  // ROLE_WORLD_SIZE are then RANK and WORLD_SIZE); False because rank 0
+  // hosts the store on MASTER_PORT itself (torch's env:// then makes rank 0
+  // start a TCPStore there and the others connect).
+  add("ROLE_NAME", "default");
+  add("TORCHELASTIC_USE_AGENT_STORE", "False");
+  // torchrun's defaults, each kept when the launcher's environment has it.
+  if (!std::getenv("NCCL_ASYNC_ERROR_HANDLING")) add("NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (!std::getenv("OMP_NUM_THREADS") && w.local_size > 1) add("OMP_NUM_THREADS", "1");
   // The job's id, which every process of the job inherits (tests find them
   // by it in /proc/*/environ): the launcher's own when set, else the run id.
   const char* job = std::getenv("TESSERA_JOB_ID");

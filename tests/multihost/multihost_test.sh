@@ -4,7 +4,7 @@
 #
 #   multihost_test.sh CASE BIN_DIR
 #
-# CASE: rig | bench | forced | train | faults | faults_mpi | delay | delay_model | nodns. Exits 77 (ctest: skipped) when
+# CASE: rig | bench | forced | train | faults | faults_mpi | delay | delay_model | nodns | torch. Exits 77 (ctest: skipped) when
 # namespaces cannot be made here, saying why.
 set -uo pipefail
 CASE="${1:?usage: multihost_test.sh CASE BIN_DIR}"
@@ -519,6 +519,30 @@ PY
         ;;
       *) fail "delayed small all-reduce: ${verdict##*FAIL }" ;;
     esac
+    ;;
+  torch)
+    # An unchanged torch.distributed program (tests/launcher/torch_ddp.py:
+    # gloo, env://, an all-reduce and a DDP backward, exact values) across
+    # the 2 hosts, one rank each: rank 0's TCPStore on MASTER_ADDR (node 0,
+    # 10.77.0.1) and MASTER_PORT. Skipped without PyTorch.
+    PY=""
+    for p in /usr/bin/python3 python3; do
+      "$p" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null && PY="$(command -v "$p")" && break
+    done
+    if [ -z "$PY" ]; then
+      echo "SKIPPED: no python3 with torch.distributed and gloo (apt-get install python3-torch)"
+      exit "$RIG_SKIP"
+    fi
+    rig_up 2 || exit 1
+    run_on_hosts 2 1 -- "$PY" "$HERE/../launcher/torch_ddp.py"
+    if [ "$(cat "$OUT/rc.0")" = 0 ] && [ "$(cat "$OUT/rc.1")" = 0 ] &&
+      grep -q "^\[0\] rank 0 of 2: all_reduce 3 grad 1.5 restart 0$" "$OUT/run.0" &&
+      grep -q "^\[1\] rank 1 of 2: all_reduce 3 grad 1.5 restart 0$" "$OUT/run.1"; then
+      pass "torch DDP across 2 hosts: all_reduce = 3, grad = 1.5 on both"
+    else
+      fail "torch across hosts: exit $(cat "$OUT/rc.0") / $(cat "$OUT/rc.1")"
+      tail -n 20 "$OUT/run.0" "$OUT/run.1"
+    fi
     ;;
   nodns)
     # Host names that resolve nowhere (each host's /etc/hosts names only
