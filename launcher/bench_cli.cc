@@ -7,11 +7,10 @@
 //   named by TESSERA_STORE_DIR) and waits for them; with --transport mpi or
 //   --compare mpi it runs `mpirun -np N` on itself instead, since MPI must
 //   start the processes.
-// - under `tessera run` (TESSERA_COORDINATOR set): the launcher made the
+// - under `tessera run`, `mpirun -np N` or srun: the launcher made the
 //   ranks; each joins the job through the worker bootstrap
-//   (launcher/worker.h), and the bench rendezvous in the job's store.
-// - under `mpirun -np N tessera bench OP`: MPI made the ranks; for shm and
-//   tcp, rank 0 makes a store directory and broadcasts its path over MPI.
+//   (launcher/worker.h: the coordinator's store), and the bench rendezvous
+//   in the job's store.
 #include "launcher/bench_cli.h"
 
 #include <sched.h>
@@ -37,6 +36,7 @@
 #include "collectives/mpi/mpi_env.h"
 #include "launcher/root_cause.h"
 #include "launcher/worker.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/world.h"
 
@@ -62,11 +62,6 @@ struct BenchArgs : bench::RankOptions {
 // spins while it waits for a peer, so far beyond this a 2-core machine no
 // longer makes progress (-r 1000 on 2 cores: 363 ranks joined in 60 s).
 constexpr int kRanksPerCpu = 64;
-
-std::string env_or(const char* name, const std::string& dflt = "") {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : dflt;
-}
 
 long online_cpus() {
   cpu_set_t set;
@@ -414,12 +409,19 @@ int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
   return n > 1 ? spawn_local(n) : bench::run_rank(a, cfg, nullptr);
 }
 
-// Under `tessera run` a rank joins the job through the worker bootstrap: a
-// GrpcStore on the launcher's coordinator, heartbeats, abort on a failed peer.
-std::optional<bench::JoinedJob> join_tessera_run() {
-  if (env_or("TESSERA_COORDINATOR").empty()) return std::nullopt;
+// Ranks a launcher started (`tessera run`, mpirun, srun) join their job
+// through the worker bootstrap (launcher/worker.h), the one way tessera's
+// ranks find each other: the job's store, heartbeats, abort on a failed
+// peer. The bench places its ranks itself (bench_rank.cc), so no CPU
+// rotation.
+std::optional<bench::JoinedJob> join_launched_job() {
+  const World w = discover_world();
+  const bool launched = !env_or("TESSERA_COORDINATOR").empty() || w.source == WorldSource::OpenMPI ||
+                        (w.source == WorldSource::Slurm && w.size > 1);
+  if (!launched) return std::nullopt;
   launcher::WorkerOptions wo;
   wo.create_communicator = false;
+  wo.cpu_rotation = false;
   auto ctx = std::make_shared<launcher::WorkerContext>(launcher::init_worker(wo));
   return bench::JoinedJob{ctx->world, ctx->store, ctx->reach, [ctx] { launcher::shutdown(*ctx); }};
 }
@@ -445,7 +447,7 @@ int bench_main(const BenchArgs& a) {
   if (!launched && kind == TransportKind::Mpi && a.nworkers > 1) return spawn_with_mpirun(a.nworkers);
   if (!launched && a.compare == "mpi") return compare_with_mpi(a, cfg, std::max(a.nworkers, 1));
   if (!launched && a.nworkers > 1) return spawn_local(a.nworkers);
-  return bench::run_rank(a, cfg, join_tessera_run);
+  return bench::run_rank(a, cfg, join_launched_job);
 }
 
 }  // namespace

@@ -18,7 +18,9 @@
 #include "collectives/tcp/tcp_transport.h"
 #include "launcher/client.h"
 #include "launcher/coordinator.h"
+#include "launcher/slurm.h"
 #include "runtime/cpu_rotation.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 
@@ -35,6 +37,8 @@ const char* bootstrap_mode_name(BootstrapMode m) {
       return "tessera run";
     case BootstrapMode::Mpi:
       return "mpirun";
+    case BootstrapMode::Slurm:
+      return "srun";
   }
   return "?";
 }
@@ -63,11 +67,6 @@ struct Runtime {
 Runtime& rt() {
   static Runtime* r = new Runtime;
   return *r;
-}
-
-std::string env_or(const char* name, const std::string& dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : dflt;
 }
 
 int64_t env_int(const char* name, int64_t dflt) {
@@ -204,6 +203,30 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
   token = msg.substr(nl + 1);
 }
 
+// Under srun: no MPI to broadcast over, so every rank computes the same
+// coordinator address from Slurm's variables (launcher/slurm.h) and rank 0
+// serves it; the others' first call waits for it to come up.
+void bootstrap_slurm(Runtime& r, const WorkerOptions& opt, std::string& address, std::string& token) {
+  const SlurmStep step = read_slurm_step(r.world);
+  r.world = step.world;
+  address = step.coordinator;
+  token = step.token;
+  if (r.world.rank != 0) return;
+  CoordinatorOptions co;
+  co.address = step.listen;
+  co.token = token;
+  co.num_nodes = 0;
+  co.world_size = r.world.size;
+  co.heartbeat_timeout =
+      std::chrono::milliseconds(env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count()));
+  try {
+    r.coordinator = std::make_unique<Coordinator>(co);
+  } catch (const std::exception& e) {
+    throw Error(detail::concat("srun bootstrap: rank 0 cannot serve the coordinator on ", step.listen, ": ", e.what(),
+                               " (set TESSERA_COORDINATOR_PORT to a free port)"));
+  }
+}
+
 }  // namespace
 
 void WorkerContext::barrier(const std::string& name) const {
@@ -231,7 +254,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
                                                                                                         : -1);
 
   // Local ranks take turns on the host's CPUs (runtime/cpu_rotation.h).
-  r.rotation = maybe_start_cpu_rotation(ctx.world);
+  if (opt.cpu_rotation) r.rotation = maybe_start_cpu_rotation(ctx.world);
 
   std::string address, token;
   std::chrono::milliseconds interval{2000};
@@ -249,9 +272,15 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     ctx.world.node_rank = r.world.node_rank;
     auto timeout = env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count());
     interval = std::chrono::milliseconds(std::clamp<int64_t>(timeout / 5, 10, 2000));
+  } else if (ctx.world.source == WorldSource::Slurm && ctx.world.size > 1) {
+    r.mode = BootstrapMode::Slurm;
+    bootstrap_slurm(r, opt, address, token);
+    ctx.world = r.world;
+    auto timeout = env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count());
+    interval = std::chrono::milliseconds(std::clamp<int64_t>(timeout / 5, 10, 2000));
   } else {
     TESSERA_ARG_CHECK(ctx.world.size == 1, "a world of ", ctx.world.size, " ranks from ",
-                      world_source_name(ctx.world.source), " needs a store: launch with `tessera run` or mpirun");
+                      world_source_name(ctx.world.source), " needs a store: launch with `tessera run`, mpirun or srun");
     r.mode = BootstrapMode::Single;
     CoordinatorOptions co;
     co.token = make_job_token();
@@ -338,6 +367,28 @@ void shutdown(WorkerContext& ctx) {
     collectives::mpi::barrier();
     if (r.coordinator) r.coordinator->shutdown();
     collectives::mpi::finalize();  // only if mpi::init() initialised it
+  } else if (r.mode == BootstrapMode::Slurm) {
+    // As under mpirun, over the coordinator's barriers: rank 0 stops serving
+    // only after every rank closed its watch. A rank that failed (leaving
+    // already) does not wait: the job is being aborted.
+    const bool clean = !r.leaving.load();
+    if (clean) {
+      try {
+        r.client->barrier("tessera/leave/1", ctx.world.rank, ctx.world.size, r.barrier_timeout);
+      } catch (const std::exception& e) {
+        spdlog::warn("leaving the job: {}", e.what());
+      }
+    }
+    r.leaving = true;
+    if (r.watcher) r.watcher->stop();
+    if (clean) {
+      try {
+        r.client->barrier("tessera/leave/2", ctx.world.rank, ctx.world.size, r.barrier_timeout);
+      } catch (const std::exception& e) {
+        spdlog::debug("leaving the job: {}", e.what());
+      }
+    }
+    if (r.coordinator) r.coordinator->shutdown();
   } else {
     r.leaving = true;
     if (r.watcher) r.watcher->stop();
@@ -378,6 +429,10 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
     // Peers may be blocked waiting for this rank: end the whole job.
     report_fatal(ctx, detail::concat("exited with code ", code));
     collectives::mpi::abort(code);
+  }
+  if (code != 0 && ctx.mode == BootstrapMode::Slurm) {
+    // No agent reports this exit: tell the coordinator, so the others end.
+    report_fatal(ctx, detail::concat("exited with code ", code));
   }
   if (code != 0) {
     rt().leaving = true;  // the launcher reports the exit; don't die of our own echo meanwhile

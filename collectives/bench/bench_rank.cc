@@ -18,6 +18,7 @@
 #include "collectives/mpi/mpi_backend.h"
 #include "collectives/mpi/mpi_env.h"
 #include "runtime/device.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
 #include "runtime/log.h"
@@ -25,15 +26,6 @@
 #include "runtime/topology.h"
 
 namespace tessera::collectives::bench {
-namespace {
-
-std::string env_or(const char* name, const std::string& dflt = "") {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : dflt;
-}
-
-}  // namespace
-
 std::string make_temp_dir() {
   // tessera-bench-<pid>[-<job id>]-XXXXXX: a later bench removes the ones
   // whose creator died (a parent killed by SIGKILL cannot remove its own).
@@ -120,10 +112,7 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
     store = std::make_shared<PrefixStore>(job->store, "bench/");
   } else if (kind != TransportKind::Mpi) {
     std::string dir = env_or("TESSERA_STORE_DIR");
-    if (dir.empty() && in_mpirun) {
-      if (mpi::world_rank() == 0) own_dir = make_temp_dir();
-      dir = mpi::broadcast_string(own_dir);
-    } else if (dir.empty() && w.size == 1) {
+    if (dir.empty() && w.size == 1) {
       own_dir = dir = make_temp_dir();
     }
     if (dir.empty())
