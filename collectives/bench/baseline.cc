@@ -15,14 +15,15 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
+#include <sstream>
 #include <thread>
 
 #include "collectives/bench/bench.h"
 #include "collectives/host.h"
 #include "collectives/tcp/tcp_transport.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace tessera::collectives::bench {
 namespace {
@@ -193,18 +194,27 @@ void plot_png(const Report& r, const std::string& png) {
   namespace fs = std::filesystem;
   const fs::path dat = fs::path(png).replace_extension(".dat");
   const fs::path gp = fs::path(png).replace_extension(".gp");
+  // Both files through the atomic-write helper (runtime/files.h): a reader
+  // (gnuplot, a user) sees a whole file or the previous one.
+  auto write = [](const fs::path& path, const std::string& bytes) {
+    try {
+      write_file_atomic(path.string(), bytes);
+    } catch (const Error& e) {
+      throw Error("--plot: cannot write '" + path.string() + "': " + e.what());
+    }
+  };
   {
-    std::ofstream d(dat);
+    std::ostringstream d;
     d << "# size_bytes oop_busbw ip_busbw modeled_busbw compare_busbw\n";
     for (const auto& row : r.rows) {
       if (row.size_bytes == 0) continue;  // no place on a log axis
       d << row.size_bytes << " " << row.oop.busbw_gbps << " " << (row.ip ? row.ip->busbw_gbps : 0) << " "
         << row.modeled_busbw_gbps << " " << row.compare_busbw_gbps.value_or(0) << "\n";
     }
-    if (!d) throw Error("--plot: cannot write '" + dat.string() + "'");
+    write(dat, d.str());
   }
   {
-    std::ofstream g(gp);
+    std::ostringstream g;
     g << "set terminal pngcairo size 960,600 noenhanced\n"
       << "set output '" << png << "'\n"
       << "set title 'tessera bench " << r.op << ": " << r.ranks << " ranks, " << r.transport << ", " << r.dtype << "'\n"
@@ -221,7 +231,7 @@ void plot_png(const Report& r, const std::string& png) {
     if (r.memcpy_gbps) g << ", " << *r.memcpy_gbps << " with lines title 'memcpy baseline'";
     if (r.tcp_loopback_gbps) g << ", " << *r.tcp_loopback_gbps << " with lines title 'TCP loopback baseline'";
     g << "\n";
-    if (!g) throw Error("--plot: cannot write '" + gp.string() + "'");
+    write(gp, g.str());
   }
   const std::string cmd = "gnuplot '" + gp.string() + "' 2>&1";
   FILE* p = popen(cmd.c_str(), "r");

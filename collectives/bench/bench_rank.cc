@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "collectives/communicator.h"
@@ -184,9 +183,11 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
   if (w.rank == 0) {
     std::cout << format_table(rep) << std::flush;
     if (!a.json.empty()) {
-      std::ofstream f(a.json);
-      f << to_json(rep).dump(2) << "\n";
-      if (!f) throw Error("bench: cannot write --json file '" + a.json + "'");
+      try {
+        write_file_atomic(a.json, to_json(rep).dump(2) + "\n");
+      } catch (const Error& e) {
+        throw Error("bench: cannot write --json file '" + a.json + "': " + e.what());
+      }
     }
     if (!a.plot.empty()) plot_png(rep, a.plot);
   }
