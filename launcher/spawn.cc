@@ -1,6 +1,7 @@
 #include "launcher/spawn.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -11,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/cpu_rotation.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 extern char** environ;
@@ -45,6 +48,7 @@ bool set_by_tessera(const char* kv) {
                                 "ROLE_WORLD_SIZE=",
                                 "GROUP_WORLD_SIZE=",
                                 "ROLE_NAME=",
+                                "TESSERA_BOUND_CPUS=",
                                 "TORCHELASTIC_USE_AGENT_STORE="};
   for (const char* n : names)
     if (std::strncmp(kv, n, std::strlen(n)) == 0) return true;
@@ -61,7 +65,7 @@ bool set_by_tessera(const char* kv) {
 // to what is left in the group. Only async-signal-safe calls: the launcher
 // has other threads.
 [[noreturn]] void keeper_main(const std::string& program, char** argv, char** envp, pid_t launcher, int stdin_fd,
-                              int out_w, int err_w) {
+                              int out_w, int err_w, int cpu) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, nullptr);
@@ -91,6 +95,12 @@ bool set_by_tessera(const char* kv) {
     signal(SIGPIPE, SIG_DFL);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != keeper) _exit(137);
+    if (cpu >= 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      sched_setaffinity(0, sizeof one, &one);  // best effort: the worker runs unbound otherwise
+    }
     pthread_sigmask(SIG_SETMASK, &none, nullptr);
     execve(program.c_str(), argv, envp);
     const char msg[] = "tessera run: exec failed\n";
@@ -176,13 +186,23 @@ std::vector<std::string> worker_environment(const WorkerEnv& w) {
   if (!std::getenv("OMP_NUM_THREADS") && w.local_size > 1) add("OMP_NUM_THREADS", "1");
   // The job's id, which every process of the job inherits (tests find them
   // by it in /proc/*/environ): the launcher's own when set, else the run id.
+  if (!w.bound_cpus.empty()) add("TESSERA_BOUND_CPUS", w.bound_cpus);
   const char* job = std::getenv("TESSERA_JOB_ID");
   if (!job || !*job) add("TESSERA_JOB_ID", w.run_id);
   return env;
 }
 
+std::vector<int> worker_cpus(int nproc) {
+  if (env_or("TESSERA_BIND") == "0") return {};
+  const std::vector<int> cpus = current_cpu_mask();
+  if (nproc < 2 || nproc > static_cast<int>(cpus.size())) return {};
+  std::vector<int> out;
+  for (int i = 0; i < nproc; ++i) out.push_back(cpus[static_cast<size_t>(i) % cpus.size()]);
+  return out;
+}
+
 SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
-                           const std::vector<std::string>& env, int stdin_fd) {
+                           const std::vector<std::string>& env, int stdin_fd, int cpu) {
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0) throw Error(detail::concat("pipe: ", std::strerror(errno)));
   if (pipe2(err, O_CLOEXEC) != 0) {
@@ -206,7 +226,7 @@ SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::st
     for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
     throw Error(detail::concat("fork: ", std::strerror(e)));
   }
-  if (pid == 0) keeper_main(program, argv.data(), envp.data(), parent, stdin_fd, out[1], err[1]);
+  if (pid == 0) keeper_main(program, argv.data(), envp.data(), parent, stdin_fd, out[1], err[1], cpu);
   setpgid(pid, pid);  // also here, so a signal sent right after fork finds the group
   close(out[1]);
   close(err[1]);

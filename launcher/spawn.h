@@ -40,6 +40,10 @@ struct WorkerEnv {
   long heartbeat_ms = 0;
   std::string host;
   std::string run_id;
+  // The CPUs the launcher binds this node's workers to, one each in turn
+  // ("0,1"; TESSERA_BOUND_CPUS, which the CPU rotation rotates over); empty:
+  // not bound.
+  std::string bound_cpus;
 };
 
 // "NAME=value" strings: the current environment minus tessera's variables, then the worker's.
@@ -52,8 +56,16 @@ struct SpawnedWorker {
 };
 
 // Throws tessera::Error when a pipe or the fork fails; a failed exec makes
-// the child write "tessera run: exec failed" and exit 127.
+// the child write "tessera run: exec failed" and exit 127. With cpu >= 0 the
+// worker (not the keeper) is bound to that CPU before exec.
 SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
-                           const std::vector<std::string>& env, int stdin_fd);
+                           const std::vector<std::string>& env, int stdin_fd, int cpu = -1);
+
+// The launcher's CPU binding of a node's `nproc` workers: local rank i on
+// cpus[i mod n] of the launcher's affinity mask (n CPUs) when 2 <= nproc <= n,
+// as `tessera bench` and `mpirun -np 2` bind theirs; none (empty) with one
+// worker, more workers than CPUs (the kernel's scheduler places them), or
+// TESSERA_BIND=0.
+std::vector<int> worker_cpus(int nproc);
 
 }  // namespace tessera::launcher

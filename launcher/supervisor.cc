@@ -15,6 +15,7 @@
 
 #include "launcher/client.h"
 #include "launcher/root_cause.h"
+#include "runtime/cpu_rotation.h"
 #include "runtime/error.h"
 
 namespace tessera::launcher {
@@ -48,13 +49,20 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
     workers_.push_back(std::move(w));
   }
   const long oom_before = oom_kill_count();
+  // Ranks <= CPUs: one CPU each (spawn.h), which the rotation may then rotate over.
+  const std::vector<int> cpus = worker_cpus(opt.nproc_per_node);
+  std::string cpu_list;
+  if (!cpus.empty())
+    for (int c : current_cpu_mask()) cpu_list += (cpu_list.empty() ? "" : ",") + std::to_string(c);
   for (auto& w : workers_) {
     WorkerEnv env = s_.job_env;
+    env.bound_cpus = cpu_list;
     env.rank = w.rank;
     env.world_size = layout.world_size();
     env.local_rank = w.local_rank;
     env.restart_count = round;
-    SpawnedWorker p = spawn_worker(s_.program, opt.command, worker_environment(env), s_.stdin_fd);
+    SpawnedWorker p = spawn_worker(s_.program, opt.command, worker_environment(env), s_.stdin_fd,
+                                   cpus.empty() ? -1 : cpus[static_cast<size_t>(w.local_rank)]);
     w.pid = p.pid;
     w.exited = false;
     w.output.attach(p.out_fd, p.err_fd);

@@ -227,6 +227,26 @@ void bootstrap_slurm(Runtime& r, const WorkerOptions& opt, std::string& address,
   }
 }
 
+// The CPU rotation. A worker that `tessera run` bound to one CPU
+// (TESSERA_BOUND_CPUS lists the CPUs it bound the node's workers to) rotates
+// its main thread over those CPUs; its other threads stay on its own.
+std::unique_ptr<CpuRotation> start_cpu_rotation(const World& world) {
+  const std::string bound = env_or("TESSERA_BOUND_CPUS");
+  if (bound.empty() || current_cpu_mask().size() != 1) return maybe_start_cpu_rotation(world);
+  std::vector<int> cpus;
+  for (size_t b = 0; b < bound.size();) {
+    size_t e = bound.find(',', b);
+    if (e == std::string::npos) e = bound.size();
+    cpus.push_back(std::atoi(bound.substr(b, e - b).c_str()));
+    b = e + 1;
+  }
+  const CpuRotationPlan plan = plan_cpu_rotation(world, cpus, env_or("TESSERA_CPU_ROTATION"));
+  spdlog::debug("CPU rotation {}: {} (the CPUs tessera run bound its workers to: {})", plan.enabled ? "on" : "off",
+                plan.reason, bound);
+  if (!plan.enabled) return nullptr;
+  return std::make_unique<CpuRotation>(world.local_rank, plan.cpus, plan.period);
+}
+
 }  // namespace
 
 void WorkerContext::barrier(const std::string& name) const {
@@ -254,7 +274,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
                                                                                                         : -1);
 
   // Local ranks take turns on the host's CPUs (runtime/cpu_rotation.h).
-  if (opt.cpu_rotation) r.rotation = maybe_start_cpu_rotation(ctx.world);
+  if (opt.cpu_rotation) r.rotation = start_cpu_rotation(ctx.world);
 
   std::string address, token;
   std::chrono::milliseconds interval{2000};

@@ -52,10 +52,12 @@ namespace {
 // the settings measured): two floating ranks that the scheduler puts on one
 // core spin against each other, and with more ranks than CPUs, pinned pairs
 // hand their core to each other. The 4-rank 8-byte all-reduce on 2 CPUs took
-// 1.42-1.51 us bound, 1.42-2.71 floating. TESSERA_BENCH_BIND=0 leaves them
+// 1.42-1.51 us bound, 1.42-2.71 floating. TESSERA_BIND=0 (as for `tessera
+// run`'s binding; TESSERA_BENCH_BIND=0, its older name, too) leaves them
 // floating; under mpirun, mpirun's binding stays.
 void bind_to_cpu(const World& w) {
-  if (w.local_size < 2 || mpi::under_mpirun() || env_or("TESSERA_BENCH_BIND") == "0") return;
+  if (w.local_size < 2 || mpi::under_mpirun() || env_or("TESSERA_BIND") == "0" || env_or("TESSERA_BENCH_BIND") == "0")
+    return;
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) != 0) return;
