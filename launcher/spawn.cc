@@ -65,7 +65,7 @@ bool set_by_tessera(const char* kv) {
 // to what is left in the group. Only async-signal-safe calls: the launcher
 // has other threads.
 [[noreturn]] void keeper_main(const std::string& program, char** argv, char** envp, pid_t launcher, int stdin_fd,
-                              int out_w, int err_w, int cpu) {
+                              int out_w, int err_w, int cpu, int pid_w) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, nullptr);
@@ -78,9 +78,9 @@ bool set_by_tessera(const char* kv) {
     kill(0, SIGKILL);
     _exit(137);
   }
-  dup2(stdin_fd, 0);
-  dup2(out_w, 1);
-  dup2(err_w, 2);
+  if (stdin_fd != 0) dup2(stdin_fd, 0);
+  if (out_w >= 0) dup2(out_w, 1);
+  if (err_w >= 0) dup2(err_w, 2);
   const pid_t keeper = getpid();
   const pid_t worker = fork();
   if (worker < 0) {
@@ -107,6 +107,11 @@ bool set_by_tessera(const char* kv) {
     ssize_t ignored = ::write(2, msg, sizeof msg - 1);
     (void)ignored;
     _exit(127);
+  }
+  if (pid_w >= 0) {
+    const int32_t w = worker;  // tell the launcher who the worker is (a pipe write of 4 bytes is atomic)
+    ssize_t ignored = ::write(pid_w, &w, sizeof w);
+    (void)ignored;
   }
   // The keeper holds no descriptor: the pipes reach EOF when the worker and
   // its children close them, and no launcher socket stays open.
@@ -202,13 +207,17 @@ std::vector<int> worker_cpus(int nproc) {
 }
 
 SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
-                           const std::vector<std::string>& env, int stdin_fd, int cpu) {
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0) throw Error(detail::concat("pipe: ", std::strerror(errno)));
-  if (pipe2(err, O_CLOEXEC) != 0) {
+                           const std::vector<std::string>& env, int stdin_fd, int cpu, bool inherit_output,
+                           bool want_worker_pid) {
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, pid_pipe[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int fd : {out[0], out[1], err[0], err[1], pid_pipe[0], pid_pipe[1]})
+      if (fd >= 0) close(fd);
+  };
+  if ((!inherit_output && (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)) ||
+      (want_worker_pid && pipe2(pid_pipe, O_CLOEXEC) != 0)) {
     int e = errno;
-    close(out[0]);
-    close(out[1]);
+    close_all();
     throw Error(detail::concat("pipe: ", std::strerror(e)));
   }
   // Everything the child needs is built before fork.
@@ -223,16 +232,29 @@ SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::st
   pid_t pid = fork();
   if (pid < 0) {
     int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+    close_all();
     throw Error(detail::concat("fork: ", std::strerror(e)));
   }
-  if (pid == 0) keeper_main(program, argv.data(), envp.data(), parent, stdin_fd, out[1], err[1], cpu);
+  if (pid == 0) keeper_main(program, argv.data(), envp.data(), parent, stdin_fd, out[1], err[1], cpu, pid_pipe[1]);
   setpgid(pid, pid);  // also here, so a signal sent right after fork finds the group
-  close(out[1]);
-  close(err[1]);
-  fcntl(out[0], F_SETFL, O_NONBLOCK);
-  fcntl(err[0], F_SETFL, O_NONBLOCK);
-  return SpawnedWorker{pid, out[0], err[0]};
+  for (int* fd : {&out[1], &err[1], &pid_pipe[1]})
+    if (*fd >= 0) close(*fd), *fd = -1;
+  // The keeper writes the worker's pid right after forking it (or exits
+  // without, when that fork failed: EOF).
+  int32_t worker = -1;
+  while (pid_pipe[0] >= 0) {
+    const ssize_t n = ::read(pid_pipe[0], &worker, sizeof worker);
+    if (n == static_cast<ssize_t>(sizeof worker)) break;
+    if (n < 0 && errno == EINTR) continue;
+    worker = -1;
+    break;
+  }
+  if (pid_pipe[0] >= 0) close(pid_pipe[0]);
+  if (!inherit_output) {
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+  }
+  return SpawnedWorker{pid, worker, out[0], err[0]};
 }
 
 }  // namespace tessera::launcher
