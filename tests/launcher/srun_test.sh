@@ -33,16 +33,21 @@ srun_task() {
     SLURM_STEP_NODELIST=node-a SLURM_STEP_NUM_NODES=1 SLURM_STEP_TASKS_PER_NODE=4 SLURM_NNODES=1 \
     TESSERA_COORDINATOR_PORT="$port" "$@"
 }
-pids=()
-for r in 0 1 2 3; do
-  srun_task "$r" timeout 120 "$BIN/train_gpt" "${GPT[@]}" --log-json "$OUT/srun.json" >"$OUT/srun.$r" 2>&1 &
-  pids+=($!)
-done
-rcs=""
-for p in "${pids[@]}"; do
-  wait "$p"
-  rcs="$rcs $?"
-done
+# Runs the 4 tasks of a step (output to $OUT/TAG.<rank>); sets rcs to their exit codes.
+run_step() {
+  local tag="$1" pids=() r p
+  shift
+  for r in 0 1 2 3; do
+    srun_task "$r" "$@" >"$OUT/$tag.$r" 2>&1 &
+    pids+=($!)
+  done
+  rcs=""
+  for p in "${pids[@]}"; do
+    wait "$p"
+    rcs="$rcs $?"
+  done
+}
+run_step srun timeout 120 "$BIN/train_gpt" "${GPT[@]}" --log-json "$OUT/srun.json"
 if [ "$rcs" = " 0 0 0 0" ]; then
   pass "4 ranks under a simulated srun: all exit 0"
 else
@@ -65,16 +70,7 @@ fi
 
 # Rank 2 exits 3 after the barrier while the others sleep: they end at once
 # (exit 1), naming rank 2, rather than after their 30 s.
-pids=()
-for r in 0 1 2 3; do
-  srun_task "$r" timeout 60 "$BIN/tessera_hello" --comm --exit-code 3 --fail-rank 2 --sleep 30 >"$OUT/fail.$r" 2>&1 &
-  pids+=($!)
-done
-rcs=""
-for p in "${pids[@]}"; do
-  wait "$p"
-  rcs="$rcs $?"
-done
+run_step fail timeout 60 "$BIN/tessera_hello" --comm --exit-code 3 --fail-rank 2 --sleep 30
 if [ "$rcs" = " 1 1 3 1" ] && grep -q "job aborted: rank 2 .*exited with code 3" "$OUT/fail.0"; then
   pass "rank 2 exits 3: the others end with 1, naming rank 2"
 else
