@@ -97,6 +97,10 @@ struct CommOptions {
   // Device whose clock is charged with modeled comm time (optional; not
   // owned: it must outlive the communicator and every communicator split from it).
   Device* device = nullptr;
+  // Hosts (IPs or names) that every host of the job reaches, e.g. the
+  // launcher's coordinator: a group spanning hosts advertises, for TCP, the
+  // address of the interface that reaches them (tcp::advertised_address).
+  std::vector<std::string> reach;
 };
 
 // Handle of an asynchronous collective.

@@ -380,6 +380,7 @@ std::unique_ptr<Transport> make_routed_transport(TransportKind kind, std::shared
   }
   tcp::TcpOptions to;
   to.spans_hosts = true;
+  to.toward = options.reach;
   to.links.assign(size, false);
   for (int j = 0; j < size; ++j) to.links[j] = j != rank && (!shm || hosts.host_of[j] != me);
   auto tcp = tcp::create_transport(std::move(store), rank, size, options, to);

@@ -6,6 +6,10 @@
 //
 //   mpirun -np 2 build/bin/coll_perf [--iters-large N] [--iters-small N] [--mib M] [--rounds R]
 //
+// The ranks meet as every tessera program started by mpirun does
+// (launcher/worker.h): rank 0 serves the coordinator, whose store the
+// tessera communicator rendezvous through.
+//
 // Iteration counts are per round; rounds interleave all cases and each case
 // reports its median round (the machine this was written on is shared).
 //
@@ -15,19 +19,19 @@
 // buffers (staged through the transport's channels: "ring").
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/mpi/mpi_env.h"
+#include "launcher/worker.h"
 #include "runtime/device.h"
-#include "runtime/files.h"
 #include "runtime/shm_memory.h"
 
 using namespace tessera;
@@ -92,53 +96,39 @@ bool check(const float* v, size_t n, float expect) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app("coll_perf: tessera's all-reduce against MPI_Allreduce, under mpirun -np N");
+  int iters_large = 4, iters_small = 5000, rounds = 9;
+  size_t mib = 64;
+  app.add_option("--iters-large", iters_large, "Timed calls per round of the large all-reduce")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--iters-small", iters_small, "Timed calls per round of the 8-byte all-reduce")
+      ->check(CLI::Range(1, 100000000));
+  app.add_option("--mib", mib, "Size of the large all-reduce in MiB")->check(CLI::Range(size_t{1}, size_t{65536}));
+  app.add_option("--rounds", rounds, "Interleaved rounds; each case reports its median round")
+      ->check(CLI::Range(1, 10000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; wrong flags: 2 with the message, before MPI starts
+  }
   mpi::install();
   mpi::init();
   const int rank = mpi::world_rank(), size = mpi::world_size();
-  int iters_large = 4, iters_small = 5000, rounds = 9;
-  size_t mib = 64;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        if (rank == 0) std::fprintf(stderr, "coll_perf: %s needs a value\n", a.c_str());
-        mpi::finalize();
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--iters-large")
-      iters_large = std::max(1, std::atoi(next()));
-    else if (a == "--iters-small")
-      iters_small = std::max(1, std::atoi(next()));
-    else if (a == "--mib")
-      mib = static_cast<size_t>(std::max(1L, std::atol(next())));
-    else if (a == "--rounds")
-      rounds = std::max(1, std::atoi(next()));
-    else {
-      if (rank == 0)
-        std::fprintf(stderr,
-                     "usage: mpirun -np N coll_perf [--iters-large N] [--iters-small N] [--mib M] [--rounds R]\n");
-      mpi::finalize();
-      return 2;
-    }
-  }
   const size_t bytes = mib << 20, n = bytes / 4;
   const double bus = size > 1 ? 2.0 * (size - 1) / size : 1.0;
 
-  // Rendezvous directory for tessera's store, chosen by rank 0.
-  std::string dir;
-  if (rank == 0) {
-    // $TMPDIR/coll_perf-<pid>-XXXXXX; a killed run's is removed by the next (runtime/files.h).
-    remove_stale_temps(temp_directory(), "coll_perf-");
-    try {
-      dir = make_owned_temp_dir(temp_directory() + "/coll_perf-" + std::to_string(::getpid()) + "-XXXXXX");
-    } catch (const Error& e) {
-      std::fprintf(stderr, "coll_perf: %s\n", e.what());
-      mpi::abort(1);
-    }
+  // tessera's store: the job's, joined as every launched tessera rank joins
+  // (launcher/worker.h: under mpirun rank 0 serves the coordinator).
+  launcher::WorkerOptions wo;
+  wo.create_communicator = false;
+  wo.cpu_rotation = false;  // timing: mpirun's placement, as MPI's side has it
+  launcher::WorkerContext job;
+  try {
+    job = launcher::init_worker(wo);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "coll_perf: cannot join the job: %s\n", e.what());
+    mpi::abort(1);
   }
-  dir = mpi::broadcast_string(dir);
 
   int rc = 0;
   {
@@ -146,7 +136,9 @@ int main(int argc, char** argv) {
     mo.transport = TransportKind::Mpi;
     mo.name = "mpi";
     g_mpi = Communicator::create(nullptr, rank, size, mo);
-    auto comm = Communicator::create(make_file_store(dir), rank, size);
+    CommOptions to;
+    to.reach = job.reach;
+    auto comm = Communicator::create(std::make_shared<PrefixStore>(job.store, "coll_perf/"), rank, size, to);
     Device dev(DeviceSpec::preset("trn1-core"), rank, make_shm_memory(size_t{4} << 30));
     auto* arena = static_cast<float*>(dev.allocate(bytes));
     std::vector<float> heap(n), mpi_send(n, 1.0f), mpi_recv(n);
@@ -241,7 +233,7 @@ int main(int argc, char** argv) {
   int32_t any = 0;
   g_mpi->all_reduce(&rc, &any, 1, DType::I32, ReduceOp::Max);
   g_mpi.reset();
-  if (rank == 0) std::filesystem::remove_all(dir);
+  launcher::shutdown(job);
   mpi::finalize();
   return any ? 1 : 0;
 }

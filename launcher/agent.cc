@@ -72,11 +72,13 @@ class Agent {
   std::string abort_reason();
   pb::RootCause root_cause(int round, const RoundSupervisor& sup);
   void wait_for_others();
+  void share_job_env(WorkerEnv& env);
 
   const RunOptions opt_;
   std::string host_ = host_name();
   CheckedRun run_;
   std::unique_ptr<Coordinator> coordinator_;
+  PortReservation store_port_;  // node 0: MASTER_PORT, held for rank 0's store
   std::shared_ptr<CoordinatorClient> client_;
   std::unique_ptr<Heartbeater> heartbeat_;
   std::unique_ptr<EventWatcher> watcher_;
@@ -124,9 +126,29 @@ void Agent::start_coordinator() {
   coordinator_ = std::make_unique<Coordinator>(co);
   if (opt_.coordinator.empty()) {
     run_.master_addr = "127.0.0.1";
-    run_.master_port = coordinator_->port();
-    run_.coord_addr = "127.0.0.1:" + std::to_string(run_.master_port);
+    run_.coord_addr = "127.0.0.1:" + std::to_string(coordinator_->port());
   }
+  // MASTER_PORT: a port of rank 0's own, not the coordinator's (a torch
+  // program's rank 0 binds its TCPStore there; docs/launcher.md says why a
+  // reserved port rather than a store served by the launcher).
+  store_port_ = reserve_port(run_.master_port);
+  run_.master_port = store_port_.port;
+}
+
+// Every node's workers get node 0's MASTER_PORT and run id: node 0 puts them
+// in the round's store (cleared each round), the others read them.
+void Agent::share_job_env(WorkerEnv& env) {
+  if (opt_.nnodes == 1) return;
+  const std::string key = "tessera/launcher/master_port_run_id";
+  if (opt_.node_rank == 0) {
+    client_->set(key, std::to_string(env.master_port) + " " + env.run_id);
+    return;
+  }
+  const std::string v = client_->get(key, opt_.rdzv_timeout);
+  const auto sp = v.find(' ');
+  if (sp == std::string::npos) throw Error("node 0 published a bad MASTER_PORT and run id: '" + v + "'");
+  env.master_port = std::stoi(v.substr(0, sp));
+  env.run_id = v.substr(sp + 1);
 }
 
 int Agent::run() {
@@ -191,6 +213,13 @@ int Agent::run() {
       break;
     }
     client_->set_round(round);
+    try {
+      share_job_env(sup.job_env());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "tessera run: rendezvous failed: %s\n", e.what());
+      code = 1;
+      break;
+    }
     {
       std::lock_guard<std::mutex> l(abort_mu_);
       abort_reason_.clear();
@@ -262,6 +291,7 @@ int Agent::run() {
     wait_for_others();
     coordinator_->shutdown();
   }
+  if (store_port_.fd >= 0) close(store_port_.fd);
   return code;
 }
 

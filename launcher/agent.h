@@ -22,6 +22,9 @@ struct RunOptions {
   int node_rank = 0;
   std::string coordinator;  // host:port; empty: 127.0.0.1 and a free port (one node only)
   int max_restarts = 0;
+  // MASTER_PORT: the port node 0 keeps free for rank 0's own store (a
+  // torch.distributed TCPStore); 0: a free one. Never the coordinator's.
+  int master_port = 0;
   std::string log_dir;  // empty: no per-rank files
   std::chrono::milliseconds heartbeat_timeout{10000};
   std::chrono::milliseconds rdzv_timeout{300000};

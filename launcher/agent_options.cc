@@ -1,10 +1,15 @@
 #include "launcher/agent_options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "launcher/coordinator.h"
@@ -28,6 +33,28 @@ std::pair<std::string, int> split_host_port(const std::string& hp) {
   TESSERA_ARG_CHECK(port >= 0 && port <= 65535, "--coordinator '", hp, "': bad port");
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   return {host, port};
+}
+
+PortReservation reserve_port(int port) {
+  PortReservation r;
+  r.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (r.fd < 0) throw Error(detail::concat("socket: ", std::strerror(errno)));
+  const int one = 1;
+  setsockopt(r.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t len = sizeof a;
+  if (::bind(r.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(r.fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const int e = errno;
+    ::close(r.fd);
+    throw InvalidArgument(
+        detail::concat("--master-port ", port, ": cannot reserve the port for rank 0's store: ", std::strerror(e)));
+  }
+  r.port = ntohs(a.sin_port);
+  return r;
 }
 
 std::string resolve_program(const std::string& prog) {
@@ -70,10 +97,14 @@ CheckedRun check_run_options(const RunOptions& opt) {
   if (!opt.coordinator.empty()) {
     auto [h, p] = split_host_port(opt.coordinator);
     c.master_addr = h;
-    c.master_port = p;
     c.coord_addr = opt.coordinator;
     TESSERA_ARG_CHECK(p != 0, "--coordinator needs a fixed port (not 0) so every node finds it");
+    TESSERA_ARG_CHECK(opt.master_port != p, "--master-port ", p,
+                      " is the coordinator's port; rank 0's store needs a port of its own");
   }
+  if (opt.master_port < 0 || opt.master_port > 65535)
+    throw InvalidArgument(detail::concat("--master-port ", opt.master_port, " is not a port (0: a free one)"));
+  c.master_port = opt.master_port;
   c.program = resolve_program(opt.command[0]);
   const char* tok = std::getenv("TESSERA_JOB_TOKEN");
   if (tok && *tok) {

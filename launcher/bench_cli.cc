@@ -2,21 +2,19 @@
 // What one rank does is the bench library's (collectives/bench/bench_rank.h).
 //
 // Three ways to run (docs/bench.md):
-// - `tessera bench OP -r N`: this process spawns N ranks of itself (fork +
-//   exec, TESSERA_* variables, a FileStore in a fresh temporary directory
-//   named by TESSERA_STORE_DIR) and waits for them; with --transport mpi or
+// - `tessera bench OP -r N`: this process spawns N ranks of itself (the
+//   launcher's spawner, spawn.h; TESSERA_* variables, a FileStore in a fresh
+//   temporary directory named by TESSERA_STORE_DIR) and waits for them; with --transport mpi or
 //   --compare mpi it runs `mpirun -np N` on itself instead, since MPI must
 //   start the processes.
-// - under `tessera run` (TESSERA_COORDINATOR set): the launcher made the
+// - under `tessera run`, `mpirun -np N` or srun: the launcher made the
 //   ranks; each joins the job through the worker bootstrap
-//   (launcher/worker.h), and the bench rendezvous in the job's store.
-// - under `mpirun -np N tessera bench OP`: MPI made the ranks; for shm and
-//   tcp, rank 0 makes a store directory and broadcasts its path over MPI.
+//   (launcher/worker.h: the coordinator's store), and the bench rendezvous
+//   in the job's store.
 #include "launcher/bench_cli.h"
 
 #include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38,9 +36,13 @@
 #include "collectives/bench/bench_rank.h"
 #include "collectives/mpi/mpi_env.h"
 #include "launcher/root_cause.h"
+#include "launcher/spawn.h"
 #include "launcher/worker.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/world.h"
+
+extern char** environ;
 
 namespace tessera::launcher {
 namespace {
@@ -64,11 +66,6 @@ struct BenchArgs : bench::RankOptions {
 // spins while it waits for a peer, so far beyond this a 2-core machine no
 // longer makes progress (-r 1000 on 2 cores: 363 ranks joined in 60 s).
 constexpr int kRanksPerCpu = 64;
-
-std::string env_or(const char* name, const std::string& dflt = "") {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : dflt;
-}
 
 long online_cpus() {
   cpu_set_t set;
@@ -166,12 +163,6 @@ std::vector<char*> c_argv(std::vector<std::string>& v) {
   return out;
 }
 
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
 // mpirun's flags for n ranks at OpenMPI's best: --oversubscribe only when
 // the ranks outnumber the CPUs (it also turns on mpi_yield_when_idle and
 // turns off binding, both of which slow ranks that have a core each).
@@ -201,7 +192,7 @@ int run_child(std::vector<std::string> args) {
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  return exit_code_of(status);
+  return exit_code_of_status(status);
 }
 
 // mpirun on ourselves: MPI has to start the processes it connects.
@@ -219,13 +210,17 @@ std::string signal_name(int sig) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
-// fork + exec of ourselves N times with tessera's launcher variables.
+// N ranks of ourselves with tessera's launcher variables, started by the
+// launcher's spawner (spawn.h, as `tessera run` starts its workers): each
+// rank under a keeper that leads its process group and SIGKILLs the group
+// when this parent dies, however it dies (so nothing a rank started
+// outlives it either). The ranks write straight to this process's stdout
+// and stderr.
 //
 // The parent blocks SIGTERM, SIGINT, SIGHUP and SIGQUIT and takes them with
-// sigtimedwait: it forwards the signal to every rank, waits `kGrace`, then
-// SIGKILLs what is left, removes the store directory and exits 128+signal.
-// Every rank carries PR_SET_PDEATHSIG=SIGKILL, so a parent killed by
-// SIGKILL takes the ranks with it.
+// sigtimedwait: it forwards the signal to every rank's group, waits
+// `kGrace`, then SIGKILLs what is left, removes the store directory and
+// exits 128+signal.
 int spawn_local(int n) {
   constexpr auto kGrace = std::chrono::seconds(5);
   const std::string dir = bench::make_temp_dir();
@@ -235,60 +230,69 @@ int spawn_local(int n) {
   auto args = own_argv();
   args[0] = exe;
   std::cout.flush();
+  std::cerr.flush();
   sigset_t stop_set, old_mask;
   sigemptyset(&stop_set);
   for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&stop_set, sig);
   pthread_sigmask(SIG_BLOCK, &stop_set, &old_mask);
-  const pid_t parent = getpid();
   const long oom_before = oom_kill_count();
-  std::vector<pid_t> pids;
+  std::vector<SpawnedWorker> ranks;
   auto cleanup = [&] {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
     pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   };
+  static const char* const kOwn[] = {"TESSERA_RANK=",       "TESSERA_WORLD_SIZE=", "TESSERA_LOCAL_RANK=",
+                                     "TESSERA_LOCAL_SIZE=", "TESSERA_NODE_RANK=",  "TESSERA_STORE_DIR="};
+  std::vector<std::string> base;
+  for (char** e = environ; *e; ++e) {
+    bool own = false;
+    for (const char* k : kOwn) own = own || std::strncmp(*e, k, std::strlen(k)) == 0;
+    if (!own) base.emplace_back(*e);
+  }
   for (int r = 0; r < n; ++r) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      for (pid_t p : pids) kill(p, SIGKILL);
-      for (pid_t p : pids) waitpid(p, nullptr, 0);
+    std::vector<std::string> env = base;
+    for (auto [k, v] : std::vector<std::pair<const char*, std::string>>{{"TESSERA_RANK", std::to_string(r)},
+                                                                        {"TESSERA_WORLD_SIZE", std::to_string(n)},
+                                                                        {"TESSERA_LOCAL_RANK", std::to_string(r)},
+                                                                        {"TESSERA_LOCAL_SIZE", std::to_string(n)},
+                                                                        {"TESSERA_NODE_RANK", "0"},
+                                                                        {"TESSERA_STORE_DIR", dir}})
+      env.push_back(std::string(k) + "=" + v);
+    try {
+      ranks.push_back(spawn_worker(exe, args, env, /*stdin_fd=*/0, /*cpu=*/-1, /*inherit_output=*/true,
+                                   /*want_worker_pid=*/true));
+    } catch (const Error&) {
+      for (const auto& p : ranks) kill(-p.pid, SIGKILL);
+      for (const auto& p : ranks) waitpid(p.pid, nullptr, 0);
       cleanup();
-      throw Error("bench: fork failed");
+      throw;
     }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(137);  // the parent died before prctl took effect
-      pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-      setenv("TESSERA_RANK", std::to_string(r).c_str(), 1);
-      setenv("TESSERA_WORLD_SIZE", std::to_string(n).c_str(), 1);
-      setenv("TESSERA_LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("TESSERA_LOCAL_SIZE", std::to_string(n).c_str(), 1);
-      setenv("TESSERA_NODE_RANK", "0", 1);
-      setenv("TESSERA_STORE_DIR", dir.c_str(), 1);
-      auto cv = c_argv(args);
-      execv(exe.c_str(), cv.data());
-      std::perror("tessera bench: exec failed");
-      _exit(127);
-    }
-    pids.push_back(pid);
   }
   // Wait for all. When one fails, the others notice within about a second
   // (the transports watch their peers); give them a grace period, then kill.
   int code = 0, signal_code = 0;
   int interrupted = 0;
   bool killed = false;  // this parent sent SIGKILL
-  size_t left = pids.size();
+  std::vector<bool> done(ranks.size(), false);
+  size_t left = ranks.size();
   auto grace_end = std::chrono::steady_clock::time_point::max();
+  auto signal_all = [&](int sig) {
+    for (size_t r = 0; r < ranks.size(); ++r)
+      if (!done[r]) kill(-ranks[r].pid, sig);
+  };
   while (left > 0) {
     int status = 0;
     pid_t p = waitpid(-1, &status, WNOHANG);
     if (p > 0) {
       int rank = -1;
-      for (size_t r = 0; r < pids.size(); ++r)
-        if (pids[r] == p) pids[r] = -1, --left, rank = static_cast<int>(r);
-      int c = exit_code_of(status);
-      if (WIFSIGNALED(status) && !interrupted && !killed && rank >= 0) {
-        std::cerr << "tessera bench: rank " << rank << " (pid " << p << ") ";
+      for (size_t r = 0; r < ranks.size(); ++r)
+        if (ranks[r].pid == p && !done[r]) done[r] = true, --left, rank = static_cast<int>(r);
+      if (rank < 0) continue;
+      // The keeper exits the way its rank did (same code, same signal).
+      const int c = exit_code_of_status(status);
+      if (WIFSIGNALED(status) && !interrupted && !killed) {
+        std::cerr << "tessera bench: rank " << rank << " (pid " << ranks[static_cast<size_t>(rank)].worker_pid << ") ";
         if (WTERMSIG(status) == SIGKILL)
           std::cerr << explain_sigkill(oom_before) << "\n";
         else
@@ -307,8 +311,7 @@ int spawn_local(int n) {
     if (p < 0 && errno != EINTR) break;
     if (std::chrono::steady_clock::now() > grace_end) {
       killed = true;
-      for (pid_t q : pids)
-        if (q > 0) kill(q, SIGKILL);
+      signal_all(SIGKILL);
       grace_end = std::chrono::steady_clock::time_point::max();
     }
     const timespec tick{0, 20L * 1000 * 1000};
@@ -317,8 +320,7 @@ int spawn_local(int n) {
       if (!interrupted) {
         interrupted = sig;
         std::cerr << "tessera bench: got " << signal_name(sig) << "; stopping " << left << " rank(s)\n";
-        for (pid_t q : pids)
-          if (q > 0) kill(q, sig);
+        signal_all(sig);
         grace_end = std::chrono::steady_clock::now() + kGrace;
       } else {
         grace_end = std::chrono::steady_clock::now();  // a second signal: no more grace
@@ -416,14 +418,21 @@ int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
   return n > 1 ? spawn_local(n) : bench::run_rank(a, cfg, nullptr);
 }
 
-// Under `tessera run` a rank joins the job through the worker bootstrap: a
-// GrpcStore on the launcher's coordinator, heartbeats, abort on a failed peer.
-std::optional<bench::JoinedJob> join_tessera_run() {
-  if (env_or("TESSERA_COORDINATOR").empty()) return std::nullopt;
+// Ranks a launcher started (`tessera run`, mpirun, srun) join their job
+// through the worker bootstrap (launcher/worker.h), the one way tessera's
+// ranks find each other: the job's store, heartbeats, abort on a failed
+// peer. The bench places its ranks itself (bench_rank.cc), so no CPU
+// rotation.
+std::optional<bench::JoinedJob> join_launched_job() {
+  const World w = discover_world();
+  const bool launched = !env_or("TESSERA_COORDINATOR").empty() || w.source == WorldSource::OpenMPI ||
+                        (w.source == WorldSource::Slurm && w.size > 1);
+  if (!launched) return std::nullopt;
   launcher::WorkerOptions wo;
   wo.create_communicator = false;
+  wo.cpu_rotation = false;
   auto ctx = std::make_shared<launcher::WorkerContext>(launcher::init_worker(wo));
-  return bench::JoinedJob{ctx->world, ctx->store, [ctx] { launcher::shutdown(*ctx); }};
+  return bench::JoinedJob{ctx->world, ctx->store, ctx->reach, [ctx] { launcher::shutdown(*ctx); }};
 }
 
 int bench_main(const BenchArgs& a) {
@@ -447,7 +456,7 @@ int bench_main(const BenchArgs& a) {
   if (!launched && kind == TransportKind::Mpi && a.nworkers > 1) return spawn_with_mpirun(a.nworkers);
   if (!launched && a.compare == "mpi") return compare_with_mpi(a, cfg, std::max(a.nworkers, 1));
   if (!launched && a.nworkers > 1) return spawn_local(a.nworkers);
-  return bench::run_rank(a, cfg, join_tessera_run);
+  return bench::run_rank(a, cfg, join_launched_job);
 }
 
 }  // namespace

@@ -4,6 +4,10 @@
 # the same program (build/bin/tessera_hello), alternated in one run.
 #
 #   launcher/bench_launch.sh [BUILD_DIR] [N] [REPS] [-- extra tessera_hello flags, e.g. --comm]
+#
+# MPI=0 skips mpirun (e.g. `MPI=0 launcher/bench_launch.sh build 128 5`: 128
+# local workers start, meet at a barrier and exit). The machine's load
+# average is printed before and after: the figures are only as quiet as it.
 set -euo pipefail
 BUILD=${1:-build}
 N=${2:-8}
@@ -16,25 +20,46 @@ TESSERA=$BUILD/bin/tessera
 HELLO=$BUILD/bin/tessera_hello
 [[ -x $TESSERA && -x $HELLO ]] || { echo "build tessera and tessera_hello first ($BUILD/bin)" >&2; exit 2; }
 
-time_one() {  # prints seconds; fails the script if the job fails
-  local s e
+# Prints "BARRIER TOTAL" in seconds: until the N-th worker printed that it
+# passed the first barrier ("rank R of N ok", flushed after the barrier),
+# and until the job ended. Fails the script if the job fails.
+time_one() {
+  local s
   s=$(date +%s.%N)
-  "$@" >/tmp/bench_launch.log 2>&1 || { echo "failed: $* (output in /tmp/bench_launch.log)" >&2; cat /tmp/bench_launch.log >&2; exit 1; }
-  e=$(date +%s.%N)
-  echo "$e - $s" | bc -l
+  "$@" 2>/tmp/bench_launch.log | python3 -c '
+import sys, time
+s, n, seen, at = float(sys.argv[1]), int(sys.argv[2]), 0, None
+for line in iter(sys.stdin.readline, ""):
+    if " ok (round 0)" in line:
+        seen += 1
+        if seen == n: at = time.time()
+end = time.time()
+print("%.4f %.4f" % ((at or float("nan")) - s, end - s))
+sys.exit(0 if seen == n else 1)' "$s" "$N" || { echo "failed: $* (stderr in /tmp/bench_launch.log)" >&2; cat /tmp/bench_launch.log >&2; exit 1; }
 }
 
-stats() {  # min median mean of the numbers on stdin
+stats() {  # min median mean of the numbers on stdin (one a line)
   sort -g | awk '{a[NR]=$1; s+=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2;
                  printf "min %.3f s  median %.3f s  mean %.3f s  (n=%d)\n", a[1], m, s/NR, NR}'
 }
 
+MPI=${MPI:-1}
+load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 t_run=() t_mpi=()
 time_one "$TESSERA" run --nproc-per-node "$N" -- "$HELLO" "${EXTRA[@]}" >/dev/null  # warm the page cache
 for ((i = 0; i < REPS; i++)); do
   t_run+=("$(time_one "$TESSERA" run --nproc-per-node "$N" -- "$HELLO" "${EXTRA[@]}")")
-  t_mpi+=("$(time_one mpirun --oversubscribe -np "$N" "$HELLO" "${EXTRA[@]}")")
+  [[ $MPI == 0 ]] || t_mpi+=("$(time_one mpirun --oversubscribe -np "$N" "$HELLO" "${EXTRA[@]}")")
 done
-echo "machine: $(nproc) cores; $N workers; $REPS runs each; hello flags: ${EXTRA[*]:-(none)}"
-printf 'tessera run --nproc-per-node %d : ' "$N"; printf '%s\n' "${t_run[@]}" | stats
-printf 'mpirun --oversubscribe -np %d  : ' "$N"; printf '%s\n' "${t_mpi[@]}" | stats
+echo "machine: $(nproc) cores, load average $load_before before, $(cut -d' ' -f1-3 /proc/loadavg) after; $N workers; $REPS runs each; hello flags: ${EXTRA[*]:-(none)}"
+col() { printf '%s\n' "${@:2}" | awk -v c="$1" '{print $c}'; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
+for what in "1 to the first barrier" "2 whole job"; do
+  c=${what%% *}
+  echo "${what#* }:"
+  printf '  tessera run --nproc-per-node %d : ' "$N"; col "$c" "${t_run[@]}" | stats
+  if [[ $MPI != 0 ]]; then
+    printf '  mpirun --oversubscribe -np %d  : ' "$N"; col "$c" "${t_mpi[@]}" | stats
+    echo "  median ratio mpirun / tessera run: $(echo "$(col "$c" "${t_mpi[@]}" | median) / $(col "$c" "${t_run[@]}" | median)" | bc -l | cut -c1-5)x"
+  fi
+done

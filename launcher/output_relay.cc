@@ -48,6 +48,7 @@ void OutputRelay::emit_line(const std::string& line, int out_fd) {
   }
   tail_.push_back(line);
   if (tail_.size() > kTailLines) tail_.pop_front();
+  if (out_fd == 2) last_err_line_ = std::chrono::steady_clock::now();
 }
 
 void OutputRelay::pump(Stream& s) {

@@ -11,6 +11,7 @@
 // EOF or in close_all().
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <deque>
 #include <memory>
@@ -41,7 +42,8 @@ class OutputRelay {
         out_(std::exchange(o.out_, Stream{-1, 1, {}})),
         err_(std::exchange(o.err_, Stream{-1, 2, {}})),
         tail_(std::move(o.tail_)),
-        log_(std::move(o.log_)) {}
+        log_(std::move(o.log_)),
+        last_err_line_(o.last_err_line_) {}
   OutputRelay& operator=(OutputRelay&&) = delete;
   OutputRelay(const OutputRelay&) = delete;
   OutputRelay& operator=(const OutputRelay&) = delete;
@@ -63,6 +65,8 @@ class OutputRelay {
   void close_all();
 
   const std::deque<std::string>& tail() const { return tail_; }
+  // When the last stderr line was emitted (the epoch when none was).
+  std::chrono::steady_clock::time_point last_err_line() const { return last_err_line_; }
 
  private:
   void emit_line(const std::string& line, int out_fd);
@@ -72,6 +76,7 @@ class OutputRelay {
   Stream out_{-1, 1, {}}, err_{-1, 2, {}};
   std::deque<std::string> tail_;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> log_{nullptr, &std::fclose};
+  std::chrono::steady_clock::time_point last_err_line_{};
 };
 
 }  // namespace tessera::launcher

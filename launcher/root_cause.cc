@@ -57,6 +57,12 @@ pb::RootCause interrupt_cause(int node_rank, const std::string& host, int sig) {
   return c;
 }
 
+int exit_code_of_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
 int exit_code_of(const pb::RootCause& c) {
   if (!c.has_exit()) return 1;
   if (c.signal()) return 128 + c.signal();

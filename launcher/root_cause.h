@@ -31,6 +31,10 @@ proto::RootCause interrupt_cause(int node_rank, const std::string& host, int sig
 // a non-zero one, else 1.
 int exit_code_of(const proto::RootCause& c);
 
+// The same for a waitpid status: its exit code, 128+signal when killed, 1
+// otherwise (`tessera bench -r`, and the cause's own figures come from it).
+int exit_code_of_status(int wait_status);
+
 // "tessera run: job failed ..." with the cause's rank, node, host, exit,
 // output tail and (when this node has it) the path of its full log.
 std::string failure_summary(int round, const proto::RootCause& c, const std::string& log_dir, int node_rank);

@@ -1,6 +1,7 @@
 #include "launcher/spawn.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -11,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/cpu_rotation.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 extern char** environ;
@@ -43,7 +46,10 @@ bool set_by_tessera(const char* kv) {
                                 "TORCHELASTIC_RUN_ID=",
                                 "ROLE_RANK=",
                                 "ROLE_WORLD_SIZE=",
-                                "GROUP_WORLD_SIZE="};
+                                "GROUP_WORLD_SIZE=",
+                                "ROLE_NAME=",
+                                "TESSERA_BOUND_CPUS=",
+                                "TORCHELASTIC_USE_AGENT_STORE="};
   for (const char* n : names)
     if (std::strncmp(kv, n, std::strlen(n)) == 0) return true;
   return false;
@@ -59,7 +65,7 @@ bool set_by_tessera(const char* kv) {
 // to what is left in the group. Only async-signal-safe calls: the launcher
 // has other threads.
 [[noreturn]] void keeper_main(const std::string& program, char** argv, char** envp, pid_t launcher, int stdin_fd,
-                              int out_w, int err_w) {
+                              int out_w, int err_w, int cpu, int pid_w) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, nullptr);
@@ -72,9 +78,9 @@ bool set_by_tessera(const char* kv) {
     kill(0, SIGKILL);
     _exit(137);
   }
-  dup2(stdin_fd, 0);
-  dup2(out_w, 1);
-  dup2(err_w, 2);
+  if (stdin_fd != 0) dup2(stdin_fd, 0);
+  if (out_w >= 0) dup2(out_w, 1);
+  if (err_w >= 0) dup2(err_w, 2);
   const pid_t keeper = getpid();
   const pid_t worker = fork();
   if (worker < 0) {
@@ -89,6 +95,12 @@ bool set_by_tessera(const char* kv) {
     signal(SIGPIPE, SIG_DFL);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != keeper) _exit(137);
+    if (cpu >= 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      sched_setaffinity(0, sizeof one, &one);  // best effort: the worker runs unbound otherwise
+    }
     pthread_sigmask(SIG_SETMASK, &none, nullptr);
     execve(program.c_str(), argv, envp);
     // "tessera run: cannot execute './badelf': Exec format error", from
@@ -99,6 +111,11 @@ bool set_by_tessera(const char* kv) {
       (void)ignored;
     }
     _exit(127);
+  }
+  if (pid_w >= 0) {
+    const int32_t w = worker;  // tell the launcher who the worker is (a pipe write of 4 bytes is atomic)
+    ssize_t ignored = ::write(pid_w, &w, sizeof w);
+    (void)ignored;
   }
   // The keeper holds no descriptor: the pipes reach EOF when the worker and
   // its children close them, and no launcher socket stays open.
@@ -167,21 +184,44 @@ std::vector<std::string> worker_environment(const WorkerEnv& w) {
   add("TORCHELASTIC_RESTART_COUNT", rc);
   add("TORCHELASTIC_MAX_RESTARTS", std::to_string(w.max_restarts));
   add("TORCHELASTIC_RUN_ID", w.run_id);
+  // As torchrun's LocalElasticAgent: one role, "default" (ROLE_RANK and
+  // ROLE_WORLD_SIZE are then RANK and WORLD_SIZE); False because rank 0
+  // hosts the store on MASTER_PORT itself (torch's env:// then makes rank 0
+  // start a TCPStore there and the others connect).
+  add("ROLE_NAME", "default");
+  add("TORCHELASTIC_USE_AGENT_STORE", "False");
+  // torchrun's defaults, each kept when the launcher's environment has it.
+  if (!std::getenv("NCCL_ASYNC_ERROR_HANDLING")) add("NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (!std::getenv("OMP_NUM_THREADS") && w.local_size > 1) add("OMP_NUM_THREADS", "1");
   // The job's id, which every process of the job inherits (tests find them
   // by it in /proc/*/environ): the launcher's own when set, else the run id.
+  if (!w.bound_cpus.empty()) add("TESSERA_BOUND_CPUS", w.bound_cpus);
   const char* job = std::getenv("TESSERA_JOB_ID");
   if (!job || !*job) add("TESSERA_JOB_ID", w.run_id);
   return env;
 }
 
+std::vector<int> worker_cpus(int nproc) {
+  if (env_or("TESSERA_BIND") == "0") return {};
+  const std::vector<int> cpus = current_cpu_mask();
+  if (nproc < 2 || nproc > static_cast<int>(cpus.size())) return {};
+  std::vector<int> out;
+  for (int i = 0; i < nproc; ++i) out.push_back(cpus[static_cast<size_t>(i) % cpus.size()]);
+  return out;
+}
+
 SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
-                           const std::vector<std::string>& env, int stdin_fd) {
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0) throw Error(detail::concat("pipe: ", std::strerror(errno)));
-  if (pipe2(err, O_CLOEXEC) != 0) {
+                           const std::vector<std::string>& env, int stdin_fd, int cpu, bool inherit_output,
+                           bool want_worker_pid) {
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, pid_pipe[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int fd : {out[0], out[1], err[0], err[1], pid_pipe[0], pid_pipe[1]})
+      if (fd >= 0) close(fd);
+  };
+  if ((!inherit_output && (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)) ||
+      (want_worker_pid && pipe2(pid_pipe, O_CLOEXEC) != 0)) {
     int e = errno;
-    close(out[0]);
-    close(out[1]);
+    close_all();
     throw Error(detail::concat("pipe: ", std::strerror(e)));
   }
   // Everything the child needs is built before fork.
@@ -196,16 +236,29 @@ SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::st
   pid_t pid = fork();
   if (pid < 0) {
     int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+    close_all();
     throw Error(detail::concat("fork: ", std::strerror(e)));
   }
-  if (pid == 0) keeper_main(program, argv.data(), envp.data(), parent, stdin_fd, out[1], err[1]);
+  if (pid == 0) keeper_main(program, argv.data(), envp.data(), parent, stdin_fd, out[1], err[1], cpu, pid_pipe[1]);
   setpgid(pid, pid);  // also here, so a signal sent right after fork finds the group
-  close(out[1]);
-  close(err[1]);
-  fcntl(out[0], F_SETFL, O_NONBLOCK);
-  fcntl(err[0], F_SETFL, O_NONBLOCK);
-  return SpawnedWorker{pid, out[0], err[0]};
+  for (int* fd : {&out[1], &err[1], &pid_pipe[1]})
+    if (*fd >= 0) close(*fd), *fd = -1;
+  // The keeper writes the worker's pid right after forking it (or exits
+  // without, when that fork failed: EOF).
+  int32_t worker = -1;
+  while (pid_pipe[0] >= 0) {
+    const ssize_t n = ::read(pid_pipe[0], &worker, sizeof worker);
+    if (n == static_cast<ssize_t>(sizeof worker)) break;
+    if (n < 0 && errno == EINTR) continue;
+    worker = -1;
+    break;
+  }
+  if (pid_pipe[0] >= 0) close(pid_pipe[0]);
+  if (!inherit_output) {
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+  }
+  return SpawnedWorker{pid, worker, out[0], err[0]};
 }
 
 }  // namespace tessera::launcher

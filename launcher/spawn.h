@@ -40,20 +40,37 @@ struct WorkerEnv {
   long heartbeat_ms = 0;
   std::string host;
   std::string run_id;
+  // The CPUs the launcher binds this node's workers to, one each in turn
+  // ("0,1"; TESSERA_BOUND_CPUS, which the CPU rotation rotates over); empty:
+  // not bound.
+  std::string bound_cpus;
 };
 
 // "NAME=value" strings: the current environment minus tessera's variables, then the worker's.
 std::vector<std::string> worker_environment(const WorkerEnv& w);
 
 struct SpawnedWorker {
-  pid_t pid = -1;
-  int out_fd = -1;  // read end of the worker's stdout
-  int err_fd = -1;  // read end of the worker's stderr
+  pid_t pid = -1;         // the keeper: wait for it, signal its group (-pid)
+  pid_t worker_pid = -1;  // the worker itself (for messages; -1 when its fork failed)
+  int out_fd = -1;        // read end of the worker's stdout (-1 with inherit_output)
+  int err_fd = -1;        // read end of the worker's stderr (-1 with inherit_output)
 };
 
 // Throws tessera::Error when a pipe or the fork fails; a failed exec makes
-// the child write "tessera run: exec failed" and exit 127.
+// the child write "tessera run: exec failed" and exit 127. With cpu >= 0 the
+// worker (not the keeper) is bound to that CPU before exec.
+// With inherit_output the worker writes to the caller's stdout and stderr
+// (no pipes). With want_worker_pid the call waits until the keeper forked
+// the worker, to return its pid (`tessera bench -r` names it in messages).
 SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
-                           const std::vector<std::string>& env, int stdin_fd);
+                           const std::vector<std::string>& env, int stdin_fd, int cpu = -1, bool inherit_output = false,
+                           bool want_worker_pid = false);
+
+// The launcher's CPU binding of a node's `nproc` workers: local rank i on
+// cpus[i mod n] of the launcher's affinity mask (n CPUs) when 2 <= nproc <= n,
+// as `tessera bench` and `mpirun -np 2` bind theirs; none (empty) with one
+// worker, more workers than CPUs (the kernel's scheduler places them), or
+// TESSERA_BIND=0.
+std::vector<int> worker_cpus(int nproc);
 
 }  // namespace tessera::launcher

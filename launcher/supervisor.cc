@@ -15,6 +15,7 @@
 
 #include "launcher/client.h"
 #include "launcher/root_cause.h"
+#include "runtime/cpu_rotation.h"
 #include "runtime/error.h"
 
 namespace tessera::launcher {
@@ -22,6 +23,12 @@ namespace tessera::launcher {
 namespace pb = tessera::launcher::proto;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
+
+// A worker's failure is held back for up to kHold while another worker that
+// wrote to stderr within kSuspectWindow before it (and no later than it) is
+// still running (see the reaping in run()).
+constexpr auto kSuspectWindow = 2s;
+constexpr auto kHold = 1500ms;
 
 void RoundSupervisor::signal_all(int sig) {
   for (auto& w : workers_) {
@@ -42,13 +49,20 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
     workers_.push_back(std::move(w));
   }
   const long oom_before = oom_kill_count();
+  // Ranks <= CPUs: one CPU each (spawn.h), which the rotation may then rotate over.
+  const std::vector<int> cpus = worker_cpus(opt.nproc_per_node);
+  std::string cpu_list;
+  if (!cpus.empty())
+    for (int c : current_cpu_mask()) cpu_list += (cpu_list.empty() ? "" : ",") + std::to_string(c);
   for (auto& w : workers_) {
     WorkerEnv env = s_.job_env;
+    env.bound_cpus = cpu_list;
     env.rank = w.rank;
     env.world_size = layout.world_size();
     env.local_rank = w.local_rank;
     env.restart_count = round;
-    SpawnedWorker p = spawn_worker(s_.program, opt.command, worker_environment(env), s_.stdin_fd);
+    SpawnedWorker p = spawn_worker(s_.program, opt.command, worker_environment(env), s_.stdin_fd,
+                                   cpus.empty() ? -1 : cpus[static_cast<size_t>(w.local_rank)]);
     w.pid = p.pid;
     w.exited = false;
     w.output.attach(p.out_fd, p.err_fd);
@@ -58,7 +72,28 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
   bool failed = false;
   std::optional<Clock::time_point> kill_at;
   std::optional<Clock::time_point> drain_until;
+  // A failure held back while a worker that complained first may still exit.
+  struct Held {
+    WorkerProcess* w;
+    pb::ExitReport rep;
+    Clock::time_point until;
+  };
+  std::optional<Held> held;
+  auto report = [&](const pb::ExitReport& rep) {
+    if (interrupted_ || (s_.coordinator_lost && s_.coordinator_lost->load())) return;
+    try {
+      s_.client->report_exit(rep);
+    } catch (const Error& e) {
+      spdlog::warn("tessera run: could not report rank {}'s exit: {}", rep.rank(), e.what());
+    }
+  };
+  auto flush_held = [&] {
+    if (!held) return;
+    report(held->rep);
+    held.reset();
+  };
   auto begin_stop = [&] {
+    flush_held();
     if (stopping) return;
     stopping = true;
     signal_all(SIGTERM);
@@ -100,6 +135,9 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
       wait_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 200));
     }
     if (drain_until) wait_ms = 50;
+    if (held)
+      wait_ms = static_cast<int>(std::clamp<int64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(held->until - Clock::now()).count(), 0, wait_ms));
     int n = poll(fds.data(), fds.size(), wait_ms);
     if (n < 0 && errno != EINTR) throw Error(detail::concat("poll: ", std::strerror(errno)));
     for (size_t i = 2; i < fds.size(); ++i)
@@ -151,22 +189,49 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
           spdlog::error("tessera run: rank {} {}", w.rank, explain_sigkill(oom_before));
         pb::ExitReport rep = exit_report(w.rank, opt.node_rank, s_.host, status, w.output.tail(), stopping);
         if (!ok && !stopping) {
+          if (held) {
+            // Two failures: the one that complained on stderr first is reported first.
+            const bool first = w.output.last_err_line() < held->w->output.last_err_line();
+            if (first) report(rep);
+            flush_held();
+            if (!first) report(rep);
+            failed = true;
+            begin_stop();
+            continue;
+          }
+          // Another worker that wrote to stderr shortly before this one failed
+          // may be the cause, still exiting (a Python rank prints its
+          // traceback, then takes a second to tear down, while its peers
+          // fail at once on the closed connection): hold this failure back
+          // for up to kHold while that worker lives. (A worker killed by a
+          // signal is its own cause: never held.)
+          const auto now = Clock::now();
+          for (const auto& o : workers_)
+            if (WIFEXITED(status) && &o != &w && !o.exited && o.output.last_err_line() + kSuspectWindow > now &&
+                o.output.last_err_line() <= w.output.last_err_line()) {
+              held = Held{&w, rep, now + kHold};
+              break;
+            }
+          if (held) continue;
           failed = true;
           begin_stop();
         }
-        if (!interrupted_ && !(s_.coordinator_lost && s_.coordinator_lost->load())) {
-          try {
-            s_.client->report_exit(rep);
-          } catch (const Error& e) {
-            spdlog::warn("tessera run: could not report rank {}'s exit: {}", w.rank, e.what());
-          }
-        }
+        report(rep);
       }
+    }
+    if (held && (Clock::now() >= held->until || stopping)) {
+      flush_held();
+      failed = true;
+      begin_stop();
     }
     if (kill_at && Clock::now() >= *kill_at) {
       signal_all(SIGKILL);
       kill_at = Clock::now() + 1s;  // and again if somehow still alive
     }
+  }
+  if (held) {  // every worker exited while one failure was held back
+    flush_held();
+    failed = true;
   }
   if (interrupted_) {
     try {

@@ -72,13 +72,16 @@ class RoundSupervisor {
   // The signal that interrupted the launcher during the last round (0: none).
   int interrupted() const { return interrupted_; }
 
+  // The job-wide environment fields (the agent fills in what node 0 shares).
+  WorkerEnv& job_env() { return s_.job_env; }
+
   // The workers of the last round, with their exit statuses and output tails.
   const std::vector<WorkerProcess>& workers() const { return workers_; }
 
  private:
   void signal_all(int sig);
 
-  const SupervisorSetup s_;
+  SupervisorSetup s_;
   std::vector<WorkerProcess> workers_;
   int interrupted_ = 0;
 };

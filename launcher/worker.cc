@@ -15,9 +15,12 @@
 
 #include "collectives/communicator.h"
 #include "collectives/mpi/mpi_env.h"
+#include "collectives/tcp/tcp_transport.h"
 #include "launcher/client.h"
 #include "launcher/coordinator.h"
+#include "launcher/slurm.h"
 #include "runtime/cpu_rotation.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 
@@ -34,6 +37,8 @@ const char* bootstrap_mode_name(BootstrapMode m) {
       return "tessera run";
     case BootstrapMode::Mpi:
       return "mpirun";
+    case BootstrapMode::Slurm:
+      return "srun";
   }
   return "?";
 }
@@ -64,11 +69,6 @@ Runtime& rt() {
   return *r;
 }
 
-std::string env_or(const char* name, const std::string& dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : dflt;
-}
-
 int64_t env_int(const char* name, int64_t dflt) {
   const char* v = std::getenv(name);
   if (!v || !*v) return dflt;
@@ -76,6 +76,13 @@ int64_t env_int(const char* name, int64_t dflt) {
   long long x = std::strtoll(v, &end, 10);
   if (*end != '\0' || x < 0) throw InvalidArgument(detail::concat(name, "='", v, "' is not a non-negative integer"));
   return x;
+}
+
+// "HOST:PORT" or "[V6]:PORT" -> HOST.
+std::string host_of_address(const std::string& address) {
+  std::string h = address.substr(0, address.rfind(':'));
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  return h;
 }
 
 std::string host_name() {
@@ -170,7 +177,11 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
     try {
       // One host: stay on loopback. Several: listen everywhere, advertise our name.
       bool one_host = r.world.local_size == r.world.size;
-      std::string adv = one_host ? "127.0.0.1" : env_or("TESSERA_COORDINATOR_HOST", r.host);
+      // Several hosts: the address of the interface OpenMPI's own out-of-band
+      // channel uses (tcp::advertised_address), not the host name, which
+      // may resolve nowhere or to loopback (Debian's 127.0.1.1).
+      std::string adv = one_host ? "127.0.0.1" : env_or("TESSERA_COORDINATOR_HOST", "");
+      if (adv.empty()) adv = collectives::tcp::advertised_address(true);
       CoordinatorOptions co;
       co.address = one_host ? "127.0.0.1:0" : "0.0.0.0:0";
       co.token = make_job_token();
@@ -190,6 +201,50 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
   if (nl == std::string::npos) throw Error("mpirun bootstrap: rank 0 could not start the coordinator");
   address = msg.substr(0, nl);
   token = msg.substr(nl + 1);
+}
+
+// Under srun: no MPI to broadcast over, so every rank computes the same
+// coordinator address from Slurm's variables (launcher/slurm.h) and rank 0
+// serves it; the others' first call waits for it to come up.
+void bootstrap_slurm(Runtime& r, const WorkerOptions& opt, std::string& address, std::string& token) {
+  const SlurmStep step = read_slurm_step(r.world);
+  r.world = step.world;
+  address = step.coordinator;
+  token = step.token;
+  if (r.world.rank != 0) return;
+  CoordinatorOptions co;
+  co.address = step.listen;
+  co.token = token;
+  co.num_nodes = 0;
+  co.world_size = r.world.size;
+  co.heartbeat_timeout =
+      std::chrono::milliseconds(env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count()));
+  try {
+    r.coordinator = std::make_unique<Coordinator>(co);
+  } catch (const std::exception& e) {
+    throw Error(detail::concat("srun bootstrap: rank 0 cannot serve the coordinator on ", step.listen, ": ", e.what(),
+                               " (set TESSERA_COORDINATOR_PORT to a free port)"));
+  }
+}
+
+// The CPU rotation. A worker that `tessera run` bound to one CPU
+// (TESSERA_BOUND_CPUS lists the CPUs it bound the node's workers to) rotates
+// its main thread over those CPUs; its other threads stay on its own.
+std::unique_ptr<CpuRotation> start_cpu_rotation(const World& world) {
+  const std::string bound = env_or("TESSERA_BOUND_CPUS");
+  if (bound.empty() || current_cpu_mask().size() != 1) return maybe_start_cpu_rotation(world);
+  std::vector<int> cpus;
+  for (size_t b = 0; b < bound.size();) {
+    size_t e = bound.find(',', b);
+    if (e == std::string::npos) e = bound.size();
+    cpus.push_back(std::atoi(bound.substr(b, e - b).c_str()));
+    b = e + 1;
+  }
+  const CpuRotationPlan plan = plan_cpu_rotation(world, cpus, env_or("TESSERA_CPU_ROTATION"));
+  spdlog::debug("CPU rotation {}: {} (the CPUs tessera run bound its workers to: {})", plan.enabled ? "on" : "off",
+                plan.reason, bound);
+  if (!plan.enabled) return nullptr;
+  return std::make_unique<CpuRotation>(world.local_rank, plan.cpus, plan.period);
 }
 
 }  // namespace
@@ -219,7 +274,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
                                                                                                         : -1);
 
   // Local ranks take turns on the host's CPUs (runtime/cpu_rotation.h).
-  r.rotation = maybe_start_cpu_rotation(ctx.world);
+  if (opt.cpu_rotation) r.rotation = start_cpu_rotation(ctx.world);
 
   std::string address, token;
   std::chrono::milliseconds interval{2000};
@@ -237,9 +292,15 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     ctx.world.node_rank = r.world.node_rank;
     auto timeout = env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count());
     interval = std::chrono::milliseconds(std::clamp<int64_t>(timeout / 5, 10, 2000));
+  } else if (ctx.world.source == WorldSource::Slurm && ctx.world.size > 1) {
+    r.mode = BootstrapMode::Slurm;
+    bootstrap_slurm(r, opt, address, token);
+    ctx.world = r.world;
+    auto timeout = env_int("TESSERA_HEARTBEAT_TIMEOUT_MS", opt.mpi_heartbeat_timeout.count());
+    interval = std::chrono::milliseconds(std::clamp<int64_t>(timeout / 5, 10, 2000));
   } else {
     TESSERA_ARG_CHECK(ctx.world.size == 1, "a world of ", ctx.world.size, " ranks from ",
-                      world_source_name(ctx.world.source), " needs a store: launch with `tessera run` or mpirun");
+                      world_source_name(ctx.world.source), " needs a store: launch with `tessera run`, mpirun or srun");
     r.mode = BootstrapMode::Single;
     CoordinatorOptions co;
     co.token = make_job_token();
@@ -254,6 +315,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   r.client->set_round(ctx.restart_count);
   ctx.client = r.client;
   ctx.store = std::make_shared<GrpcStore>(r.client);
+  ctx.reach = {host_of_address(address)};
 
   if (r.mode == BootstrapMode::Mpi) watch_launcher();
   if (r.mode != BootstrapMode::Single) {
@@ -288,7 +350,10 @@ WorkerContext init_worker(const WorkerOptions& opt) {
 
   if (opt.create_communicator) {
     auto comm_store = std::make_shared<collectives::PrefixStore>(ctx.store, "tessera/comm/world/");
-    ctx.world_comm = collectives::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, opt.comm);
+    // Across hosts, TCP endpoints use the interface that reaches the coordinator.
+    collectives::CommOptions comm = opt.comm;
+    if (comm.reach.empty()) comm.reach = ctx.reach;
+    ctx.world_comm = collectives::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, std::move(comm));
     std::lock_guard<std::mutex> l(r.mu);
     r.comm = ctx.world_comm;
   }
@@ -333,6 +398,28 @@ void shutdown(WorkerContext& ctx) {
     collectives::mpi::barrier();
     if (r.coordinator) r.coordinator->shutdown();
     collectives::mpi::finalize();  // only if mpi::init() initialised it
+  } else if (r.mode == BootstrapMode::Slurm) {
+    // As under mpirun, over the coordinator's barriers: rank 0 stops serving
+    // only after every rank closed its watch. A rank that failed (leaving
+    // already) does not wait: the job is being aborted.
+    const bool clean = !r.leaving.load();
+    if (clean) {
+      try {
+        r.client->barrier("tessera/leave/1", ctx.world.rank, ctx.world.size, r.barrier_timeout);
+      } catch (const std::exception& e) {
+        spdlog::warn("leaving the job: {}", e.what());
+      }
+    }
+    r.leaving = true;
+    if (r.watcher) r.watcher->stop();
+    if (clean) {
+      try {
+        r.client->barrier("tessera/leave/2", ctx.world.rank, ctx.world.size, r.barrier_timeout);
+      } catch (const std::exception& e) {
+        spdlog::debug("leaving the job: {}", e.what());
+      }
+    }
+    if (r.coordinator) r.coordinator->shutdown();
   } else {
     r.leaving = true;
     if (r.watcher) r.watcher->stop();
@@ -373,6 +460,10 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
     // Peers may be blocked waiting for this rank: end the whole job.
     report_fatal(ctx, detail::concat("exited with code ", code));
     collectives::mpi::abort(code);
+  }
+  if (code != 0 && ctx.mode == BootstrapMode::Slurm) {
+    // No agent reports this exit: tell the coordinator, so the others end.
+    report_fatal(ctx, detail::concat("exited with code ", code));
   }
   if (code != 0) {
     rt().leaving = true;  // the launcher reports the exit; don't die of our own echo meanwhile

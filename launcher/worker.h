@@ -8,6 +8,9 @@
 //    MPI is initialised through collectives/mpi/mpi_env.h (the tree's one MPI
 //    bootstrap, MPI_THREAD_MULTIPLE), rank 0 hosts a coordinator in-process
 //    and broadcasts its address and a fresh token; everyone connects to it;
+//  - under srun (Slurm's variables, a step of several tasks): every rank
+//    derives the same coordinator address from them (launcher/slurm.h),
+//    rank 0 serves it and the others connect, waiting for it to come up;
 //  - alone (no launcher): a coordinator in-process on loopback (its
 //    GrpcStore), world of one, no heartbeat or watch thread.
 // With a coordinator it also starts a heartbeat thread and a watch thread.
@@ -28,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/store.h"
@@ -40,7 +44,7 @@ class CoordinatorClient;
 // Exit code of a worker ended because the job was aborted elsewhere.
 inline constexpr int kAbortedExitCode = 1;
 
-enum class BootstrapMode { Single, TesseraRun, Mpi };
+enum class BootstrapMode { Single, TesseraRun, Mpi, Slurm };
 const char* bootstrap_mode_name(BootstrapMode m);
 
 struct WorkerOptions {
@@ -51,8 +55,11 @@ struct WorkerOptions {
   // slowest rank's start-up.
   std::chrono::milliseconds store_timeout{120000};
   // Heartbeat timeout of the in-process coordinator under mpirun
-  // (TESSERA_HEARTBEAT_TIMEOUT_MS overrides); tessera run sets its own.
+  // and srun (TESSERA_HEARTBEAT_TIMEOUT_MS overrides); tessera run sets its own.
   std::chrono::milliseconds mpi_heartbeat_timeout{10000};
+  // Start the CPU rotation (runtime/cpu_rotation.h) when it applies; a
+  // program that places its threads itself (the bench) turns it off.
+  bool cpu_rotation = true;
 };
 
 struct WorkerContext {
@@ -63,6 +70,10 @@ struct WorkerContext {
   std::shared_ptr<collectives::Store> store;
   std::shared_ptr<collectives::Communicator> world_comm;  // null unless create_communicator
   std::shared_ptr<CoordinatorClient> client;              // null when Single
+  // The coordinator's host, which every host of the job reaches: pass it as
+  // CommOptions::reach to communicators built on `store` by hand, so across
+  // hosts their TCP endpoints use the interface that reaches it.
+  std::vector<std::string> reach;
 
   // A barrier over the whole world through the coordinator (not the
   // communicator): usable before and without collectives. Names let several

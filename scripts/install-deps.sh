@@ -19,6 +19,13 @@ PACKAGES=(
   procps iproute2
   clang-format clang-tidy
 )
+# Optional, for the long suite only: TESSERA_DEPS_TORCH=1 adds Debian's
+# PyTorch (1.13), which the `long` tests launcher_torch and multihost_torch run
+# under `tessera run` (skipped, saying why, without it). The default suite and
+# the build never need it.
+if [ "${TESSERA_DEPS_TORCH:-0}" = 1 ]; then
+  PACKAGES+=(python3-torch)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <sstream>
 #include <thread>
@@ -127,7 +126,7 @@ TcpBaseline measure_tcp_loopback(Communicator& comm, size_t bytes, int reps) {
     std::unique_ptr<tcp::acceptor> acc;
     if (comm.rank() == 1) {
       const bool remote = key != static_cast<int64_t>(std::hash<std::string>{}(this_host().key) >> 1);
-      const auto ip = asio::ip::make_address_v4(tcp_transport::advertised_address(remote));
+      const auto ip = asio::ip::make_address_v4(tcp_transport::advertised_address(remote, comm.options().reach));
       acc = std::make_unique<tcp::acceptor>(io, tcp::endpoint(ip.is_loopback() ? ip : asio::ip::address_v4::any(), 0));
       ep[0] = acc->local_endpoint().port();
       ep[1] = ip.is_loopback() ? 0 : static_cast<int64_t>(ip.to_uint());

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace tessera::collectives::bench {
 
@@ -572,10 +573,14 @@ CompareFigures read_compare_figures(const std::string& path) {
 }
 
 void write_compare_figures(const std::string& path, const CompareFigures& f) {
-  std::ofstream out(path);
+  std::ostringstream out;
   out << std::fixed << std::setprecision(6);
   for (const auto& [count, fig] : f) out << count << ' ' << fig.time_us << ' ' << fig.setting << '\n';
-  if (!out.flush()) throw Error("bench: cannot write '" + path + "'");
+  try {
+    write_file_atomic(path, out.str());
+  } catch (const Error& e) {
+    throw Error("bench: cannot write '" + path + "': " + e.what());
+  }
 }
 
 void apply_compare_figures(Report& r, const CompareFigures& f, int nranks, BenchOp op) {

@@ -11,13 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "collectives/communicator.h"
 #include "collectives/mpi/mpi_backend.h"
 #include "collectives/mpi/mpi_env.h"
 #include "runtime/device.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
 #include "runtime/log.h"
@@ -25,15 +25,6 @@
 #include "runtime/topology.h"
 
 namespace tessera::collectives::bench {
-namespace {
-
-std::string env_or(const char* name, const std::string& dflt = "") {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : dflt;
-}
-
-}  // namespace
-
 std::string make_temp_dir() {
   // tessera-bench-<pid>[-<job id>]-XXXXXX: a later bench removes the ones
   // whose creator died (a parent killed by SIGKILL cannot remove its own).
@@ -61,10 +52,12 @@ namespace {
 // the settings measured): two floating ranks that the scheduler puts on one
 // core spin against each other, and with more ranks than CPUs, pinned pairs
 // hand their core to each other. The 4-rank 8-byte all-reduce on 2 CPUs took
-// 1.42-1.51 us bound, 1.42-2.71 floating. TESSERA_BENCH_BIND=0 leaves them
+// 1.42-1.51 us bound, 1.42-2.71 floating. TESSERA_BIND=0 (as for `tessera
+// run`'s binding; TESSERA_BENCH_BIND=0, its older name, too) leaves them
 // floating; under mpirun, mpirun's binding stays.
 void bind_to_cpu(const World& w) {
-  if (w.local_size < 2 || mpi::under_mpirun() || env_or("TESSERA_BENCH_BIND") == "0") return;
+  if (w.local_size < 2 || mpi::under_mpirun() || env_or("TESSERA_BIND") == "0" || env_or("TESSERA_BENCH_BIND") == "0")
+    return;
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) != 0) return;
@@ -120,10 +113,7 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
     store = std::make_shared<PrefixStore>(job->store, "bench/");
   } else if (kind != TransportKind::Mpi) {
     std::string dir = env_or("TESSERA_STORE_DIR");
-    if (dir.empty() && in_mpirun) {
-      if (mpi::world_rank() == 0) own_dir = make_temp_dir();
-      dir = mpi::broadcast_string(own_dir);
-    } else if (dir.empty() && w.size == 1) {
+    if (dir.empty() && w.size == 1) {
       own_dir = dir = make_temp_dir();
     }
     if (dir.empty())
@@ -137,6 +127,7 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
   opts.name = "bench";
   opts.algo = a.algo;
   opts.net = topology_model(a.topology, w.size);
+  if (job) opts.reach = job->reach;
   auto comm = Communicator::create(store, w.rank, w.size, opts);
   std::shared_ptr<Communicator> compare;
   if (compare_in_process) {

@@ -4,12 +4,11 @@
 // How the rank came to be is the front-end's business (launcher/bench_cli.cc:
 // flags, spawning ranks, mpirun). What this library needs from a job
 // launcher reaches it through JoinJob, so it never includes launcher code:
-// - joined (JoinJob returns a job): the job's world and store; the shm and
-//   tcp transports rendezvous in the store under "bench/";
+// - joined (JoinJob returns a job: ranks of `tessera run`, mpirun or srun,
+//   joined through the launcher's worker bootstrap): the job's world and
+//   store; the shm and tcp transports rendezvous in the store under "bench/";
 // - not joined, TESSERA_STORE_DIR set (ranks spawned by `tessera bench -r N`):
 //   a FileStore in that directory, world from the TESSERA_* variables;
-// - not joined, under mpirun: rank 0 makes a store directory and broadcasts
-//   its path over MPI;
 // - alone: a store in a fresh temporary directory.
 //
 // Threads: run_rank() runs on the calling thread and must be called by every
@@ -20,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "collectives/bench/bench.h"
 #include "collectives/store.h"
@@ -31,8 +31,9 @@ namespace tessera::collectives::bench {
 // A job this rank joined through its launcher.
 struct JoinedJob {
   World world;
-  std::shared_ptr<Store> store;  // shared by every rank of the job
-  std::function<void()> leave;   // called once when the run ends cleanly (may be empty)
+  std::shared_ptr<Store> store;    // shared by every rank of the job
+  std::vector<std::string> reach;  // CommOptions::reach: hosts every host reaches (the coordinator)
+  std::function<void()> leave;     // called once when the run ends cleanly (may be empty)
 };
 // Joins the job this process was launched into, or returns nullopt when
 // there is no launcher to join. Throws when a launcher is there but cannot

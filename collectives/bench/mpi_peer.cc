@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "runtime/dtype.h"
+#include "runtime/files.h"
 
 namespace {
 
@@ -208,15 +209,17 @@ int main(int argc, char** argv) {
     MPI_Get_library_version(lib, &len);
     std::string first(lib, strnlen(lib, sizeof lib));
     first = first.substr(0, first.find_first_of("\n,"));
-    FILE* f = std::fopen(out_path.c_str(), "w");
-    if (!f) {
-      std::fprintf(stderr, "tessera_mpi_peer: cannot write '%s'\n", out_path.c_str());
+    std::string text = "# library " + first + "\n";
+    for (size_t i = 0; i < counts.size(); ++i) {
+      char line[160];
+      std::snprintf(line, sizeof line, "%ld %.6f iters=%ld warmup=%ld\n", counts[i], times[i], used[i], warmed[i]);
+      text += line;
+    }
+    try {
+      tessera::write_file_atomic(out_path, text);  // the front-end reads a whole file or none
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tessera_mpi_peer: cannot write '%s': %s\n", out_path.c_str(), e.what());
       code = 1;
-    } else {
-      std::fprintf(f, "# library %s\n", first.c_str());
-      for (size_t i = 0; i < counts.size(); ++i)
-        std::fprintf(f, "%ld %.6f iters=%ld warmup=%ld\n", counts[i], times[i], used[i], warmed[i]);
-      if (std::fclose(f) != 0) code = 1;
     }
   }
   std::free(send);

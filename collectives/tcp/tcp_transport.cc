@@ -37,6 +37,10 @@
 #include <boost/asio.hpp>
 // clang-format on
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -840,24 +844,163 @@ void Connection::fail(Kind kind, const std::string& what, bool writer) {
 // group does not span hosts (collectives/host.h decides, not the launcher's
 // LOCAL_WORLD_SIZE); else this host name's first non-loopback IPv4 address
 // (never loopback silently for a multi-host group).
-std::string advertised_address(bool spans_hosts) {
-  if (const char* a = std::getenv("TESSERA_TCP_ADDR"); a && *a) return a;
-  if (!spans_hosts) return "127.0.0.1";
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) == 0) {
-    asio::io_context io;
-    tcp::resolver res(io);
-    boost::system::error_code ec;
-    auto results = res.resolve(tcp::v4(), host, "0", ec);
-    if (!ec) {
-      for (const auto& e : results) {
-        auto ip = e.endpoint().address();
-        if (!ip.is_loopback()) return ip.to_string();
-      }
+namespace {
+
+bool loopback_v4(const in_addr& a) { return (ntohl(a.s_addr) >> 24) == 127; }
+
+std::string ntop_v4(const in_addr& a) {
+  char buf[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &a, buf, sizeof buf);
+  return buf;
+}
+
+// One entry of a NCCL_SOCKET_IFNAME-style list: `name` matches when it starts
+// with the entry (or equals it, with `exact`).
+bool interface_listed(const std::string& name, const std::vector<std::string>& entries, bool exact) {
+  for (const auto& e : entries)
+    if (exact ? name == e : name.compare(0, e.size(), e) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string interface_address(const std::string& spec, std::string* seen) {
+  std::string list = spec;
+  bool exclude = false, exact = false;
+  if (!list.empty() && list[0] == '^') exclude = true, list.erase(0, 1);
+  if (!list.empty() && list[0] == '=') exact = true, list.erase(0, 1);
+  std::vector<std::string> entries;
+  for (size_t b = 0; b <= list.size();) {
+    size_t e = list.find(',', b);
+    if (e == std::string::npos) e = list.size();
+    if (e > b) entries.push_back(list.substr(b, e - b));
+    b = e + 1;
+  }
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) {
+    if (seen) *seen = std::string("getifaddrs: ") + std::strerror(errno);
+    return "";
+  }
+  std::string found, names;
+  for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
+    const auto& a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
+    names += detail::concat(names.empty() ? "" : ", ", i->ifa_name, " ", ntop_v4(a));
+    const bool listed = interface_listed(i->ifa_name, entries, exact);
+    // Excluding: loopback is never a candidate (as NCCL skips it by default).
+    if (found.empty() && (exclude ? !listed && !(i->ifa_flags & IFF_LOOPBACK) : listed)) found = ntop_v4(a);
+  }
+  freeifaddrs(ifs);
+  if (seen) *seen = names.empty() ? "no IPv4 interface is up" : "IPv4 interfaces up: " + names;
+  return found;
+}
+
+std::string address_toward(const std::string& host, std::string* why) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res); rc != 0) {
+    if (why) *why = detail::concat("cannot resolve '", host, "': ", gai_strerror(rc));
+    return "";
+  }
+  std::string out, err = "no IPv4 address";
+  for (addrinfo* r = res; r && out.empty(); r = r->ai_next) {
+    sockaddr_in to = *reinterpret_cast<const sockaddr_in*>(r->ai_addr);
+    to.sin_port = htons(9);  // any port: a UDP connect only picks the route, nothing is sent
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      err = std::string("socket: ") + std::strerror(errno);
+      continue;
+    }
+    sockaddr_in me{};
+    socklen_t len = sizeof me;
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0)
+      err = detail::concat("no route to ", ntop_v4(to.sin_addr), ": ", std::strerror(errno));
+    else if (getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) != 0)
+      err = std::string("getsockname: ") + std::strerror(errno);
+    else
+      out = ntop_v4(me.sin_addr);
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  if (out.empty() && why) *why = err;
+  return out;
+}
+
+std::vector<std::string> mpirun_oob_addresses() {
+  // OMPI_MCA_orte_hnp_uri="JOBID.VPID;tcp://A,B:PORT;tcp6://[...]:PORT"
+  // (OpenMPI 4.x; mpirun gives it to every rank): the IPv4 addresses of
+  // mpirun's out-of-band listener, on the interfaces --mca
+  // oob_tcp_if_include allows.
+  std::vector<std::string> out;
+  const char* uri = std::getenv("OMPI_MCA_orte_hnp_uri");
+  if (!uri) return out;
+  const std::string s = uri;
+  for (size_t at = s.find("tcp://"); at != std::string::npos; at = s.find("tcp://", at + 6)) {
+    if (at >= 1 && s[at - 1] != ';') continue;  // tcp6://
+    const size_t b = at + 6, colon = s.find(':', b);
+    if (colon == std::string::npos) break;
+    const std::string list = s.substr(b, colon - b);
+    for (size_t p = 0; p <= list.size();) {
+      size_t e = list.find(',', p);
+      if (e == std::string::npos) e = list.size();
+      if (e > p) out.push_back(list.substr(p, e - p));
+      p = e + 1;
     }
   }
-  throw InvalidArgument(std::string("tcp transport: ranks span several hosts but host '") + host +
-                        "' has no non-loopback IPv4 address; set TESSERA_TCP_ADDR to this host's address");
+  return out;
+}
+
+std::string advertised_address(bool spans_hosts, const std::vector<std::string>& toward) {
+  if (const char* a = std::getenv("TESSERA_TCP_ADDR"); a && *a) return a;
+  if (!spans_hosts) return "127.0.0.1";
+  std::vector<std::string> tried;
+  if (const char* spec = std::getenv("TESSERA_SOCKET_IFNAME"); spec && *spec) {
+    std::string seen;
+    std::string a = interface_address(spec, &seen);
+    if (!a.empty()) return a;
+    throw InvalidArgument(
+        detail::concat("tcp transport: no interface matches TESSERA_SOCKET_IFNAME='", spec, "' (", seen, ")"));
+  }
+  auto route = [&tried](const std::string& peer, const char* what) -> std::string {
+    std::string why;
+    std::string a = address_toward(peer, &why);
+    if (!a.empty() && a.rfind("127.", 0) == 0) why = "the route to it is loopback (" + a + ")", a.clear();
+    if (a.empty()) tried.push_back(detail::concat("the interface toward ", what, " ", peer, ": ", why));
+    return a;
+  };
+  for (const auto& peer : toward)
+    if (std::string a = route(peer, "the job's coordinator"); !a.empty()) return a;
+  for (const auto& peer : mpirun_oob_addresses())
+    if (std::string a = route(peer, "mpirun's out-of-band address"); !a.empty()) return a;
+  if (toward.empty() && !std::getenv("OMPI_MCA_orte_hnp_uri"))
+    tried.push_back("no coordinator address was given and this is not an mpirun job");
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) {
+    std::string why = "it resolves to loopback only";
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (int rc = getaddrinfo(host, nullptr, &hints, &res); rc != 0) {
+      why = std::string("it does not resolve: ") + gai_strerror(rc);
+    } else {
+      std::string found;
+      for (addrinfo* r = res; r && found.empty(); r = r->ai_next) {
+        const auto& a = reinterpret_cast<const sockaddr_in*>(r->ai_addr)->sin_addr;
+        if (!loopback_v4(a)) found = ntop_v4(a);
+      }
+      freeaddrinfo(res);
+      if (!found.empty()) return found;
+    }
+    tried.push_back(detail::concat("the host name '", host, "': ", why));
+  }
+  std::string msg =
+      "tcp transport: ranks span several hosts but no address of this host for its peers was found; tried";
+  for (size_t i = 0; i < tried.size(); ++i) msg += detail::concat(i ? "; " : " ", "(", i + 1, ") ", tried[i]);
+  msg += ". Set TESSERA_SOCKET_IFNAME to the interface to use (e.g. eth0) or TESSERA_TCP_ADDR to this host's address";
+  throw InvalidArgument(msg);
 }
 
 int socket_buffer_bytes() {
@@ -910,7 +1053,7 @@ TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, con
   // Listener first, then publish: a peer that reads our endpoint can connect at once.
   asio::io_context setup;
   tcp::acceptor acceptor(setup);
-  const std::string addr = advertised_address(tcp.spans_hosts);
+  const std::string addr = advertised_address(tcp.spans_hosts, tcp.toward);
   boost::system::error_code ec;
   auto ip = asio::ip::make_address(addr, ec);
   if (ec) throw InvalidArgument("TESSERA_TCP_ADDR='" + addr + "' is not an IP address");

@@ -1,8 +1,11 @@
 // The TCP transport on its own: forked ranks on loopback, exact payloads,
-// protocol errors, a dead peer and a timeout.
+// protocol errors, a dead peer and a timeout; the address a rank advertises
+// across hosts, in a network namespace of its own.
 #include "collectives/tcp/tcp_transport.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include "collectives/communicator.h"
 #include "collectives/store.h"
 #include "runtime/dtype.h"
+#include "runtime/error.h"
 #include "tests/bench/rank_fork.h"
 #include "tests/test_timeouts.h"
 #include "tests/timing_gate.h"
@@ -424,6 +428,82 @@ TEST_F(TcpTransportTest, AbortWakesAWaiter) {
     return ok;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+// The address a rank spanning hosts advertises, without DNS: a child in a
+// network and UTS namespace of its own (root only; skipped elsewhere) whose
+// interfaces are lo and a0 (10.9.0.1/24), with a host name that resolves
+// nowhere. Each check prints what it got when it fails.
+TEST(TcpAddress, ChosenWithoutDns) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(60);
+    if (unshare(CLONE_NEWNET | CLONE_NEWUTS) != 0) _exit(77);
+    const char name[] = "tessera-nodns-probe";
+    if (sethostname(name, sizeof name - 1) != 0) _exit(77);
+    if (std::system("ip link set lo up && ip link add a0 type veth peer name b0 && ip addr add 10.9.0.1/24 dev a0 && "
+                    "ip link set a0 up && ip link set b0 up") != 0)
+      _exit(77);
+    for (const char* v : {"TESSERA_TCP_ADDR", "TESSERA_SOCKET_IFNAME", "OMPI_MCA_orte_hnp_uri"}) unsetenv(v);
+    int bad = 0;
+    auto check = [&bad](bool ok, const std::string& what, const std::string& got) {
+      if (!ok) std::fprintf(stderr, "FAILED: %s; got '%s'\n", what.c_str(), got.c_str()), ++bad;
+    };
+    auto choose = [](const std::vector<std::string>& toward) {
+      try {
+        return tcp::advertised_address(true, toward);
+      } catch (const InvalidArgument& e) {
+        return std::string("error: ") + e.what();
+      }
+    };
+    auto has = [](const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; };
+    check(tcp::advertised_address(false) == "127.0.0.1", "one host: loopback", tcp::advertised_address(false));
+    std::string a = choose({"10.9.0.7"});
+    check(a == "10.9.0.1", "the interface toward the coordinator", a);
+    a = choose({"no-such-host.invalid", "10.9.0.7"});
+    check(a == "10.9.0.1", "the first coordinator address with a route", a);
+    a = choose({"10.200.0.1"});
+    check(has(a, "error: ") && has(a, "(1) the interface toward the job's coordinator 10.200.0.1: no route") &&
+              has(a, "(2) the host name 'tessera-nodns-probe'") && has(a, "TESSERA_SOCKET_IFNAME"),
+          "nothing works: the error lists what was tried", a);
+    a = choose({});
+    check(has(a, "no coordinator address was given and this is not an mpirun job"), "no hint: said so", a);
+    setenv("OMPI_MCA_orte_hnp_uri", "1192886272.0;tcp://10.200.0.1,10.9.0.254:55293;tcp6://[fd00::2]:45121", 1);
+    const auto oob = tcp::mpirun_oob_addresses();
+    check(oob == std::vector<std::string>{"10.200.0.1", "10.9.0.254"}, "mpirun's out-of-band addresses",
+          oob.empty() ? "" : oob.front() + " ... (" + std::to_string(oob.size()) + ")");
+    a = choose({});
+    check(a == "10.9.0.1", "under mpirun: the interface toward mpirun", a);
+    unsetenv("OMPI_MCA_orte_hnp_uri");
+    for (auto [spec, want] : std::vector<std::pair<std::string, std::string>>{{"a0", "10.9.0.1"},
+                                                                              {"a", "10.9.0.1"},
+                                                                              {"=a0", "10.9.0.1"},
+                                                                              {"lo", "127.0.0.1"},
+                                                                              {"^lo", "10.9.0.1"},
+                                                                              {"eth,a0", "10.9.0.1"}}) {
+      setenv("TESSERA_SOCKET_IFNAME", spec.c_str(), 1);
+      a = choose({"10.200.0.1"});
+      check(a == want, "TESSERA_SOCKET_IFNAME=" + spec + " -> " + want, a);
+    }
+    for (const char* spec : {"=a", "^lo,a", "eth"}) {
+      setenv("TESSERA_SOCKET_IFNAME", spec, 1);
+      a = choose({"10.9.0.7"});
+      check(has(a, std::string("no interface matches TESSERA_SOCKET_IFNAME='") + spec + "'") && has(a, "a0 10.9.0.1"),
+            std::string("TESSERA_SOCKET_IFNAME=") + spec + ": refused, listing the interfaces", a);
+    }
+    setenv("TESSERA_TCP_ADDR", "10.1.2.3", 1);
+    a = choose({"10.9.0.7"});
+    check(a == "10.1.2.3", "TESSERA_TCP_ADDR wins", a);
+    std::fflush(nullptr);
+    _exit(bad == 0 ? 0 : 1);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st)) << "signal " << WTERMSIG(st);
+  if (WEXITSTATUS(st) == 77) GTEST_SKIP() << "needs root with network namespaces and `ip` (unshare failed)";
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "see the FAILED lines above";
 }
 
 }  // namespace

@@ -334,10 +334,11 @@ void run_scenario(const Scenario& s) {
           }
           return true;
         }
-        // bench ranks: children of the parent with TESSERA_RANK, each with its peers' segments mapped.
+        // bench ranks: children of the parent's keepers (launcher/spawn.h) with TESSERA_RANK, each with its
+        // peers' segments mapped.
         int found = 0;
         for (pid_t q : job_processes(id)) {
-          if (parent_of(q) != p.pid()) continue;
+          if (parent_of(parent_of(q)) != p.pid()) continue;
           const std::string rank = env_value(environ_of(q), "TESSERA_RANK");
           if (rank.empty()) continue;
           const int r = std::atoi(rank.c_str());

@@ -87,11 +87,15 @@ TEST_P(RunWorld, EveryRankGetsItsEnvironmentAndPassesTheBarrier) {
   ASSERT_EQ(p.wait(60s), 0) << p.err();
   const std::string out = p.out();
   // (std::regex trips GCC 12's -Wmaybe-uninitialized under ASan.)
-  const std::string key = "env MASTER_PORT=";
-  auto at = out.find(key);
-  ASSERT_NE(at, std::string::npos) << out;
-  const std::string port = out.substr(at + key.size(), out.find('\n', at) - at - key.size());
-  ASSERT_FALSE(port.empty());
+  auto value_of = [&out](const std::string& key) {
+    auto at = out.find(key);
+    return at == std::string::npos ? std::string() : out.substr(at + key.size(), out.find('\n', at) - at - key.size());
+  };
+  const std::string port = value_of("env MASTER_PORT="), coord = value_of("env TESSERA_COORDINATOR=127.0.0.1:");
+  ASSERT_FALSE(port.empty()) << out;
+  ASSERT_FALSE(coord.empty()) << out;
+  // MASTER_PORT is rank 0's own store's (torchrun's meaning), not the coordinator's.
+  EXPECT_NE(port, coord);
   for (int r = 0; r < n; ++r) {
     const std::string pre = "[" + std::to_string(r) + "] ";
     const std::string R = std::to_string(r), N = std::to_string(n);
@@ -99,7 +103,7 @@ TEST_P(RunWorld, EveryRankGetsItsEnvironmentAndPassesTheBarrier) {
     for (const std::string& kv : std::vector<std::string>{
              "TESSERA_RANK=" + R, "TESSERA_WORLD_SIZE=" + N, "TESSERA_LOCAL_RANK=" + R, "TESSERA_LOCAL_SIZE=" + N,
              "TESSERA_NODE_RANK=0", "RANK=" + R, "WORLD_SIZE=" + N, "LOCAL_RANK=" + R, "LOCAL_WORLD_SIZE=" + N,
-             "GROUP_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "TESSERA_COORDINATOR=127.0.0.1:" + port,
+             "GROUP_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "TESSERA_COORDINATOR=127.0.0.1:" + coord,
              "TORCHELASTIC_RESTART_COUNT=0", "TESSERA_JOB_TOKEN=set"})
       EXPECT_EQ(count(out, tessera::detail::concat(pre, "env ", kv, "\n")), 1) << kv << "\n" << out;
     // One log file per rank, without the prefix.

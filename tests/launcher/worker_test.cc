@@ -5,6 +5,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <string>
+
+#include "launcher/slurm.h"
 
 namespace tessera::launcher {
 namespace {
@@ -41,6 +44,27 @@ TEST(WorkerBarrier, LoneInitWorkerReturnsAtOnce) {
   for (int i = 0; i < 3; ++i) EXPECT_NO_THROW(ctx.barrier());
   EXPECT_LT(since(t0), 0.5);
   shutdown(ctx);
+}
+
+// Slurm's host lists and tasks-per-node lists, as srun writes them.
+TEST(Slurm, FirstHostOfANodeList) {
+  EXPECT_EQ(first_slurm_host("node-a"), "node-a");
+  EXPECT_EQ(first_slurm_host("node[07-09,12],gpu1"), "node07");
+  EXPECT_EQ(first_slurm_host("gpu1,node[07-09]"), "gpu1");
+  EXPECT_EQ(first_slurm_host("rack[3-4]-n[1-2]"), "rack3-n1");
+  EXPECT_EQ(first_slurm_host("n[010-012]x"), "n010x");
+  EXPECT_THROW(first_slurm_host(""), InvalidArgument);
+  EXPECT_THROW(first_slurm_host("n[1-2"), InvalidArgument);
+  EXPECT_THROW(first_slurm_host("n[x]"), InvalidArgument);
+}
+
+TEST(Slurm, TasksOnANode) {
+  EXPECT_EQ(slurm_tasks_on_node("4", 0), 4);
+  for (int n : {0, 1, 2}) EXPECT_EQ(slurm_tasks_on_node("2(x3),1", n), 2) << n;
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_THROW(slurm_tasks_on_node("2(x3),1", 4), InvalidArgument);
+  EXPECT_THROW(slurm_tasks_on_node("two", 0), InvalidArgument);
+  EXPECT_THROW(slurm_tasks_on_node("2(x3", 0), InvalidArgument);
 }
 
 }  // namespace

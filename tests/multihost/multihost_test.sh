@@ -4,7 +4,7 @@
 #
 #   multihost_test.sh CASE BIN_DIR
 #
-# CASE: rig | bench | forced | train | faults | faults_mpi | delay | delay_model. Exits 77 (ctest: skipped) when
+# CASE: rig | bench | forced | train | faults | faults_mpi | delay | delay_model | nodns | torch. Exits 77 (ctest: skipped) when
 # namespaces cannot be made here, saying why.
 set -uo pipefail
 CASE="${1:?usage: multihost_test.sh CASE BIN_DIR}"
@@ -519,6 +519,77 @@ PY
         ;;
       *) fail "delayed small all-reduce: ${verdict##*FAIL }" ;;
     esac
+    ;;
+  torch)
+    # An unchanged torch.distributed program (tests/launcher/torch_ddp.py:
+    # gloo, env://, an all-reduce and a DDP backward, exact values) across
+    # the 2 hosts, one rank each: rank 0's TCPStore on MASTER_ADDR (node 0,
+    # 10.77.0.1) and MASTER_PORT. Skipped without PyTorch.
+    PY=""
+    for p in /usr/bin/python3 python3; do
+      "$p" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null && PY="$(command -v "$p")" && break
+    done
+    if [ -z "$PY" ]; then
+      echo "SKIPPED: no python3 with torch.distributed and gloo (apt-get install python3-torch)"
+      exit "$RIG_SKIP"
+    fi
+    rig_up 2 || exit 1
+    run_on_hosts 2 1 -- "$PY" "$HERE/../launcher/torch_ddp.py"
+    if [ "$(cat "$OUT/rc.0")" = 0 ] && [ "$(cat "$OUT/rc.1")" = 0 ] &&
+      grep -q "^\[0\] rank 0 of 2: all_reduce 3 grad 1.5 restart 0$" "$OUT/run.0" &&
+      grep -q "^\[1\] rank 1 of 2: all_reduce 3 grad 1.5 restart 0$" "$OUT/run.1"; then
+      pass "torch DDP across 2 hosts: all_reduce = 3, grad = 1.5 on both"
+    else
+      fail "torch across hosts: exit $(cat "$OUT/rc.0") / $(cat "$OUT/rc.1")"
+      tail -n 20 "$OUT/run.0" "$OUT/run.1"
+    fi
+    ;;
+  nodns)
+    # Host names that resolve nowhere (each host's /etc/hosts names only
+    # itself, at 127.0.1.1, as Debian's does), no TESSERA_TCP_ADDR: ranks
+    # advertise the interface that reaches the coordinator (tessera run) or
+    # mpirun's out-of-band address (mpirun), so jobs across the hosts run.
+    unset TESSERA_TCP_ADDR TESSERA_SOCKET_IFNAME TESSERA_COORDINATOR_HOST
+    RIG_NO_DNS=1 rig_up 2 || exit 1
+    a="$(rig_exec 1 getent hosts mh0)"
+    [ -z "$a" ] && pass "mh1 cannot resolve mh0" || fail "mh1 resolves mh0: '$a'"
+    a="$(rig_exec 0 getent hosts mh0 | awk '{print $1}')"
+    [ "$a" = 127.0.1.1 ] && pass "mh0's own name is 127.0.1.1" || fail "mh0 resolves itself to '$a'"
+    run_on_hosts 2 2 -- "$BIN/tessera" bench all_reduce -b 8 -e 1M -f 32 -n 2 -w 1 --json "$OUT/run.json"
+    t="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["transport"])' "$OUT/run.json" 2>&1)"
+    if [ "$(cat "$OUT/rc.0")" = 0 ] && [ "$(cat "$OUT/rc.1")" = 0 ] && [ "$t" = "shm+tcp" ]; then
+      pass "tessera run --nnodes 2: exact all-reduce over shm+tcp without DNS"
+    else
+      fail "tessera run without DNS: exit $(cat "$OUT/rc.0") / $(cat "$OUT/rc.1"), transport '$t'"
+      tail -n 20 "$OUT/run.0" "$OUT/run.1"
+    fi
+    mpirun_on_hosts 4 "$BIN/tessera" bench all_reduce -b 8 -e 1M -f 32 -n 2 -w 1 --json "$OUT/mpi.json" \
+      >"$OUT/mpi.out" 2>&1
+    rc=$?
+    t="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["transport"])' "$OUT/mpi.json" 2>&1)"
+    [ $rc = 0 ] && [ "$t" = "shm+tcp" ] && pass "mpirun: exact all-reduce over shm+tcp without DNS" || {
+      fail "mpirun bench without DNS: exit $rc, transport '$t'"
+      tail -n 30 "$OUT/mpi.out"
+    }
+    mpirun_on_hosts 4 "$BIN/tessera_hello" --comm >"$OUT/hello.out" 2>&1
+    rc=$?
+    n="$(grep -c 'ok (round 0)' "$OUT/hello.out")"
+    [ $rc = 0 ] && [ "$n" = 4 ] && pass "mpirun: tessera_hello --comm (rank 0's coordinator) without DNS" || {
+      fail "mpirun hello without DNS: exit $rc, $n ok lines"
+      tail -n 20 "$OUT/hello.out"
+    }
+    # TESSERA_SOCKET_IFNAME picks the interface; one that matches nothing is
+    # refused on every rank, naming the interfaces there are.
+    run_on_hosts 2 2 TESSERA_SOCKET_IFNAME=eth -- "$BIN/tessera_hello" --comm
+    [ "$(cat "$OUT/rc.0")" = 0 ] && [ "$(cat "$OUT/rc.1")" = 0 ] && pass "TESSERA_SOCKET_IFNAME=eth" ||
+      fail "TESSERA_SOCKET_IFNAME=eth: exit $(cat "$OUT/rc.0") / $(cat "$OUT/rc.1")"
+    run_on_hosts 2 2 TESSERA_SOCKET_IFNAME=ib TESSERA_TIMEOUT_S=10 -- "$BIN/tessera_hello" --comm
+    if [ "$(cat "$OUT/rc.0")" != 0 ] && grep -q "no interface matches TESSERA_SOCKET_IFNAME='ib' (IPv4 interfaces up: lo 127.0.0.1, eth0 $RIG_SUBNET_PREFIX.[12])" "$OUT/run.0"; then
+      pass "TESSERA_SOCKET_IFNAME=ib refused, naming the interfaces"
+    else
+      fail "TESSERA_SOCKET_IFNAME=ib: exit $(cat "$OUT/rc.0")"
+      tail -n 20 "$OUT/run.0"
+    fi
     ;;
   *)
     echo "unknown case '$CASE'" >&2

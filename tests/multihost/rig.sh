@@ -33,6 +33,11 @@
 # destination N us after reading it. The bridge and veth pairs are not made.
 # TCP between the hosts then uses cubic (a route attribute; see rig_up).
 #
+# No DNS (opt-in): with RIG_NO_DNS=1 set before rig_up, host i's /etc/hosts
+# names only itself, as Debian's does (`127.0.1.1 mhI`): no host name
+# resolves to an address another host can reach, as on clusters without DNS
+# for their nodes.
+#
 # CPUs (opt-in): with RIG_HOST_CPUS=1 set before rig_up, everything rig_exec
 # starts on host I is confined (taskset) to the I-th (mod their number) of
 # the CPUs the test may use, so the test hosts do not compete for each
@@ -119,6 +124,13 @@ rig_up() {
     for ((i = 0; i < RIG_K; ++i)); do echo "$RIG_SUBNET_PREFIX.$((i + 1)) mh$i"; done
   } >"$RIG_DIR/hosts"
   for ((i = 0; i < RIG_K; ++i)); do
+    if [ -n "${RIG_NO_DNS:-}" ]; then
+      printf '127.0.0.1 localhost\n127.0.1.1 mh%d\n' "$i" >"$RIG_DIR/hosts.$i"
+    else
+      cp "$RIG_DIR/hosts" "$RIG_DIR/hosts.$i"
+    fi
+  done
+  for ((i = 0; i < RIG_K; ++i)); do
     local ns="$RIG_NAME-h$i"
     ip netns add "$ns"
     ip -n "$ns" link set lo up
@@ -153,7 +165,7 @@ rig_up() {
     ip netns exec "$ns" unshare --pid --fork --uts --mount --ipc --mount-proc --propagation private \
       bash -c 'hostname "$1" && mount -t tmpfs -o size=1g,mode=1777 tmpfs /dev/shm &&
                mount --bind "$2" /etc/hosts && : >"$3" && exec sleep infinity' \
-      _ "mh$i" "$RIG_DIR/hosts" "$RIG_DIR/mh$i.ready" </dev/null >/dev/null 2>&1 &
+      _ "mh$i" "$RIG_DIR/hosts.$i" "$RIG_DIR/mh$i.ready" </dev/null >/dev/null 2>&1 &
     RIG_HOLDERS+=($!)
   done
   if [ -n "$delayed" ]; then
