@@ -40,6 +40,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -96,11 +97,22 @@ enum class ReadStatus { Ok, Eof, Error, Timeout, Stopped };
 // TESSERA_TCP_READER_THREAD: 1 hands every receive to the reading thread
 // (the path before callers read their small messages themselves; for tests
 // and comparisons); 0 or unset: callers read.
-// TESSERA_TCP_SPIN_US: microseconds a caller polls its socket without
-// sleeping before it sleeps in poll() (0 or unset: it sleeps at once).
-int read_spin_us() {
+// How long (us) a caller polls its socket without sleeping before it sleeps
+// in poll(): TESSERA_TCP_SPIN_US when set; else kSpinUs when the group has
+// no more ranks than this process may run on CPUs (so a spinner is unlikely
+// to hold the core its peer needs), else 0. On this 2-core VM, load 16-30,
+// ranks bound to a CPU each (tessera bench's default), the 2-rank 8-byte
+// all-reduce took 180-290 us sleeping at once and 46 us with 20 us of
+// polling (scripts/bench_tcp_small.sh; docs/bench.md, "TCP transport").
+constexpr int kSpinUs = 20;
+int read_spin_us(int group_size) {
   const char* e = std::getenv("TESSERA_TCP_SPIN_US");
-  if (!e || !*e) return 0;
+  if (!e || !*e) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    return group_size <= cpus ? kSpinUs : 0;
+  }
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(e, &end, 10);
@@ -562,7 +574,7 @@ class TcpTransport final : public Transport {
   std::atomic<bool> shut_down_{false};
   std::atomic<bool> failed_flag_{false};  // failed_, for a caller's read loop
   const bool force_thread_ = reader_thread_forced();
-  const int spin_us_ = read_spin_us();
+  const int spin_us_;  // read_spin_us
   // Under mu_.
   bool failed_ = false;
   Kind fail_kind_ = Kind::Protocol;
@@ -1050,7 +1062,7 @@ bool poll_readable(int fd, Clock::time_point deadline) {
 
 TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options,
                            const TcpOptions& tcp)
-    : store_(std::move(store)), rank_(rank), size_(size), options_(options) {
+    : store_(std::move(store)), rank_(rank), size_(size), options_(options), spin_us_(read_spin_us(size)) {
   TESSERA_ARG_CHECK(size >= 1 && rank >= 0 && rank < size, "tcp transport: rank ", rank, " of ", size);
   TESSERA_ARG_CHECK(tcp.links.empty() || static_cast<int>(tcp.links.size()) == size,
                     "tcp transport: ", tcp.links.size(), " link flags for ", size, " ranks");
