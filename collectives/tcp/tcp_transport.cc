@@ -40,7 +40,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -98,21 +97,14 @@ enum class ReadStatus { Ok, Eof, Error, Timeout, Stopped };
 // (the path before callers read their small messages themselves; for tests
 // and comparisons); 0 or unset: callers read.
 // How long (us) a caller polls its socket without sleeping before it sleeps
-// in poll(): TESSERA_TCP_SPIN_US when set; else kSpinUs when the group has
-// no more ranks than this process may run on CPUs (so a spinner is unlikely
-// to hold the core its peer needs), else 0. On this 2-core VM, load 16-30,
-// ranks bound to a CPU each (tessera bench's default), the 2-rank 8-byte
-// all-reduce took 180-290 us sleeping at once and 46 us with 20 us of
-// polling (scripts/bench_tcp_small.sh; docs/bench.md, "TCP transport").
-constexpr int kSpinUs = 20;
-int read_spin_us(int group_size) {
+// in poll(): TESSERA_TCP_SPIN_US, default 0. On this 2-core VM at load
+// 16-25 (ranks bound to a CPU each) 20 us of polling gave 46 us for the
+// 2-rank 8-byte all-reduce in one run of scripts/bench_tcp_small.sh
+// against 176 us sleeping at once, and 230 against 224 us in the next: no
+// gain above the noise, so none by default (docs/bench.md, "TCP transport").
+int read_spin_us() {
   const char* e = std::getenv("TESSERA_TCP_SPIN_US");
-  if (!e || !*e) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    return group_size <= cpus ? kSpinUs : 0;
-  }
+  if (!e || !*e) return 0;
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(e, &end, 10);
@@ -1062,7 +1054,7 @@ bool poll_readable(int fd, Clock::time_point deadline) {
 
 TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options,
                            const TcpOptions& tcp)
-    : store_(std::move(store)), rank_(rank), size_(size), options_(options), spin_us_(read_spin_us(size)) {
+    : store_(std::move(store)), rank_(rank), size_(size), options_(options), spin_us_(read_spin_us()) {
   TESSERA_ARG_CHECK(size >= 1 && rank >= 0 && rank < size, "tcp transport: rank ", rank, " of ", size);
   TESSERA_ARG_CHECK(tcp.links.empty() || static_cast<int>(tcp.links.size()) == size,
                     "tcp transport: ", tcp.links.size(), " link flags for ", size, " ranks");
@@ -1274,8 +1266,7 @@ void TcpTransport::caller_read(Connection& c, Op& op, Clock::time_point deadline
   int err = 0;
   Kind kind = Kind::PeerDead;
   std::string what;
-  // A brief spin first (spin_us_) when every rank may have a core: a reply
-  // often comes within a few microseconds, sooner than a sleeper is woken.
+  // Optionally poll without sleeping first (TESSERA_TCP_SPIN_US).
   if (spin_us_ > 0) {
     const auto until = Clock::now() + std::chrono::microseconds(spin_us_);
     for (int i = 0;; ++i) {
