@@ -3,7 +3,7 @@
 # against the same over gloo, one host, interleaved in the same minutes
 # (README.md, "Use tessera's collectives from PyTorch").
 #
-#   scripts/bench_torch_ddp.sh [-n REPS] [-r RANKS] [--width W] [--steps S]
+#   scripts/bench_torch_ddp.sh [-n REPS] [-r RANKS] [--width W] [--steps S] [--bind 1|0]
 #
 # Each rep runs integrations/torch/example_ddp.py --bench with gloo, then
 # with tessera (the order alternates between reps), RANKS local ranks
@@ -15,12 +15,14 @@ REPS=5
 RANKS=2
 WIDTH=256
 STEPS=30
+BIND=1
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) REPS="$2"; shift 2 ;;
     -r) RANKS="$2"; shift 2 ;;
     --width) WIDTH="$2"; shift 2 ;;
     --steps) STEPS="$2"; shift 2 ;;
+    --bind) BIND="$2"; shift 2 ;;
     *) sed -n '5p' "$0" | sed 's/^#  //' >&2; exit 2 ;;
   esac
 done
@@ -38,7 +40,7 @@ for rep in $(seq 1 "$REPS"); do
   for b in $order; do
     l=$(cut -d' ' -f1 /proc/loadavg)
     line=$("$PY" "$ROOT/integrations/torch/example_ddp.py" --nproc "$RANKS" --backend "$b" --bench \
-      --width "$WIDTH" --steps "$STEPS" --warmup 5 | grep "step ")
+      --width "$WIDTH" --steps "$STEPS" --warmup 5 --bind "$BIND" | grep "step ")
     ms=$(echo "$line" | sed -n 's/.*step \([0-9.]*\) ms.*/\1/p')
     echo "$b $ms $l" >>"$RAW"
     echo "run $rep (load $l): $line"

@@ -25,6 +25,10 @@ def run(args):
     import tessera_torch  # noqa: F401  (registers "tessera")
 
     torch.set_num_threads(1)
+    if args.bind:
+        # As tessera bench and mpirun do: local rank i on CPU i of the mask.
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(os.environ.get("LOCAL_RANK", "0")) % len(cpus)]})
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -49,15 +53,16 @@ def run(args):
             times.append(time.perf_counter() - t0)
         if not args.bench and rank == 0:
             print("step %d loss %.4f" % (step, loss.item()), flush=True)
+    if args.backend == "tessera":  # every rank: a collective
+        modeled = (pg.total_modeled_seconds() - modeled0) / (args.warmup + args.steps)
+        w = dist.all_reduce(torch.ones(1024), async_op=True)
+        w.wait()
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         line = "%s: %d ranks, %d parameters, step %.3f ms (mean of %d)" % (
             args.backend, world, params, 1e3 * sum(times) / len(times), len(times))
         if args.backend == "tessera":
-            modeled = (pg.total_modeled_seconds() - modeled0) / (args.warmup + args.steps)
             line += ", modeled interconnect %.1f us per step, transport %s" % (modeled * 1e6, pg.transport())
-            w = dist.all_reduce(torch.ones(1024), async_op=True)
-            w.wait()
             line += "; a 4 KiB all_reduce: wall %.1f us, modeled %.2f us" % (
                 w.wall_seconds() * 1e6, w.modeled_seconds() * 1e6)
         print(line, flush=True)
@@ -73,6 +78,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bench", action="store_true", help="print only the timing line")
+    ap.add_argument("--bind", type=int, default=1, help="1: bind local rank i to CPU i (default), 0: float")
     args = ap.parse_args()
     if args.nproc and "RANK" not in os.environ:
         from launch import launch

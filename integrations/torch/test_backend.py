@@ -27,7 +27,8 @@ GLOO_VIA = {torch.bfloat16: torch.float32, torch.int16: torch.int32}
 
 
 def via(x):
-    return x.to(GLOO_VIA.get(x.dtype, x.dtype))
+    # Always a copy: the reference must not alias the tensor tessera reduced in place.
+    return x.to(GLOO_VIA.get(x.dtype, x.dtype), copy=True)
 
 
 def fail(msg):
