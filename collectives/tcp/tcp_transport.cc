@@ -1370,6 +1370,9 @@ void TcpTransport::fail_op(Connection& c, Op& op, const char* what) {
   lk.unlock();
   shutdown_all();
   lk.lock();
+  // A recv the reading thread has not matched is not in its hands (it may be
+  // parked and never look): settle it here.
+  if (&op == &c.recv_op_ && !op.matched && !op.complete) op.failed = true;
   // The reading thread may still be in a read into the caller's buffer or in
   // the caller's sink: wait until it lets go (a small sink message is
   // consumed by the caller, so the wait ends at once).
