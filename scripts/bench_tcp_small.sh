@@ -6,11 +6,12 @@
 #   scripts/bench_tcp_small.sh [-n REPS] [-i ITERS] [--bin TESSERA] [--spin "0 20"]
 #
 # Each rep runs, back to back for each op: `tessera bench OP -r 2
-# --transport tcp --compare mpi` with OMPI_MCA_btl=self,tcp (MPI's side at
-# its best settings for 2 ranks on 2 CPUs: no --oversubscribe, default
-# binding), then the same tessera binary with every receive forced through
-# the reading thread (TESSERA_TCP_READER_THREAD=1, the path before), then
-# each extra spin window of --spin. Prints one line per run (with the load
+# --transport tcp --compare mpi` with OMPI_MCA_btl=self,tcp for MPI's
+# figure (its best settings for 2 ranks on 2 CPUs: no --oversubscribe,
+# default binding), then `tessera bench OP -r 2 --transport tcp` (callers
+# read), then with every receive forced through the reading thread
+# (TESSERA_TCP_READER_THREAD=1, the path before), then each polling window
+# of --spin (TESSERA_TCP_SPIN_US). Prints one line per run (with the load
 # average) and the medians; the ratio is tessera / MPI time (target <= 1.5).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,9 +40,12 @@ load() { cut -d' ' -f1 /proc/loadavg; }
 for rep in $(seq 1 "$REPS"); do
   for op in all_reduce sendrecv; do
     args=(bench "$op" -r 2 --transport tcp -b 8 -e 8 -n "$ITERS" -w 200)
+    # MPI's figure from a --compare run; every tessera figure from a plain
+    # run (a --compare run's own tessera ranks measured 2-3x slower here).
     l=$(load)
-    r=$(OMPI_MCA_btl=self,tcp row "$BIN" "${args[@]}" --compare mpi)
-    t=$(echo "$r" | awk '{print $5}'); m=$(echo "$r" | awk '{print $(NF-2)}')
+    m=$(OMPI_MCA_btl=self,tcp row "$BIN" "${args[@]}" --compare mpi | awk '{print $(NF-2)}')
+    l=$(load)
+    t=$(row "$BIN" "${args[@]}" | awk '{print $5}')
     echo "$rep $op caller $t $m $l" >>"$RAW"
     l=$(load)
     t=$(TESSERA_TCP_READER_THREAD=1 row "$BIN" "${args[@]}" | awk '{print $5}')
@@ -54,7 +58,7 @@ for rep in $(seq 1 "$REPS"); do
     tail -n $((2 + $(echo $SPINS | wc -w))) "$RAW" | sed 's/^/run: /'
   done
 done
-echo "# medians over $REPS runs (us per call; MPI = mpirun --mca btl self,tcp, same run as 'caller')"
+echo "# medians over $REPS runs (us per call; MPI = mpirun --mca btl self,tcp, the same minutes)"
 python3 - "$RAW" <<'PY'
 import statistics, sys, collections
 rows = [l.split() for l in open(sys.argv[1])]

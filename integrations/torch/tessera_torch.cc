@@ -20,6 +20,7 @@
 #include <torch/extension.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -29,7 +30,9 @@
 
 #include "collectives/communicator.h"
 #include "collectives/store.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/shm_memory.h"
 
 namespace tessera::integrations {
 namespace {
@@ -169,6 +172,15 @@ class ProcessGroupTessera final : public ::c10d::ProcessGroup {
     o.timeout = timeout;
     o.name = "torch";
     comm_ = coll::Communicator::create(std::make_shared<C10dStore>(store), rank, size, o);
+    // Shared memory the peers can map: an all_reduce staged here is served
+    // in place (the shm transport's direct algorithm: one round) instead of
+    // through the channels in chunks. Optional: without it (or for a tensor
+    // that does not fit) the tensor's own memory is used.
+    try {
+      arena_ = make_shm_memory(kArenaBytes);
+    } catch (const std::exception&) {
+      arena_.reset();
+    }
   }
 
   const std::string getBackendName() const override { return "tessera"; }
@@ -178,8 +190,29 @@ class ProcessGroupTessera final : public ::c10d::ProcessGroup {
     TORCH_CHECK(tensors.size() == 1, "tessera: allreduce takes one tensor per process, not ", tensors.size());
     Staged s(tensors[0], "allreduce");
     const coll::ReduceOp op = reduce_op_of(opts.reduceOp, tensors[0]);
+    const size_t bytes = s.count() * dtype_size(s.dtype);
+    void* shared = nullptr;
+    if (arena_ && bytes > 0 && bytes <= kArenaBytes / 2) {
+      try {
+        shared = arena_->allocate(bytes);
+      } catch (const std::exception&) {
+        shared = nullptr;
+      }
+    }
     return run(::c10d::OpType::ALLREDUCE, tensors, [&] {
-      comm_->all_reduce(s.data(), s.data(), s.count(), s.dtype, op);
+      if (shared) {
+        std::memcpy(shared, s.data(), bytes);
+        try {
+          comm_->all_reduce(shared, shared, s.count(), s.dtype, op);
+        } catch (...) {
+          arena_->free(shared, bytes);
+          throw;
+        }
+        std::memcpy(s.data(), shared, bytes);
+        arena_->free(shared, bytes);
+      } else {
+        comm_->all_reduce(s.data(), s.data(), s.count(), s.dtype, op);
+      }
       s.done();
     });
   }
@@ -305,6 +338,8 @@ class ProcessGroupTessera final : public ::c10d::ProcessGroup {
     return c10::make_intrusive<TesseraWork>(getRank(), type, outputs, wall, comm_->last_modeled_seconds());
   }
 
+  static constexpr size_t kArenaBytes = size_t{64} << 20;
+  std::unique_ptr<DeviceMemory> arena_;  // outlives comm_ (declared first)
   std::shared_ptr<coll::Communicator> comm_;
 };
 
