@@ -97,14 +97,21 @@ enum class ReadStatus { Ok, Eof, Error, Timeout, Stopped };
 // (the path before callers read their small messages themselves; for tests
 // and comparisons); 0 or unset: callers read.
 // How long (us) a caller polls its socket without sleeping before it sleeps
-// in poll(): TESSERA_TCP_SPIN_US, default 0. On this 2-core VM at load
-// 16-25 (ranks bound to a CPU each) 20 us of polling gave 46 us for the
-// 2-rank 8-byte all-reduce in one run of scripts/bench_tcp_small.sh
-// against 176 us sleeping at once, and 230 against 224 us in the next: no
-// gain above the noise, so none by default (docs/bench.md, "TCP transport").
-int read_spin_us() {
+// in poll(): TESSERA_TCP_SPIN_US when set; else kSpinUs when the group has
+// no more ranks than the machine has CPUs (a poller then holds only its
+// own core), else 0. 2 ranks on this 2-core VM at load 2.8
+// (scripts/bench_tcp_small.sh, 3 runs): 8-byte all-reduce 6.6 us polling
+// 50 us against 34-89 us sleeping at once (OpenMPI btl tcp: 7.4 us),
+// sendrecv 10.0 against 33-72 (OpenMPI 6.5); docs/bench.md.
+constexpr int kSpinUs = 50;
+int read_spin_us(int group_size) {
   const char* e = std::getenv("TESSERA_TCP_SPIN_US");
-  if (!e || !*e) return 0;
+  if (!e || !*e) {
+    // The machine's CPUs, not this process's mask: a rank bound to one CPU
+    // (tessera bench, mpirun) still has that core to itself.
+    const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return group_size <= cpus ? kSpinUs : 0;
+  }
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(e, &end, 10);
@@ -1054,7 +1061,7 @@ bool poll_readable(int fd, Clock::time_point deadline) {
 
 TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options,
                            const TcpOptions& tcp)
-    : store_(std::move(store)), rank_(rank), size_(size), options_(options), spin_us_(read_spin_us()) {
+    : store_(std::move(store)), rank_(rank), size_(size), options_(options), spin_us_(read_spin_us(size)) {
   TESSERA_ARG_CHECK(size >= 1 && rank >= 0 && rank < size, "tcp transport: rank ", rank, " of ", size);
   TESSERA_ARG_CHECK(tcp.links.empty() || static_cast<int>(tcp.links.size()) == size,
                     "tcp transport: ", tcp.links.size(), " link flags for ", size, " ranks");
@@ -1266,7 +1273,8 @@ void TcpTransport::caller_read(Connection& c, Op& op, Clock::time_point deadline
   int err = 0;
   Kind kind = Kind::PeerDead;
   std::string what;
-  // Optionally poll without sleeping first (TESSERA_TCP_SPIN_US).
+  // Poll without sleeping first (spin_us_): a reply often comes within a
+  // few microseconds, sooner than a sleeper is woken and given its CPU.
   if (spin_us_ > 0) {
     const auto until = Clock::now() + std::chrono::microseconds(spin_us_);
     for (int i = 0;; ++i) {
