@@ -11,6 +11,10 @@
 // the call and the modeled time of the same collective on the emulated
 // interconnect (Communicator::last_modeled_seconds()).
 //
+// all_reduce stages the tensor in a shared-memory arena (64 MiB per rank)
+// so the shm transport serves it in place (its direct algorithm, one round)
+// rather than in chunks through its channels; DDP's buckets take this path.
+//
 // Dtypes: float32, bfloat16, float16, int32 and int64 natively; int8, uint8
 // and int16 are widened to int32 for the call and narrowed back (exact:
 // sums and products wrap modulo 2^bits as gloo's do; min and max are
