@@ -44,6 +44,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -88,6 +89,49 @@ constexpr size_t kSinkChunk = size_t{1} << 20;
 // ahead into an eager buffer, so a recv posted after they arrived takes
 // them without waking any thread.
 constexpr size_t kEager = size_t{64} << 10;
+// The reading thread stays off a connection whose caller read from it
+// within this many milliseconds (docs/threads.md): a busy caller then costs
+// it no wake-ups, and an idle connection is watched again (EOF, abort
+// messages, read-ahead) within one or two of these periods.
+constexpr int kParkMs = 10;
+
+enum class ReadStatus { Ok, Eof, Error, Timeout, Stopped };
+
+// TESSERA_TCP_READER_THREAD: 1 hands every receive to the reading thread
+// (the path before callers read their small messages themselves; for tests
+// and comparisons); 0 or unset: callers read.
+// How long (us) a caller polls its socket without sleeping before it sleeps
+// in poll(): TESSERA_TCP_SPIN_US when set; else kSpinUs when the group has
+// no more ranks than the machine has CPUs (a poller then holds only its
+// own core), else 0. 2 ranks on this 2-core VM at load 2.8
+// (scripts/bench_tcp_small.sh, 3 runs): 8-byte all-reduce 6.6 us polling
+// 50 us against 34-89 us sleeping at once (OpenMPI btl tcp: 7.4 us),
+// sendrecv 10.0 against 33-72 (OpenMPI 6.5); docs/bench.md.
+constexpr int kSpinUs = 50;
+int read_spin_us(int group_size) {
+  const char* e = std::getenv("TESSERA_TCP_SPIN_US");
+  if (!e || !*e) {
+    // The machine's CPUs, not this process's mask: a rank bound to one CPU
+    // (tessera bench, mpirun) still has that core to itself.
+    const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return group_size <= cpus ? kSpinUs : 0;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(e, &end, 10);
+  if (errno != 0 || *end != '\0' || v < 0 || v > 1000000)
+    throw InvalidArgument(std::string("TESSERA_TCP_SPIN_US='") + e +
+                          "' is not a count of microseconds from 0 to 1000000");
+  return static_cast<int>(v);
+}
+
+bool reader_thread_forced() {
+  const char* e = std::getenv("TESSERA_TCP_READER_THREAD");
+  if (!e || !*e || std::strcmp(e, "0") == 0) return false;
+  if (std::strcmp(e, "1") == 0) return true;
+  throw InvalidArgument(std::string("TESSERA_TCP_READER_THREAD='") + e +
+                        "': expected 1 (every receive through the reading thread) or 0");
+}
 
 struct Header {
   uint32_t kind = 0;
@@ -169,7 +213,8 @@ struct Op {
   RecvSink* sink = nullptr;       // sendrecv_sink: the reading thread hands the payload to it
   std::exception_ptr sink_error;  // what the sink threw (it goes on to the caller)
   bool active = false;
-  bool matched = false;  // the io thread paired a header with this op (recv)
+  bool for_thread = false;  // recv: the reading thread reads it (the caller does not)
+  bool matched = false;     // the io thread paired a header with this op (recv)
   bool complete = false;
   // Set on failure (under the transport mutex).
   bool failed = false;
@@ -182,21 +227,30 @@ class TcpTransport;
 class Connection {
  public:
   Connection(TcpTransport& t, int peer) : t_(t), peer_(peer), socket_(io_), eager_(kEager) {}
+  ~Connection() {
+    if (evfd_ >= 0) ::close(evfd_);
+  }
   void start();
   void stop();
 
   void post_send();
-  void post_recv();
   void post_abort();
+  // Under mu_: wakes the reading thread if it is parked (a recv was handed to it).
+  void wake_reader_locked();
+  int rfd() { return socket_.native_handle(); }
 
   tcp::socket& socket() { return socket_; }
 
   TcpTransport& t_;
   int peer_;  // set before start()
-  // The reading side: header and payload reads (socket_ on io_, thread_).
+  // The reading side: socket_ (an Asio object for setup only; read with
+  // plain non-blocking recv() by thread_, or by the caller while it owns it).
+  // io_ is never run. evfd_ wakes thread_ when it is parked.
   asio::io_context io_;
   tcp::socket socket_;
   std::thread thread_;
+  int evfd_ = -1;
+  std::atomic<bool> stop_{false};
   // The writing side: the pair's other connection, on its own io_context and thread,
   // so sending and receiving proceed at once (as two blocking streams would)
   // and each Asio socket object is only ever used by one thread.
@@ -223,17 +277,25 @@ class Connection {
   uint32_t eager_tag_ = 0;
   size_t eager_bytes_ = 0;
   bool header_pending_ = false;
+  // Who reads the socket (under mu_): the caller, between claiming it (no
+  // message partly read by the thread, nothing pending, nothing read ahead)
+  // and the end of its message; or the thread, from the first byte of a
+  // header to the last of its payload (header_pending_ included). Never both.
+  bool caller_reading_ = false;
+  bool thread_reading_ = false;
+  bool thread_parked_ = false;
+  uint64_t caller_epoch_ = 0;  // bumped by every caller read (the thread stays parked while it moves)
   // The writing direction's socket is written by the writing thread or, for a
   // small message while that thread is idle, by the caller (direct_send);
   // wbusy_ (under wmu_) says a message is partly written, so an abort message
   // must not be put in the middle of it.
   std::mutex wmu_;
   bool wbusy_ = false;
-  // Reading thread only: in_hdr_, abort_in_; writing thread only: out_hdr_
+  // Reading thread only (while it holds the socket): in_hdr_, abort_in_; writing thread only: out_hdr_
   // (the caller sets it in direct_send, before handing over), abort_out_.
   Header out_hdr_{}, in_hdr_{};
   std::string abort_out_, abort_in_;
-  HandlerMemory mem_post_send_, mem_post_recv_, mem_write_, mem_read_, mem_misc_, mem_wmisc_;
+  HandlerMemory mem_post_send_, mem_write_, mem_wmisc_;
 
   // Caller thread: writes the small message of send_op_ (header + payload)
   // without blocking. True: all of it is on the wire. False: the writing
@@ -242,17 +304,14 @@ class Connection {
   void post_send_rest(size_t sent);
 
  private:
-  void read_header();
-  void on_header(const boost::system::error_code& ec, size_t n);
-  void try_match();
-  void read_eager();
+  void reader_loop();
+  void serve_header();
+  void park(std::unique_lock<std::mutex>& lk, int ms);
   void write_rest(size_t sent);
   void set_wbusy(bool b) {
     std::lock_guard<std::mutex> lk(wmu_);
     wbusy_ = b;
   }
-  void read_payload();
-  void read_payload_sink();
   void fail_sink(std::exception_ptr e, const std::string& what);
   void write_header();
   void write_payload();
@@ -279,7 +338,7 @@ class TcpTransport final : public Transport {
     check_peer(peer);
     Connection& c = *conns_[peer];
     begin_recv(c, tag, buf, bytes);
-    wait_op(c, c.recv_op_, "recv from");
+    wait_recv(c, c.recv_op_);
   }
   void sendrecv(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes, uint32_t tag) override {
     check_peer(to);
@@ -293,6 +352,7 @@ class TcpTransport final : public Transport {
     // to be settled by the io thread (wait_op -> fail_op).
     std::exception_ptr first;
     if (start_send_after_recv(ct, tag, sbuf, sbytes, first)) {
+      hand_recv_to_thread_if_sending(ct, cf);
       try {
         wait_op(ct, ct.send_op_, "send to");
       } catch (...) {
@@ -300,7 +360,7 @@ class TcpTransport final : public Transport {
       }
     }
     try {
-      wait_op(cf, cf.recv_op_, "recv from");
+      wait_recv(cf, cf.recv_op_);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
@@ -318,8 +378,9 @@ class TcpTransport final : public Transport {
     begin_recv(cf, tag, nullptr, rbytes, &sink);
     std::exception_ptr first;
     const bool sending = start_send_after_recv(ct, tag, sbuf, sbytes, first);
+    if (sending) hand_recv_to_thread_if_sending(ct, cf);
     try {
-      finish_sink_recv(cf, sink);
+      finish_sink_recv(cf);
     } catch (const TransportError&) {
       if (!first) first = std::current_exception();
     } catch (...) {
@@ -343,7 +404,7 @@ class TcpTransport final : public Transport {
     if (bytes == 0) return recv(from, tag, nullptr, 0);
     if (cf.stage_.empty()) cf.stage_.assign(kSinkChunk, 0);  // once per connection, pre-faulted
     begin_recv(cf, tag, nullptr, bytes, &sink);
-    finish_sink_recv(cf, sink);
+    finish_sink_recv(cf);
   }
 
   void abort(const std::string& reason) override {
@@ -357,6 +418,9 @@ class TcpTransport final : public Transport {
     shutdown_all();
   }
   bool aborted() const override { return aborted_.load(); }
+  // TESSERA_TCP_READER_THREAD=1: every receive goes through the reading
+  // thread (the path before callers read small messages themselves).
+  bool force_thread() const { return force_thread_; }
   bool peer_alive(int peer) const override {
     if (peer < 0 || peer >= size_ || peer == rank_ || !conns_[peer]) return false;
     return !conns_[peer]->dead_.load();
@@ -379,6 +443,7 @@ class TcpTransport final : public Transport {
   }
   void set_failed_locked(Kind k, int peer, const std::string& what) {
     failed_ = true;
+    failed_flag_.store(true, std::memory_order_relaxed);
     fail_kind_ = k;
     fail_peer_ = peer;
     fail_what_ = what;
@@ -423,6 +488,9 @@ class TcpTransport final : public Transport {
       c.recv_op_.tag = tag;
       c.recv_op_.sink = sink;
       c.recv_op_.active = true;
+      // Large messages and the forced thread path are the reading thread's;
+      // the caller reads small ones itself when it waits (wait_recv).
+      c.recv_op_.for_thread = force_thread_ || bytes > kEager;
       // A small message read ahead: taken here (sink receives consume it in
       // finish_sink_recv), no thread involved.
       if (c.eager_full_) {
@@ -432,11 +500,25 @@ class TcpTransport final : public Transport {
           eager_mismatch_locked(c, c.recv_op_);
         return;
       }
-      // Otherwise the reading thread starts the payload when the header comes;
-      // it needs a nudge only when the header is already here and waiting.
-      if (!c.header_pending_) return;
+      // The reading thread (if this is its receive) starts the payload when
+      // the header comes; it needs a nudge only when it is parked.
+      if (c.recv_op_.for_thread || c.header_pending_) c.wake_reader_locked();
     }
-    c.post_recv();
+  }
+  // Under mu_: the caller may read `op` (a small recv) from the socket itself.
+  bool claimable_locked(Connection& c, const Op& op) const {
+    return !force_thread_ && op.bytes <= kEager && !op.for_thread && !op.matched && !op.complete && !op.failed &&
+           !failed_ && !c.thread_reading_ && !c.header_pending_ && !c.eager_full_ && !c.caller_reading_ &&
+           !c.dead_.load();
+  }
+  // A send that did not go out at once (large, or the socket buffer full)
+  // keeps the caller busy: the recv of the same sendrecv goes to the reading
+  // thread, so the two directions still progress together.
+  void hand_recv_to_thread_if_sending(Connection& ct, Connection& cf) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (ct.send_op_.complete || cf.recv_op_.for_thread || !cf.recv_op_.active) return;
+    cf.recv_op_.for_thread = true;
+    cf.wake_reader_locked();
   }
   // Under mu_: completes `op` (a recv, not a sink) from the eager buffer, or
   // fails the transport when the message is not the one expected. Nudges the
@@ -462,7 +544,7 @@ class TcpTransport final : public Transport {
   }
   void release_eager_locked(Connection& c) {
     c.eager_full_ = false;
-    if (c.header_pending_) c.post_recv();
+    ++c.caller_epoch_;  // this connection's caller is active: the next message is likely read by it
   }
   // begin_send once a recv is posted: false (with `first` set and the
   // transport failed, so waiting on the recv ends promptly) when the send
@@ -479,9 +561,12 @@ class TcpTransport final : public Transport {
     cv_.notify_all();
     return false;
   }
-  void wait_op(Connection& c, Op& op, const char* what);
+  void wait_op(Connection& c, Op& op, const char* what, Clock::time_point deadline = {});
+  void wait_recv(Connection& c, Op& op);
+  void caller_read(Connection& c, Op& op, Clock::time_point deadline);
+  void consume_eager(Connection& c, Op& op);
   [[noreturn]] void fail_op(Connection& c, Op& op, const char* what);
-  void finish_sink_recv(Connection& c, RecvSink& sink);
+  void finish_sink_recv(Connection& c);
   void shutdown_all();  // tells every peer and closes every connection (any thread, once)
 
   std::shared_ptr<Store> store_;
@@ -490,6 +575,9 @@ class TcpTransport final : public Transport {
   std::vector<std::unique_ptr<Connection>> conns_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> shut_down_{false};
+  std::atomic<bool> failed_flag_{false};  // failed_, for a caller's read loop
+  const bool force_thread_ = reader_thread_forced();
+  const int spin_us_;  // read_spin_us
   // Under mu_.
   bool failed_ = false;
   Kind fail_kind_ = Kind::Protocol;
@@ -500,17 +588,19 @@ class TcpTransport final : public Transport {
 // ---- Connection (io thread unless noted) ----------------------------------------
 
 void Connection::start() {
-  read_header();
-  // Handlers report through error codes; run() only throws on a bug, which
-  // must not escape the thread.
+  evfd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (evfd_ < 0) throw TransportError(Kind::PeerDead, peer_, std::string("tcp: eventfd: ") + std::strerror(errno));
+  boost::system::error_code ec;
+  socket_.non_blocking(true, ec);
+  // Nothing may escape the thread: a bug fails the connection.
   thread_ = std::thread([this] {
-    auto guard = asio::make_work_guard(io_);
     try {
-      io_.run();
+      reader_loop();
     } catch (const std::exception& e) {
-      fail(Kind::Protocol, std::string("tcp io thread: ") + e.what());
+      fail(Kind::Protocol, std::string("tcp reading thread: ") + e.what());
     }
   });
+  // Asio handlers report through error codes; run() only throws on a bug.
   wthread_ = std::thread([this] {
     auto guard = asio::make_work_guard(wio_);
     try {
@@ -528,14 +618,19 @@ void Connection::stop() {
                wsocket_.close(ec);
                wio_.stop();
              }));
-  asio::post(io_, bind_slot(mem_misc_, [this] {
-               boost::system::error_code ec;
-               socket_.shutdown(tcp::socket::shutdown_both, ec);
-               socket_.close(ec);
-               io_.stop();
-             }));
+  {
+    std::lock_guard<std::mutex> lk(t_.mu_);
+    stop_.store(true);
+    const uint64_t one = 1;
+    if (evfd_ >= 0 && ::write(evfd_, &one, sizeof one) < 0) {
+      // a full eventfd still wakes the thread
+    }
+  }
+  ::shutdown(rfd(), SHUT_RDWR);  // ends a read in progress
   if (wthread_.joinable()) wthread_.join();
   if (thread_.joinable()) thread_.join();
+  boost::system::error_code ec;
+  socket_.close(ec);
 }
 
 // Called from the calling thread: the slot is filled, the writing thread starts it.
@@ -544,10 +639,6 @@ void Connection::post_send() {
                out_hdr_ = Header{kData, send_op_.tag, send_op_.bytes};
                write_header();
              }));
-}
-
-void Connection::post_recv() {
-  asio::post(io_, bind_slot(mem_post_recv_, [this] { try_match(); }));
 }
 
 void Connection::post_abort() {
@@ -568,12 +659,10 @@ void Connection::post_abort() {
                  wsocket_.write_some(bufs, ec);
                }
                wsocket_.shutdown(tcp::socket::shutdown_both, ec);
-               // And the reading direction, on its own thread, so a pending
-               // read ends before the caller's buffer is released.
-               asio::post(io_, bind_slot(mem_misc_, [this] {
-                            boost::system::error_code e;
-                            socket_.shutdown(tcp::socket::shutdown_both, e);
-                          }));
+               // And the reading direction, so a read in progress (the
+               // reading thread's or the caller's) ends before the caller's
+               // buffer is released.
+               ::shutdown(rfd(), SHUT_RDWR);
              }));
 }
 
@@ -649,120 +738,215 @@ void Connection::write_payload() {
                             }));
 }
 
-void Connection::read_header() {
-  asio::async_read(socket_, asio::buffer(&in_hdr_, sizeof in_hdr_),
-                   bind_slot(mem_read_, [this](const boost::system::error_code& ec, size_t n) { on_header(ec, n); }));
+// ---- Reading side (reading thread, or the caller while it owns the socket) ----
+
+// Reads exactly `n` bytes into `buf` from the non-blocking socket `fd`,
+// waiting in poll() in slices of at most 100 ms until `deadline`; gives up
+// early (Stopped) once `stop` is set. `got` counts the bytes read.
+ReadStatus read_exact(int fd, void* buf, size_t n, size_t& got, Clock::time_point deadline,
+                      const std::atomic<bool>& stop, int& err) {
+  got = 0;
+  auto* p = static_cast<unsigned char*>(buf);
+  while (got < n) {
+    const ssize_t r = ::recv(fd, p + got, n - got, MSG_DONTWAIT);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return ReadStatus::Eof;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      err = errno;
+      return ReadStatus::Error;
+    }
+    if (stop.load(std::memory_order_relaxed)) return ReadStatus::Stopped;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return ReadStatus::Timeout;
+    pollfd pf{fd, POLLIN, 0};
+    ::poll(&pf, 1, static_cast<int>(std::min<int64_t>(left, 100)));
+  }
+  return ReadStatus::Ok;
 }
 
-void Connection::on_header(const boost::system::error_code& ec, size_t) {
-  if (ec) {
-    if (ec == asio::error::operation_aborted) return;
-    return fail(Kind::PeerDead, ec == asio::error::eof ? "connection closed by peer (process exited?)"
-                                                       : "connection to peer failed: " + ec.message());
-  }
-  if (in_hdr_.kind == kAbort) {
-    if (in_hdr_.bytes == 0 || in_hdr_.bytes > kMaxAbortReason) return fail(Kind::PeerFailed, "peer aborted");
-    abort_in_.assign(in_hdr_.bytes, '\0');
-    asio::async_read(socket_, asio::buffer(abort_in_),
-                     bind_slot(mem_read_, [this](const boost::system::error_code& e, size_t) {
-                       fail(Kind::PeerFailed, e ? std::string("peer aborted") : "peer aborted: " + abort_in_);
-                     }));
-    return;
-  }
-  if (in_hdr_.kind != kData) return fail(Kind::Protocol, "bad message header from peer");
-  {
-    std::lock_guard<std::mutex> lk(t_.mu_);
-    header_pending_ = true;
-  }
-  try_match();
+std::string read_failure_text(ReadStatus s, size_t got, int err) {
+  if (s == ReadStatus::Eof)
+    return got == 0 ? "connection closed by peer (process exited?)" : "connection closed by peer mid-message";
+  return std::string("read from peer failed: ") + std::strerror(err);
 }
 
-// A data header is in in_hdr_: reads its payload straight into a posted
-// (plain) recv; else a small one into the eager buffer when that is free;
-// else waits (header_pending_) for a recv, or for the eager buffer to drain
-// (the caller then posts try_match again).
-void Connection::try_match() {
-  uint32_t tag;
-  size_t bytes;
+void Connection::wake_reader_locked() {
+  if (!thread_parked_) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t r = ::write(evfd_, &one, sizeof one);
+}
+
+// Under mu_ (held by `lk`): sleeps on the eventfd for at most `ms`.
+void Connection::park(std::unique_lock<std::mutex>& lk, int ms) {
+  thread_parked_ = true;
+  lk.unlock();
+  pollfd p{evfd_, POLLIN, 0};
+  if (::poll(&p, 1, ms) > 0) {
+    uint64_t v;
+    [[maybe_unused]] ssize_t r = ::read(evfd_, &v, sizeof v);
+  }
+  lk.lock();
+  thread_parked_ = false;
+}
+
+// The reading thread. It reads the socket only when no caller does
+// (caller_reading_), and holds it (thread_reading_) from the first byte of a
+// header to the last of its payload. It stays off the socket (parked on its
+// eventfd) while a caller read from this connection during the last park
+// period, so a caller exchanging small messages costs it no wake-up; it
+// reads when a receive is handed to it (for_thread: large messages, sinks of
+// large messages, the forced thread path) and otherwise keeps a header read
+// going, so EOF and abort messages are seen while nobody waits and one small
+// message is read ahead.
+void Connection::reader_loop() {
+  const int fd = rfd();
+  uint64_t seen = ~uint64_t{0};
+  const auto forever = Clock::time_point::max();
+  std::unique_lock<std::mutex> lk(t_.mu_);
+  while (!stop_.load()) {
+    const Op& op = recv_op_;
+    const bool posted = op.active && !op.matched && !op.complete && !op.failed;
+    if (header_pending_) {
+      if (!posted) {
+        park(lk, 100);
+        continue;
+      }
+      header_pending_ = false;
+      lk.unlock();
+      serve_header();
+      lk.lock();
+      continue;
+    }
+    if (dead_.load() || caller_reading_ || eager_full_) {
+      park(lk, dead_.load() ? 100 : kParkMs);
+      continue;
+    }
+    if (!(posted && op.for_thread) && caller_epoch_ != seen) {
+      seen = caller_epoch_;
+      park(lk, kParkMs);
+      continue;
+    }
+    lk.unlock();
+    pollfd p[2] = {{fd, POLLIN, 0}, {evfd_, POLLIN, 0}};
+    ::poll(p, 2, 1000);
+    if (p[1].revents) {
+      uint64_t v;
+      [[maybe_unused]] ssize_t r = ::read(evfd_, &v, sizeof v);
+    }
+    lk.lock();
+    if (!p[0].revents || caller_reading_ || eager_full_ || dead_.load() || header_pending_) continue;
+    thread_reading_ = true;
+    lk.unlock();
+    // A caller may have taken the bytes that woke us: nothing to read then.
+    const ssize_t r = ::recv(fd, &in_hdr_, sizeof in_hdr_, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      lk.lock();
+      thread_reading_ = false;
+      continue;
+    }
+    size_t got = r > 0 ? static_cast<size_t>(r) : 0;
+    int err = r < 0 ? errno : 0;
+    ReadStatus s = r == 0 ? ReadStatus::Eof : r < 0 ? ReadStatus::Error : ReadStatus::Ok;
+    if (s == ReadStatus::Ok && got < sizeof in_hdr_) {
+      size_t more = 0;
+      s = read_exact(fd, reinterpret_cast<unsigned char*>(&in_hdr_) + got, sizeof in_hdr_ - got, more, forever, stop_,
+                     err);
+      got += more;
+    }
+    if (s != ReadStatus::Ok) {
+      if (s != ReadStatus::Stopped) fail(Kind::PeerDead, read_failure_text(s, got, err));
+    } else if (in_hdr_.kind == kAbort) {
+      std::string reason;
+      if (in_hdr_.bytes > 0 && in_hdr_.bytes <= kMaxAbortReason) {
+        abort_in_.assign(in_hdr_.bytes, '\0');
+        size_t n = 0;
+        if (read_exact(fd, abort_in_.data(), abort_in_.size(), n, Clock::now() + std::chrono::seconds(1), stop_, err) ==
+            ReadStatus::Ok)
+          reason = ": " + abort_in_;
+      }
+      fail(Kind::PeerFailed, "peer aborted" + reason);
+    } else if (in_hdr_.kind != kData) {
+      fail(Kind::Protocol, "bad message header from peer");
+    } else {
+      serve_header();
+    }
+    lk.lock();
+  }
+}
+
+// Reading thread, holding the socket, with a data header in in_hdr_: reads
+// its payload straight into a posted (plain) recv; else a small one into the
+// eager buffer (sink receives of small messages consume it from there); else
+// leaves the header pending until a recv is posted.
+void Connection::serve_header() {
+  const int fd = rfd();
+  const auto forever = Clock::time_point::max();
   bool eager;
   {
     std::lock_guard<std::mutex> lk(t_.mu_);
-    if (!header_pending_ || eager_full_) return;
     const Op& op = recv_op_;
     const bool posted = op.active && !op.matched && !op.complete && !op.failed;
-    // A sink recv of a small message consumes it from the eager buffer; a
-    // posted recv that does not fit the header is matched to report the mismatch.
+    // A posted recv that does not fit the header is matched to report the mismatch.
     eager = in_hdr_.bytes <= kEager && (!posted || (op.sink && op.bytes == in_hdr_.bytes));
-    if (!eager && !posted) return;
-    header_pending_ = false;
+    if (!eager && !posted) {
+      header_pending_ = true;  // thread_reading_ stays set: the payload is next on the socket
+      return;
+    }
     if (!eager) recv_op_.matched = true;
-    tag = op.tag;
-    bytes = op.bytes;
   }
-  if (eager) return read_eager();
-  if (in_hdr_.tag != tag || in_hdr_.bytes != bytes)
-    return fail(Kind::Protocol, "message mismatch: expected tag " + std::to_string(tag) + " and " +
-                                    std::to_string(bytes) + " bytes, peer sent tag " + std::to_string(in_hdr_.tag) +
-                                    " and " + std::to_string(in_hdr_.bytes) + " bytes");
-  if (recv_op_.sink) {
-    read_payload_sink();
-  } else {
-    read_payload();
-  }
-}
-
-// Reads the payload of the small message in in_hdr_ into the eager buffer,
-// then the next header (so a peer that exits or aborts is still noticed).
-void Connection::read_eager() {
-  const size_t n = in_hdr_.bytes;
-  auto done = [this, n](const boost::system::error_code& ec, size_t) {
-    if (ec) {
-      return fail(Kind::PeerDead, ec == asio::error::eof ? "connection closed by peer mid-message"
-                                                         : "read from peer failed: " + ec.message());
+  size_t got = 0;
+  int err = 0;
+  if (eager) {
+    const ReadStatus s = read_exact(fd, eager_.data(), in_hdr_.bytes, got, forever, stop_, err);
+    if (s != ReadStatus::Ok) {
+      if (s != ReadStatus::Stopped) fail(Kind::PeerDead, read_failure_text(s, got == 0 ? 1 : got, err));
+      return;
     }
     {
       std::lock_guard<std::mutex> lk(t_.mu_);
       eager_full_ = true;
       eager_tag_ = in_hdr_.tag;
-      eager_bytes_ = n;
+      eager_bytes_ = in_hdr_.bytes;
+      thread_reading_ = false;
     }
     t_.cv_.notify_all();
-    read_header();
-  };
-  if (n == 0) return done(boost::system::error_code(), 0);
-  asio::async_read(socket_, asio::buffer(eager_.data(), n), bind_slot(mem_read_, done));
-}
-
-// Reads the next fragment into the staging buffer and hands it to the sink
-// on this thread (the caller sleeps in wait_op until the last one is
-// consumed). A sink that throws fails the connection and the transport; the
-// caller rethrows what it threw.
-void Connection::read_payload_sink() {
-  Op& op = recv_op_;  // only this thread touches done while matched
-  const size_t n = std::min(stage_.size(), op.bytes - op.done);
-  asio::async_read(socket_, asio::buffer(stage_.data(), n),
-                   bind_slot(mem_read_, [this, n](const boost::system::error_code& ec, size_t) {
-                     if (ec) {
-                       return fail(Kind::PeerDead, ec == asio::error::eof ? "connection closed by peer mid-message"
-                                                                          : "read from peer failed: " + ec.message());
-                     }
-                     Op& o = recv_op_;
-                     try {
-                       o.sink->consume(o.done, stage_.data(), n);
-                     } catch (const std::exception& e) {
-                       return fail_sink(std::current_exception(), e.what());
-                     } catch (...) {
-                       return fail_sink(std::current_exception(), "unknown exception");
-                     }
-                     o.done += n;
-                     if (o.done < o.bytes) return read_payload_sink();
-                     {
-                       std::lock_guard<std::mutex> lk(t_.mu_);
-                       o.complete = true;
-                     }
-                     t_.cv_.notify_all();
-                     read_header();
-                   }));
+    return;
+  }
+  Op& op = recv_op_;  // matched: only this thread touches done/rbuf now
+  if (in_hdr_.tag != op.tag || in_hdr_.bytes != op.bytes)
+    return fail(Kind::Protocol, "message mismatch: expected tag " + std::to_string(op.tag) + " and " +
+                                    std::to_string(op.bytes) + " bytes, peer sent tag " + std::to_string(in_hdr_.tag) +
+                                    " and " + std::to_string(in_hdr_.bytes) + " bytes");
+  while (op.done < op.bytes) {
+    // A sink gets each fragment while it is still in this core's cache.
+    const size_t n = op.sink ? std::min(stage_.size(), op.bytes - op.done) : op.bytes - op.done;
+    unsigned char* dst = op.sink ? stage_.data() : op.rbuf + op.done;
+    const ReadStatus s = read_exact(fd, dst, n, got, forever, stop_, err);
+    if (s != ReadStatus::Ok) {
+      if (s != ReadStatus::Stopped) fail(Kind::PeerDead, read_failure_text(s, 1, err));
+      return;
+    }
+    if (op.sink) {
+      try {
+        op.sink->consume(op.done, stage_.data(), n);
+      } catch (const std::exception& e) {
+        return fail_sink(std::current_exception(), e.what());
+      } catch (...) {
+        return fail_sink(std::current_exception(), "unknown exception");
+      }
+    }
+    op.done += n;
+  }
+  {
+    std::lock_guard<std::mutex> lk(t_.mu_);
+    op.complete = true;
+    thread_reading_ = false;
+  }
+  t_.cv_.notify_all();
 }
 
 void Connection::fail_sink(std::exception_ptr e, const std::string& what) {
@@ -772,29 +956,6 @@ void Connection::fail_sink(std::exception_ptr e, const std::string& what) {
     if (!t_.failed_) t_.set_failed_locked(Kind::Aborted, peer_, "receive sink failed: " + what);
   }
   fail(Kind::Aborted, "receive sink failed: " + what);
-}
-
-void Connection::read_payload() {
-  Op& op = recv_op_;
-  if (op.done == op.bytes) {
-    {
-      std::lock_guard<std::mutex> lk(t_.mu_);
-      op.complete = true;
-    }
-    t_.cv_.notify_all();
-    read_header();
-    return;
-  }
-  size_t n = std::min(kChunk, op.bytes - op.done);
-  socket_.async_read_some(
-      asio::buffer(op.rbuf + op.done, n), bind_slot(mem_read_, [this](const boost::system::error_code& ec, size_t r) {
-        if (ec) {
-          return fail(Kind::PeerDead, ec == asio::error::eof ? "connection closed by peer mid-message"
-                                                             : "read from peer failed: " + ec.message());
-        }
-        recv_op_.done += r;
-        read_payload();
-      }));
 }
 
 // Marks the connection dead (reading thread, or the writing thread with
@@ -831,7 +992,10 @@ void Connection::fail(Kind kind, const std::string& what, bool writer) {
     if (had_op && !t_.failed_) t_.set_failed_locked(kind, peer_, what);
   }
   boost::system::error_code ec;
-  if (had_op || writer || !send_pending) (writer ? wsocket_ : socket_).shutdown(tcp::socket::shutdown_both, ec);
+  if (writer)
+    wsocket_.shutdown(tcp::socket::shutdown_both, ec);
+  else if (had_op || !send_pending)
+    ::shutdown(rfd(), SHUT_RDWR);
   t_.cv_.notify_all();
   if (had_op) t_.shutdown_all();
 }
@@ -1040,7 +1204,7 @@ bool poll_readable(int fd, Clock::time_point deadline) {
 
 TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options,
                            const TcpOptions& tcp)
-    : store_(std::move(store)), rank_(rank), size_(size), options_(options) {
+    : store_(std::move(store)), rank_(rank), size_(size), options_(options), spin_us_(read_spin_us(size)) {
   TESSERA_ARG_CHECK(size >= 1 && rank >= 0 && rank < size, "tcp transport: rank ", rank, " of ", size);
   TESSERA_ARG_CHECK(tcp.links.empty() || static_cast<int>(tcp.links.size()) == size,
                     "tcp transport: ", tcp.links.size(), " link flags for ", size, " ranks");
@@ -1160,16 +1324,25 @@ TcpTransport::~TcpTransport() {
     if (c) c->stop();
 }
 
-// Caller thread, after begin_recv with a sink: a small message comes
-// through the eager buffer and is consumed here, in place; a large one is
-// consumed by the reading thread fragment by fragment (read_payload_sink)
-// while this thread waits for the last. A throwing sink fails the transport
-// and ends the receive before its exception goes on.
-void TcpTransport::finish_sink_recv(Connection& c, RecvSink& sink) {
+// Caller thread, after begin_recv with a sink: a small message is read by
+// this thread into the eager buffer (or was read ahead there) and consumed
+// here, in place; a large one is consumed by the reading thread fragment by
+// fragment (serve_header) while this thread waits for the last. A throwing
+// sink fails the transport and ends the receive before its exception goes on.
+void TcpTransport::finish_sink_recv(Connection& c) {
   Op& op = c.recv_op_;
   if (op.bytes > kEager) return wait_op(c, op, "recv from");
   std::unique_lock<std::mutex> lk(mu_);
   const auto deadline = Clock::now() + options_.timeout;
+  if (!c.eager_full_ && claimable_locked(c, op)) {
+    c.caller_reading_ = true;
+    lk.unlock();
+    return caller_read(c, op, deadline);
+  }
+  if (!c.eager_full_) {
+    op.for_thread = true;
+    c.wake_reader_locked();
+  }
   while (!c.eager_full_ && !op.failed && !failed_) {
     if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) break;
   }
@@ -1183,12 +1356,24 @@ void TcpTransport::finish_sink_recv(Connection& c, RecvSink& sink) {
     fail_op(c, op, "recv from");
   }
   lk.unlock();
+  consume_eager(c, op);
+  lk.lock();
+  release_eager_locked(c);
+  op.complete = true;
+  op.active = false;
+}
+
+// Hands the small message in c's eager buffer (owned by this thread: read
+// ahead and not yet released, or read by this thread) to op's sink. A sink
+// that throws fails the transport; its exception goes on.
+void TcpTransport::consume_eager(Connection& c, Op& op) {
   try {
-    sink.consume(0, c.eager_.data(), op.bytes);
+    op.sink->consume(0, c.eager_.data(), op.bytes);
   } catch (const std::exception& e) {
     {
       std::lock_guard<std::mutex> g(mu_);
       if (!failed_) set_failed_locked(Kind::Aborted, c.peer_, std::string("receive sink failed: ") + e.what());
+      c.caller_reading_ = false;
     }
     // The reading thread only touches the connection's own eager buffer
     // here, so nothing of the caller's is in use once we return.
@@ -1197,14 +1382,108 @@ void TcpTransport::finish_sink_recv(Connection& c, RecvSink& sink) {
     op.active = false;
     throw;
   }
-  lk.lock();
-  release_eager_locked(c);
-  op.complete = true;
-  op.active = false;
 }
 
-void TcpTransport::wait_op(Connection& c, Op& op, const char* what) {
+// A plain recv: taken from the eager buffer if read ahead; else read by
+// this thread from the socket when it may claim it (no thread hand-off:
+// docs/threads.md); else waited for while the reading thread reads it.
+void TcpTransport::wait_recv(Connection& c, Op& op) {
   const auto deadline = Clock::now() + options_.timeout;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!op.complete && !op.failed && !op.matched && c.eager_full_) take_eager_locked(c, op);
+    if (claimable_locked(c, op)) {
+      c.caller_reading_ = true;
+      lk.unlock();
+      return caller_read(c, op, deadline);
+    }
+    if (!op.complete && !op.failed && !op.for_thread) {
+      op.for_thread = true;
+      c.wake_reader_locked();
+    }
+  }
+  wait_op(c, op, "recv from", deadline);
+}
+
+// Caller thread, owning c's socket (caller_reading_): reads the small
+// message of `op` (header, then payload into op's buffer, or for a sink into
+// the eager buffer and on to the sink), bounded by `deadline`. A peer that
+// closes, aborts or sends another message fails the receive at once, naming it.
+void TcpTransport::caller_read(Connection& c, Op& op, Clock::time_point deadline) {
+  const int fd = c.rfd();
+  Header h;
+  size_t got = 0;
+  int err = 0;
+  Kind kind = Kind::PeerDead;
+  std::string what;
+  // Poll without sleeping first (spin_us_): a reply often comes within a
+  // few microseconds, sooner than a sleeper is woken and given its CPU.
+  if (spin_us_ > 0) {
+    const auto until = Clock::now() + std::chrono::microseconds(spin_us_);
+    for (int i = 0;; ++i) {
+      const ssize_t r = ::recv(fd, &h, sizeof h, MSG_DONTWAIT | MSG_PEEK);
+      if (r != -1 || (errno != EAGAIN && errno != EWOULDBLOCK)) break;
+      if ((i & 15) == 15 && Clock::now() > until) break;
+    }
+  }
+  ReadStatus s = read_exact(fd, &h, sizeof h, got, deadline, failed_flag_, err);
+  if (s == ReadStatus::Ok) {
+    if (h.kind == kAbort) {
+      kind = Kind::PeerFailed;
+      what = "peer aborted";
+      std::string reason(std::min<uint64_t>(h.bytes, kMaxAbortReason), '\0');
+      if (h.bytes > 0 && h.bytes <= kMaxAbortReason &&
+          read_exact(fd, reason.data(), reason.size(), got, Clock::now() + std::chrono::seconds(1), failed_flag_,
+                     err) == ReadStatus::Ok)
+        what += ": " + reason;
+      s = ReadStatus::Error;
+    } else if (h.kind != kData) {
+      kind = Kind::Protocol;
+      what = "bad message header from peer";
+      s = ReadStatus::Error;
+    } else if (h.tag != op.tag || h.bytes != op.bytes) {
+      kind = Kind::Protocol;
+      what = "message mismatch: expected tag " + std::to_string(op.tag) + " and " + std::to_string(op.bytes) +
+             " bytes, peer sent tag " + std::to_string(h.tag) + " and " + std::to_string(h.bytes) + " bytes";
+      s = ReadStatus::Error;
+    } else {
+      s = read_exact(fd, op.sink ? c.eager_.data() : op.rbuf, op.bytes, got, deadline, failed_flag_, err);
+      if (s == ReadStatus::Eof || s == ReadStatus::Error) what = read_failure_text(s, 1, err);
+    }
+  } else if (s == ReadStatus::Eof || s == ReadStatus::Error) {
+    what = read_failure_text(s, got, err);
+  }
+  if (s == ReadStatus::Ok) {
+    if (op.sink) consume_eager(c, op);  // still owning the socket, so the eager buffer too
+    std::lock_guard<std::mutex> lk(mu_);
+    c.caller_reading_ = false;
+    ++c.caller_epoch_;
+    op.done = op.bytes;
+    op.complete = true;
+    op.active = false;
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    c.caller_reading_ = false;
+    op.failed = true;
+    if (s == ReadStatus::Timeout) {
+      op.kind = Kind::Timeout;
+      op.error = "timed out after " + std::to_string(options_.timeout.count()) + " ms";
+    } else if (s == ReadStatus::Stopped) {
+      op.kind = fail_kind_;  // the transport failed meanwhile: fail_op reports that
+      op.error = fail_what_;
+    } else {
+      op.kind = kind;
+      op.error = what;
+      c.dead_.store(true);
+    }
+  }
+  fail_op(c, op, "recv from");
+}
+
+void TcpTransport::wait_op(Connection& c, Op& op, const char* what, Clock::time_point deadline) {
+  if (deadline == Clock::time_point{}) deadline = Clock::now() + options_.timeout;
   std::unique_lock<std::mutex> lk(mu_);
   const bool recv = &op == &c.recv_op_;
   for (;;) {
@@ -1242,6 +1521,9 @@ void TcpTransport::fail_op(Connection& c, Op& op, const char* what) {
   lk.unlock();
   shutdown_all();
   lk.lock();
+  // A recv the reading thread has not matched is not in its hands (it may be
+  // parked and never look): settle it here.
+  if (&op == &c.recv_op_ && !op.matched && !op.complete) op.failed = true;
   // The reading thread may still be in a read into the caller's buffer or in
   // the caller's sink: wait until it lets go (a small sink message is
   // consumed by the caller, so the wait ends at once).

@@ -3,9 +3,13 @@
 // across hosts, in a network namespace of its own.
 #include "collectives/tcp/tcp_transport.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/wait.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -380,6 +384,64 @@ TEST_F(TcpTransportTest, DeadPeerFailsFastNotAtTheTimeout) {
     return false;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+// A peer that dies mid-message: rank 1 is a stand-in speaking the wire
+// protocol on raw sockets (tcp_transport.cc: the higher rank connects twice,
+// hello {kHello, rank, channel}; a message is {kind, tag, bytes} then the
+// payload). It sends a header for 64 KiB and 1000 bytes of payload, waits
+// until rank 0 is inside its recv, and is SIGKILLed. Rank 0's recv must
+// fail at once (long before its 60 s timeout) with PeerDead naming rank 1;
+// with the caller reading the socket itself and with the reading thread forced.
+TEST_F(TcpTransportTest, PeerKilledMidMessageFailsTheWaitingCallerPromptly) {
+  for (const char* thread : {"0", "1"}) {
+    SCOPED_TRACE(std::string("TESSERA_TCP_READER_THREAD=") + thread);
+    const std::string prefix = std::string("mid") + thread + "/";
+    auto codes = test::run_ranks(2, [&](int r) {
+      if (r == 0) {
+        ::setenv("TESSERA_TCP_READER_THREAD", thread, 1);
+        auto t = make(0, 2, 60000, prefix);
+        std::vector<uint8_t> buf(size_t{64} << 10);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          t->recv(1, 5, buf.data(), buf.size());
+        } catch (const TransportError& e) {
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const std::string what = e.what();
+          std::fprintf(stderr, "rank 0 after %.3f s: %s\n", s, what.c_str());
+          return e.kind() == TransportError::Kind::PeerDead && e.peer() == 1 &&
+                 what.find("rank 1") != std::string::npos && s < test_time::seconds(5.0) && !t->peer_alive(1);
+        }
+        return false;
+      }
+      PrefixStore store(make_file_store(dir_), prefix);
+      const std::string ep = store.get("tcp/ep/0", std::chrono::seconds(20));
+      const int port = std::stoi(ep.substr(ep.find(' ') + 1));
+      int fds[2];
+      for (uint32_t channel : {0u, 1u}) {
+        fds[channel] = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (::connect(fds[channel], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return false;
+        const uint32_t hello[3] = {0x7e55e110, 1, channel};
+        if (::write(fds[channel], hello, sizeof hello) != sizeof hello) return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is in its recv by now
+      struct {
+        uint32_t kind, tag;
+        uint64_t bytes;
+      } h{0x7e55d47a, 5, size_t{64} << 10};
+      std::vector<uint8_t> part(1000, 7);
+      if (::write(fds[0], &h, sizeof h) != sizeof h || ::write(fds[0], part.data(), part.size()) != 1000) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 read the start
+      ::raise(SIGKILL);
+      return false;
+    });
+    EXPECT_EQ(codes[0], 0);
+    EXPECT_EQ(codes[1], 128 + SIGKILL);
+  }
 }
 
 TEST_F(TcpTransportTest, StuckPeerTimesOutAndLaterCallsFailAtOnce) {

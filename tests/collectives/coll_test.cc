@@ -353,6 +353,58 @@ TEST_P(WorldSize, OtherCollectives) {
 INSTANTIATE_TEST_SUITE_P(Sizes, WorldSize, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
                          [](const auto& info) { return "p" + std::to_string(info.param); });
 
+// ---------------------------------------------------------------- TCP, both read paths
+
+// Every op and dtype over TCP at 2, 3 and 4 ranks, in every size class of
+// the transport: empty, a few elements, around the 64 KiB the caller reads
+// itself (kEager in tcp_transport.cc: 16384 f32 is exactly 64 KiB, 16385
+// one element beyond it), and large (the reading thread's, fragment-wise
+// sinks). `thread`: TESSERA_TCP_READER_THREAD=1, every receive through the
+// reading thread (the path before callers read).
+struct TcpCase {
+  int size;
+  bool thread;
+};
+class TcpPaths : public ::testing::TestWithParam<TcpCase> {};
+
+TEST_P(TcpPaths, EveryOpDtypeAndSizeClassExact) {
+  const TcpCase tc = GetParam();
+  auto res = run_ranks(tc.size, [tc](int rank, int size, std::shared_ptr<Store> store) {
+    ::setenv("TESSERA_TCP_READER_THREAD", tc.thread ? "1" : "0", 1);
+    CommOptions o;
+    o.transport = TransportKind::Tcp;
+    auto c = Communicator::create(std::move(store), rank, size, o);
+    Buffers heap(false);
+    int seed = 0;
+    const size_t p = static_cast<size_t>(size);
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{16384}, size_t{16385}, (size_t{1} << 18) + 3}) {
+      const bool large = count > 16385;
+      for (DType dt : kDTypes) {
+        for (ReduceOp op : kOps)
+          if (!large || op == ReduceOp::Sum || dt == DType::BF16) {
+            check_all_reduce(*c, heap, count, dt, op, seed % 2 == 1, seed);
+            ++seed;
+          }
+        check_reduce_scatter(*c, heap, count / p, dt, large ? ReduceOp::Sum : ReduceOp::Max, false);
+        check_all_gather(*c, heap, count / p, dt, dt == DType::I32);
+        check_all_to_all(*c, heap, count / p, dt, false);
+        check_broadcast(*c, heap, count, dt, size - 1);
+        check_reduce(*c, heap, count, dt, ReduceOp::Sum, 0);
+      }
+      check_sendrecv(*c, count);
+      c->barrier();
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TcpPaths,
+                         ::testing::Values(TcpCase{2, false}, TcpCase{3, false}, TcpCase{4, false}, TcpCase{2, true},
+                                           TcpCase{3, true}, TcpCase{4, true}),
+                         [](const auto& info) {
+                           return "p" + std::to_string(info.param.size) + (info.param.thread ? "_thread" : "_caller");
+                         });
+
 // ---------------------------------------------------------------- forced algorithms
 
 struct Forced {

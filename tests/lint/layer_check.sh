@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Layer check (docs/architecture.md): dependencies point down only.
-#   runtime/ < collectives/ < parallel/ < launcher/, examples/
+#   runtime/ < collectives/ < parallel/ < launcher/, examples/, integrations/
 # A source under one of these folders may include ("...") its own folder or a
 # lower one. launcher/ and examples/ are both on top: examples/ may include
 # the launcher's worker bootstrap, launcher/ never includes examples/. No
@@ -16,7 +16,7 @@ rank() {
     runtime) echo 0 ;;
     collectives) echo 1 ;;
     parallel) echo 2 ;;
-    launcher | examples) echo 3 ;;
+    launcher | examples | integrations) echo 3 ;;
     tests) echo 4 ;;
     *) echo -1 ;;  # not a layer (system or generated headers such as tessera_version.h)
   esac
@@ -42,13 +42,15 @@ while IFS= read -r -d '' file; do
       why="$from/ is below $to/"
     elif [ "$from" = launcher ] && [ "$to" = examples ]; then
       why="launcher/ must not include examples/ (programs call the launcher, not the other way)"
+    elif [ "$to" = integrations ] && [ "$from" != integrations ]; then
+      why="nothing includes integrations/ (bindings to other frameworks, on top of the libraries)"
     fi
     if [ -n "$why" ]; then
       echo "$file:$lineno: includes \"$target\": $why (layers: runtime < collectives < parallel < launcher, examples)"
       bad=$((bad + 1))
     fi
   done <"$file"
-done < <(find runtime collectives parallel launcher examples -type f \
+done < <(find runtime collectives parallel launcher examples integrations -type f \
   \( -name '*.h' -o -name '*.cc' -o -name '*.hpp' -o -name '*.cpp' -o -name '*.c' \) -print0 | sort -z)
 
 if [ "$bad" -gt 0 ]; then
