@@ -145,16 +145,20 @@ collectives::GroupCostModel make_group(const NetModel& net, const std::vector<in
 }
 }  // namespace
 
-GroupNets emulated_group_nets(int tp, int pp, int dp) {
+int kv_replicas_of(const ModelConfig& m, int tp) {
+  return m.family == "llama" && tp > m.kv_heads ? tp / m.kv_heads : 1;
+}
+
+GroupNets emulated_group_nets(int tp, int pp, int dp, int kv_replicas) {
   auto ring = [](int n) {
     std::vector<int> nodes(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) nodes[static_cast<size_t>(i)] = i;
     return make_group(NetModel(), nodes, /*shm=*/true, NetModel::default_ring(n));
   };
-  return GroupNets{ring(tp), ring(dp), ring(pp), ring(pp > 1 ? 2 : 1), ring(pp > 1 ? 2 : 1)};
+  return GroupNets{ring(tp), ring(dp), ring(pp), ring(pp > 1 ? 2 : 1), ring(pp > 1 ? 2 : 1), ring(kv_replicas)};
 }
 
-GroupNets placement_group_nets(const Topology& topo, const Placement& pl) {
+GroupNets placement_group_nets(const Topology& topo, const Placement& pl, int kv_replicas) {
   const Mesh& mesh = pl.mesh();
   const NetModel net = topo.net_model();
   const bool shm = topo.num_instances() <= 1;
@@ -175,8 +179,11 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl) {
     return collectives::group_cost_model(net, nodes, shm);
   };
   const int p = mesh.size(MeshAxis::PP);
-  return GroupNets{group(MeshAxis::TP), group(MeshAxis::DP), group(MeshAxis::PP), pair(0, p > 1 ? 1 : 0),
-                   pair(0, p - 1)};
+  std::vector<int> kv_nodes;  // rank 0's K/V group: the first kv_replicas TP ranks
+  for (int i = 0; i < kv_replicas; ++i) kv_nodes.push_back(pl.node(mesh.rank({.tp = i, .dp = 0, .pp = 0})));
+  return GroupNets{group(MeshAxis::TP), group(MeshAxis::DP),
+                   group(MeshAxis::PP), pair(0, p > 1 ? 1 : 0),
+                   pair(0, p - 1),      make_group(net, kv_nodes, shm, pl.group_model(MeshAxis::TP))};
 }
 
 // ---- the pipeline ---------------------------------------------------------------------
@@ -258,9 +265,12 @@ class StepCoster {
     n_ = b * seq;
     c_ = m.hidden;
     nl_ = sp_ ? n_ / tp : n_;
-    hd_ = m.hidden / m.heads;
+    hd_ = m.head_size();
     hl_ = m.heads / tp;
-    qkv_ = (m.hidden + 2 * m.kv_dim()) / tp;
+    kvl_ = std::max(1, m.kv_heads / tp);  // K/V heads of a rank (one, replicated, when tp exceeds them)
+    kv_rep_ = kv_replicas_of(m, tp);
+    llama_ = m.family == "llama";
+    qkv_ = (m.q_dim() + 2 * m.kv_dim()) / tp;
     f_ = m.ffn_hidden / tp;
     fc_ = m.gated_mlp() ? 2 * f_ : f_;
     vv_ = (m.vocab + tp - 1) / tp;
@@ -356,7 +366,79 @@ class StepCoster {
     p.compute += k(cost::gemm(in, c_, n_, true));
     p.compute += k(cost::gemm(n_, in, c_, false));
   }
+  // ---- the Llama family: LlamaModel's kernels and collectives (parallel/models/llama/llama_model.h) ----
+  bool abias() const { return m_.attention_bias; }
+  // One TP reduction of the summed input gradient of column-parallel layers sharing an input.
+  void input_grad_reduce(Pass& p) const { p.comm += sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_); }
+  // nn.Linear column-parallel forward: [bias broadcast] gemm(N, out, C, bias).
+  void linear_column_forward(Pass& p, int64_t out, bool bias) const {
+    if (bias) p.compute += k(cost::broadcast_rows(n_, out));
+    p.compute += k(cost::gemm(n_, out, c_, bias));
+  }
+  // Weight gradient (gemm(out, C, N) [+ bias]) and input gradient (gemm(N, C, out), accumulating unless first).
+  void linear_column_backward(Pass& p, int64_t out, bool bias, bool first, bool replicated) const {
+    if (replicated && kv_rep_ > 1) p.comm += coll(K::AllReduce, n_ * out, nets_.kv);
+    p.compute += k(cost::gemm(out, c_, n_, true));
+    if (bias) p.compute += k(cost::bias_grad(n_, out));
+    p.compute += k(cost::gemm(n_, c_, out, !first));
+  }
+  // nn.Linear row-parallel forward and backward (`in` local inputs), the residual add fused.
+  void linear_row_forward(Pass& p, int64_t in, bool bias) const {
+    if (t_ == 1) {
+      p.compute += k(cost::add_rows(n_, c_, bias));
+      p.compute += k(cost::gemm(n_, c_, in, true));
+      return;
+    }
+    p.compute += k(cost::gemm(n_, c_, in, false));
+    p.comm += sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_);
+    p.compute += k(cost::add_rows(nl_, c_, bias));
+  }
+  void linear_row_backward(Pass& p, int64_t in, bool bias) const {
+    if (bias) p.compute += k(cost::bias_grad(sp_ ? nl_ : n_, c_));
+    if (sp_) p.comm += tp(K::AllGather, nl_ * c_);
+    p.compute += k(cost::gemm(c_, in, n_, true));
+    p.compute += k(cost::gemm(n_, in, c_, false));
+  }
+  void llama_layer_forward(Pass& p) const {
+    const int64_t qw = hl_ * hd_, kw = kvl_ * hd_;
+    p.compute += k(cost::rmsnorm_forward(nl_, c_));
+    if (sp_) p.comm += tp(K::AllGather, nl_ * c_);  // gathered once for q, k and v
+    linear_column_forward(p, qw, abias());
+    linear_column_forward(p, kw, abias());
+    linear_column_forward(p, kw, abias());
+    p.compute += k(cost::rope(n_, hl_, hd_)) + k(cost::rope(n_, kvl_, hd_));
+    p.compute += k(cost::gqa_attention_forward(b_, hl_, kvl_, s_, hd_));
+    linear_row_forward(p, qw, abias());
+    p.compute += k(cost::rmsnorm_forward(nl_, c_));
+    if (sp_) p.comm += tp(K::AllGather, nl_ * c_);  // once for gate and up
+    linear_column_forward(p, f_, false);
+    linear_column_forward(p, f_, false);
+    p.compute += k(cost::swiglu_forward(n_ * f_));
+    linear_row_forward(p, f_, false);
+  }
+  void llama_layer_backward(Pass& p) const {
+    const int64_t qw = hl_ * hd_, kw = kvl_ * hd_;
+    linear_row_backward(p, f_, false);  // down
+    p.compute += k(cost::swiglu_backward(n_ * f_));
+    linear_column_backward(p, f_, false, true, false);   // up
+    linear_column_backward(p, f_, false, false, false);  // gate
+    input_grad_reduce(p);
+    p.compute += k(cost::rmsnorm_backward(nl_, c_));
+    linear_row_backward(p, qw, abias());  // o
+    p.compute += k(cost::gqa_attention_backward(b_, hl_, kvl_, s_, hd_));
+    p.compute += k(cost::rope(n_, hl_, hd_)) + k(cost::rope(n_, kvl_, hd_));
+    linear_column_backward(p, qw, abias(), true, false);  // q
+    linear_column_backward(p, kw, abias(), false, true);  // k
+    linear_column_backward(p, kw, abias(), false, true);  // v
+    input_grad_reduce(p);
+    p.compute += k(cost::rmsnorm_backward(nl_, c_));
+  }
+
   void layer_forward(Pass& p) const {
+    if (llama_) {
+      llama_layer_forward(p);
+      return;
+    }
     p.compute += k(cost::layernorm_forward(nl_, c_));
     column_forward(p, qkv_);
     attention_forward(p);
@@ -367,6 +449,10 @@ class StepCoster {
     row_forward(p, f_);
   }
   void layer_backward(Pass& p) const {
+    if (llama_) {
+      llama_layer_backward(p);
+      return;
+    }
     row_backward(p, f_);
     p.compute += k(cost::gelu_backward(n_ * f_));
     column_backward(p, fc_);
@@ -378,6 +464,10 @@ class StepCoster {
   }
   // Core attention: tessera's fused causal kernel, or Megatron-LM's unfused one.
   void attention_forward(Pass& p) const {
+    if (llama_) {  // what selective recompute redoes of a Llama layer
+      p.compute += k(cost::gqa_attention_forward(b_, hl_, kvl_, s_, hd_));
+      return;
+    }
     if (!megatron_) {
       p.compute += k(cost::attention_forward(b_, hl_, s_, hd_));
       return;
@@ -412,7 +502,7 @@ class StepCoster {
     p.compute += k(cost::embedding_backward(n_, c_));
   }
   void head_forward(Pass& p) const {
-    p.compute += k(cost::layernorm_forward(nl_, c_));
+    p.compute += k(llama_ ? cost::rmsnorm_forward(nl_, c_) : cost::layernorm_forward(nl_, c_));
     if (sp_) p.comm += tp(K::AllGather, nl_ * c_);
     p.compute += k(cost::gemm(n_, vv_, c_, false));
     p.comm += tp(K::AllReduce, n_) + tp(K::AllReduce, 2 * n_);  // row max, then sums and target logits
@@ -422,7 +512,7 @@ class StepCoster {
     p.compute += k(cost::gemm(n_, c_, vv_, false));
     p.compute += k(cost::gemm(vv_, c_, n_, true));
     p.comm += sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_);
-    p.compute += k(cost::layernorm_backward(nl_, c_));
+    p.compute += k(llama_ ? cost::rmsnorm_backward(nl_, c_) : cost::layernorm_backward(nl_, c_));
   }
 
   // One layer's forward, and its backward (with what the recompute redoes),
@@ -456,7 +546,9 @@ class StepCoster {
   const GroupNets& nets_;
   int t_;
   bool sp_;
-  int64_t b_, s_, n_ = 0, c_ = 0, nl_ = 0, hd_ = 0, hl_ = 0, qkv_ = 0, f_ = 0, fc_ = 0, vv_ = 0;
+  int64_t b_, s_, n_ = 0, c_ = 0, nl_ = 0, hd_ = 0, hl_ = 0, kvl_ = 0, qkv_ = 0, f_ = 0, fc_ = 0, vv_ = 0;
+  int kv_rep_ = 1;
+  bool llama_ = false;
 };
 
 }  // namespace

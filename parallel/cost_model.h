@@ -156,15 +156,19 @@ std::vector<int> partition_layers(int layers, int pp, bool balanced, double head
 // send/recv communicators) and the tied embedding's first-and-last-stage group.
 struct GroupNets {
   collectives::GroupCostModel tp, dp, pp, link, embed;
+  // Llama with tp > kv_heads: the TP ranks that hold one K/V head (kv_replicas of them).
+  collectives::GroupCostModel kv;
 };
+// TP ranks holding each K/V head: tp / kv_heads when tp exceeds them, else 1.
+int kv_replicas_of(const ModelConfig& m, int tp);
 // The groups of rank 0 as train_gpt models them without a topology: each
 // communicator a ring of its own members (NetModel::default_ring), shared
 // memory between the ranks (one host).
-GroupNets emulated_group_nets(int tp, int pp, int dp);
+GroupNets emulated_group_nets(int tp, int pp, int dp, int kv_replicas = 1);
 // The groups of rank 0 placed on a topology, as communicators built with
 // CommOptions::net = the topology's model and world ranks = cores would see
 // them; shared memory when the topology is one instance.
-GroupNets placement_group_nets(const Topology& topo, const Placement& placement);
+GroupNets placement_group_nets(const Topology& topo, const Placement& placement, int kv_replicas = 1);
 
 // A pipeline of p stages running `schedule` over m micro-batches, simulated
 // as PipelineExecutor runs it: an op starts when this stage is free and its

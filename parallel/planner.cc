@@ -57,8 +57,9 @@ void validate_pins(const ModelConfig& m, const Topology& topo, const PlannerOpti
     TESSERA_ARG_CHECK(*p.tp >= 1, "--tp must be positive");
     TESSERA_ARG_CHECK(m.heads % *p.tp == 0, "--tp ", *p.tp, " does not divide the ", m.heads,
                       " attention heads of model '", m.name, "'");
-    TESSERA_ARG_CHECK(m.kv_heads % *p.tp == 0, "--tp ", *p.tp, " does not divide the ", m.kv_heads,
-                      " key/value heads of model '", m.name, "'");
+    TESSERA_ARG_CHECK(m.kv_heads % *p.tp == 0 || *p.tp % m.kv_heads == 0, "--tp ", *p.tp,
+                      " neither divides nor is a multiple of the ", m.kv_heads, " key/value heads of model '", m.name,
+                      "' (with tp > kv_heads each K/V head is replicated onto tp / kv_heads ranks)");
     TESSERA_ARG_CHECK(m.ffn_hidden % *p.tp == 0, "--tp ", *p.tp, " does not divide the MLP size ", m.ffn_hidden,
                       " of model '", m.name, "'");
     TESSERA_ARG_CHECK(n % *p.tp == 0, "--tp ", *p.tp, " does not divide the ", n, " cores");
@@ -128,7 +129,7 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
   for (int64_t tp64 : divisors(n)) {
     const int tp = static_cast<int>(tp64);
     if (pinned_out(pin.tp, tp)) continue;
-    if (model.heads % tp || model.kv_heads % tp || model.ffn_hidden % tp) continue;
+    if (model.heads % tp || (model.kv_heads % tp && tp % model.kv_heads) || model.ffn_hidden % tp) continue;
     for (int64_t pp64 : divisors(n / tp)) {
       const int pp = static_cast<int>(pp64);
       if (pinned_out(pin.pp, pp) || pp > model.layers) continue;
@@ -136,8 +137,9 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
       if (pinned_out(pin.dp, dp) || B % dp) continue;
       ++meshes;
       Placement pl(topo, Mesh({.tp = tp, .dp = dp, .pp = pp}, opts.order));
-      const GroupNets nets =
-          Topology::is_emulated(topo.name()) ? emulated_group_nets(tp, pp, dp) : placement_group_nets(topo, pl);
+      const GroupNets nets = Topology::is_emulated(topo.name())
+                                 ? emulated_group_nets(tp, pp, dp, kv_replicas_of(model, tp))
+                                 : placement_group_nets(topo, pl, kv_replicas_of(model, tp));
 
       std::vector<std::pair<std::vector<int>, bool>> parts = {{partition_layers(model.layers, pp, false, head), false}};
       if (pp > 1) {

@@ -173,7 +173,8 @@ std::vector<double> predicted_stage_bubbles(const parallel::models::gpt::TrainOp
   c.zero1 = t.adamw.zero1;
   c.sequence_parallel = t.sequence_parallel;
   c.stage_layers = per_stage;
-  const parallel::PlanCost k = cm.evaluate(c, parallel::emulated_group_nets(t.tp, pp, t.dp));
+  const parallel::PlanCost k =
+      cm.evaluate(c, parallel::emulated_group_nets(t.tp, pp, t.dp, parallel::kv_replicas_of(t.model, t.tp)));
   std::vector<double> out;
   out.reserve(k.stage_bubbles.size());
   for (const parallel::StageBubble& b : k.stage_bubbles) out.push_back(b.fraction());

@@ -189,12 +189,11 @@ void apply_init_config(Flags& f, const CLI::App& app) {
 // which must be new or empty.
 void check_export_path(const std::string& path) {
   namespace fs = std::filesystem;
-  const std::string suffix = ".safetensors";
-  if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+  std::error_code ec;
+  if (parallel::models::hf_export_is_file(path)) {
     cli::check_output_file("--export", path);
     return;
   }
-  std::error_code ec;
   if (fs::exists(path, ec)) {
     TESSERA_ARG_CHECK(fs::is_directory(path, ec) && fs::is_empty(path, ec), "--export: '", path,
                       "' exists and is not an empty directory (a path ending in .safetensors writes one file; any "

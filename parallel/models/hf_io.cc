@@ -120,10 +120,16 @@ ModelConfig hf_model_config(const std::string& path, const TensorSource& src, in
   return m;
 }
 
+bool hf_export_is_file(const std::string& out) {
+  std::error_code ec;
+  const auto st = fs::status(out, ec);
+  return ends_with(out, ".safetensors") || (fs::exists(st) && !fs::is_directory(st));
+}
+
 void write_hf_model(const std::string& out, const ModelConfig& m,
                     const std::vector<std::pair<std::string, Tensor>>& tensors, uint64_t max_shard_bytes,
                     const std::string& torch_dtype) {
-  const bool single = ends_with(out, ".safetensors");
+  const bool single = hf_export_is_file(out);
   if (m.family == "gpt" && single) {
     gpt::write_gpt2_safetensors(out, m, tensors, {{"producer", "tessera train_gpt"}});
     return;

@@ -46,6 +46,11 @@ ModelConfig hf_model_config(const std::string& path, const parallel::checkpoint:
 // and model.safetensors, or model-0000K-of-0000N.safetensors plus
 // model.safetensors.index.json when the tensors exceed max_shard_bytes
 // (0: no limit). InvalidArgument naming what is missing or misshapen.
+// Whether `out` names one file for write_hf_model: a path ending in
+// .safetensors, or an existing non-directory (a device or FIFO, written
+// through); any other path is a model directory.
+bool hf_export_is_file(const std::string& out);
+
 void write_hf_model(const std::string& out, const ModelConfig& m,
                     const std::vector<std::pair<std::string, Tensor>>& tensors, uint64_t max_shard_bytes,
                     const std::string& torch_dtype);

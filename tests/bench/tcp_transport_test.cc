@@ -5,11 +5,11 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <sched.h>
-#include <sys/wait.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>

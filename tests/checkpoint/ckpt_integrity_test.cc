@@ -26,6 +26,7 @@
 #include "runtime/error.h"
 #include "runtime/files.h"
 #include "tests/checkpoint/gpt2_test_files.h"
+#include "tests/checkpoint/llama_test_files.h"
 #include "tests/checkpoint/manifest_edit.h"
 #include "tests/checkpoint/test_util.h"
 
@@ -347,6 +348,10 @@ TEST(CkptIntegrity, EveryDocumentedCommandRuns) {
     std::smatch m;
     static const std::regex in(R"((out/demo/[A-Za-z0-9_]+\.safetensors))");
     if (std::regex_search(c, m, in) && !fs::exists(d.file(m[1].str()))) make_file(d.file(m[1].str()), kCfg, 10);
+    // ... and the Llama ones from the demo's Hugging Face directory; any small Llama serves.
+    static const std::regex llama(R"(out/demo/llama(\s|/|$))");
+    if (std::regex_search(c, llama) && !fs::exists(d.file("out/demo/llama")))
+      testing::write_llama_model(d.file("out/demo/llama"), testing::tiny_llama(), DType::BF16, 0);
   }
   for (const std::string& c : cmds) {
     SCOPED_TRACE(c);

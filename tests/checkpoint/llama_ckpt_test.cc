@@ -21,6 +21,7 @@
 #include "parallel/models/families.h"
 #include "parallel/models/hf_io.h"
 #include "runtime/error.h"
+#include "tests/checkpoint/llama_test_files.h"
 #include "tests/checkpoint/test_util.h"
 
 namespace tessera {
@@ -30,34 +31,10 @@ namespace fs = std::filesystem;
 namespace ckpt = parallel::checkpoint;
 using testing::TempDir;
 
-// 8 query heads sharing 2 K/V heads, 4 layers (pp up to 4), tp up to 8.
-parallel::ModelConfig tiny_llama() {
-  parallel::ModelConfig m;
-  m.name = "tiny-llama";
-  m.family = "llama";
-  m.layers = 4;
-  m.hidden = 32;
-  m.heads = 8;
-  m.kv_heads = 2;
-  m.ffn_hidden = 64;
-  m.vocab = 77;  // 77 does not divide over tp: the last rows of the vocabulary shards are padding
-  m.max_seq = 16;
-  m.rope_theta = 5e5;
-  return m;
-}
+using testing::tiny_llama;
 
-// A Hugging Face model directory (config.json and the safetensors, sharded
-// above max_shard_bytes) with distinct values in every element.
 void write_model(const std::string& dir, const parallel::ModelConfig& m, DType dtype, uint64_t max_shard_bytes) {
-  std::mt19937 g(11);
-  std::normal_distribution<float> n(0.f, 1.f);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& p : parallel::models::parameter_layout(m, 1, 0)) {
-    std::vector<float> v(static_cast<size_t>(shape_numel(p.full_shape)));
-    for (auto& x : v) x = n(g);
-    tensors.emplace_back(p.name, Tensor::from_vector(v, p.full_shape, DType::F32).to(dtype));
-  }
-  parallel::models::write_hf_model(dir, m, tensors, max_shard_bytes, dtype == DType::BF16 ? "bfloat16" : "float32");
+  testing::write_llama_model(dir, m, dtype, max_shard_bytes);
 }
 
 // Every tensor of `a` equals `b`'s in name, dtype, shape and bytes.

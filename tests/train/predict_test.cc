@@ -43,16 +43,32 @@ struct Layout {
   // 8 cores of a topology preset, placed as the planner places them
   // (train_gpt --topology, tessera plan --topology --cores 8).
   std::string topology = "emulated:8";
+  // The demo's model as GPT-2, or as a Llama with kv_heads K/V heads of its 4 (tp > kv_heads: replicated).
+  std::string family = "gpt";
+  int kv_heads = 4;
 };
+
+std::string model_json(const Layout& l) {
+  if (l.family == "gpt")
+    return R"({"name": "demo-gpt", "layers": 4, "hidden": 128, "heads": 4, "vocab": 256, "max_seq": 128})";
+  return R"({"name": "demo-llama", "family": "llama", "layers": 4, "hidden": 128, "heads": 4, "kv_heads": )" +
+         std::to_string(l.kv_heads) + R"(, "ffn_hidden": 384, "vocab": 256, "max_seq": 128})";
+}
+
+std::string model_flags(const Layout& l) {
+  if (l.family == "gpt") return " --layers 4 --hidden 128 --heads 4";
+  return " --family llama --layers 4 --hidden 128 --heads 4 --kv-heads " + std::to_string(l.kv_heads) +
+         " --ffn-hidden 384";
+}
 
 constexpr int kGlobalBatch = 16;
 
 // The plan `tessera plan` writes for the layout.
 nlohmann::json planned(const Layout& l, const TempDir& d) {
-  const std::string model = d.file("model.json"), json = d.file(l.name + "_plan.json");
+  const std::string model = d.file(l.name + "_model.json"), json = d.file(l.name + "_plan.json");
   {
     std::ofstream f(model);
-    f << R"({"name": "demo-gpt", "layers": 4, "hidden": 128, "heads": 4, "vocab": 256, "max_seq": 128})";
+    f << model_json(l);
   }
   std::string cmd = std::string(TESSERA_BIN) + " plan --model " + model + " --topology " + l.topology +
                     (l.topology == "emulated:8" ? "" : " --cores 8") +
@@ -83,12 +99,11 @@ Emulated emulated(const Layout& l, const TempDir& d) {
           ? std::string(TESSERA_BIN) + " run --nproc-per-node 8 --log-dir " + d.file(l.name + "_logs") + " --"
           : "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MPIRUN_BIN) +
                 " --oversubscribe --bind-to none -np 8";
-  std::string cmd =
-      "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=120 " + launch + " " + TRAIN_GPT_BIN +
-      " --layers 4 --hidden 128 --heads 4 --seq 128 --steps 3 --lr 3e-3 --device trn1-core --global-batch " +
-      std::to_string(kGlobalBatch) + " --micro-batch " + std::to_string(l.mbs) + " --tp " + std::to_string(l.tp) +
-      " --pp " + std::to_string(l.pp) + " --dp " + std::to_string(l.dp) + (l.zero1 ? " --zero1" : "") + " --log-json " +
-      log;
+  std::string cmd = "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=120 " + launch + " " + TRAIN_GPT_BIN + model_flags(l) +
+                    " --seq 128 --steps 3 --lr 3e-3 --device trn1-core --global-batch " + std::to_string(kGlobalBatch) +
+                    " --micro-batch " + std::to_string(l.mbs) + " --tp " + std::to_string(l.tp) + " --pp " +
+                    std::to_string(l.pp) + " --dp " + std::to_string(l.dp) + (l.zero1 ? " --zero1" : "") +
+                    " --log-json " + log;
   if (l.pp > 1) cmd += " --schedule " + l.schedule + " --virtual-stages " + std::to_string(l.v) + " --trace " + trace;
   if (l.topology != "emulated:8") cmd += " --topology " + l.topology;
   auto r = tessera::testing::run_command(cmd);
@@ -124,6 +139,12 @@ TEST(PredictEqualsEmulation, StepTimeAndEachStagesBubble) {
       {"tp2dp4_zero1_trn1", 2, 1, 4, 4, "1f1b", 1, true, "run", "trn1.32xlarge"},
       {"tp2pp2dp2_1f1b_trn1", 2, 2, 2, 2, "1f1b", 1, false, "run", "trn1.32xlarge"},
       {"tp2pp2dp2_1f1b_trn2", 2, 2, 2, 2, "1f1b", 1, false, "run", "trn2.48xlarge"},
+      // Llama: GQA's smaller K/V projections, SwiGLU's three matrices, RMSNorm, RoPE. (With tp > kv_heads
+      // the prediction is still 0.4-2% above the emulated run: the K/V groups' all-reduce is not yet costed
+      // as the run charges it; docs/planner.md.)
+      {"llama_tp2dp4_zero1_kv2", 2, 1, 4, 4, "1f1b", 1, true, "run", "emulated:8", "llama", 2},
+      {"llama_tp2pp2dp2_1f1b_kv2", 2, 2, 2, 2, "1f1b", 1, false, "run", "emulated:8", "llama", 2},
+      {"llama_tp2pp2dp2_trn1_kv2", 2, 2, 2, 2, "1f1b", 1, false, "run", "trn1.32xlarge", "llama", 2},
   };
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
