@@ -42,7 +42,7 @@ echo "-- tp 4 > 2 K/V heads: each K/V head is replicated onto the 2 ranks whose 
 rm -rf "$OUT/llama" "$OUT/llama_tp4_pp2" "$OUT/llama_back"
 "$BIN/tessera" run --nproc-per-node 8 --log-dir "$OUT/logs_llama" -- \
   "$BIN/train_gpt" --family llama --layers 4 --hidden 128 --heads 4 --kv-heads 2 --tp 4 --dp 2 --zero1 --seq 128 \
-  --micro-batch 4 --steps "$LLAMA_STEPS" --lr 1e-3 --val-every 50 --device trn1-core \
+  --micro-batch 4 --global-batch 16 --steps "$LLAMA_STEPS" --lr 1e-3 --val-every 50 --device trn1-core \
   --log-json "$OUT/train_llama_log.jsonl" --export "$OUT/llama" \
   | tee "$OUT/train_llama.txt"
 echo "-- its Hugging Face directory (config.json + model.safetensors) cut for tp 4 x pp 2, verified, put back together"
