@@ -95,7 +95,7 @@ bool check(const float* v, size_t n, float expect) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app("coll_perf: tessera's all-reduce against MPI_Allreduce, under mpirun -np N");
   int iters_large = 4, iters_small = 5000, rounds = 9;
   size_t mib = 64;
@@ -236,4 +236,16 @@ int main(int argc, char** argv) {
   launcher::shutdown(job);
   mpi::finalize();
   return any ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "coll_perf: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "coll_perf: unknown error\n");
+    return 1;
+  }
 }

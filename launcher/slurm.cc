@@ -59,6 +59,7 @@ int slurm_tasks_on_node(const std::string& spec, int node) {
     std::string item = spec.substr(b, e - b);
     long repeat = 1;
     if (const size_t p = item.find("(x"); p != std::string::npos) {
+      // NOLINTNEXTLINE(performance-inefficient-string-concatenation): an error message, built once
       if (item.back() != ')') throw InvalidArgument(what + "='" + spec + "': bad repeat '" + item + "'");
       repeat = parse_count(item.substr(p + 2, item.size() - p - 3), what.c_str());
       item = item.substr(0, p);

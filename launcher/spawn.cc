@@ -206,6 +206,7 @@ std::vector<int> worker_cpus(int nproc) {
   const std::vector<int> cpus = current_cpu_mask();
   if (nproc < 2 || nproc > static_cast<int>(cpus.size())) return {};
   std::vector<int> out;
+  out.reserve(static_cast<size_t>(nproc));
   for (int i = 0; i < nproc; ++i) out.push_back(cpus[static_cast<size_t>(i) % cpus.size()]);
   return out;
 }

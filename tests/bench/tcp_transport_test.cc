@@ -547,6 +547,7 @@ TEST(TcpAddress, ChosenWithoutDns) {
                                                                               {"eth,a0", "10.9.0.1"}}) {
       setenv("TESSERA_SOCKET_IFNAME", spec.c_str(), 1);
       a = choose({"10.200.0.1"});
+      // NOLINTNEXTLINE(performance-inefficient-string-concatenation): a test message
       check(a == want, "TESSERA_SOCKET_IFNAME=" + spec + " -> " + want, a);
     }
     for (const char* spec : {"=a", "^lo,a", "eth"}) {

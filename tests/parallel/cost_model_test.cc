@@ -237,7 +237,7 @@ TEST(CostModel, MegatronRedoesSequenceParallelGathers) {
   // 1 Mi-element buckets, Megatron-LM's one buffer.
   const double sp = 12.0 * static_cast<double>(m.layer_params() - m.layer_params_tp_sharded()) + 1024.0 * 768 + 2 * 768;
   const int64_t P = (12 * m.layer_params_tp_sharded()) / 2 + 12 * (m.layer_params() - m.layer_params_tp_sharded()) +
-                    int64_t{50257} * 768 / 2 + int64_t{1024} * 768 + 2 * 768;
+                    int64_t{50257} * 768 / 2 + int64_t{1024} * 768 + int64_t{2} * 768;
   const int64_t nb = (P + (int64_t{1} << 20) - 1) >> 20;
   const double sp_sums =
       pred(CollKind::AllReduce, std::llround(sp)) -
