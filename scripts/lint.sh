@@ -58,7 +58,9 @@ if [ "$mode" = all ] || [ "$mode" = tidy ]; then
   need run-clang-tidy clang-tidy
   [ -f "$BUILD_DIR/compile_commands.json" ] || { echo "lint: $BUILD_DIR/compile_commands.json missing: configure first (scripts/test.sh)" >&2; exit 1; }
   # Translation units only; headers are checked through HeaderFilterRegex.
-  mapfile -t tus < <(printf '%s\n' "${files[@]}" | grep '\.cc$')
+  # integrations/torch compiles against PyTorch's headers, which Debian's
+  # clang-tidy 14 cannot parse (c10::IValue incomplete types): left to GCC's -Werror.
+  mapfile -t tus < <(printf '%s\n' "${files[@]}" | grep '\.cc$' | grep -v '^integrations/')
   log="$(mktemp)"
   trap 'rm -f "$log"' EXIT
   # The compile commands are GCC's: clang does not know some GCC-only warning
