@@ -6,6 +6,29 @@
 
 namespace tessera::parallel::models {
 
+void CausalLM::check_tp_rank(int tp, int tp_rank) {
+  TESSERA_ARG_CHECK(tp >= 1 && tp_rank >= 0 && tp_rank < tp, "bad tp rank ", tp_rank, " of ", tp);
+}
+
+void CausalLM::check_stage_inputs(const parallel::layers::ParallelState& ps, int vstage, const int32_t* inputs,
+                                  const int32_t* targets, const float* act_in, int64_t batch, int64_t seq) const {
+  const ModelConfig& cfg = config();
+  TESSERA_ARG_CHECK(seq >= 1 && seq <= cfg.max_seq, "sequence length ", seq, " exceeds the model context ",
+                    cfg.max_seq);
+  const int64_t n = batch * seq;
+  TESSERA_ARG_CHECK(!ps.sp() || n % ps.tp_size == 0, "sequence parallelism needs batch*seq (", n, ") divisible by tp ",
+                    ps.tp_size);
+  const bool embed = has_embedding(), head = has_head();
+  for (int64_t i = 0; i < n; ++i) {
+    TESSERA_ARG_CHECK(!embed || (inputs[i] >= 0 && inputs[i] < cfg.vocab), "token id ", inputs[i],
+                      " out of the vocabulary [0, ", cfg.vocab, ") at position ", i);
+    TESSERA_ARG_CHECK(!head || (targets[i] >= 0 && targets[i] < cfg.vocab), "target id ", targets[i],
+                      " out of the vocabulary [0, ", cfg.vocab, ") at position ", i);
+  }
+  TESSERA_ARG_CHECK(embed || act_in != nullptr, "forward_stage: virtual stage ", vstage,
+                    " needs the previous stage's activation");
+}
+
 ModelConfig default_train_model() {
   ModelConfig m;
   m.name = "train_gpt";

@@ -76,6 +76,30 @@ class CausalLM {
   virtual const float* backward_stage(int slot, const float* grad_out,
                                       const std::function<void(parallel::layers::Parameter*)>& on_ready) = 0;
   virtual int num_slots() const = 0;
+
+ protected:
+  // What every family's forward_stage checks before it touches a buffer:
+  // seq within the context, batch x seq divisible by tp under SP, token
+  // and target ids inside the vocabulary, an activation for a later stage.
+  // InvalidArgument naming the value.
+  void check_stage_inputs(const parallel::layers::ParallelState& ps, int vstage, const int32_t* inputs,
+                          const int32_t* targets, const float* act_in, int64_t batch, int64_t seq) const;
+  // Every parameter TP rank `tp_rank` of `tp` of a model of type M holds,
+  // unbound: M built from sizes and ranks alone (no device, no communicators).
+  template <class M>
+  static std::vector<parallel::layers::Parameter> layout_of(const ModelConfig& cfg, int tp, int tp_rank) {
+    check_tp_rank(tp, tp_rank);
+    parallel::layers::ParallelState ps;
+    ps.tp_size = tp;
+    ps.tp_rank = tp_rank;
+    M model(cfg, ps);
+    std::vector<parallel::layers::Parameter> v;
+    for (const parallel::layers::Parameter* p : model.parameters()) v.push_back(*p);
+    return v;
+  }
+
+ private:
+  static void check_tp_rank(int tp, int tp_rank);
 };
 
 // The trainer's default model: the small GPT-2 train_gpt trains without

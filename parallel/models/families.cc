@@ -28,12 +28,12 @@ checkpoint::ModelFamilies model_families() {
   };
   f.from_hf = [](const checkpoint::TensorSource& src, int64_t heads_hint) {
     // config.json, when there is one, names the family; a GPT-2 file without one is read from its shapes.
-    if (auto c = std::optional<ModelConfig>(hf_model_config(src.path(), src, heads_hint)); c->family == "llama") {
-      TESSERA_ARG_CHECK(heads_hint <= 0 || heads_hint == c->heads, "--heads ", heads_hint, " disagrees with ",
-                        src.path(), "'s config, whose num_attention_heads is ", c->heads);
-      check_hf_tensors(src, *c);
+    if (const ModelConfig c = hf_model_config(src.path(), src, heads_hint); c.family == "llama") {
+      TESSERA_ARG_CHECK(heads_hint <= 0 || heads_hint == c.heads, "--heads ", heads_hint, " disagrees with ",
+                        src.path(), "'s config, whose num_attention_heads is ", c.heads);
+      check_hf_tensors(src, c);
       checkpoint::HfModel out;
-      out.layout = std::make_unique<llama::LlamaLayout>(*c);
+      out.layout = std::make_unique<llama::LlamaLayout>(c);
       for (const auto& p : out.layout->tensors(1, 0)) out.stored[p.name] = p.name;
       return out;
     }

@@ -460,6 +460,40 @@ TEST(ParallelTraining, SteadyStateStepsAllocateNothingOnDevice) {
 
 // The same over TP x DP with ZeRO-1 and sequence parallelism: collectives
 // workspaces, buckets and the SP staging buffer are sized by the first step.
+// The same memory discipline for Llama: serial, and tp 2 > 1 K/V head (the
+// K/V groups' gradient sums) with SP and ZeRO-1 over 4 ranks.
+TEST(ParallelTraining, LlamaSteadyStateStepsAllocateNothingOnDevice) {
+  Device dev(DeviceSpec::preset("test-core"));
+  auto ps = parallel::layers::serial_state(&dev);
+  parallel::models::gpt::TrainOptions o = tiny_options(256, 2, 8, Model{"llama", 2, false});
+  o.micro_batch = 2;
+  parallel::models::gpt::Trainer t(o, ps, dataset());
+  EXPECT_EQ(steady_state_device_changes(t, dev), "");
+}
+
+TEST(ParallelTraining, LlamaSteadyStateParallelStepsAllocateNothingOnDevice) {
+  kern::default_blas_threads();
+  auto res = collectives::test::run_ranks(4, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    collectives::CommOptions co;
+    co.device = &dev;
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
+    parallel::models::gpt::TrainOptions o = tiny_options(256, 2, 8, Model{"llama", 1, false});
+    o.tp = 2;
+    o.dp = 2;
+    o.sequence_parallel = true;
+    o.adamw.zero1 = true;
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(
+        world, 2, 2, &dev, /*sequence_parallel=*/true, 1, parallel::models::kv_replicas(o.model, 2));
+    parallel::models::gpt::Trainer t(o, ps, dataset());
+    const std::string changes = steady_state_device_changes(t, dev);
+    TESSERA_CHECK(changes.empty(), "rank ", rank, " in steady steps: ", changes);
+    world->barrier();
+  });
+  std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+}
+
 TEST(ParallelTraining, SteadyStateParallelStepsAllocateNothingOnDevice) {
   kern::default_blas_threads();
   auto res = collectives::test::run_ranks(4, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {

@@ -5,6 +5,7 @@
 
 #include "parallel/layers/buffer.h"
 #include "parallel/layers/cross_entropy.h"
+#include "parallel/layers/param_alias.h"
 #include "parallel/pipeline/partition.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
@@ -116,14 +117,7 @@ GptModel::Slot& GptModel::slot(int i) {
     } else {
       for (size_t l = 0; l < blocks_.size(); ++l) {
         s->own.push_back(std::make_unique<Block>(first_layer_ + static_cast<int64_t>(l), cfg_, ps_));
-        std::vector<Parameter*> mine = s->own.back()->params(), base = blocks_[l]->params();
-        for (size_t k = 0; k < mine.size(); ++k) {
-          TESSERA_CHECK(base[k]->value != nullptr, "activation slots need bound parameters (", base[k]->name, ")");
-          mine[k]->value = base[k]->value;
-          mine[k]->grad = base[k]->grad;
-          mine[k]->offset = base[k]->offset;
-          mine[k]->index = base[k]->index;
-        }
+        parallel::layers::alias_parameters(blocks_[l]->params(), s->own.back()->params());
         s->blocks.push_back(s->own.back().get());
       }
     }
@@ -137,15 +131,7 @@ Parameter* GptModel::wte() { return wte_ ? &wte_->weight() : nullptr; }
 GptModel::~GptModel() = default;
 
 std::vector<Parameter> GptModel::parameter_layout(const ModelConfig& cfg, int tp, int tp_rank) {
-  TESSERA_ARG_CHECK(tp >= 1 && tp_rank >= 0 && tp_rank < tp, "bad tp rank ", tp_rank, " of ", tp);
-  // The constructor only reads sizes and ranks: no device, no communicators.
-  parallel::layers::ParallelState ps;
-  ps.tp_size = tp;
-  ps.tp_rank = tp_rank;
-  GptModel model(cfg, ps);
-  std::vector<Parameter> v;
-  for (const Parameter* p : model.parameters()) v.push_back(*p);
-  return v;
+  return layout_of<GptModel>(cfg, tp, tp_rank);
 }
 
 std::vector<Parameter*> GptModel::parameters() {
@@ -268,19 +254,8 @@ void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
 
 double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* targets, const float* act_in,
                                int64_t batch, int64_t seq, bool want_grad, float grad_scale, const float** act_out) {
-  TESSERA_ARG_CHECK(seq >= 1 && seq <= cfg_.max_seq, "sequence length ", seq, " exceeds the model context ",
-                    cfg_.max_seq);
+  check_stage_inputs(ps_, vstage_, inputs, targets, act_in, batch, seq);
   const int64_t n = batch * seq, c = cfg_.hidden;
-  TESSERA_ARG_CHECK(!ps_.sp() || n % ps_.tp_size == 0, "sequence parallelism needs batch*seq (", n,
-                    ") divisible by tp ", ps_.tp_size);
-  for (int64_t i = 0; i < n; ++i) {
-    TESSERA_ARG_CHECK(!has_embedding() || (inputs[i] >= 0 && inputs[i] < cfg_.vocab), "token id ", inputs[i],
-                      " out of the vocabulary [0, ", cfg_.vocab, ") at position ", i);
-    TESSERA_ARG_CHECK(!has_head() || (targets[i] >= 0 && targets[i] < cfg_.vocab), "target id ", targets[i],
-                      " out of the vocabulary [0, ", cfg_.vocab, ") at position ", i);
-  }
-  TESSERA_ARG_CHECK(has_embedding() || act_in != nullptr, "forward_stage: virtual stage ", vstage_,
-                    " needs the previous stage's activation");
   Device* dev = ps_.device;
   const int64_t nl = local_rows(n);
   const auto eps = static_cast<float>(cfg_.norm_eps);

@@ -185,15 +185,7 @@ Parameter* LlamaModel::tied_embedding() {
 }
 
 std::vector<Parameter> LlamaModel::parameter_layout(const ModelConfig& cfg, int tp, int tp_rank) {
-  TESSERA_ARG_CHECK(tp >= 1 && tp_rank >= 0 && tp_rank < tp, "bad tp rank ", tp_rank, " of ", tp);
-  // The constructor only reads sizes and ranks: no device, no communicators.
-  parallel::layers::ParallelState ps;
-  ps.tp_size = tp;
-  ps.tp_rank = tp_rank;
-  LlamaModel model(cfg, ps);
-  std::vector<Parameter> v;
-  for (const Parameter* p : model.parameters()) v.push_back(*p);
-  return v;
+  return layout_of<LlamaModel>(cfg, tp, tp_rank);
 }
 
 std::vector<Parameter*> LlamaModel::parameters() {
@@ -231,19 +223,8 @@ const float* LlamaModel::token_losses() const {
 
 double LlamaModel::forward_stage(int si, const int32_t* inputs, const int32_t* targets, const float* act_in,
                                  int64_t batch, int64_t seq, bool want_grad, float grad_scale, const float** act_out) {
-  TESSERA_ARG_CHECK(seq >= 1 && seq <= cfg_.max_seq, "sequence length ", seq, " exceeds the model context ",
-                    cfg_.max_seq);
+  check_stage_inputs(ps_, vstage_, inputs, targets, act_in, batch, seq);
   const int64_t n = batch * seq, c = cfg_.hidden;
-  TESSERA_ARG_CHECK(!ps_.sp() || n % ps_.tp_size == 0, "sequence parallelism needs batch*seq (", n,
-                    ") divisible by tp ", ps_.tp_size);
-  for (int64_t i = 0; i < n; ++i) {
-    TESSERA_ARG_CHECK(!has_embedding() || (inputs[i] >= 0 && inputs[i] < cfg_.vocab), "token id ", inputs[i],
-                      " out of the vocabulary [0, ", cfg_.vocab, ") at position ", i);
-    TESSERA_ARG_CHECK(!has_head() || (targets[i] >= 0 && targets[i] < cfg_.vocab), "target id ", targets[i],
-                      " out of the vocabulary [0, ", cfg_.vocab, ") at position ", i);
-  }
-  TESSERA_ARG_CHECK(has_embedding() || act_in != nullptr, "forward_stage: virtual stage ", vstage_,
-                    " needs the previous stage's activation");
   Device* dev = ps_.device;
   const int64_t nl = local_rows(n);
   if (!rope_ && !blocks_.empty())  // once per model, on its device
