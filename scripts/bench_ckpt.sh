@@ -7,6 +7,8 @@
 # size 512m (default): a ~512 MB GPT-2-shaped f32 file (vocab 50257, context
 #   1024, width 1024, 6 layers, 16 heads) from `train_gpt --steps 0
 #   --export`, kept in the work dir.
+# size llama2g: a 1.97 GB Llama Hugging Face directory from `train_gpt --family
+#   llama --steps 0 --export` (16 heads, 4 K/V heads), deleted at the end.
 # size 2g: a 2.08 GiB one (width 2048, 9 layers) from build/bin/gpt2_random
 #   (random weights, streamed), deleted at the end.
 # Each rep times shard --tp 8, reshard tp 8 -> tp 4 pp 2 and consolidate,
@@ -35,11 +37,21 @@ case $SIZE in
     [ -f "$SRC" ] || "$BUILD/bin/gpt2_random" --vocab 50257 --seq 1024 --hidden 2048 --layers 9 --heads 16 \
       --out "$SRC" >/dev/null
     ;;
-  *) echo "usage: $0 [build dir] [work dir] [512m|2g] [reps]" >&2; exit 2 ;;
+  llama2g)
+    # A 1.97 GB Llama as a Hugging Face directory (config.json + model.safetensors): width 2048, 8 layers,
+    # 16 query heads sharing 4 K/V heads (so shard --tp 8 replicates each K/V head onto 2 ranks), untied head.
+    SRC="$DIR/llama-2048x8"
+    trap 'rm -rf "$SRC"' EXIT
+    [ -f "$SRC/model.safetensors" ] || "$BUILD/bin/train_gpt" --steps 0 --family llama --vocab 32000 --seq 2048 \
+      --hidden 2048 --layers 8 --heads 16 --kv-heads 4 --ffn-hidden 5632 --micro-batch 1 --export "$SRC" >/dev/null
+    ;;
+  *) echo "usage: $0 [build dir] [work dir] [512m|2g|llama2g] [reps]" >&2; exit 2 ;;
 esac
 T="$BUILD/bin/tessera"
-echo "source: $SRC ($(stat -c %s "$SRC") bytes)  nproc=$(nproc)"
-cat "$SRC" >/dev/null  # warm the page cache
+SRC_FILE="$SRC"  # the tensors' file (a Hugging Face directory's model.safetensors)
+[ -d "$SRC" ] && SRC_FILE="$SRC/model.safetensors"
+echo "source: $SRC ($(du -sb "$SRC" | cut -f1) bytes)  nproc=$(nproc)"
+cat "$SRC" "$SRC"/* >/dev/null 2>&1 || true  # warm the page cache (a file, or a directory's files)
 
 CP=0
 t() {  # t LABEL CMD...: wall, CPU, peak RSS of CMD, and the ratio to this rep's cp
@@ -80,7 +92,7 @@ for rep in $(seq 1 "$REPS"); do
   pair "reshard tp 8 -> tp 4 pp 2" "$DIR/out_tp8" "$T" ckpt reshard --tp 4 --pp 2 --out "$DIR/out_tp4pp2" "$DIR/out_tp8"
   rm -rf "$DIR/out_tp8"
   pair "consolidate (tp 4 pp 2)" "$DIR/out_tp4pp2" "$T" ckpt consolidate --out "$DIR/back.safetensors" "$DIR/out_tp4pp2"
-  cmp -s <(tail -c 100000000 "$SRC") <(tail -c 100000000 "$DIR/back.safetensors") ||
+  cmp -s <(tail -c 100000000 "$SRC_FILE") <(tail -c 100000000 "$DIR/back.safetensors") ||
     { echo "consolidated tensors differ from the source" >&2; exit 1; }
 done
 clean
