@@ -18,6 +18,12 @@ namespace tessera::gpt {
 void apply_model_flags(parallel::models::gpt::TrainOptions& t, const std::string& model, const std::string& family,
                        const std::function<bool(const char*)>& given);
 
+// Every model flag the user gave (`given`) must agree with `source`, the
+// model of a file or checkpoint named `where`: InvalidArgument "--heads 8
+// does not match WHERE, which has 4". `flags` holds the flags' values.
+void agree_model_flags(const parallel::ModelConfig& flags, const parallel::ModelConfig& source,
+                       const std::string& where, const std::function<bool(const char*)>& given);
+
 // The model a --model argument names: a directory holding config.json, a
 // file named config.json (Hugging Face), a preset name or a planner model
 // JSON file (parallel/model_config.h).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "examples/gpt/model_flags.h"
 #include "parallel/checkpoint/checkpoint.h"
 #include "parallel/models/gpt/hf.h"
 #include "parallel/models/gpt/trainer_state.h"
@@ -49,15 +50,7 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
     // Weights only (a `tessera ckpt shard` output): a fresh optimizer at step 0; sizes as for --init.
     const parallel::ModelConfig c =
         parallel::ModelConfig::from_json_text(ck.model_json(), ck.where() + " (the manifest's model)");
-    auto agree = [&](const char* flag, auto value, auto file) {
-      TESSERA_ARG_CHECK(!given(flag) || value == file, flag, " ", value, " does not match ", dir, ", which has ", file);
-    };
-    agree("--heads", t.model.heads, c.heads);
-    agree("--vocab", t.model.vocab, c.vocab);
-    agree("--hidden", t.model.hidden, c.hidden);
-    agree("--layers", t.model.layers, c.layers);
-    agree("--family", t.model.family, c.family);
-    agree("--kv-heads", t.model.kv_heads, c.kv_heads);
+    agree_model_flags(t.model, c, dir, given);
     t.model = c;
     if (!given("--seq")) t.seq = std::min<int64_t>(t.seq, c.max_seq);
     return ck.dir();
@@ -68,14 +61,7 @@ std::string apply_resume_flags(models::gpt::TrainOptions& t, const std::string& 
     TESSERA_ARG_CHECK(!given(flag) || value == saved, flag, " ", value, " does not match checkpoint ", ck.dir(),
                       ", which has ", saved);
   };
-  const parallel::ModelConfig sm = models::gpt::model_of(st, "checkpoint " + ck.dir());
-  agree("--family", t.model.family, sm.family);
-  agree("--vocab", t.model.vocab, sm.vocab);
-  agree("--hidden", t.model.hidden, sm.hidden);
-  agree("--layers", t.model.layers, sm.layers);
-  agree("--heads", t.model.heads, sm.heads);
-  agree("--kv-heads", t.model.kv_heads, sm.kv_heads);
-  agree("--ffn-hidden", t.model.ffn_hidden, sm.ffn_hidden);
+  agree_model_flags(t.model, models::gpt::model_of(st, "checkpoint " + ck.dir()), "checkpoint " + ck.dir(), given);
   agree("--seq", t.seq, st.seq);
   agree("--global-batch", t.global_batch, st.global_batch);
   agree("--steps", t.steps, st.steps);

@@ -165,17 +165,7 @@ void apply_init_config(Flags& f, const CLI::App& app) {
   const parallel::ModelConfig c = parallel::models::hf_model_config(f.init, *src, heads_hint);
   parallel::models::check_hf_tensors(*src, c);
   if (!f.allow_nonfinite) parallel::checkpoint::check_finite(*src);
-  auto agree = [&](const char* flag, auto given, auto file) {
-    TESSERA_ARG_CHECK(!app.count(flag) || given == file, flag, " ", given, " does not match ", f.init, ", which has ",
-                      file);
-  };
-  agree("--family", f.family, c.family);
-  agree("--heads", f.t.model.heads, c.heads);
-  agree("--kv-heads", f.t.model.kv_heads, c.kv_heads);
-  agree("--vocab", f.t.model.vocab, c.vocab);
-  agree("--hidden", f.t.model.hidden, c.hidden);
-  agree("--layers", f.t.model.layers, c.layers);
-  agree("--ffn-hidden", f.t.model.ffn_hidden, c.ffn_hidden);
+  gpt::agree_model_flags(f.t.model, c, f.init, [&](const char* flag) { return app.count(flag) > 0; });
   if (!f.model.empty()) {
     parallel::ModelConfig a = f.t.model, b = c;
     a.name = b.name = "";

@@ -79,6 +79,30 @@ TEST(TrainGptCli, ExportedDirectoryReadsBackAsTheFile) {
   }
 }
 
+// A size flag given beside the model's source (--model, --init, --resume of a
+// checkpoint) must agree with it: exit 2 naming the flag, both values and the source.
+TEST(TrainGptCli, SizeFlagsThatContradictTheModelsSourceAreRefused) {
+  TempDir d;
+  ASSERT_EQ(run(kTiny + " --export " + d.file("m.safetensors") + " --save " + d.file("ck")).code, 0);
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c :
+       {Case{"--model gpt2-124m --layers 3 --steps 1", "--layers 3 does not match --model gpt2-124m, which has 12"},
+        Case{"--model llama3-8b --family gpt --steps 1",
+             "--family gpt does not match --model llama3-8b, which has llama"},
+        Case{"--init " + d.file("m.safetensors") + " --hidden 64 --steps 1",
+             "--hidden 64 does not match " + d.file("m.safetensors") + ", which has 32"},
+        Case{"--init " + d.file("m.safetensors") + " --family llama --steps 1",
+             "--family llama does not match " + d.file("m.safetensors") + ", which has gpt"},
+        Case{"--resume " + d.file("ck") + " --heads 4 --steps 2", "--heads 4 does not match checkpoint"}}) {
+    SCOPED_TRACE(c.args);
+    RunResult r = run(c.args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << r.out;
+  }
+}
+
 TEST(TrainGptCli, BadInputExitsTwoBeforeTraining) {
   TempDir d;
   std::ofstream(d.file("empty.txt")).flush();
