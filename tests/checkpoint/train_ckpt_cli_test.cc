@@ -486,6 +486,43 @@ TEST_F(TrainCkptCli, PipelineResumeSameAndOtherLayout) {
   for (int s : {3, 4}) EXPECT_NEAR(d.at(s), a.at(s), 1e-5 * a.at(s)) << s;
 }
 
+// A Llama (GQA with one K/V head, so tp 2 replicates it onto both ranks,
+// untied head) under mpirun: saved as tp2 pp2 with SP (1F1B), resumed under
+// mpirun in the same layout bit for bit, then across layouts within 1e-5:
+// tp 4 dp 1 under `tessera run`, and one process.
+TEST_F(TrainCkptCli, LlamaUnderMpirunResumesSameAndOtherLayout) {
+  TempDir t;
+  const std::string llama =
+      " --family llama --kv-heads 1 --ffn-hidden 48 --layers 2 --hidden 32 --heads 4 --seq 16 --vocab 256"
+      " --micro-batch 2 --global-batch 8 --lr 3e-3 --warmup 1 --device test-core --steps 4 ";
+  const std::string mpirun4 = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(MPIRUN_BIN) +
+                              " --oversubscribe --bind-to none -np 4 ";
+  auto go = [&](const std::string& launcher, const std::string& args) {
+    return run_command("OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=60 " + launcher + TRAIN_GPT_BIN + llama + args);
+  };
+  const std::string tp2pp2 = "--tp 2 --pp 2 --sequence-parallel --schedule 1f1b ";
+  CommandResult r = go(mpirun4, tp2pp2 + "--save " + t.file("ck") + " --save-every 2 --log-json " + t.file("a.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto a = losses(t.file("a.json"));
+  ASSERT_EQ(a.size(), 4u);
+  const std::string step2 = t.file("ck") + "/step_00000002";
+  r = tessera_cmd("ckpt verify " + step2);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = go(mpirun4, tp2pp2 + "--resume " + step2 + " --log-json " + t.file("b.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto b = losses(t.file("b.json"));
+  for (int s : {3, 4}) EXPECT_EQ(b.at(s), a.at(s)) << "same layout, step " << s;
+  r = go(std::string(TESSERA_BIN) + " run --nproc-per-node 4 -- ",
+         "--tp 4 --resume " + step2 + " --log-json " + t.file("c.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto c = losses(t.file("c.json"));
+  for (int s : {3, 4}) EXPECT_NEAR(c.at(s), a.at(s), 1e-5 * a.at(s)) << "tp 4, step " << s;
+  r = go("", "--resume " + step2 + " --log-json " + t.file("d.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto d = losses(t.file("d.json"));
+  for (int s : {3, 4}) EXPECT_NEAR(d.at(s), a.at(s), 1e-5 * a.at(s)) << "serial, step " << s;
+}
+
 // A worker SIGKILLed at a random step: tessera run restarts the group, which
 // resumes from the newest complete checkpoint and ends with the
 // uninterrupted run's final loss.
