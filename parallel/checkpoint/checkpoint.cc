@@ -1323,6 +1323,110 @@ void stream_pieces(const TensorReader& src, const std::vector<PieceOut>& outs, c
   if (sha) *sha = bw.digest(out);
 }
 
+// Streams several rank files at once: file i gets heads[i], then the pieces
+// outs[i] in order. The files hold pieces of the same tensors in the same
+// order (each a subset), so the pieces of one (tensor, kind) are written
+// together: the source ranges they need are read once, ascending, in
+// reads of at most 8 MiB (ranges less than 64 KiB apart in one read), and
+// each file takes its runs from them. A TP shard's runs ascend in both its
+// own and the full tensor's index, so each file is written in its order.
+// (Reading each file's pieces on their own took a pread per row of a
+// row-parallel weight and file: 262,000 for a 2 GB Llama at tp 8.)
+void stream_ranks(const TensorReader& src, const std::vector<std::vector<PieceOut>>& outs,
+                  const std::vector<std::string>& heads, const std::vector<FileSink*>& sinks, std::vector<uint8_t>& buf,
+                  NonFiniteLog* nf, std::vector<std::string>* shas) {
+  struct Run {
+    int64_t local, full, n;
+  };
+  struct Member {
+    size_t file;
+    const PieceOut* po;
+    std::vector<Run> runs;
+    size_t next = 0;
+    int64_t done = 0;  // elements of runs[next] already written
+  };
+  const size_t nfiles = outs.size();
+  // Each file holds at most one partly filled buffer: one per file and a few to queue.
+  BackgroundWriter bw(nfiles + 4, kOutBufferBytes);
+  for (size_t i = 0; i < nfiles; ++i) {
+    bw.add(sinks[i], true);
+    bw.write(i, heads[i].data(), heads[i].size());
+  }
+  constexpr int64_t kGapBytes = int64_t{64} << 10;
+  std::vector<size_t> cursor(nfiles, 0);
+  std::vector<Member> group;
+  std::vector<std::pair<int64_t, int64_t>> spans;  // full-index ranges to read
+  for (;;) {
+    // The next (tensor, kind): the first unwritten piece of the lowest file that has one.
+    const PieceOut* lead = nullptr;
+    for (size_t i = 0; i < nfiles && !lead; ++i)
+      if (cursor[i] < outs[i].size()) lead = &outs[i][cursor[i]];
+    if (!lead) break;
+    group.clear();
+    spans.clear();
+    for (size_t i = 0; i < nfiles; ++i) {
+      if (cursor[i] >= outs[i].size()) continue;
+      const PieceOut& po = outs[i][cursor[i]];
+      if (po.p->name != lead->p->name || po.kind != lead->kind) continue;
+      ++cursor[i];
+      Member m{i, &po, {}};
+      shard_runs_in(*po.p, po.begin, po.end, [&](int64_t local, int64_t full, int64_t n) {
+        m.runs.push_back({local, full, n});
+        if (full >= 0) spans.emplace_back(full, full + n);
+      });
+      group.push_back(std::move(m));
+    }
+    const DType dt = lead->dtype;
+    const int64_t es = static_cast<int64_t>(dtype_size(dt));
+    const int64_t step = step_elems(dt), gap = std::max<int64_t>(1, kGapBytes / es);
+    std::sort(spans.begin(), spans.end());
+    const Parameter full = whole(lead->p->name, lead->p->full_shape);
+    // Writes what each member's runs take from source elements [cb, ce)
+    // (read into buf), and the padding runs before them.
+    auto emit = [&](int64_t cb, int64_t ce) {
+      for (Member& m : group) {
+        while (m.next < m.runs.size()) {
+          const Run& r = m.runs[m.next];
+          if (r.full < 0) {
+            bw.zeros(m.file, static_cast<size_t>(r.n * es));
+            ++m.next;
+            continue;
+          }
+          const int64_t from = r.full + m.done;
+          if (from >= ce) break;
+          const int64_t upto = std::min(r.full + r.n, ce);
+          const uint8_t* p = buf.data() + (from - cb) * es;
+          if (nf && m.po->kind == StateKind::Param)
+            nf->scan(src.where(), m.po->p->name, p, dt, upto - from, r.local + m.done);
+          bw.write(m.file, p, static_cast<size_t>((upto - from) * es));
+          m.done += upto - from;
+          if (m.done < r.n) break;
+          ++m.next;
+          m.done = 0;
+        }
+      }
+    };
+    for (size_t k = 0; k < spans.size();) {
+      // One coalesced span, read in steps.
+      int64_t sb = spans[k].first, se = spans[k].second;
+      for (++k; k < spans.size() && spans[k].first <= se + gap; ++k) se = std::max(se, spans[k].second);
+      for (int64_t cb = sb; cb < se; cb += step) {
+        const int64_t ce = std::min(se, cb + step);
+        const size_t n = static_cast<size_t>((ce - cb) * es);
+        if (buf.size() < n) buf.resize(n);
+        src.read(full, lead->kind, cb, ce, buf.data());
+        emit(cb, ce);
+      }
+    }
+    emit(0, 0);  // trailing padding
+    for (const Member& m : group)
+      TESSERA_CHECK(m.next == m.runs.size(), src.where(), ": ", m.po->p->name, " not written whole");
+  }
+  bw.drain();
+  shas->resize(nfiles);
+  for (size_t i = 0; i < nfiles; ++i) (*shas)[i] = bw.digest(i);
+}
+
 }  // namespace
 
 uint64_t write_checkpoint(const TensorReader& src, const ModelLayout& model, const std::string& out_dir,
@@ -1352,8 +1456,13 @@ uint64_t write_checkpoint(const TensorReader& src, const ModelLayout& model, con
   size_t written = 0;
   for (int s = 0; s < L.pp; ++s) {
     for (int d = 0; d < L.dp; ++d) {
+      // The TP ranks' files of (stage s, dp slice d) are written together,
+      // so each source range is read once for all of them (stream_ranks).
+      std::vector<std::vector<PieceOut>> outs;
+      std::vector<std::string> names, paths, heads;
+      std::vector<json> entries;
       for (int r = 0; r < L.tp; ++r) {
-        std::vector<PieceOut> outs;
+        std::vector<PieceOut> mine;
         for (const Parameter& p : ranks[static_cast<size_t>(r)]) {
           if (stage_of(p, part) != s || p.tp_replica() != 0) continue;
           const int64_t n = p.numel(), b = n * d / L.dp, e = n * (d + 1) / L.dp;
@@ -1361,31 +1470,37 @@ uint64_t write_checkpoint(const TensorReader& src, const ModelLayout& model, con
           const DType dt = src.dtype(p.name);
           TESSERA_ARG_CHECK(float_dtype(dt), src.where(), ": tensor ", p.name, " is ", dtype_name(dt),
                             ", expected F32, BF16 or F16");
-          outs.push_back({&p, StateKind::Param, b, e, dt});
+          mine.push_back({&p, StateKind::Param, b, e, dt});
           if (o.optimizer)
-            for (StateKind k : {StateKind::ExpAvg, StateKind::ExpAvgSq}) outs.push_back({&p, k, b, e, dt});
+            for (StateKind k : {StateKind::ExpAvg, StateKind::ExpAvgSq}) mine.push_back({&p, k, b, e, dt});
         }
-        if (outs.empty()) continue;
+        if (mine.empty()) continue;
         FileMeta fm = base;
         fm.world_rank = r + L.tp * (d + L.dp * s);
-        const std::string name = rank_file_name(d, r, s);
-        std::pair<std::string, json> hdr = rank_file_header(name, fm, outs);
-        const std::string& head = hdr.first;
-        json& entry = hdr.second;
-        const std::string path = (tmp.path() / name).string();
-        std::string sha;
-        AtomicWriteOptions wo;
-        wo.direct = true;
-        wo.sync = false;
-        write_file_atomic(
-            path,
-            [&](FileSink& sink) { stream_pieces(src, outs, head, sink, buf, o.allow_nonfinite ? nullptr : &nf, &sha); },
-            wo);
-        fsync_path(path);
-        entry["bytes"] = fs::file_size(path);
-        entry["sha256"] = sha;
-        bytes += entry["bytes"].get<uint64_t>();
-        files.push_back(std::move(entry));
+        names.push_back(rank_file_name(d, r, s));
+        std::pair<std::string, json> hdr = rank_file_header(names.back(), fm, mine);
+        heads.push_back(std::move(hdr.first));
+        entries.push_back(std::move(hdr.second));
+        paths.push_back((tmp.path() / names.back()).string());
+        outs.push_back(std::move(mine));
+      }
+      if (outs.empty()) continue;
+      std::vector<std::string> shas;
+      AtomicWriteOptions wo;
+      wo.direct = true;
+      wo.sync = false;
+      write_files_atomic(
+          paths,
+          [&](const std::vector<FileSink*>& sinks) {
+            stream_ranks(src, outs, heads, sinks, buf, o.allow_nonfinite ? nullptr : &nf, &shas);
+          },
+          nullptr, wo);
+      for (size_t i = 0; i < paths.size(); ++i) {
+        fsync_path(paths[i]);
+        entries[i]["bytes"] = fs::file_size(paths[i]);
+        entries[i]["sha256"] = shas[i];
+        bytes += entries[i]["bytes"].get<uint64_t>();
+        files.push_back(std::move(entries[i]));
         if (++written == (nfiles + 1) / 2) fault_point("mid_output", 0, o.step);
       }
     }
