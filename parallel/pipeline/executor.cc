@@ -82,12 +82,15 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
     }
     spans_.push_back({PipeSpan::kRecv, op.micro, op.chunk, now_, 0, 0, w1, 0});
   };
-  // The op's modeled time: the compute it charged and its blocking TP communication.
+  // The op's modeled time: the compute it charged and its blocking TP
+  // communication, the K/V groups' gradient all-reduce included (the kv
+  // communicator is split from the TP one and keeps its own total).
   struct Mark {
     double clock, tp, wall;
   };
   auto op_clock = [&] {
-    Mark m{ps_.device ? ps_.device->clock().totals().compute_s : 0, ps_.tp ? ps_.tp->total_modeled_seconds() : 0,
+    Mark m{ps_.device ? ps_.device->clock().totals().compute_s : 0,
+           (ps_.tp ? ps_.tp->total_modeled_seconds() : 0) + (ps_.kv ? ps_.kv->total_modeled_seconds() : 0),
            wall_now()};
     m.clock += m.tp;
     return m;
