@@ -109,21 +109,9 @@ GptModel::GptModel(const ModelConfig& cfg, const parallel::layers::ParallelState
 }
 
 GptModel::Slot& GptModel::slot(int i) {
-  TESSERA_CHECK(i >= 0 && i <= 1024, "activation slot ", i, " out of range");
-  while (static_cast<int>(slots_.size()) <= i) {
-    auto s = std::make_unique<Slot>();
-    if (slots_.empty()) {
-      for (auto& b : blocks_) s->blocks.push_back(b.get());
-    } else {
-      for (size_t l = 0; l < blocks_.size(); ++l) {
-        s->own.push_back(std::make_unique<Block>(first_layer_ + static_cast<int64_t>(l), cfg_, ps_));
-        parallel::layers::alias_parameters(blocks_[l]->params(), s->own.back()->params());
-        s->blocks.push_back(s->own.back().get());
-      }
-    }
-    slots_.push_back(std::move(s));
-  }
-  return *slots_[static_cast<size_t>(i)];
+  return parallel::layers::activation_slot(slots_, blocks_, i, [&](size_t l) {
+    return std::make_unique<Block>(first_layer_ + static_cast<int64_t>(l), cfg_, ps_);
+  });
 }
 
 Parameter* GptModel::wte() { return wte_ ? &wte_->weight() : nullptr; }
