@@ -246,7 +246,8 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--model", args->model, "Model preset (gpt2-124m ... llama2-70b) or JSON file")->required();
   cmd->add_option("--topology", args->topology,
                   "Topology preset (trn1.32xlarge, trn1-cluster:N, trn2.48xlarge, trn2-cluster:N, trn2-ultraserver, "
-                  "torus4d:AxBxCxD, dgx-a100:N, emulated:N = the emulated cores train_gpt runs on) or JSON file")
+                  "inf2.48xlarge, trn3-ultraserver[:144], torus4d:AxBxCxD, dgx-a100:N, emulated:N = the emulated "
+                  "cores train_gpt runs on) or JSON file")
       ->required();
   cmd->add_option("--cores", args->cores, "Use the first N cores of the topology")->check(cli::positive(args->cores));
   cmd->add_option("--global-batch", args->global_batch, "Sequences per step")

@@ -28,6 +28,13 @@ const DevicePreset kDevicePresets[] = {
     // NeuronCore-v3: a Trainium2 chip has 8 cores, 667 TFLOP/s bf16 and 181
     // TFLOP/s fp32 dense, 96 GiB HBM at 2.9 TB/s; one core gets an eighth.
     {"trn2-core", static_cast<uint64_t>(12 * kGiB), 667e12 / 8, 181e12 / 8, 2.9e12 / 8, 0.5, 1e-6},
+    // NeuronCore-v2 of Inferentia2 (inferentia2.rst): a chip has 2 cores, 190
+    // TFLOP/s bf16 and 47.5 fp32, 32 GiB HBM at 820 GiB/s; one core gets half
+    // (the same core as trn1's). Sustained fraction and launch as trn1-core.
+    {"inf2-core", static_cast<uint64_t>(16 * kGiB), 95e12, 23.75e12, 410 * kGiB, 0.5, 1e-6},
+    // NeuronCore-v4 (trainium3.rst): a Trainium3 chip has 8 cores, 671 TFLOP/s
+    // bf16 and 183 fp32 dense, 144 GiB HBM at 4.9 TB/s; one core gets an eighth.
+    {"trn3-core", static_cast<uint64_t>(18 * kGiB), 671e12 / 8, 183e12 / 8, 4.9e12 / 8, 0.5, 1e-6},
     // NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e at 2039 GB/s, 312 TFLOP/s
     // dense bf16, 19.5 TFLOP/s fp32 (no TF32), 108 SMs (A100 whitepaper).
     // Sustained: 267.9 of 312 TFLOP/s = 0.859, the best bf16 matmul that

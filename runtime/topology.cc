@@ -33,6 +33,18 @@ constexpr double kTrn2ZLinkBw = 128e9;
 // it reads and writes (trn1: 820 GiB/s / 2 cores / 2; trn2: 2.9 TB/s / 8 / 2).
 constexpr double kTrn1CoreBw = 820 * kGiB / 4;
 constexpr double kTrn2CoreBw = 2.9e12 / 16;
+// Inferentia2 (aws-neuron-sdk inferentia2.rst, inf2-arch.rst): NeuronLink-v2
+// at 192 GiB/s per chip; inf2.48xlarge's 12 chips sit on one ring (the
+// topology diagram), 2 neighbours each. ASSUMPTION: 96 GiB/s per link and
+// direction (per-link figures are not published).
+constexpr double kInf2LinkBw = 192 * kGiB / 2;
+// Trn3 (trainium3.rst, trn3-arch.rst): NeuronLink-v4 at 2.56 TB/s per chip
+// into NeuronSwitch-v1, one hop from every chip to every other. ASSUMPTION:
+// the whole 2.56 TB/s per direction into the switch (read as trn2's 1024 GB/s
+// is: a per-chip total).
+constexpr double kTrn3SwitchBw = 2.56e12;
+// Cores of one chip (as kTrn1CoreBw): Trn3's 4.9 TB/s HBM over 8 cores, halved.
+constexpr double kTrn3CoreBw = 4.9e12 / 16;
 // EFA: 800 Gbps per trn1.32xlarge, 3200 Gbps (EFAv3) per trn2.48xlarge.
 constexpr double kTrn1EfaBw = 800e9 / 8;
 constexpr double kTrn2EfaBw = 3200e9 / 8;
@@ -100,6 +112,22 @@ Topology trn2(const std::string& name, int instances, bool ultraserver) {
   return Topology(name, std::move(dims), DeviceSpec::preset("trn2-core"));
 }
 
+// inf2.48xlarge: 12 Inferentia2 chips on one ring, 2 NeuronCore-v2 each.
+Topology inf2(const std::string& name) {
+  std::vector<TopologyDim> dims = {make_dim("core", TopoLevel::Core, 2, LinkKind::Switch, kTrn1CoreBw, kOnChipLat),
+                                   make_dim("ring", TopoLevel::Chip, 12, LinkKind::Ring, kInf2LinkBw, kNeuronLinkLat)};
+  return Topology(name, std::move(dims), DeviceSpec::preset("inf2-core"));
+}
+
+// A Trn3 UltraServer: `chips` Trainium3 chips (64: Gen1, 144: Gen2) behind
+// NeuronSwitch-v1, 8 NeuronCore-v4 each.
+Topology trn3(const std::string& name, int chips) {
+  std::vector<TopologyDim> dims = {make_dim("core", TopoLevel::Core, 8, LinkKind::Switch, kTrn3CoreBw, kOnChipLat),
+                                   make_dim("switch", TopoLevel::Chip, chips, LinkKind::Switch, kTrn3SwitchBw,
+                                            kNeuronLinkLat)};
+  return Topology(name, std::move(dims), DeviceSpec::preset("trn3-core"));
+}
+
 // ---- JSON ------------------------------------------------------------------------
 using nlohmann::json;
 
@@ -161,8 +189,9 @@ Topology::Topology(std::string name, std::vector<TopologyDim> dims, DeviceSpec d
 }
 
 std::vector<std::string> Topology::preset_names() {
-  return {"trn1.32xlarge",    "trn1-cluster:N",  "trn2.48xlarge", "trn2-cluster:N",
-          "trn2-ultraserver", "torus4d:AxBxCxD", "dgx-a100:N",    "emulated:N"};
+  return {"trn1.32xlarge",   "trn1-cluster:N",    "trn2.48xlarge",   "trn2-cluster:N",
+          "trn2-ultraserver", "inf2.48xlarge",     "trn3-ultraserver", "trn3-ultraserver:144",
+          "torus4d:AxBxCxD",  "dgx-a100:N",        "emulated:N"};
 }
 
 Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) {
@@ -194,6 +223,15 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
   } else if (head == "trn2-ultraserver") {
     no_arg();
     t = trn2(spec, 1, true);
+  } else if (head == "inf2.48xlarge") {
+    no_arg();
+    t = inf2(spec);
+  } else if (head == "trn3-ultraserver") {
+    // Gen1 (64 chips) by default; ":144" is Gen2.
+    const int chips = has_arg ? parse_count(spec, arg) : 64;
+    TESSERA_ARG_CHECK(chips == 64 || chips == 144, "topology preset '", spec,
+                      "': a Trn3 UltraServer has 64 (Gen1) or 144 (Gen2) chips");
+    t = trn3(spec, chips);
   } else if (head == "dgx-a100") {
     need_arg();
     int n = parse_count(spec, arg);

@@ -13,6 +13,7 @@
 #include "collectives/communicator.h"
 #include "runtime/device.h"
 #include "runtime/shm_memory.h"
+#include "runtime/topology.h"
 #include "tests/collectives/fork_harness.h"
 
 namespace tessera::collectives {
@@ -92,6 +93,35 @@ TEST(CollCost, SharedMemoryAlgorithmsByHand) {
   EXPECT_EQ(predict(CollKind::AllReduce, count, DType::F32, ring_group(1, true)).seconds, 0.0);
   // A point-to-point transfer on a two-rank link: alpha + bytes / B.
   EXPECT_NEAR(p2p_seconds(ring_group(2, true), 0, 1, 1e6), 2e-6 + 1e6 / 51539607552.0, 1e-15);
+}
+
+// A switch level (Trn3's NeuronSwitch: one hop to every chip) against the
+// one-row ring of inf2.48xlarge, for four chips (one core each, no shared
+// memory). 4 MiB: the ring algorithm, 2 (p-1) steps of N/p over its slowest
+// link. On the switch every link is one hop: 6 (2 us + 1 MiB / 2.56 TB/s).
+// On the ring of 12 chips, the ring order 0-1-2-3 closes from chip 3 back to
+// chip 0 over 3 hops: 6 (3 x 2 us + 1 MiB / 96 GiB/s). 4 KiB: recursive
+// doubling, partners 1 hop apart and then (on the ring) 2.
+TEST(CollCost, SwitchLevelAgainstTheOneRowRingByHand) {
+  auto four_chips = [](const char* preset, int cores_per_chip) {
+    std::vector<int> nodes;
+    for (int chip = 0; chip < 4; ++chip) nodes.push_back(chip * cores_per_chip);
+    return group_cost_model(Topology::preset(preset).net_model(), nodes, false);
+  };
+  const GroupCostModel sw = four_chips("trn3-ultraserver", 8), row = four_chips("inf2.48xlarge", 2);
+  const double mib = 1048576.0, inf2_link = 96.0 * 1024 * 1024 * 1024;
+  CollPrediction a = predict(CollKind::AllReduce, size_t{1} << 20, DType::F32, sw);
+  EXPECT_EQ(a.algorithm, "ring");
+  EXPECT_NEAR(a.seconds, 6 * (2e-6 + mib / 2.56e12), 1e-15);
+  CollPrediction b = predict(CollKind::AllReduce, size_t{1} << 20, DType::F32, row);
+  EXPECT_EQ(b.algorithm, "ring");
+  EXPECT_NEAR(b.seconds, 6 * (3 * 2e-6 + mib / inf2_link), 1e-15);
+  CollPrediction c = predict(CollKind::AllReduce, 1024, DType::F32, sw);
+  EXPECT_EQ(c.algorithm, "rd");
+  EXPECT_NEAR(c.seconds, 2 * (2e-6 + 4096 / 2.56e12), 1e-15);
+  CollPrediction d = predict(CollKind::AllReduce, 1024, DType::F32, row);
+  EXPECT_EQ(d.algorithm, "rd");
+  EXPECT_NEAR(d.seconds, (2e-6 + 4096 / inf2_link) + (2 * 2e-6 + 4096 / inf2_link), 1e-15);
 }
 
 TEST(CollCost, RecursiveDoublingWithoutSharedMemoryByHand) {

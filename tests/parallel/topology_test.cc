@@ -46,6 +46,42 @@ TEST(Topology, Trn2AndUltraserver) {
   EXPECT_EQ(u.dims().back().net.kind, LinkKind::Ring);
 }
 
+// The inference instance and the switched generation (docs/planner.md's figures).
+TEST(Topology, Inf2RingAndTrn3Switch) {
+  Topology inf = Topology::preset("inf2.48xlarge");
+  EXPECT_EQ(inf.num_cores(), 24);
+  EXPECT_EQ(inf.cores_per_chip(), 2);
+  EXPECT_EQ(inf.chips_per_instance(), 12);
+  EXPECT_EQ(inf.device().hbm_bytes, 16ull << 30);                 // 32 GiB per chip over 2 cores
+  EXPECT_DOUBLE_EQ(inf.device().hbm_bandwidth, 820 * kGiB / 2);   // 820 GiB/s per chip
+  EXPECT_DOUBLE_EQ(inf.device().peak_flops_bf16, 190e12 / 2);
+  ASSERT_EQ(inf.dims().size(), 2u);
+  EXPECT_EQ(inf.dims()[1].net.kind, LinkKind::Ring);
+  EXPECT_DOUBLE_EQ(inf.dims()[1].net.bandwidth, 192 * kGiB / 2);  // 192 GiB/s per chip, 2 ring neighbours
+  NetModel m = inf.net_model();
+  // One row: chip 6 is 6 hops from chip 0 either way round, chip 11 one (the wrap).
+  EXPECT_EQ(m.hops_between(0, 2 * 6), 6);
+  EXPECT_EQ(m.hops_between(0, 2 * 11), 1);
+  EXPECT_EQ(m.hops_between(0, 2 * 3), 3);
+
+  Topology t3 = Topology::preset("trn3-ultraserver");
+  EXPECT_EQ(t3.num_cores(), 64 * 8);
+  EXPECT_EQ(t3.device().hbm_bytes, 18ull << 30);  // 144 GiB per chip over 8 cores
+  EXPECT_DOUBLE_EQ(t3.device().peak_flops_bf16, 671e12 / 8);
+  EXPECT_EQ(t3.dims()[1].net.kind, LinkKind::Switch);
+  EXPECT_DOUBLE_EQ(t3.dims()[1].net.bandwidth, 2.56e12);
+  NetModel s = t3.net_model();
+  // NeuronSwitch: every chip one hop from every other.
+  for (int chip : {1, 7, 32, 63}) EXPECT_EQ(s.hops_between(0, 8 * chip), 1) << chip;
+  EXPECT_EQ(Topology::preset("trn3-ultraserver:144").num_cores(), 144 * 8);
+  try {
+    Topology::preset("trn3-ultraserver:100");
+    FAIL() << "a 100-chip Trn3 UltraServer was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("64 (Gen1) or 144 (Gen2)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Topology, Torus4dWithLinkOptions) {
   TopologyOptions o;
   o.link_bandwidth = 50e9;
