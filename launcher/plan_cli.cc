@@ -6,9 +6,13 @@
 #include <memory>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "parallel/inference_planner.h"
 #include "parallel/plan_io.h"
 #include "parallel/planner.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 #include "runtime/topology.h"
 
 namespace tessera::launcher {
@@ -25,6 +29,8 @@ struct PlanArgs {
   int cores = 0, tp = 0, pp = 0, dp = 0, mbs = 0, vstages = 0, top = 5;
   long long global_batch = 0;
   int seq = 0;
+  bool inference = false;
+  int batch = 0, prompt_len = 0, gen_len = 0;
   double efficiency = 0, memory_fraction = 0.9, link_bw_gb_s = 0, link_latency_us = 0;
   CLI::App* cmd = nullptr;
 };
@@ -154,6 +160,64 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
   }
 }
 
+// tessera plan --inference: one row per TP degree (docs/planner.md, "Inference").
+int run_inference_plan(const PlanArgs& a) {
+  if (!a.json.empty()) cli::check_output_file("--json", a.json);
+  TopologyOptions topts;
+  topts.device = a.device;
+  const ModelConfig model = ModelConfig::load(a.model);
+  Topology topo = Topology::load(a.topology, topts);
+  if (a.cores > 0) topo = topo.first_cores(a.cores);
+  InferenceConfig c;
+  c.batch = a.batch;
+  c.prompt = a.prompt_len;
+  c.generate = a.gen_len;
+  c.dtype = a.precision == "fp32" ? DType::F32 : DType::BF16;
+  c.tp = a.tp;
+  c.memory_fraction = a.memory_fraction;
+  const std::vector<InferencePlan> plans = plan_inference(model, topo, c);
+  std::printf("tessera plan --inference: %s on %s (%d cores of %s, %s HBM each), batch %d, prompt %d + %d new tokens, %s\n",
+              model.name.c_str(), topo.name().c_str(), topo.num_cores(), topo.device().name.c_str(),
+              gib(static_cast<double>(topo.device().hbm_bytes)).c_str(), c.batch, c.prompt, c.generate,
+              a.precision.c_str());
+  std::printf("%4s %8s %11s %11s %14s %10s %10s %12s %12s %s\n", "tp", "replicas", "weights", "kv cache",
+              "max batch*ctx", "TTFT ms", "TPOT ms", "all-reduce us", "tokens/s", "fits");
+  for (const InferencePlan& p : plans)
+    std::printf("%4d %8d %11s %11s %14lld %10.3f %10.3f %12.2f %12.0f %s\n", p.tp, p.replicas,
+                gib(p.weight_bytes).c_str(), gib(p.kv_bytes).c_str(), static_cast<long long>(p.max_cached_tokens),
+                p.ttft_s * 1e3, p.tpot_s * 1e3, p.allreduce_token_s * 1e6, p.tokens_per_s, p.fits ? "yes" : "no");
+  const InferencePlan& best = plans.front();
+  if (!best.fits) {
+    std::printf("nothing fits: tp %d needs %s of weights and %s of KV cache per core, %s usable\n", best.tp,
+                gib(best.weight_bytes).c_str(), gib(best.kv_bytes).c_str(), gib(best.usable_bytes).c_str());
+  } else {
+    std::printf("\nBest plan: tp=%d replicas=%d: TTFT %.3f ms (prefill %s-bound), %.3f ms per output token "
+                "(decode %s-bound: weights %.3f ms + KV %.3f ms at HBM bandwidth; TP all-reduces %.3f ms), "
+                "%.0f tokens/s\n",
+                best.tp, best.replicas, best.ttft_s * 1e3,
+                best.prefill_compute_s >= best.prefill_memory_s ? "compute" : "memory", best.tpot_s * 1e3,
+                best.decode_compute_s > best.decode_memory_s ? "compute" : "memory",
+                best.weight_bytes / topo.device().hbm_bandwidth * 1e3,
+                (best.decode_memory_s - best.weight_bytes / topo.device().hbm_bandwidth) * 1e3,
+                best.decode_comm_s * 1e3, best.tokens_per_s);
+    std::printf("the TP group spans %d chip(s); its ring's slowest step crosses %d hop(s), so each of the %d "
+                "per-token all-reduces costs %.2f us: on a torus or a switch a group of chips is one hop apart at "
+                "every step, on a one-row ring of many chips the ring closes over the row\n",
+                best.tp_group_chips, best.tp_ring_max_hops, 2 * model.layers, best.allreduce_token_s * 1e6);
+  }
+  if (!a.json.empty()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const InferencePlan& p : plans)
+      j.push_back({{"tp", p.tp}, {"replicas", p.replicas}, {"weight_bytes", p.weight_bytes},
+                   {"kv_bytes_per_token", p.kv_bytes_per_token}, {"kv_bytes", p.kv_bytes},
+                   {"max_cached_tokens", p.max_cached_tokens}, {"fits", p.fits}, {"ttft_s", p.ttft_s},
+                   {"tpot_s", p.tpot_s}, {"allreduce_token_s", p.allreduce_token_s},
+                   {"tokens_per_s", p.tokens_per_s}});
+    write_file_atomic(a.json, j.dump(2) + "\n");
+  }
+  return best.fits ? 0 : 1;
+}
+
 int run_plan(const PlanArgs& a) {
   if (!a.json.empty()) cli::check_output_file("--json", a.json);  // before a long search
   TopologyOptions topts;
@@ -250,10 +314,18 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
                   "cores train_gpt runs on) or JSON file")
       ->required();
   cmd->add_option("--cores", args->cores, "Use the first N cores of the topology")->check(cli::positive(args->cores));
-  cmd->add_option("--global-batch", args->global_batch, "Sequences per step")
-      ->required()
+  cmd->add_option("--global-batch", args->global_batch, "Sequences per step (training; required without --inference)")
       ->check(cli::positive(args->global_batch));
-  cmd->add_option("--seq", args->seq, "Tokens per sequence")->required()->check(cli::positive(args->seq));
+  cmd->add_option("--seq", args->seq, "Tokens per sequence (training; required without --inference)")
+      ->check(cli::positive(args->seq));
+  cmd->add_flag("--inference", args->inference,
+                "Plan serving instead of training: TP degree, HBM fit of weights and KV cache, time to first token "
+                "and per output token (with --batch, --prompt-len, --gen-len)");
+  cmd->add_option("--batch", args->batch, "--inference: sequences decoded together")->check(cli::positive(args->batch));
+  cmd->add_option("--prompt-len", args->prompt_len, "--inference: tokens per prompt")
+      ->check(cli::positive(args->prompt_len));
+  cmd->add_option("--gen-len", args->gen_len, "--inference: new tokens per sequence")
+      ->check(cli::positive(args->gen_len));
   cmd->add_option("--tp", args->tp, "Pin tensor-parallel size")->check(cli::positive(args->tp));
   cmd->add_option("--pp", args->pp, "Pin pipeline-parallel size")->check(cli::positive(args->pp));
   cmd->add_option("--dp", args->dp, "Pin data-parallel size")->check(cli::positive(args->dp));
@@ -300,8 +372,21 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->footer(
       "Temporary files: --json is written through .NAME.tmp.<pid>.XXXXXX next to the file, renamed into place.");
   cmd->callback([&action, args] {
+    // Which flags are required depends on the job (a ParseError: printed with the usage, exit 2).
+    if (args->inference) {
+      for (const char* f : {"--batch", "--prompt-len", "--gen-len"})
+        if (args->cmd->count(f) == 0) throw CLI::RequiredError(std::string(f) + " (with --inference)");
+      for (const char* f : {"--global-batch", "--seq", "--pp", "--dp", "--mbs", "--schedule", "--zero1"})
+        if (args->cmd->count(f) > 0) throw CLI::ValidationError(f, "is a training flag; not with --inference");
+    } else {
+      for (const char* f : {"--global-batch", "--seq"})
+        if (args->cmd->count(f) == 0) throw CLI::RequiredError(f);
+      for (const char* f : {"--batch", "--prompt-len", "--gen-len"})
+        if (args->cmd->count(f) > 0) throw CLI::ValidationError(f, "needs --inference");
+    }
     action = [args]() -> int {
       try {
+        if (args->inference) return run_inference_plan(*args);
         return run_plan(*args);
       } catch (const FormatError& e) {  // a bad file is bad input: exit 2 like a bad flag
         std::cerr << "tessera plan: " << e.what() << "\n";
