@@ -104,8 +104,8 @@ TEST(CollCost, SharedMemoryAlgorithmsByHand) {
 // doubling, partners 1 hop apart and then (on the ring) 2.
 TEST(CollCost, SwitchLevelAgainstTheOneRowRingByHand) {
   auto four_chips = [](const char* preset, int cores_per_chip) {
-    std::vector<int> nodes;
-    for (int chip = 0; chip < 4; ++chip) nodes.push_back(chip * cores_per_chip);
+    std::vector<int> nodes(4);
+    for (int chip = 0; chip < 4; ++chip) nodes[static_cast<size_t>(chip)] = chip * cores_per_chip;
     return group_cost_model(Topology::preset(preset).net_model(), nodes, false);
   };
   const GroupCostModel sw = four_chips("trn3-ultraserver", 8), row = four_chips("inf2.48xlarge", 2);
