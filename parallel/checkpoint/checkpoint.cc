@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1225,20 +1226,26 @@ class TempSibling {
     TESSERA_ARG_CHECK(!target_.filename().empty(), "bad output path '", target, "'");
     const std::string prefix = "." + target_.filename().string() + "." + tag + "-";
     path_ = target_.parent_path() / (prefix + std::to_string(::getpid()));
-    // What killed runs of this command left (their pid is dead; runtime/files.h).
-    remove_stale_temps(target_.parent_path().string(), prefix);
+    // What killed runs of any ckpt command left there, for this --out or
+    // another (their pid is dead; runtime/files.h).
+    remove_dead_output_temps(target_.parent_path().string());
     std::error_code ec;
     fs::remove_all(path_, ec);
     // create_directory, not create_directories: a missing parent is an
     // error, and a failed command must not leave directories behind.
     if (!fs::create_directory(path_, ec) && ec)
       throw Error(concat(path_.string(), ": cannot create directory: ", ec.message()));
+    // Held while it lives: a cleaner in another PID namespace, to which our
+    // pid means nothing, leaves a locked directory alone.
+    lock_ = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (lock_ >= 0) ::flock(lock_, LOCK_SH);
   }
   ~TempSibling() {
     if (!committed_) {
       std::error_code ec;
       fs::remove_all(path_, ec);
     }
+    if (lock_ >= 0) ::close(lock_);
   }
   TempSibling(const TempSibling&) = delete;
   TempSibling& operator=(const TempSibling&) = delete;
@@ -1254,6 +1261,7 @@ class TempSibling {
  private:
   fs::path target_, path_;
   bool committed_ = false;
+  int lock_ = -1;
 };
 
 void check_out_dir(const std::string& out) {
