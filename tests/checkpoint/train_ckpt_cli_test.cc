@@ -3,6 +3,7 @@
 // recovery under `tessera run --max-restarts`, and `tessera ckpt` on them.
 // Losses come from --log-json (full double precision), so "equal" is exact.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -245,6 +246,31 @@ TEST_F(TrainCkptCli, CheckpointWithoutMarkerIsNeverLoaded) {
   const std::string d = copy_of(4);
   fs::remove(d + "/done");
   expect_refused(d, {"no done marker", d});
+}
+
+// Issue 32: a `done` that is there but not a regular file (a FIFO) is not
+// taken for a missing marker: `--resume latest` refuses it (exit 2, naming
+// the marker) instead of skipping to an older checkpoint or starting at
+// step 0, trains nothing and leaves the FIFO; `ckpt verify` refuses it too.
+TEST_F(TrainCkptCli, ResumeLatestRefusesADoneMarkerThatIsAFifo) {
+  TempDir t;
+  const std::string dir = t.file("ck");
+  fs::create_directory(dir);
+  fs::copy(ckpt(2), dir + "/step_00000002", fs::copy_options::recursive);
+  fs::copy(ckpt(4), dir + "/step_00000004", fs::copy_options::recursive);
+  const std::string marker = dir + "/step_00000004/done";
+  fs::remove(marker);
+  ASSERT_EQ(::mkfifo(marker.c_str(), 0600), 0);
+  CommandResult r = train("--steps 6 --save " + dir + " --save-every 2 --resume latest --log-json " + t.file("b.json"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(marker + ": the done marker is not a regular file"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("resumed from step"), std::string::npos) << r.out;
+  EXPECT_TRUE(losses(t.file("b.json")).empty()) << "trained past a refused marker";
+  EXPECT_TRUE(fs::is_fifo(fs::symlink_status(marker)));
+  EXPECT_FALSE(fs::exists(dir + "/step_00000006"));
+  CommandResult v = tessera_cmd("ckpt verify " + dir);
+  EXPECT_NE(v.code, 0) << v.out;
+  EXPECT_NE(v.out.find(marker), std::string::npos) << v.out;
 }
 
 // Rewrites the manifest with `edit` and, when `remark`, the marker to match
