@@ -228,6 +228,19 @@ TEST_F(TrainCkptCli, FlippedDataByteIsRefused) {
   expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors is damaged", "transformer.", d});
 }
 
+// The trainer state is hashed as the rank files are (issue 32: SHA-256
+// verification skipped for one file kind): one flipped bit, same size, is
+// refused by resume, verify, shard, reshard and consolidate, naming the file.
+TEST_F(TrainCkptCli, FlippedTrainerStateByteIsRefused) {
+  const std::string d = copy_of(4);
+  const std::string f = d + "/trainer_state.cereal";
+  std::string b = read_bytes(f);
+  ASSERT_GT(b.size(), 16u);
+  b[b.size() / 2] ^= 0x01;
+  write_bytes(f, b);
+  expect_refused(d, {"trainer_state.cereal is damaged: SHA-256", d});
+}
+
 TEST_F(TrainCkptCli, TruncatedShardIsRefused) {
   const std::string d = copy_of(4);
   const std::string f = d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors";
