@@ -147,7 +147,8 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
       "Inputs: a checkpoint directory (train_gpt --save DIR/step_NNNNNNNN, or a `tessera ckpt shard` output), a "
       "--save directory (its newest complete checkpoint), a Hugging Face safetensors file, index or directory. "
       "Temporary files: OUT is built in .OUT.tmp-<pid> next to it; files inside go through .NAME.tmp.<pid>.XXXXXX. "
-      "Removed when a run fails; a killed run's by the next run writing the same OUT (its pid is dead).");
+      "Removed when a run fails; a killed run's by the next run writing any output in that directory (its pid is "
+      "dead).");
   auto args = std::make_shared<CkptArgs>();
   auto families = std::make_shared<ckpt::ModelFamilies>(parallel::models::model_families());
 

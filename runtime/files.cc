@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -175,6 +176,12 @@ namespace {
 [[noreturn]] void fail(const std::string& path, FileStep step, const std::string& object, int err) {
   throw IoError(detail::concat(path, ": cannot ", file_step_name(step), " ", object, ": ", std::strerror(err)), path,
                 step, err);
+}
+
+// The directory `path` is in: "." for a bare name, "/" for "/name".
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
 
 // Six characters from [A-Za-z0-9], from a generator reseeded in every
@@ -410,16 +417,16 @@ void write_file_atomic(const std::string& path, const std::function<void(FileSin
     }
     // A regular file replaced the device since the stat: the atomic write below.
   }
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = directory_of(path);
   // The temp name stays within NAME_MAX however long the destination's name.
   const std::string prefix = "." + name.substr(0, 200) + ".tmp.";
   const std::string stem =
       (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + prefix + std::to_string(::getpid()) + ".";
-  // Leftovers of this file's earlier writers that died. Not for the
-  // FileStore's job-lifetime keys (sync off): one directory listing per key
-  // would make a large rendezvous quadratic, and its directory is removed
-  // as a whole.
-  if (options.sync) remove_stale_temps(dir, prefix);
+  // Leftovers of writers that died in this directory, of this file or any
+  // other. Not for the FileStore's job-lifetime keys (sync off): one
+  // directory listing per key would make a large rendezvous quadratic, and
+  // its directory is removed as a whole.
+  if (options.sync) remove_dead_output_temps(dir);
 
   std::string tmp;
   int fd = -1;
@@ -533,13 +540,18 @@ std::string make_owned_temp_dir(std::string tmpl) {
   return tmpl;
 }
 
-std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_view prefix) {
+namespace {
+
+// The entries of `dir` that `owner` gives a pid for, when that pid is dead,
+// under remove_stale_temps's rules.
+template <typename Owner>
+std::vector<std::string> remove_dead_entries(const std::string& dir, const Owner& owner) {
   std::vector<std::string> removed;
   DIR* d = ::opendir(dir.c_str());
   if (!d) return removed;
   std::vector<std::string> candidates;
   while (const dirent* e = ::readdir(d)) {
-    const pid_t pid = temp_owner(e->d_name, prefix);
+    const pid_t pid = owner(std::string_view(e->d_name));
     if (pid != 0 && pid != ::getpid() && !process_alive(pid)) candidates.emplace_back(e->d_name);
   }
   ::closedir(d);
@@ -566,6 +578,38 @@ std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_
     }
   }
   return removed;
+}
+
+bool all_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
+std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_view prefix) {
+  return remove_dead_entries(dir, [prefix](std::string_view name) { return temp_owner(name, prefix); });
+}
+
+pid_t output_temp_owner(std::string_view name) {
+  if (name.size() < 2 || name[0] != '.') return 0;
+  // ".NAME.tmp-<pid>": a ckpt command's output directory.
+  if (const size_t dash = name.rfind(".tmp-"); dash != std::string_view::npos && dash > 1 &&
+                                               all_digits(name.substr(dash + 5)))
+    return temp_owner(name.substr(dash), ".tmp-");
+  // ".NAME.tmp.<pid>.XXXXXX": write_file_atomic's temp file (random_suffix: six of [A-Za-z0-9]).
+  constexpr size_t kSuffix = 6;
+  if (name.size() < kSuffix + 1 || name[name.size() - kSuffix - 1] != '.') return 0;
+  const std::string_view suffix = name.substr(name.size() - kSuffix);
+  if (!std::all_of(suffix.begin(), suffix.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); }))
+    return 0;
+  const std::string_view head = name.substr(0, name.size() - kSuffix - 1);  // ".NAME.tmp.<pid>"
+  const size_t dot = head.rfind(".tmp.");
+  if (dot == std::string_view::npos || dot <= 1 || !all_digits(head.substr(dot + 5))) return 0;
+  return temp_owner(head.substr(dot), ".tmp.");
+}
+
+std::vector<std::string> remove_dead_output_temps(const std::string& dir) {
+  return remove_dead_entries(dir, output_temp_owner);
 }
 
 // ---- reading ----------------------------------------------------------------
@@ -809,6 +853,7 @@ OutputStream::OutputStream(const std::string& path) : path_(path) {
     fd_ = open_write_through(posix_file_ops(), path, t);
     if (fd_ >= 0) return;
   }
+  remove_dead_output_temps(directory_of(t.path));  // what killed writers left next to it
   fd_ = ::open(t.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666);
   if (fd_ < 0) {
     const int err = errno;

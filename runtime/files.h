@@ -6,7 +6,8 @@
 //     (".<name>.tmp.<pid>.XXXXXX", O_CREAT|O_EXCL, as mkstemp does; mode 0666
 //     less the umask unless AtomicWriteOptions::mode says otherwise), and
 //     hold an flock on it while writing; a durable write (sync) first removes
-//     the temps of `path` that a dead process left (remove_stale_temps);
+//     the temps that dead processes left in that directory, of `path` or
+//     another output (remove_dead_output_temps);
 //  2. write the bytes (short writes are continued, EINTR retried);
 //  3. fsync the temp file, then close it;
 //  4. rename it over `path` (atomic on POSIX: a reader sees the old file or
@@ -244,6 +245,18 @@ std::string make_owned_temp_dir(std::string tmpl);
 // directory; make_owned_temp_dir), nor an entry owned by another user. Returns the paths removed; errors (a
 // missing directory, a race with another cleaner) are ignored.
 std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_view prefix);
+// The pid in the name of a temporary that tessera's writers make next to an
+// output, whatever the output is called: ".NAME.tmp.<pid>.XXXXXX"
+// (write_file_atomic) or ".NAME.tmp-<pid>" (a ckpt command's output
+// directory); 0 for any other name.
+pid_t output_temp_owner(std::string_view name);
+// Removes from `dir` every temporary of those two forms whose pid is dead,
+// whichever output it was for (a killed `ckpt shard --out a` leaves
+// .a.tmp-PID; the next run writing b there removes it), under
+// remove_stale_temps's rules: never a live pid's, a locked one or another
+// user's. Every writer calls it for the directory it writes in:
+// write_file_atomic (durable writes), OutputStream, the ckpt commands.
+std::vector<std::string> remove_dead_output_temps(const std::string& dir);
 
 // ---- directory commits (checkpoint directories) ------------------------------
 // The tree's one directory commit; every rename of a file or directory goes

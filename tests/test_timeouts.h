@@ -9,6 +9,8 @@
 // wait_until() instead of sleeping a fixed time.
 #pragma once
 
+#include <time.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -56,6 +58,30 @@ std::chrono::milliseconds scaled(std::chrono::duration<Rep, Period> d) {
   const double ms = std::chrono::duration<double, std::milli>(d).count() * scale();
   return std::chrono::milliseconds(std::llround(ms));
 }
+
+// What a piece of work cost since construction: this process's CPU time
+// (every thread) and the wall time. A test that bounds how much work a call
+// does (refusing /dev/zero without reading it, failing fast on a lying
+// manifest) bounds the CPU time, which other builds loading the machine do
+// not change; the wall time bounds only waits (a call that blocks), with
+// scaled slack.
+class Cost {
+ public:
+  Cost() : wall0_(std::chrono::steady_clock::now()), cpu0_(process_cpu_seconds()) {}
+  double cpu_seconds() const { return process_cpu_seconds() - cpu0_; }
+  double wall_seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0_).count();
+  }
+  static double process_cpu_seconds() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+
+ private:
+  std::chrono::steady_clock::time_point wall0_;
+  double cpu0_;
+};
 
 // Polls cond every `every` until it holds (true) or `timeout` passes (false).
 inline bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout,

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,11 +69,12 @@ void shard_runs_in(const Parameter& p, int64_t b, int64_t e, Fn&& fn) {
 
 // Files inside a temp directory: atomic and fsynced, the directory fsynced
 // once by commit_directory (not once per file).
-void write_in_temp_dir(const std::string& path, std::string_view bytes) {
+void write_in_temp_dir(const std::string& path, std::string_view bytes, FileOps* ops = nullptr) {
   AtomicWriteOptions o;
   o.sync = false;
+  o.ops = ops;
   write_file_atomic(path, bytes, o);
-  fsync_path(path);
+  fsync_path(path, ops);
 }
 
 // Every rank's string, in rank order (alone: just ours).
@@ -217,7 +219,7 @@ std::pair<std::string, json> rank_file_header(const std::string& name, const Fil
 // writes them.
 json write_rank_file(const std::string& tmp, const std::string& name, const FileMeta& fm,
                      const std::vector<PieceOut>& outs, const std::function<void(size_t, FileSink&)>& fill,
-                     const std::vector<const void*>* in_memory = nullptr) {
+                     const std::vector<const void*>* in_memory = nullptr, FileOps* ops = nullptr) {
   // Not a structured binding: clang does not let lambdas capture those.
   std::pair<std::string, json> hdr = rank_file_header(name, fm, outs);
   const std::string& head = hdr.first;
@@ -226,6 +228,7 @@ json write_rank_file(const std::string& tmp, const std::string& name, const File
   uint64_t total = 0;
   AtomicWriteOptions wo;
   wo.sync = false;
+  wo.ops = ops;
   wo.direct = true;  // past the page cache: filling new page-cache pages is what writing costs most here
   std::thread hasher;
   std::exception_ptr hash_error;
@@ -265,7 +268,7 @@ json write_rank_file(const std::string& tmp, const std::string& name, const File
       wo);
   if (hasher.joinable()) hasher.join();
   if (hash_error) std::rethrow_exception(hash_error);
-  fsync_path(path);
+  fsync_path(path, ops);
   entry["bytes"] = total;
   entry["sha256"] = sha;
   return entry;
@@ -276,7 +279,8 @@ json write_rank_file(const std::string& tmp, const std::string& name, const File
 // beside it in `tmp`, each fsynced; returns the manifest's text (its
 // SHA-256 goes into the done marker) and adds the bytes to *bytes.
 std::string write_state_and_manifest(const std::string& tmp, const FileMeta& fm, const Layout& L,
-                                     const std::string& trainer_state, std::vector<json> files, uint64_t* bytes) {
+                                     const std::string& trainer_state, std::vector<json> files, uint64_t* bytes,
+                                     FileOps* ops = nullptr) {
   json tensors = json::object(), jfiles = json::array();
   for (json& j : files) {
     for (json& pc : j["pieces"]) {
@@ -305,20 +309,54 @@ std::string write_state_and_manifest(const std::string& tmp, const FileMeta& fm,
                    {"tensors", tensors},
                    {"files", jfiles}};
   if (!trainer_state.empty()) {
-    write_in_temp_dir((fs::path(tmp) / kTrainerStateName).string(), trainer_state);
+    write_in_temp_dir((fs::path(tmp) / kTrainerStateName).string(), trainer_state, ops);
     *bytes += trainer_state.size();
     manifest["trainer_state"] = {
         {"name", kTrainerStateName}, {"bytes", trainer_state.size()}, {"sha256", sha256_hex(trainer_state)}};
   }
   std::string mtext = manifest.dump(1);
-  write_in_temp_dir((fs::path(tmp) / kManifestName).string(), mtext);
+  write_in_temp_dir((fs::path(tmp) / kManifestName).string(), mtext, ops);
   *bytes += mtext.size();
   return mtext;
 }
 
-void write_marker(const std::string& dir, const std::string& mtext, int64_t step) {
+void write_marker(const std::string& dir, const std::string& mtext, int64_t step, FileOps* ops = nullptr) {
   const json marker = {{"manifest_sha256", sha256_hex(mtext)}, {"step", step}};
-  write_file_atomic((fs::path(dir) / kDoneMarkerName).string(), marker.dump() + "\n");
+  AtomicWriteOptions o;
+  o.ops = ops;
+  write_file_atomic((fs::path(dir) / kDoneMarkerName).string(), marker.dump() + "\n", o);
+}
+
+bool has_marker(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::symlink_status(fs::path(dir) / kDoneMarkerName, ec));
+}
+
+// A save that failed after its commit (the marker could not be written:
+// ENOSPC) or during it: the step directory without a marker can never be
+// loaded, and on a full disk it holds the space the next save needs, so it
+// goes; a complete checkpoint of the same step that the commit moved to
+// `aside` goes back. A step directory with its marker is complete and stays.
+// Best effort: the save's own error is what the caller reports.
+void undo_failed_commit(const std::string& final_dir, const std::string& aside, const std::string& root,
+                        FileOps* ops) {
+  std::error_code ec;
+  if (has_marker(final_dir)) return;
+  if (fs::exists(fs::symlink_status(final_dir, ec))) fs::remove_all(final_dir, ec);
+  if (has_marker(aside)) {
+    try {
+      CommitOptions co;
+      co.ops = ops;
+      co.files_synced = true;
+      commit_directory(aside, final_dir, co);
+    } catch (const std::exception&) {
+      // Left at `aside`: the next save of this step moves it again; the error raised is the save's.
+    }
+  }
+  try {
+    fsync_directory(root, ops);
+  } catch (const std::exception&) {
+  }
 }
 
 void remove_checkpoint_dir(const std::string& dir, const std::string& root, int world_rank, int64_t step) {
@@ -441,7 +479,7 @@ SaveResult save_checkpoint(collectives::Communicator* world, const std::vector<H
           if (i == outs.size() / 2) fault_point("mid_file", spec.world_rank, spec.step);
           sink.write(data[i], outs[i].bytes());
         },
-        &data);
+        &data, spec.ops);
   } catch (const std::exception& e) {
     entry["error"] =
         concat("checkpoint ", final_dir, ": rank ", spec.world_rank, " could not write its file: ", e.what());
@@ -463,19 +501,24 @@ SaveResult save_checkpoint(collectives::Communicator* world, const std::vector<H
   // 4. Rank 0: trainer state, manifest, commit, marker, --keep.
   err = first_error;
   if (lead && err.empty()) {
+    const std::string old = (fs::path(root) / ("." + name + ".old")).string();
+    bool committing = false;
     try {
       std::vector<json> files;
       for (json& j : parsed)
         if (j.contains("name")) files.push_back(j);
-      const std::string mtext = write_state_and_manifest(tmp, fm, L, spec.trainer_state, files, &result.bytes);
+      const std::string mtext =
+          write_state_and_manifest(tmp, fm, L, spec.trainer_state, files, &result.bytes, spec.ops);
       fault_point("before_rename", spec.world_rank, spec.step);
-      const std::string old = (fs::path(root) / ("." + name + ".old")).string();
       CommitOptions co;
+      co.ops = spec.ops;
       co.files_synced = true;
       co.aside = old;  // a checkpoint of the same step being replaced
+      committing = true;
       commit_directory(tmp, final_dir, co);
       fault_point("before_marker", spec.world_rank, spec.step);
-      write_marker(final_dir, mtext, spec.step);
+      write_marker(final_dir, mtext, spec.step, spec.ops);
+      committing = false;
       fault_point("before_keep", spec.world_rank, spec.step);
       std::error_code ec;
       fs::remove_all(old, ec);
@@ -495,7 +538,8 @@ SaveResult save_checkpoint(collectives::Communicator* world, const std::vector<H
     } catch (const std::exception& e) {
       err = concat("checkpoint ", final_dir, ": ", e.what());
       std::error_code ec;
-      if (!fs::exists(fs::path(final_dir) / kDoneMarkerName)) fs::remove_all(tmp, ec);
+      if (committing) undo_failed_commit(final_dir, old, root, spec.ops);
+      if (!has_marker(final_dir)) fs::remove_all(tmp, ec);
     }
   }
   if (!first_error.empty() && lead) {
@@ -1225,20 +1269,26 @@ class TempSibling {
     TESSERA_ARG_CHECK(!target_.filename().empty(), "bad output path '", target, "'");
     const std::string prefix = "." + target_.filename().string() + "." + tag + "-";
     path_ = target_.parent_path() / (prefix + std::to_string(::getpid()));
-    // What killed runs of this command left (their pid is dead; runtime/files.h).
-    remove_stale_temps(target_.parent_path().string(), prefix);
+    // What killed runs of any ckpt command left there, for this --out or
+    // another (their pid is dead; runtime/files.h).
+    remove_dead_output_temps(target_.parent_path().string());
     std::error_code ec;
     fs::remove_all(path_, ec);
     // create_directory, not create_directories: a missing parent is an
     // error, and a failed command must not leave directories behind.
     if (!fs::create_directory(path_, ec) && ec)
       throw Error(concat(path_.string(), ": cannot create directory: ", ec.message()));
+    // Held while it lives: a cleaner in another PID namespace, to which our
+    // pid means nothing, leaves a locked directory alone.
+    lock_ = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (lock_ >= 0) ::flock(lock_, LOCK_SH);
   }
   ~TempSibling() {
     if (!committed_) {
       std::error_code ec;
       fs::remove_all(path_, ec);
     }
+    if (lock_ >= 0) ::close(lock_);
   }
   TempSibling(const TempSibling&) = delete;
   TempSibling& operator=(const TempSibling&) = delete;
@@ -1254,6 +1304,7 @@ class TempSibling {
  private:
   fs::path target_, path_;
   bool committed_ = false;
+  int lock_ = -1;
 };
 
 void check_out_dir(const std::string& out) {

@@ -50,6 +50,10 @@
 #include "parallel/layers/parameter.h"
 #include "runtime/dtype.h"
 
+namespace tessera {
+class FileOps;  // runtime/files.h
+}  // namespace tessera
+
 namespace tessera::parallel::checkpoint {
 
 class SafetensorsReader;
@@ -263,6 +267,7 @@ struct SaveSpec {
   std::string model_json;     // the model description, recorded in the manifest
   std::string trainer_state;  // bytes of trainer_state.cereal (world rank 0's are written)
   int keep = 0;               // > 0: keep the newest `keep` complete checkpoints
+  FileOps* ops = nullptr;     // every file step of the save (tests: fault injection); nullptr: posix
 };
 
 struct SaveResult {
@@ -274,7 +279,9 @@ struct SaveResult {
 // file into ROOT/.step_NNNNNNNN.tmp, then (world rank 0) the trainer state,
 // the manifest, the directory commit and the marker, then applies --keep.
 // A failure anywhere leaves the previous checkpoints as they were and is
-// raised on every rank.
+// raised on every rank: a step directory whose marker could not be written
+// (a full disk) is removed, not left to hold the space the next save needs,
+// and a checkpoint of the same step it was replacing is put back.
 SaveResult save_checkpoint(collectives::Communicator* world, const std::vector<HeldTensor>& held, const SaveSpec& spec);
 
 struct WriteOptions {

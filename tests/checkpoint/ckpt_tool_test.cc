@@ -302,7 +302,8 @@ TEST(CkptTool, ShardsMatchHandComputedSlices) {
 }
 
 // A killed shard or reshard leaves .OUT.tmp-PID behind; the next run writing
-// OUT removes it when PID is dead, never while PID lives.
+// OUT, or another --out in that directory, removes it when PID is dead,
+// never while PID lives.
 TEST(CkptTool, NextRunRemovesADeadRunsTempDirectoryAndKeepsALiveOnes) {
   TempDir d;
   const std::string src = d.file("model.safetensors");
@@ -320,9 +321,19 @@ TEST(CkptTool, NextRunRemovesADeadRunsTempDirectoryAndKeepsALiveOnes) {
   fs::create_directory(dead_tmp);
   fs::create_directory(live_tmp);
   std::ofstream(dead_tmp + "/rank_tp0_pp0.safetensors") << "half written";
+  // Another --out's, from a killed consolidate to one file (write_file_atomic's temp) and a killed shard.
+  const std::string dead_file = d.file(".m.safetensors.tmp." + std::to_string(dead) + ".Qx81Zp");
+  const std::string dead_other = d.file(".other.tmp-" + std::to_string(dead));
+  const std::string live_other = d.file(".other.tmp-" + std::to_string(live));
+  std::ofstream(dead_file) << "half written";
+  fs::create_directory(dead_other);
+  fs::create_directory(live_other);
   shard_gpt2(src, d.file("out"), {2, 1, 1, 0});
   EXPECT_FALSE(fs::exists(dead_tmp));
+  EXPECT_FALSE(fs::exists(dead_other));
+  EXPECT_FALSE(fs::exists(dead_file));
   EXPECT_TRUE(fs::exists(live_tmp));
+  EXPECT_TRUE(fs::exists(live_other));
   EXPECT_TRUE(fs::exists(d.file("out/manifest.json")));
   ::kill(live, SIGKILL);
   ::waitpid(live, nullptr, 0);

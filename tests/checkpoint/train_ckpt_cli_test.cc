@@ -3,6 +3,7 @@
 // recovery under `tessera run --max-restarts`, and `tessera ckpt` on them.
 // Losses come from --log-json (full double precision), so "equal" is exact.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -227,6 +228,19 @@ TEST_F(TrainCkptCli, FlippedDataByteIsRefused) {
   expect_refused(d, {"dp_rank_00_tp_rank_00_pp_rank_00.safetensors is damaged", "transformer.", d});
 }
 
+// The trainer state is hashed as the rank files are (issue 32: SHA-256
+// verification skipped for one file kind): one flipped bit, same size, is
+// refused by resume, verify, shard, reshard and consolidate, naming the file.
+TEST_F(TrainCkptCli, FlippedTrainerStateByteIsRefused) {
+  const std::string d = copy_of(4);
+  const std::string f = d + "/trainer_state.cereal";
+  std::string b = read_bytes(f);
+  ASSERT_GT(b.size(), 16u);
+  b[b.size() / 2] ^= 0x01;
+  write_bytes(f, b);
+  expect_refused(d, {"trainer_state.cereal is damaged: SHA-256", d});
+}
+
 TEST_F(TrainCkptCli, TruncatedShardIsRefused) {
   const std::string d = copy_of(4);
   const std::string f = d + "/dp_rank_00_tp_rank_00_pp_rank_00.safetensors";
@@ -245,6 +259,31 @@ TEST_F(TrainCkptCli, CheckpointWithoutMarkerIsNeverLoaded) {
   const std::string d = copy_of(4);
   fs::remove(d + "/done");
   expect_refused(d, {"no done marker", d});
+}
+
+// Issue 32: a `done` that is there but not a regular file (a FIFO) is not
+// taken for a missing marker: `--resume latest` refuses it (exit 2, naming
+// the marker) instead of skipping to an older checkpoint or starting at
+// step 0, trains nothing and leaves the FIFO; `ckpt verify` refuses it too.
+TEST_F(TrainCkptCli, ResumeLatestRefusesADoneMarkerThatIsAFifo) {
+  TempDir t;
+  const std::string dir = t.file("ck");
+  fs::create_directory(dir);
+  fs::copy(ckpt(2), dir + "/step_00000002", fs::copy_options::recursive);
+  fs::copy(ckpt(4), dir + "/step_00000004", fs::copy_options::recursive);
+  const std::string marker = dir + "/step_00000004/done";
+  fs::remove(marker);
+  ASSERT_EQ(::mkfifo(marker.c_str(), 0600), 0);
+  CommandResult r = train("--steps 6 --save " + dir + " --save-every 2 --resume latest --log-json " + t.file("b.json"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(marker + ": the done marker is not a regular file"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("resumed from step"), std::string::npos) << r.out;
+  EXPECT_TRUE(losses(t.file("b.json")).empty()) << "trained past a refused marker";
+  EXPECT_TRUE(fs::is_fifo(fs::symlink_status(marker)));
+  EXPECT_FALSE(fs::exists(dir + "/step_00000006"));
+  CommandResult v = tessera_cmd("ckpt verify " + dir);
+  EXPECT_NE(v.code, 0) << v.out;
+  EXPECT_NE(v.out.find(marker), std::string::npos) << v.out;
 }
 
 // Rewrites the manifest with `edit` and, when `remark`, the marker to match

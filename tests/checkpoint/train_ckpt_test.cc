@@ -11,9 +11,11 @@
 // holds as full tensors (store_shard / the optimizer's moment runs, not the
 // checkpoint reader); B's loaded state must equal A's step-2 state exactly,
 // and B's losses of steps 3 and 4 must be within 1e-5 relative of A's.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +26,7 @@
 #include "parallel/checkpoint/checkpoint.h"
 #include "parallel/models/gpt/trainer.h"
 #include "runtime/device.h"
+#include "runtime/files.h"
 #include "runtime/kernels.h"
 #include "tests/collectives/fork_harness.h"
 
@@ -279,6 +282,105 @@ INSTANTIATE_TEST_SUITE_P(Layouts, OtherLayout,
                                            Change{{1, 4, true}, {1, 2, true}}, Change{{2, 2, true}, {1, 1}},
                                            Change{{1, 1}, {2, 2, true, true}}),
                          [](const auto& info) { return name(info.param.from) + "_to_" + name(info.param.to); });
+
+// The done marker's write fails as on a full disk (ENOSPC); every other call
+// of the save goes through.
+class FullDiskAtMarker : public FileOps {
+ public:
+  int open(const char* path, int flags, mode_t mode) override {
+    const int fd = FileOps::open(path, flags, mode);
+    if (fd >= 0 && std::string(path).find("/.done.tmp.") != std::string::npos) marker_fd_ = fd;
+    return fd;
+  }
+  ssize_t write(int fd, const void* data, size_t bytes) override {
+    if (fd >= 0 && fd == marker_fd_) {
+      ++failed;
+      errno = ENOSPC;
+      return -1;
+    }
+    return FileOps::write(fd, data, bytes);
+  }
+  int close(int fd) override {
+    if (fd == marker_fd_) marker_fd_ = -1;
+    return FileOps::close(fd);
+  }
+  int failed = 0;
+
+ private:
+  int marker_fd_ = -1;
+};
+
+// Issue 32: a step directory whose `done` could not be written (ENOSPC)
+// stayed: never loadable, it held the space the next save needed. Now the
+// failed save removes it (and puts back the complete checkpoint of that
+// step it was replacing), says so on every rank, and the next save succeeds.
+TEST(SaveFailure, AMarkerTheDiskRefusedLeavesNoStepDirectoryAndTheNextSaveSucceeds) {
+  kern::default_blas_threads();
+  const Layout l{2, 1};
+  const std::string root = temp_dir() + "/ckpt";
+  const std::string step3 = root + "/step_00000003";
+  auto listing = [&] {
+    std::vector<std::string> v;
+    for (const auto& e : fs::directory_iterator(root)) v.push_back(e.path().filename().string());
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  auto joined = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& x : v) out += (out.empty() ? "" : " ") + x;
+    return out;
+  };
+  auto res = collectives::test::run_ranks(2, [&](int rank, int size, std::shared_ptr<collectives::Store> st) {
+    Rank r = join(l, rank, size, std::move(st));
+    Trainer a(tiny(l), r.ps, dataset());
+    a.init_random();
+    a.step();
+    a.step();
+    a.save_checkpoint(root);
+    a.step();
+    auto failing_save = [&] {
+      FullDiskAtMarker full;
+      std::string what;
+      try {
+        a.save_checkpoint(root, 0, &full);
+      } catch (const Error& e) {
+        what = e.what();
+      }
+      COLL_REQUIRE(what.find("No space left on device") != std::string::npos && what.find(step3) != std::string::npos,
+                   "rank ", rank, ": the save's error: '", what, "'");
+      COLL_REQUIRE(rank != 0 || full.failed > 0, "the marker was never written");
+      r.world->barrier();
+    };
+    // 1. A new step: the marker-less step_00000003 is gone, nothing else is left.
+    failing_save();
+    if (rank == 0) {
+      const std::vector<std::string> want{"step_00000002"};
+      COLL_REQUIRE(listing() == want, "left in ", root, ": ", joined(listing()));
+    }
+    r.world->barrier();
+    // 2. The next save of that step succeeds.
+    a.save_checkpoint(root);
+    const auto done = parallel::checkpoint::complete_checkpoints(root);
+    COLL_REQUIRE(done.size() == 2 && done[1].first == 3, done.size(), " complete checkpoints");
+    r.world->barrier();
+    // 3. Replacing the complete step 3: the failed save puts it back.
+    failing_save();
+    if (rank == 0) {
+      const std::vector<std::string> want{"step_00000002", "step_00000003"};
+      COLL_REQUIRE(listing() == want, "left in ", root, ": ", joined(listing()));
+      parallel::checkpoint::Checkpoint ck(step3);
+      ck.verify_all();
+    }
+    r.world->barrier();
+    Trainer b(tiny(l), r.ps, dataset());
+    b.load_checkpoint(step3);
+    COLL_REQUIRE(b.steps_done() == 3, "resumed at step ", b.steps_done());
+    r.world->barrier();
+  });
+  const std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+  fs::remove_all(fs::path(root).parent_path());
+}
 
 }  // namespace
 }  // namespace tessera

@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -265,22 +266,49 @@ Expectation expected(const Scenario& s, int rank, pid_t pid) {
   return {};
 }
 
+// The timeouts of a job (seconds): the heartbeat timeout (`tessera run`,
+// and under mpirun the coordinator rank 0 hosts) and bench's collective
+// timeout. Short (2 s and 3 s, scaled) only where the scenario needs them
+// to fire: a stopped worker or launcher is found by its lost heartbeats, a
+// stopped bench rank by its peers' timeout. Everywhere else they must not
+// fire, and under load (a build beside the suite) a live rank starved for
+// 2 s was taken for a lost one, which changes the cause the scenario
+// checks: 30 s there (each scenario ends long before on its own: a killed
+// process is seen by waitpid, a dead launcher by its workers' parent watch
+// and keepers).
+struct Timeouts {
+  double heartbeat_s, bench_s;
+};
+Timeouts timeouts_of(const Scenario& s) {
+  const bool lost_heartbeat = s.sig == SIGSTOP && s.target != "child" && s.kind != Kind::Bench;
+  const bool bench_timeout = s.sig == SIGSTOP && s.target == "worker" && s.kind == Kind::Bench;
+  return {test_time::seconds(lost_heartbeat ? 2 : 30), test_time::seconds(bench_timeout ? 3 : 30)};
+}
+
+std::string decimal(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
 std::vector<std::string> job_argv(const Scenario& s, const std::string& id, const std::string& tmp,
                                   const std::string& pids) {
   std::vector<std::string> v{"env", "TESSERA_JOB_ID=" + id, "TMPDIR=" + tmp};
   const std::string n = std::to_string(s.n);
+  const Timeouts t = timeouts_of(s);
   switch (s.kind) {
     case Kind::Run:
-      v.insert(v.end(), {kTessera, "run", "--nproc-per-node", n, "--heartbeat-timeout", "2", "--kill-grace", "1", "--",
-                         kWorker, "--seconds", "120", "--pid-dir", pids});
+      v.insert(v.end(), {kTessera, "run", "--nproc-per-node", n, "--heartbeat-timeout", decimal(t.heartbeat_s),
+                         "--kill-grace", "1", "--", kWorker, "--seconds", "120", "--pid-dir", pids});
       break;
     case Kind::Bench:
       v.insert(v.end(), {kTessera, "bench", "all_reduce", "-r", n, "-b", "1M", "-e", "1M", "-n", "1000000", "-w", "1",
-                         "--timeout", "3"});
+                         "--timeout", decimal(t.bench_s)});
       break;
     case Kind::Mpirun:
       // OpenMPI's shared memory goes to TMPDIR too, where the scenario checks it.
-      v.insert(v.end(), {"OMPI_MCA_btl_vader_backing_directory=" + tmp, "TESSERA_HEARTBEAT_TIMEOUT_MS=2000", kMpirun,
+      v.insert(v.end(), {"OMPI_MCA_btl_vader_backing_directory=" + tmp,
+                         "TESSERA_HEARTBEAT_TIMEOUT_MS=" + std::to_string(std::llround(t.heartbeat_s * 1000)), kMpirun,
                          "--oversubscribe", "--bind-to", "none", "-np", n, "-x", "TESSERA_JOB_ID", "-x", "TMPDIR", "-x",
                          "TESSERA_HEARTBEAT_TIMEOUT_MS", kWorker, "--seconds", "120", "--pid-dir", pids});
       break;

@@ -601,17 +601,50 @@ TEST(RemoveStaleTemps, MissingDirectoryIsNotAnError) {
   EXPECT_TRUE(remove_stale_temps("/nonexistent/tessera-dir", ".x.tmp.").empty());
 }
 
-TEST(WriteFileAtomic, RemovesTheStaleTempsOfItsFileAndKeepsLiveOnes) {
+TEST(OutputTempOwner, ReadsBothFormsOfAnyOutput) {
+  EXPECT_EQ(output_temp_owner(".plan.json.tmp.123.Qx81Zp"), 123);
+  EXPECT_EQ(output_temp_owner(".a.tmp.b.tmp.77.Ab12Cd"), 77);  // the last ".tmp." is the writer's
+  EXPECT_EQ(output_temp_owner(".out.tmp-4711"), 4711);
+  EXPECT_EQ(output_temp_owner(".a-b.tmp-9"), 9);
+  EXPECT_EQ(output_temp_owner("plan.json.tmp.123.Qx81Zp"), 0);  // no leading dot: not ours
+  EXPECT_EQ(output_temp_owner("out.tmp-4711"), 0);
+  EXPECT_EQ(output_temp_owner(".tmp-4711"), 0);            // no output name
+  EXPECT_EQ(output_temp_owner("..tmp.1.Qx81Zp"), 0);       // no output name
+  EXPECT_EQ(output_temp_owner(".a.tmp.123"), 0);           // no random suffix
+  EXPECT_EQ(output_temp_owner(".a.tmp.123.Qx81"), 0);      // a suffix of 4
+  EXPECT_EQ(output_temp_owner(".a.tmp.123.Qx-1Zp"), 0);    // not [A-Za-z0-9]
+  EXPECT_EQ(output_temp_owner(".a.tmp.12x.Qx81Zp"), 0);    // not a pid
+  EXPECT_EQ(output_temp_owner(".a.tmp-12x"), 0);
+  EXPECT_EQ(output_temp_owner(".a.tmp-"), 0);
+  EXPECT_EQ(output_temp_owner(".a.tmp.0.Qx81Zp"), 0);
+  EXPECT_EQ(output_temp_owner(".a.tmp-99999999999999999999"), 0);
+  EXPECT_EQ(output_temp_owner(".step_00000002.tmp"), 0);  // the trainer's (no pid): not for this cleaner
+}
+
+// What killed writers left next to an output, for it or for any other
+// output there (a killed `ckpt shard --out a`, the next run writing b),
+// goes; a live writer's, a name not of tessera's forms and the durable-only
+// rule stay.
+TEST(WriteFileAtomic, RemovesDeadWritersTempsOfEveryOutputInItsDirectoryAndKeepsLiveOnes) {
   TempDir d;
   LiveChild live;
   const std::string dead_tmp = ".plan.json.tmp." + std::to_string(dead_pid()) + ".Qx81Zp";
   const std::string live_tmp = ".plan.json.tmp." + std::to_string(live.pid) + ".Ab12Cd";
   const std::string other_dead = ".other.json.tmp." + std::to_string(dead_pid()) + ".Qx81Zp";
+  const std::string other_live = ".other.json.tmp." + std::to_string(live.pid) + ".Qx81Zp";
+  const std::string dead_dir = ".out.tmp-" + std::to_string(dead_pid());
+  const std::string live_dir = ".out2.tmp-" + std::to_string(live.pid);
+  const std::string not_ours = "notes.tmp-" + std::to_string(dead_pid());
   put(d.file(dead_tmp), "left by a killed writer");
   put(d.file(live_tmp), "being written");
-  put(d.file(other_dead), "another file's: its own next write removes it");
+  put(d.file(other_dead), "another output's, its writer killed");
+  put(d.file(other_live), "another output's, being written");
+  ASSERT_TRUE(std::filesystem::create_directory(d.file(dead_dir)));
+  put(d.file(dead_dir + "/rank_tp0_pp0.safetensors"), "half written");
+  ASSERT_TRUE(std::filesystem::create_directory(d.file(live_dir)));
+  put(d.file(not_ours), "the user's");
   write_file_atomic(d.file("plan.json"), "{}");
-  std::vector<std::string> want{live_tmp, other_dead, "plan.json"};
+  std::vector<std::string> want{live_tmp, other_live, live_dir, not_ours, "plan.json"};
   std::sort(want.begin(), want.end());
   EXPECT_EQ(d.entries(), want);
   // The FileStore's keys (sync off) skip the listing.
@@ -621,6 +654,39 @@ TEST(WriteFileAtomic, RemovesTheStaleTempsOfItsFileAndKeepsLiveOnes) {
   fast.sync = false;
   write_file_atomic(d.file("k"), "v", fast);
   EXPECT_TRUE(std::filesystem::exists(d.file(dead_key)));
+  // A step log (OutputStream) cleans up too.
+  OutputStream log(d.file("log.jsonl"));
+  log.close();
+  EXPECT_FALSE(std::filesystem::exists(d.file(dead_key)));
+  EXPECT_TRUE(std::filesystem::exists(d.file(live_tmp)));
+}
+
+// Through FileOps: a writer killed between creating its temp and the
+// rename (its pid then dead: a forked child killed at that point) leaves
+// the temp, which the next durable write of another file removes.
+TEST(WriteFileAtomic, AKilledWritersTempGoesWithTheNextWriteOfAnotherFile) {
+  TempDir d;
+  class KillAtRename : public FileOps {
+   public:
+    int rename(const char*, const char*) override { ::_exit(9); }
+  };
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    KillAtRename ops;
+    AtomicWriteOptions o;
+    o.ops = &ops;
+    write_file_atomic(d.file("a.json"), "{}", o);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 9);
+  const std::vector<std::string> left = d.entries();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(output_temp_owner(left[0]), child) << left[0];
+  write_file_atomic(d.file("b.json"), "{}");
+  EXPECT_EQ(d.entries(), std::vector<std::string>{"b.json"});
 }
 
 TEST(TempDirectory, IsTmpdirOrTmp) {

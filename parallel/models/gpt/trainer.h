@@ -121,7 +121,8 @@ class Trainer {
   // file's size and SHA-256 and every tensor's shape are checked; or, from a
   // `tessera ckpt shard` directory, the parameters only (step 0, fresh
   // optimizer). Throws FormatError / InvalidArgument before changing anything.
-  parallel::checkpoint::SaveResult save_checkpoint(const std::string& root, int keep = 0);
+  // `ops`: the file system calls of the save (tests inject faults); nullptr: posix.
+  parallel::checkpoint::SaveResult save_checkpoint(const std::string& root, int keep = 0, FileOps* ops = nullptr);
   void load_checkpoint(const std::string& dir);
   const std::string& run_id() const { return run_id_; }
 

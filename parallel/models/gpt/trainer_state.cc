@@ -190,7 +190,7 @@ std::vector<ckpt::HeldTensor> held_tensors(const std::vector<parallel::layers::P
 
 }  // namespace
 
-ckpt::SaveResult Trainer::save_checkpoint(const std::string& root, int keep) {
+ckpt::SaveResult Trainer::save_checkpoint(const std::string& root, int keep, FileOps* ops) {
   collectives::Communicator* world = ps_.world.get();
   if (run_id_.empty()) run_id_ = new_run_id(world);
   ckpt::SaveSpec spec;
@@ -206,6 +206,7 @@ ckpt::SaveResult Trainer::save_checkpoint(const std::string& root, int keep) {
   spec.model_json = opts_.model.to_json();
   spec.trainer_state = encode_trainer_state(make_trainer_state(opts_, step_, run_id_, ps_.pp_size));
   spec.keep = keep;
+  spec.ops = ops;
   return ckpt::save_checkpoint(world, held_tensors(parameters(), *opt_, tied_copy()), spec);
 }
 
