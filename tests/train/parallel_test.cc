@@ -884,6 +884,108 @@ std::vector<Layout> bf16_layouts() {
 
 std::string bf16_name(const ::testing::TestParamInfo<Layout>& i) { return pipeline_name(i.param); }
 
+// Stochastic rounding's draws depend on (seed, step, tensor, element of the
+// full tensor) only. One optimizer step with zero gradients leaves AdamW's
+// decoupled decay alone, master = bf16(init) (1 - lr wd), the same fp32 value
+// in every layout: the rounded bf16 weights must then be identical in every
+// layout, element by element (a draw keyed by the shard's local index, or by
+// the rank, moves them), and differ from round-to-nearest in many elements.
+Tensors decay_step_weights(const Layout& l, bool sr) {
+  Model m = bf16_of(l.model);
+  m.sr = sr;
+  auto options = [&]() {
+    parallel::models::gpt::TrainOptions o = tiny_options(l.vocab, l.layers, l.global_batch, m);
+    o.lr = 0.05;  // decay 0.5% per step: about one bf16 ulp, so the rounding decides
+    o.warmup = 0;
+    o.tp = l.tp;
+    o.dp = l.dp;
+    o.pp = l.pp;
+    o.sequence_parallel = l.sp;
+    o.adamw.zero1 = l.zero1;
+    return o;
+  };
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  {
+    Device dev(DeviceSpec::preset("test-core"));
+    auto ps = parallel::layers::serial_state(&dev);
+    parallel::models::gpt::TrainOptions o = options();
+    o.tp = o.dp = o.pp = 1;
+    o.sequence_parallel = o.adamw.zero1 = false;
+    parallel::models::gpt::Trainer t(o, ps, dataset());
+    for (parallel::layers::Parameter* p : t.parameters()) sizes.emplace_back(p->name, shape_numel(p->full_shape));
+  }
+  const int ranks = l.tp * l.dp * l.pp;
+  SharedResults shared(sizes, ranks);
+  auto res = collectives::test::run_ranks(ranks, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    collectives::CommOptions co;
+    co.device = &dev;
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
+    parallel::models::gpt::TrainOptions o = options();
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(
+        world, l.tp, l.dp, &dev, l.sp, l.pp, parallel::models::kv_replicas(tiny_options(l.vocab).model, l.tp));
+    parallel::models::gpt::Trainer t(o, ps, dataset());
+    t.init_random();
+    t.optimizer().zero_grad();
+    t.optimizer().step(1);
+    const bool copy_stage = l.pp > 1 && ps.last_stage();
+    for (parallel::layers::Parameter* p : t.parameters()) {
+      if (copy_stage && p == t.tied_wte()) continue;
+      double* out = shared.at(rank, 0, p->name);
+      parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
+        if (gi >= 0) out[gi] = p->value[li];
+      });
+    }
+    world->barrier();
+  });
+  std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+  Tensors out;  // rank 0's view of replicated tensors, the holder's of sharded elements
+  for (const auto& [name, n] : sizes) {
+    std::vector<double> full(static_cast<size_t>(n), std::nan(""));
+    for (int r = 0; r < ranks; ++r) {
+      const double* src = shared.at(r, 0, name);
+      for (int64_t i = 0; i < n; ++i) {
+        if (std::isnan(src[i])) continue;
+        if (!std::isnan(full[static_cast<size_t>(i)]) && full[static_cast<size_t>(i)] != src[i])
+          ADD_FAILURE() << name << "[" << i << "] differs between ranks";
+        full[static_cast<size_t>(i)] = src[i];
+      }
+    }
+    out[name] = std::move(full);
+  }
+  return out;
+}
+
+TEST(Bf16StochasticRounding, SameDrawsInEveryLayout) {
+  const Layout serial_layout{1, 1, false, false};
+  const Tensors want = decay_step_weights(serial_layout, true);
+  const Tensors nearest = decay_step_weights(serial_layout, false);
+  int64_t differ = 0, total = 0;
+  for (const auto& [name, w] : want) {
+    const auto& r = nearest.at(name);
+    for (size_t i = 0; i < w.size(); ++i) {
+      differ += w[i] != r[i];
+      total += w[i] != 0;
+    }
+  }
+  EXPECT_GT(differ, total / 20) << "stochastic rounding should move many weights off the nearest bf16";
+  std::vector<Layout> layouts{{2, 1, false, false}, {4, 2, true, true}, {1, 4, true, false}, {2, 2, false, false}};
+  Layout pp{2, 2, true, false};
+  pp.pp = 2;
+  layouts.push_back(pp);
+  for (const Layout& l : layouts) {
+    const Tensors got = decay_step_weights(l, true);
+    for (const auto& [name, w] : want) {
+      const auto& g = got.at(name);
+      int64_t bad = 0;
+      for (size_t i = 0; i < w.size(); ++i) bad += g[i] != w[i];
+      EXPECT_EQ(bad, 0) << pipeline_name(l) << ": " << name << " has " << bad << " of " << w.size()
+                        << " elements other than the serial run's";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllLayouts, Bf16Layouts, ::testing::ValuesIn(bf16_layouts()), bf16_name);
 
 }  // namespace
