@@ -165,33 +165,45 @@ Device::~Device() = default;
 
 std::string Device::name() const { return spec_.name + ":" + std::to_string(index_); }
 
-void* Device::allocate(size_t bytes) {
+void* Device::allocate(size_t bytes) { return allocate(bytes, bytes); }
+
+void* Device::allocate(size_t bytes, size_t charged) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (stats_.in_use + bytes > stats_.capacity) {
-      throw DeviceOutOfMemory(name(), bytes, stats_.in_use, stats_.capacity);
+    if (stats_.in_use + charged > stats_.capacity) {
+      throw DeviceOutOfMemory(name(), charged, stats_.in_use, stats_.capacity);
     }
-    stats_.in_use += bytes;
+    stats_.in_use += charged;
     stats_.peak = std::max(stats_.peak, stats_.in_use);
     ++stats_.num_allocs;
   }
   void* p = memory_->allocate(bytes);
   if (!p) {
     std::lock_guard<std::mutex> lk(mu_);
-    stats_.in_use -= bytes;
+    stats_.in_use -= charged;
     --stats_.num_allocs;
-    throw DeviceOutOfMemory(name() + " (host memory exhausted)", bytes, stats_.in_use, stats_.capacity);
+    throw DeviceOutOfMemory(name() + " (host memory exhausted)", charged, stats_.in_use, stats_.capacity);
   }
   std::memset(p, 0, bytes);
   return p;
 }
 
-void Device::free(void* p, size_t bytes) {
+void Device::free(void* p, size_t bytes) { free(p, bytes, bytes); }
+
+void Device::free(void* p, size_t bytes, size_t charged) {
   if (!p) return;
   memory_->free(p, bytes);
   std::lock_guard<std::mutex> lk(mu_);
-  stats_.in_use -= bytes;
+  stats_.in_use -= charged;
   ++stats_.num_frees;
+}
+
+void Device::set_precision(DType activations, DType grads) {
+  for (DType t : {activations, grads})
+    TESSERA_ARG_CHECK(t == DType::F32 || t == DType::BF16, "device precision ", dtype_name(t),
+                      " (expected f32 or bf16)");
+  act_dtype_ = activations;
+  grad_dtype_ = grads;
 }
 
 void Device::set_memory(std::unique_ptr<DeviceMemory> memory) {

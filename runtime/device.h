@@ -103,6 +103,19 @@ class Device {
   // Charges `bytes` and returns zero-filled memory; throws DeviceOutOfMemory.
   void* allocate(size_t bytes);
   void free(void* p, size_t bytes);
+  // The same for a buffer whose elements the core holds in fewer bytes than
+  // the CPU does (bf16 values in 4-byte float containers, runtime/bf16.h):
+  // `bytes` allocated, `charged` counted (and freed with the same two).
+  void* allocate(size_t bytes, size_t charged);
+  void free(void* p, size_t bytes, size_t charged);
+
+  // The element types this core holds activations (and their gradients) and
+  // parameter gradients in: F32 (the default) or BF16 (mixed precision,
+  // runtime/kernels.h: kernels round their outputs and are charged at the
+  // bf16 peak and 2-byte traffic). Set before anything is allocated for them.
+  void set_precision(DType activations, DType grads);
+  DType act_dtype() const { return act_dtype_; }
+  DType grad_dtype() const { return grad_dtype_; }
 
   // Replaces the memory backend; only while nothing is allocated.
   void set_memory(std::unique_ptr<DeviceMemory> memory);
@@ -121,6 +134,7 @@ class Device {
   mutable std::mutex mu_;
   MemoryStats stats_;
   SimClock clock_;
+  DType act_dtype_ = DType::F32, grad_dtype_ = DType::F32;
 };
 
 }  // namespace tessera

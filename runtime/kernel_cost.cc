@@ -43,6 +43,11 @@ double kernel_seconds(const DeviceSpec& spec, const Kernel& k, DType dtype) {
   return spec.kernel_launch_s + std::max(t_flops, t_bytes);
 }
 
+Kernel in_dtype(Kernel k, DType dtype) {
+  k.bytes *= static_cast<double>(dtype_size(dtype)) / kF;
+  return k;
+}
+
 Kernel gemm(int64_t m, int64_t n, int64_t k, bool accumulate) {
   return {2.0 * d(m) * d(n) * d(k), kF * (d(m) * d(k) + d(k) * d(n) + d(m) * d(n) * (accumulate ? 2 : 1)), m, n, k, 1};
 }

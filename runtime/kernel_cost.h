@@ -48,6 +48,11 @@ double gemm_efficiency(const DeviceSpec& spec, int64_t m, int64_t n, int64_t k, 
 // The sustained FLOP/s of a core: peak(dtype) x sustained_fraction.
 double sustained_flops(const DeviceSpec& spec, DType dtype);
 
+// The kernel with its operands held as `dtype` (F32 or BF16): the kernels
+// below count fp32 bytes, a bf16 kernel moves half of them (its fp32
+// statistics, a few per row, included: they are negligible).
+Kernel in_dtype(Kernel k, DType dtype);
+
 // ---- the kernels (fp32 operands) ----
 // C[m,n] (+)= A[m,k] B[k,n]: 2mnk FLOPs; reads A, B (and C when accumulating), writes C.
 Kernel gemm(int64_t m, int64_t n, int64_t k, bool accumulate);

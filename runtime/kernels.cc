@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/bf16.h"
 #include "runtime/device.h"
 
 namespace tessera::kern {
@@ -15,12 +16,40 @@ void default_blas_threads() {
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
 }
 
+namespace {
+bool bf16_acts(const Device* dev) { return dev && dev->act_dtype() == DType::BF16; }
+bool bf16_grads(const Device* dev) { return dev && dev->grad_dtype() == DType::BF16; }
+}  // namespace
+
 void charge(Device* dev, double flops, double bytes) {
-  if (dev) dev->clock().charge_compute(flops, bytes, DType::F32);
+  if (!dev) return;
+  const DType t = dev->act_dtype();
+  dev->clock().charge_compute(flops, bytes * static_cast<double>(dtype_size(t)) / 4.0, t);
 }
 
 void charge(Device* dev, const cost::Kernel& k) {
-  if (dev) dev->clock().charge_kernel(k, DType::F32);  // with the shape, for a GEMM's efficiency
+  if (dev) charge(dev, cost::in_dtype(k, dev->act_dtype()), dev->act_dtype());
+}
+
+void charge(Device* dev, const cost::Kernel& k, DType dtype) {
+  if (dev) dev->clock().charge_kernel(k, dtype);  // with the shape, for a GEMM's efficiency
+}
+
+void round_activations(Device* dev, float* x, int64_t n) {
+  if (bf16_acts(dev)) bf16::round_inplace(x, n);
+}
+
+void round_grads(Device* dev, float* x, int64_t n) {
+  if (bf16_grads(dev)) bf16::round_inplace(x, n);
+}
+
+void round_activations(Device* dev, float* x, int64_t rows, int64_t cols, int64_t ld) {
+  if (!bf16_acts(dev)) return;
+  if (ld == cols) {
+    bf16::round_inplace(x, rows * cols);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) bf16::round_inplace(x + r * ld, cols);
 }
 
 void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -31,9 +60,31 @@ void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, co
               c, static_cast<int>(ldc));
 }
 
+namespace {
+// bf16 inputs with fp32 accumulation under bf16 activations, else sgemm.
+void gemm_at(const Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (bf16_acts(dev)) {
+    bf16::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    gemm_raw(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+}  // namespace
+
 void gemm(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  gemm_raw(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemm_at(dev, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  round_activations(dev, c, m, n, ldc);
+  charge(dev, cost::gemm(m, n, k, beta != 0.f));
+}
+
+void gemm_grad(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_at(dev, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (bf16_grads(dev)) {
+    for (int64_t r = 0; r < m; ++r) bf16::round_inplace(c + r * ldc, n);
+  }
   charge(dev, cost::gemm(m, n, k, beta != 0.f));
 }
 
@@ -56,6 +107,7 @@ void layernorm_forward(Device* dev, const float* x, const float* gamma, const fl
     mean[r] = mu;
     rstd[r] = rs;
   }
+  round_activations(dev, y, rows * cols);
   charge(dev, cost::layernorm_forward(rows, cols));
 }
 
@@ -83,6 +135,9 @@ void layernorm_backward(Device* dev, const float* dy, const float* x, const floa
       dxr[j] += rs * (dyr[j] * gamma[j] - mg - xh * mgx);
     }
   }
+  round_activations(dev, dx, rows * cols);
+  round_grads(dev, dgamma, cols);
+  round_grads(dev, dbeta, cols);
   charge(dev, cost::layernorm_backward(rows, cols));
 }
 
@@ -104,6 +159,7 @@ void add_rows(Device* dev, const float* a, const float* b, const float* bias, fl
       for (int64_t j = 0; j < cols; ++j) o[j] = ar[j] + br[j];
     }
   }
+  round_activations(dev, out, rows * cols);
   charge(dev, cost::add_rows(rows, cols, bias != nullptr));
 }
 
@@ -112,6 +168,7 @@ void bias_grad(Device* dev, const float* dy, float* db, int64_t rows, int64_t co
     const float* d = dy + r * cols;
     for (int64_t j = 0; j < cols; ++j) db[j] += d[j];
   }
+  round_grads(dev, db, cols);
   charge(dev, cost::bias_grad(rows, cols));
 }
 
@@ -153,6 +210,7 @@ void gelu_forward(Device* dev, const float* x, float* y, int64_t n) {
     float s = 1.0f / (1.0f + exp_fast(-2.0f * kGeluC * (v + kGeluA * v * v * v)));
     y[i] = v * s;
   }
+  round_activations(dev, y, n);
   charge(dev, cost::gelu_forward(n));
 }
 
@@ -165,6 +223,7 @@ void gelu_backward(Device* dev, const float* dy, const float* x, float* dx, int6
     float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
     dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
   }
+  round_activations(dev, dx, n);
   charge(dev, cost::gelu_backward(n));
 }
 
@@ -209,7 +268,7 @@ void adamw_update(Device* dev, float* p, const float* g, float* m, float* v, int
     v[i] = vi;
     p[i] = p[i] * decay - step * mi / (std::sqrt(vi) * inv_sqrt_b2 + eps);
   }
-  charge(dev, cost::adamw(n));
+  charge(dev, cost::adamw(n), DType::F32);
 }
 
 double sum_squares(Device* dev, const float* x, int64_t n) {
@@ -222,7 +281,7 @@ double sum_squares(Device* dev, const float* x, int64_t n) {
     for (int64_t j = i; j < e; ++j) s += x[j] * x[j];
     total += s;
   }
-  charge(dev, cost::sum_squares(n));
+  charge(dev, cost::sum_squares(n), DType::F32);
   return total;
 }
 
@@ -240,6 +299,7 @@ void rmsnorm_forward(Device* dev, const float* x, const float* w, float* y, floa
     for (int64_t j = 0; j < cols; ++j) yr[j] = w[j] * (xr[j] * rs);
     rstd[r] = rs;
   }
+  round_activations(dev, y, rows * cols);
   charge(dev, cost::rmsnorm_forward(rows, cols));
 }
 
@@ -261,6 +321,8 @@ void rmsnorm_backward(Device* dev, const float* dy, const float* x, const float*
     const float mgx = sum_gx * inv_n;
     for (int64_t j = 0; j < cols; ++j) dxr[j] += rs * (dyr[j] * w[j] - xr[j] * rs * mgx);
   }
+  round_activations(dev, dx, rows * cols);
+  round_grads(dev, dw, cols);
   charge(dev, cost::rmsnorm_backward(rows, cols));
 }
 
@@ -301,12 +363,14 @@ void rope_apply(float* x, int64_t ld, int64_t rows, int64_t seq, int64_t heads, 
 void rope_forward(Device* dev, float* x, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
                   const float* cos, const float* sin) {
   rope_apply(x, ld, rows, seq, heads, head_dim, cos, sin, false);
+  round_activations(dev, x, rows, heads * head_dim, ld);
   charge(dev, cost::rope(rows, heads, head_dim));
 }
 
 void rope_backward(Device* dev, float* dx, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
                    const float* cos, const float* sin) {
   rope_apply(dx, ld, rows, seq, heads, head_dim, cos, sin, true);
+  round_activations(dev, dx, rows, heads * head_dim, ld);
   charge(dev, cost::rope(rows, heads, head_dim));
 }
 
@@ -316,6 +380,7 @@ void swiglu_forward(Device* dev, const float* gate, const float* up, float* out,
     const float g = gate[i];
     out[i] = g / (1.0f + exp_fast(-g)) * up[i];
   }
+  round_activations(dev, out, n);
   charge(dev, cost::swiglu_forward(n));
 }
 
@@ -329,6 +394,8 @@ void swiglu_backward(Device* dev, const float* dout, const float* gate, const fl
     dgate[i] = d * u * s * (1.0f + g * (1.0f - s));
     dup[i] = d * g * s;
   }
+  round_activations(dev, dgate, n);
+  round_activations(dev, dup, n);
   charge(dev, cost::swiglu_backward(n));
 }
 

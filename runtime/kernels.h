@@ -8,6 +8,17 @@
 // nullptr (nothing charged). Kernels allocate nothing; GEMMs go through
 // OpenBLAS cblas_sgemm (set OPENBLAS_NUM_THREADS=1 per rank).
 //
+// Mixed precision (Device::set_precision with bf16 activations): the
+// buffers are bf16 values in float containers (runtime/bf16.h). Kernels
+// compute in fp32 as before (norm statistics, softmax, exp, sums) and round
+// what they write to bf16 (to nearest even): activations and activation
+// gradients to act_dtype, parameter gradients (dgamma, dbeta, bias and
+// weight gradients, gemm_grad) to grad_dtype, so an accumulation into a
+// bf16 gradient rounds after each kernel as a bf16 buffer would. GEMMs take
+// bf16 inputs with fp32 accumulation (bf16::gemm). Charges use the bf16
+// peak and half the bytes (cost::in_dtype). gemm_raw, causal_softmax_* and
+// adamw_update neither round nor charge: their callers do.
+//
 // Thread-safety: kernels are reentrant; concurrent calls on one Device only
 // contend on its clock's atomics.
 #pragma once
@@ -28,13 +39,27 @@ void default_blas_threads();
 
 // Charges `dev` (if not null) for one kernel of `flops` FLOPs touching
 // `bytes` bytes, or for one kernel of runtime/kernel_cost.h.
+// Charged at the device's activation dtype (its peak, cost::in_dtype bytes).
 void charge(Device* dev, double flops, double bytes);
 void charge(Device* dev, const cost::Kernel& k);
+// Charged at `dtype` whatever the device's precision (the optimizer's fp32 kernels).
+void charge(Device* dev, const cost::Kernel& k, DType dtype);
+
+// In place: n elements rounded to the device's activation (or gradient)
+// dtype; nothing for F32 or without a device. For code that writes
+// activations outside these kernels (attention, embeddings, the loss).
+void round_activations(Device* dev, float* x, int64_t n);
+void round_grads(Device* dev, float* x, int64_t n);
+// Rows x cols of a strided buffer (row stride ld).
+void round_activations(Device* dev, float* x, int64_t rows, int64_t cols, int64_t ld);
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, op = transpose when ta/tb.
 // lda/ldb/ldc are the row strides of A, B, C as stored. Charges 2*M*N*K.
 void gemm(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// gemm whose C is a parameter gradient (rounded to the device's grad dtype).
+void gemm_grad(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 // The same without charging (for callers that charge a batch once).
 void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc);

@@ -35,7 +35,7 @@ std::vector<int64_t> contiguous_strides(const Shape& shape) {
 
 Storage::~Storage() {
   if (device_) {
-    device_->free(data_, bytes_);
+    device_->free(data_, bytes_, charged_);
   } else {
     std::free(data_);
   }
@@ -51,10 +51,13 @@ std::shared_ptr<Storage> Storage::host(size_t bytes) {
 
 namespace {
 
-std::shared_ptr<Storage> allocate_storage(size_t bytes, Device* device) {
+std::shared_ptr<Storage> allocate_storage(size_t bytes, Device* device, size_t charged) {
   if (!device) return Storage::host(bytes);
-  void* p = device->allocate(bytes);
-  return std::make_shared<Storage>(p, bytes, device);
+  void* p = device->allocate(bytes, charged);
+  return std::make_shared<Storage>(p, bytes, charged, device);
+}
+std::shared_ptr<Storage> allocate_storage(size_t bytes, Device* device) {
+  return allocate_storage(bytes, device, bytes);
 }
 
 void check_shape(const Shape& shape) {
@@ -122,6 +125,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device* device) {
   check_shape(shape);
   size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   return Tensor(allocate_storage(bytes, device), dtype, shape, contiguous_strides(shape), 0);
+}
+
+Tensor Tensor::container(const Shape& shape, DType held, Device* device) {
+  check_shape(shape);
+  TESSERA_ARG_CHECK(held == DType::F32 || held == DType::BF16, "a float container holds f32 or bf16, not ",
+                    dtype_name(held));
+  const auto n = static_cast<size_t>(shape_numel(shape));
+  return Tensor(allocate_storage(n * 4, device, n * dtype_size(held)), DType::F32, shape, contiguous_strides(shape), 0);
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device* device) {

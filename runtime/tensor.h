@@ -28,13 +28,17 @@ int64_t shape_numel(const Shape& s);
 // referring to it goes away.
 class Storage {
  public:
-  Storage(void* data, size_t bytes, Device* device) : data_(data), bytes_(bytes), device_(device) {}
+  Storage(void* data, size_t bytes, Device* device) : data_(data), bytes_(bytes), charged_(bytes), device_(device) {}
+  // Device storage charged `charged` bytes (Tensor::container).
+  Storage(void* data, size_t bytes, size_t charged, Device* device)
+      : data_(data), bytes_(bytes), charged_(charged), device_(device) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
+  size_t charged_bytes() const { return charged_; }  // what the device counts
   Device* device() const { return device_; }
 
   // Host storage (not charged to any device), zero-filled.
@@ -42,7 +46,7 @@ class Storage {
 
  private:
   void* data_;
-  size_t bytes_;
+  size_t bytes_, charged_;
   Device* device_;
 };
 
@@ -54,6 +58,10 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype, Device* device = nullptr);
   static Tensor zeros(const Shape& shape, DType dtype, Device* device = nullptr) { return empty(shape, dtype, device); }
   static Tensor full(const Shape& shape, double value, DType dtype, Device* device = nullptr);
+  // New zero-filled contiguous F32 tensor whose elements the device holds as
+  // `held` (F32 or BF16): a bf16 tensor of a mixed-precision run in 4-byte
+  // float containers (runtime/bf16.h), charged dtype_size(held) per element.
+  static Tensor container(const Shape& shape, DType held, Device* device);
   // Copies `values` (converted to dtype).
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = DType::F32,
                             Device* device = nullptr);

@@ -11,7 +11,7 @@ PACKAGES=(
   libcereal-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libssl-dev
   clang libclang-rt-14-dev

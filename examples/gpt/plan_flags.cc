@@ -49,9 +49,16 @@ PlanRun apply_plan(const std::string& path, parallel::models::gpt::TrainOptions&
   };
 
   // What train_gpt can run.
-  if (p.precision() != "fp32")
-    refuse("the plan is for ", p.precision(),
-           " mixed precision; train_gpt trains in fp32 (plan with --precision fp32)");
+  // The precision: bf16 plans cost bf16 mixed precision with fp32 master
+  // weights and bf16 gradient reduction (parallel/cost_model.h).
+  if (p.precision() != "fp32" && p.precision() != "bf16")
+    refuse("the plan is for precision ", p.precision(), "; train_gpt trains in fp32 or bf16");
+  std::string precision = t.precision == DType::BF16 ? "bf16" : "fp32";
+  take("--precision", "precision", precision, p.precision());
+  t.precision = precision == "bf16" ? DType::BF16 : DType::F32;
+  if (t.precision == DType::BF16 && (!t.master_weights || t.fp32_grads))
+    refuse("the plan costs bf16 with fp32 master weights and gradients reduced in bf16, not ",
+           !t.master_weights ? "--no-master-weights" : "--accumulate-allreduce-grads-in-fp32");
   if (p.recompute() != "none")
     refuse("the plan recomputes activations (recompute ", p.recompute(),
            "); train_gpt does not (plan with --recompute none)");
@@ -160,7 +167,7 @@ std::vector<double> predicted_stage_bubbles(const parallel::models::gpt::TrainOp
   parallel::TrainingConfig tc;
   tc.global_batch = t.global_batch;
   tc.seq = static_cast<int>(t.seq);
-  tc.fp32 = true;  // train_gpt's only precision
+  tc.fp32 = t.precision != DType::BF16;
   tc.bucket_elems = t.adamw.bucket_elems;
   const parallel::CostModel cm(m, DeviceSpec::preset(device), tc);
   parallel::PlanChoice c;

@@ -4,22 +4,39 @@
 #include <random>
 #include <vector>
 
+#include "runtime/bf16.h"
+#include "runtime/error.h"
 #include "runtime/kernels.h"
 #include "runtime/sim_clock.h"
 
 namespace tessera::gpt {
 
-double measure_sgemm_flops(const parallel::ModelConfig& cfg, int64_t rows, double min_seconds) {
+std::vector<GemmShape> model_gemm_shapes(const parallel::ModelConfig& cfg, int64_t rows) {
   const int64_t c = cfg.hidden;
-  struct Shape {
+  const int64_t q = cfg.q_dim(), kv = cfg.kv_dim(), f = cfg.ffn_hidden;
+  struct W {
+    const char* name;
     int64_t in, out;
   };
-  const int64_t q = cfg.q_dim(), kv = cfg.kv_dim(), f = cfg.ffn_hidden;
   // The model's weight shapes: QKV, attention output, the MLP's (gate and up fused for llama), down, the LM head.
-  const std::vector<Shape> shapes{{c, q + 2 * kv}, {q, c}, {c, (cfg.gated_mlp() ? 2 : 1) * f}, {f, c}, {c, cfg.vocab}};
+  const std::vector<W> weights{
+      {"qkv", c, q + 2 * kv}, {"attn out", q, c}, {"mlp up", c, (cfg.gated_mlp() ? 2 : 1) * f}, {"mlp down", f, c},
+      {"lm head", c, cfg.vocab}};
+  std::vector<GemmShape> v;
+  for (const W& w : weights) {
+    // y = x W; dx = dy W^T; dW += x^T dy
+    v.push_back({std::string(w.name) + " NN", false, false, false, rows, w.out, w.in});
+    v.push_back({std::string(w.name) + " NT", false, true, false, rows, w.in, w.out});
+    v.push_back({std::string(w.name) + " TN", true, false, true, w.in, w.out, rows});
+  }
+  return v;
+}
+
+double measure_gemm_flops(const std::vector<GemmShape>& shapes, DType dtype, double min_seconds) {
+  TESSERA_ARG_CHECK(dtype == DType::F32 || dtype == DType::BF16, "GEMM benchmark of ", dtype_name(dtype));
   int64_t max_elems = 0;
-  for (const auto& s : shapes) max_elems = std::max({max_elems, rows * s.in, rows * s.out, s.in * s.out});
-  std::vector<float> a(max_elems), b(max_elems), out(max_elems);
+  for (const auto& s : shapes) max_elems = std::max({max_elems, s.m * s.k, s.k * s.n, s.m * s.n});
+  std::vector<float> a(static_cast<size_t>(max_elems)), b(a.size()), out(a.size());
   std::mt19937 g(1);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (auto* v : {&a, &b, &out})
@@ -27,21 +44,28 @@ double measure_sgemm_flops(const parallel::ModelConfig& cfg, int64_t rows, doubl
   auto run_all = [&]() {
     double flops = 0;
     for (const auto& s : shapes) {
-      // y = x W; dx = dy W^T; dW = x^T dy
-      kern::gemm_raw(false, false, rows, s.out, s.in, 1.f, a.data(), s.in, b.data(), s.out, 0.f, out.data(), s.out);
-      kern::gemm_raw(false, true, rows, s.in, s.out, 1.f, a.data(), s.out, b.data(), s.out, 0.f, out.data(), s.in);
-      kern::gemm_raw(true, false, s.in, s.out, rows, 1.f, a.data(), s.in, b.data(), s.out, 1.f, out.data(), s.out);
-      flops += 3 * 2.0 * rows * s.in * s.out;
+      const int64_t lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+      const float beta = s.accumulate ? 1.f : 0.f;
+      if (dtype == DType::F32) {
+        kern::gemm_raw(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, beta, out.data(), s.n);
+      } else {
+        bf16::gemm(s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, beta, out.data(), s.n);
+      }
+      flops += 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
     }
     return flops;
   };
-  run_all();  // warm-up: page in the buffers, let OpenBLAS pick its kernels
+  run_all();  // warm-up: page in the buffers, let the library pick its kernels
   double flops = 0;
   Stopwatch sw;
   do {
     flops += run_all();
   } while (sw.seconds() < min_seconds);
   return flops / sw.seconds();
+}
+
+double measure_sgemm_flops(const parallel::ModelConfig& cfg, int64_t rows, double min_seconds) {
+  return measure_gemm_flops(model_gemm_shapes(cfg, rows), DType::F32, min_seconds);
 }
 
 }  // namespace tessera::gpt

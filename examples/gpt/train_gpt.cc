@@ -68,6 +68,9 @@ struct Flags {
   std::string topology;               // --topology PRESET|FILE
   std::string model, family = "gpt";  // --model, --family
   std::string trace_clock = "emulated";
+  std::string precision = "fp32";  // --precision
+  bool no_master_weights = false;
+  std::string export_dtype;  // --export-dtype (default: the run's precision)
   gpt::PlanRun plan_run;
 };
 
@@ -77,6 +80,16 @@ struct Flags {
 // prediction for the stage (the plan's with --plan) and, with --trace, writes
 // the Chrome/Perfetto trace-event file (parallel/pipeline/trace.h).
 std::string human_time(double s);
+
+// " bf16 (fp32 masters, bf16 grads)" etc.; empty for fp32.
+std::string precision_str(const models::gpt::TrainOptions& o) {
+  if (o.precision != DType::BF16) return "";
+  std::string s = " bf16 (";
+  s += o.master_weights ? "fp32 masters" : "pure bf16";
+  s += o.fp32_grads ? ", fp32 grads" : ", bf16 grads";
+  if (o.stochastic_rounding) s += ", stochastic rounding";
+  return s + ")";
+}
 
 void report_pipeline(const Flags& f, const gpt::Job& job, models::gpt::Trainer& trainer) {
   if (trainer.pipeline() == nullptr) return;
@@ -239,11 +252,11 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
                                                             " ffn=" + std::to_string(o.model.ffn_hidden) +
                                                             (o.model.tied_embeddings() ? " tied" : " untied");
     std::printf(
-        "train_gpt: %d rank(s) tp=%d pp=%d dp=%d%s%s | %s vocab=%lld ctx=%lld hidden=%lld layers=%lld heads=%lld%s "
+        "train_gpt: %d rank(s) tp=%d pp=%d dp=%d%s%s%s | %s vocab=%lld ctx=%lld hidden=%lld layers=%lld heads=%lld%s "
         "(%.2fM params) | seq=%lld micro-batch=%lld global-batch=%lld steps=%lld lr=%g | device %s | "
         "OPENBLAS_CORETYPE=%s\n",
         job.world.size, o.tp, o.pp, o.dp, o.sequence_parallel ? " sp" : "", o.adamw.zero1 ? " zero1" : "",
-        o.model.family == "llama" ? "Llama" : "GPT-2", (long long)o.model.vocab, (long long)o.model.max_seq,
+        precision_str(o).c_str(), o.model.family == "llama" ? "Llama" : "GPT-2", (long long)o.model.vocab, (long long)o.model.max_seq,
         (long long)o.model.hidden, (long long)o.model.layers, (long long)o.model.heads, gqa.c_str(),
         o.model.total_params() / 1e6, (long long)o.seq, (long long)o.micro_batch, (long long)o.global_batch,
         (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
@@ -428,6 +441,14 @@ int run(int argc, char** argv) {
       ->check(cli::non_negative(f.t.adamw.clip_norm));
   app.add_option("--seed", f.t.seed, "initialisation and data seed")->check(cli::any_int(f.t.seed));
   app.add_flag("--zero1", f.t.adamw.zero1, "shard AdamW states over DP (ZeRO-1)");
+  app.add_option("--precision", f.precision,
+                 "fp32, or bf16: bf16 parameters, activations and gradients with fp32 master weights and moments")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_flag("--no-master-weights", f.no_master_weights, "bf16: no fp32 master weights (pure bf16)");
+  app.add_flag("--accumulate-allreduce-grads-in-fp32", f.t.fp32_grads,
+               "bf16: accumulate gradients and reduce them over DP in fp32 (default bf16)");
+  app.add_flag("--stochastic-rounding", f.t.stochastic_rounding,
+               "bf16: round updated weights stochastically (the same draws in every layout)");
   app.add_option("--bucket-mb", f.bucket_mb, "DP gradient bucket size in MiB")->check(cli::number_range(1e-6, 1 << 20));
   app.add_option("--device", f.device, "emulated core")->check(CLI::IsMember(DeviceSpec::preset_names()));
   app.add_option("--topology", f.topology,
@@ -470,6 +491,8 @@ int run(int argc, char** argv) {
   f.t.model.max_seq = static_cast<int>(f.t.seq);
   if (f.tie) f.t.model.tie_embeddings = true;
   f.t.adamw.bucket_elems = static_cast<int64_t>(f.bucket_mb * (1 << 20) / 4);
+  f.t.precision = f.precision == "bf16" ? DType::BF16 : DType::F32;
+  f.t.master_weights = !f.no_master_weights;
   // Bad flags and bad input files exit 2 before any process joins the job
   // (docs/errors.md): every rank checks what it reads, rank 0 what it writes.
   std::shared_ptr<parallel::data::ByteDataset> dataset;

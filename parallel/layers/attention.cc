@@ -37,12 +37,14 @@ void gqa_attention_forward(Device* dev, const AttentionShape& s, const float* q_
         kern::gemm_raw(false, true, rows, cols, hd, 1.f, q + r0 * s.ldq, s.ldq, k, s.ldkv, 0.f, p + r0 * seq, seq);
       }
       kern::causal_softmax_forward(p, seq, seq, scale);
+      kern::round_activations(dev, p, seq * seq);  // bf16 probabilities into P V (and kept for the backward)
       for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
         kern::gemm_raw(false, false, rows, hd, cols, 1.f, p + r0 * seq, seq, v, s.ldkv, 0.f, yh + r0 * s.ldy, s.ldy);
       }
     }
   }
+  kern::round_activations(dev, y, s.batch * seq, s.heads * hd, s.ldy);
   kern::charge(dev, cost::gqa_attention_forward(s.batch, s.heads, s.kv_heads, seq, hd));
 }
 
@@ -78,6 +80,7 @@ void gqa_attention_backward(Device* dev, const AttentionShape& s, const float* q
                        first && r0 == last ? 0.f : 1.f, dv, s.ldkv);
       }
       kern::causal_softmax_backward(p, dp, seq, seq, scale);  // dP -> dS
+      kern::round_activations(dev, dp, seq * seq);            // bf16 dS into dQ and dK
       for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {      // dQ = dS K
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
         kern::gemm_raw(false, false, rows, hd, cols, 1.f, dp + r0 * seq, seq, k, s.ldkv, 0.f, dq + r0 * s.ldq, s.ldq);
@@ -89,6 +92,10 @@ void gqa_attention_backward(Device* dev, const AttentionShape& s, const float* q
       }
     }
   }
+  // dQ, dK and dV summed in fp32 (over row blocks and a K/V head's query heads), stored once.
+  kern::round_activations(dev, dq_all, s.batch * seq, s.heads * hd, s.ldq);
+  kern::round_activations(dev, dk_all, s.batch * seq, s.kv_heads * hd, s.ldkv);
+  kern::round_activations(dev, dv_all, s.batch * seq, s.kv_heads * hd, s.ldkv);
   kern::charge(dev, cost::gqa_attention_backward(s.batch, s.heads, s.kv_heads, seq, hd));
 }
 

@@ -33,7 +33,7 @@ void vocab_parallel_cross_entropy(const ParallelState& ps, float* logits, int64_
     }
     sums[r] = s;
   }
-  ps.tp_all_reduce(sums, 2 * rows);  // sums and target are adjacent: one reduction
+  ps.tp_all_reduce_f32(sums, 2 * rows);  // sums and target are adjacent: one reduction
   for (int64_t r = 0; r < rows; ++r) loss[r] = std::log(sums[r]) - target[r];
   if (want_grad) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -43,6 +43,7 @@ void vocab_parallel_cross_entropy(const ParallelState& ps, float* logits, int64_
       const int64_t t = targets[r] - vocab_start;
       if (t >= 0 && t < n_local) l[t] -= grad_scale;
     }
+    kern::round_activations(ps.device, logits, rows, n_local, ld);  // the logits' gradient, computed in fp32
   }
   kern::charge(ps.device, cost::cross_entropy(rows, n_local, want_grad));
 }

@@ -50,6 +50,7 @@ void VocabParallelEmbedding::backward(const int32_t* tokens, int64_t rows, const
     const float* dr = d + r * dim_;
     for (int64_t j = 0; j < dim_; ++j) g[j] += dr[j];
   }
+  kern::round_grads(ps_.device, weight_.grad, valid_ * dim_);  // summed in fp32, stored once
   kern::charge(ps_.device, cost::embedding_backward(rows, dim_));
 }
 

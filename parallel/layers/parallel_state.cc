@@ -3,7 +3,10 @@
 #include <algorithm>
 
 #include "parallel/mesh.h"
+#include "runtime/bf16.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/kernels.h"
 
 namespace tessera::parallel::layers {
 
@@ -15,9 +18,15 @@ int ParallelState::global_rank() const {
   return parallel::Mesh({.tp = tp_size, .dp = dp_size, .pp = pp_size}).rank(c);
 }
 
-void ParallelState::tp_all_reduce(float* buf, int64_t n) const {
+void ParallelState::tp_all_reduce_f32(float* buf, int64_t n) const {
   if (tp_size == 1 || n == 0) return;
   tp->all_reduce(buf, buf, static_cast<size_t>(n), DType::F32, collectives::ReduceOp::Sum);
+}
+
+void ParallelState::tp_all_reduce(float* buf, int64_t n) const {
+  if (tp_size == 1 || n == 0) return;
+  tp_all_reduce_f32(buf, n);
+  kern::round_activations(device, buf, n);
 }
 
 void ParallelState::tp_all_reduce_max(float* buf, int64_t n) const {
@@ -30,7 +39,15 @@ void ParallelState::tp_all_gather(const float* send, float* recv, int64_t n) con
     if (recv != send) std::copy(send, send + n, recv);
     return;
   }
-  tp->all_gather(send, recv, static_cast<size_t>(n), DType::F32);
+  if (device == nullptr || device->act_dtype() != DType::BF16) {
+    tp->all_gather(send, recv, static_cast<size_t>(n), DType::F32);
+    return;
+  }
+  // 16-bit values on the wire: pack, gather into the first half of recv's bytes, widen in place.
+  if (gather_stage.size() < static_cast<size_t>(n)) gather_stage.resize(static_cast<size_t>(n));
+  bf16::pack(send, gather_stage.data(), n);
+  tp->all_gather(gather_stage.data(), recv, static_cast<size_t>(n), DType::BF16);
+  bf16::unpack_inplace(recv, n * tp_size);
 }
 
 void ParallelState::tp_reduce_scatter(const float* send, float* recv, int64_t n) const {
@@ -39,6 +56,7 @@ void ParallelState::tp_reduce_scatter(const float* send, float* recv, int64_t n)
     return;
   }
   tp->reduce_scatter(send, recv, static_cast<size_t>(n), DType::F32, collectives::ReduceOp::Sum);
+  kern::round_activations(device, recv, n);
 }
 
 void ParallelState::kv_all_reduce(const float* send, float* recv, int64_t n) const {
@@ -49,6 +67,7 @@ void ParallelState::kv_all_reduce(const float* send, float* recv, int64_t n) con
   TESSERA_CHECK(kv != nullptr && kv->size() == kv_replicas, "kv group of ", kv_replicas,
                 " TP ranks missing (make_parallel_state's kv_replicas)");
   kv->all_reduce(send, recv, static_cast<size_t>(n), DType::F32, collectives::ReduceOp::Sum);
+  kern::round_activations(device, recv, n);
 }
 
 ParallelState serial_state(Device* device) {

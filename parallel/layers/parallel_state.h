@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "collectives/communicator.h"
 
@@ -53,14 +54,23 @@ struct ParallelState {
   // Null (and kv_replicas 1) otherwise.
   int kv_replicas = 1;
   std::shared_ptr<collectives::Communicator> kv;
+  // bf16 all-gathers pack their send buffer here (grown once, reused).
+  mutable std::vector<uint16_t> gather_stage;
 
   bool sp() const { return sequence_parallel && tp_size > 1; }
   int global_rank() const;  // through parallel/mesh.h (TP fastest, then DP, then PP)
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
 
-  // ---- TP collectives on fp32 buffers (no-ops for tp_size == 1) ----
+  // ---- TP collectives on activation buffers (no-ops for tp_size == 1) ----
+  // Under bf16 activations (device->act_dtype(), runtime/kernels.h) the
+  // buffers hold bf16 values in float containers: sums are taken in fp32
+  // and rounded once to bf16 (to nearest even), which is what the
+  // communicator does with a bf16 reduction (it widens to fp32 on the wire
+  // and rounds the result); all-gathers send the 16-bit values.
   void tp_all_reduce(float* buf, int64_t n) const;
+  // fp32 data whatever the precision (the loss's sums, the gradient norm).
+  void tp_all_reduce_f32(float* buf, int64_t n) const;
   // send: n elements; recv: tp_size * n.
   void tp_all_gather(const float* send, float* recv, int64_t n) const;
   // send: tp_size * n; recv: n (this rank's block, summed).

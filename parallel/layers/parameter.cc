@@ -9,13 +9,13 @@
 
 namespace tessera::parallel::layers {
 
-namespace {
-
 uint64_t hash_name(const std::string& s) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
 }
+
+namespace {
 
 // Standard normal from two counter-based uniforms (Box-Muller).
 float normal_at(uint64_t key, int64_t i) {

@@ -84,6 +84,10 @@ void for_each_shard_run(const Parameter& p, const std::function<void(int64_t, in
 // shard; full_flat_index is -1 for padding.
 void for_each_shard_element(const Parameter& p, const std::function<void(int64_t, int64_t)>& fn);
 
+// A tensor's key in counter-based generators (FNV-1a of its name): the same
+// on every rank and layout.
+uint64_t hash_name(const std::string& name);
+
 // Initialises the shard from a counter-based generator keyed by (seed, name,
 // full index), so any layout gets exactly the serial model's values.
 void init_parameter(Parameter& p, uint64_t seed);

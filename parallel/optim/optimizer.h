@@ -47,6 +47,20 @@ struct AdamWConfig {
   LrSchedule lr;
   bool zero1 = false;
   int64_t bucket_elems = 1 << 20;  // ~4 MiB of fp32 per bucket
+  // Mixed precision (docs/training.md, "bf16"): the parameters are held as
+  // param_dtype and their gradients as grad_dtype (BF16: bf16 values in
+  // float containers, charged 2 bytes each). With bf16 parameters and
+  // master_weights, the update runs on fp32 copies of what this rank
+  // updates (sharded over DP under ZeRO-1, as the moments are) and each
+  // updated value is rounded to bf16; without, on the bf16 values
+  // themselves, each result rounded (pure bf16). The moments stay fp32.
+  DType param_dtype = DType::F32, grad_dtype = DType::F32;
+  bool master_weights = true;
+  // Those roundings stochastic (runtime/bf16.h round_stochastic), from a
+  // counter-based generator keyed by (rounding_seed, step, tensor name,
+  // element index in the full tensor): the same draws in every layout.
+  bool stochastic_rounding = false;
+  uint64_t rounding_seed = 0;
 };
 
 // One DP collective of a step, for timelines (parallel/pipeline/trace.h).
@@ -88,7 +102,8 @@ class DistributedOptimizer {
   const AdamWConfig& config() const { return cfg_; }
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
   int64_t total_elems() const { return total_; }
-  // Bytes of AdamW state this rank holds (2 x its shard, or 2 x all under plain DP).
+  // Bytes of AdamW state this rank holds (moments and master weights: 2 or
+  // 3 fp32 values per element of its shard, or of everything under plain DP).
   int64_t optimizer_state_bytes() const;
 
   void zero_grad();
@@ -99,6 +114,14 @@ class DistributedOptimizer {
   // Flat buffers (for tests and checkpoints).
   float* values() const { return values_.data<float>(); }
   float* grads() const { return grads_.data<float>(); }
+  // After the values were written from outside (initialisation, loading):
+  // with bf16 parameters rounds them to bf16 (to nearest even) and, with
+  // master weights, sets the masters to them.
+  void values_changed();
+  bool has_masters() const { return masters_.defined(); }
+  // The fp32 master weights as runs, like the moments: fn(offset, n, master)
+  // (nothing without master weights).
+  void for_each_master_run(const std::function<void(int64_t, int64_t, float*)>& fn);
   // The AdamW moments this rank holds (all of its parameters under plain DP,
   // its slice of every bucket under ZeRO-1), as runs: fn(offset, n, m, v)
   // where [offset, offset + n) indexes values() and m[i], v[i] belong to
@@ -140,8 +163,13 @@ class DistributedOptimizer {
   Tensor shard_grads_;
   std::vector<int64_t> shard_offset_;
   Tensor m_, v_;
+  Tensor masters_;                    // fp32 master weights of the segments (bf16 parameters)
+  Tensor gather_stage_;               // ZeRO-1 with bf16 parameters: each bucket's packed slice
   std::vector<Segment> segments_;     // what this rank updates, offsets into its m_/v_ space
   std::vector<int64_t> segment_src_;  // offsets of those segments in the flat buffers
+  std::vector<int> segment_param_;    // the parameter of each segment
+  // Writes the segment's updated fp32 values `x` (n of them) into the bf16 parameters.
+  void store_bf16(size_t s, const float* x, int64_t step);
   std::vector<std::shared_ptr<collectives::Work>> gather_works_;  // reused across steps
   Tensor sp_stage_;                                               // packs a bucket's sp_runs when there are several
 };

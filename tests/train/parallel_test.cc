@@ -27,13 +27,19 @@ namespace tessera {
 namespace {
 
 // The model trained: GPT-2, or a Llama with kv_heads K/V heads (of 8), tied or untied.
+// Trained in `precision` (bf16: with fp32 masters; fp32_grads: gradients in
+// fp32; sr: stochastic rounding).
 struct Model {
   std::string family = "gpt";
   int kv_heads = 8;
   bool tie = false;
-  auto key() const { return std::make_tuple(family, kv_heads, tie); }
+  DType precision = DType::F32;
+  bool fp32_grads = false, sr = false;
+  auto key() const { return std::make_tuple(family, kv_heads, tie, precision, fp32_grads, sr); }
   std::string name() const {
-    return family == "gpt" ? "" : "_llama_kv" + std::to_string(kv_heads) + (tie ? "_tied" : "");
+    std::string n = family == "gpt" ? "" : "_llama_kv" + std::to_string(kv_heads) + (tie ? "_tied" : "");
+    if (precision == DType::BF16) n += std::string("_bf16") + (fp32_grads ? "_fp32grads" : "") + (sr ? "_sr" : "");
+    return n;
   }
   // The tied embedding's name, whose copy the last pipeline stage holds.
   std::string embedding() const { return family == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight"; }
@@ -72,6 +78,9 @@ parallel::models::gpt::TrainOptions tiny_options(int64_t vocab = 256, int64_t la
                                                  const Model& model = {}) {
   parallel::models::gpt::TrainOptions o;
   o.model.family = model.family;
+  o.precision = model.precision;
+  o.fp32_grads = model.fp32_grads;
+  o.stochastic_rounding = model.sr;
   if (model.family == "llama") {
     o.model.kv_heads = model.kv_heads;
     o.model.ffn_hidden = 64;
@@ -309,7 +318,7 @@ RunResult run(const Layout& l) {
 }
 
 const RunResult& serial(int64_t vocab, int64_t layers, int64_t global_batch, const Model& model) {
-  static std::map<std::tuple<int64_t, int64_t, int64_t, std::tuple<std::string, int, bool>>, RunResult> cache;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, decltype(model.key())>, RunResult> cache;
   const auto key = std::make_tuple(vocab, layers, global_batch, model.key());
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, run_serial(vocab, layers, global_batch, model)).first;
@@ -600,6 +609,37 @@ std::vector<Layout> llama_layouts() {
 
 INSTANTIATE_TEST_SUITE_P(LlamaTpDp, Layouts, ::testing::ValuesIn(llama_layouts()), tp_dp_name);
 
+// ---- bf16 ----
+// How far two runs are apart: the largest relative loss difference over the
+// steps, and the largest over tensors of the parameters' difference relative
+// to the tensor's 2-norm.
+struct Distance {
+  double loss = 0, params = 0;
+};
+Distance distance(const RunResult& a, const RunResult& b) {
+  Distance d;
+  for (size_t i = 0; i < b.losses.size(); ++i)
+    d.loss = std::max(d.loss, std::abs(a.losses[i] - b.losses[i]) / std::abs(b.losses[i]));
+  for (const auto& [name, w] : b.params) {
+    if (name.find("weight") == std::string::npos) continue;  // biases: see Bf16Layouts
+    const auto& g = a.params.at(name);
+    double n = 0, e = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      n += w[i] * w[i];
+      e += (g[i] - w[i]) * (g[i] - w[i]);
+    }
+    d.params = std::max(d.params, std::sqrt(e / n));
+  }
+  return d;
+}
+
+Model bf16_of(Model m, bool fp32_grads = false) {
+  m.precision = DType::BF16;
+  m.fp32_grads = fp32_grads;
+  return m;
+}
+
+
 // ---- pipeline parallelism ----
 // Every stage's parameters (and the last stage's wte copy) and the AdamW
 // moments after 3 steps equal the serial 4-layer model's, for each schedule
@@ -784,6 +824,169 @@ TEST(PipelineTraining, GpipeHoldsEveryMicroBatch) {
   std::string f = collectives::test::failures(res);
   EXPECT_TRUE(f.empty()) << f;
 }
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Every layout of tp * pp * dp <= 8 (the fp32 suites' layouts, GPT and
+// Llama) in bf16 with master weights, bf16 and fp32 gradient reduction,
+// against the serial bf16 run.
+//
+// The tolerance. A layout computes the same bf16 training as the serial run
+// with other fp32 summation orders (TP splits of the contractions, DP sums of
+// gradients) and other bf16 rounding points (a TP partial sum is rounded
+// before its all-reduce, the serial product once): another sample of bf16's
+// rounding error around the fp32 trajectory. The serial bf16 run is one such
+// sample, at distance D (its loss and weights against the serial fp32 run's,
+// measured here); by the triangle inequality two samples at most D from fp32
+// are at most 2 D apart. Biases are left out of the weights' distance: they
+// start at 0, so relative to their own norm they are rounding noise (the key
+// bias's exact gradient is 0). With fp32 gradients and tp = 1 the layout
+// changes only the fp32 order of the gradient's DP sum, so the fp32 suites'
+// bound holds: 1e-5.
+class Bf16Layouts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(Bf16Layouts, TracksSerialBf16) {
+  const Layout l = GetParam();
+  Model fp32 = l.model;
+  fp32.precision = DType::F32;
+  fp32.fp32_grads = fp32.sr = false;
+  const RunResult& s16 = serial(l.vocab, l.layers, l.global_batch, l.model);
+  const Distance noise = distance(s16, serial(l.vocab, l.layers, l.global_batch, fp32));
+  const Distance got = distance(run(l), s16);
+  const std::string what = pipeline_name(l);
+  ASSERT_GT(noise.loss, 1e-6) << what << ": bf16 training should differ from fp32";
+  ASSERT_GT(noise.params, 1e-4) << what;
+  EXPECT_LE(got.loss, 2 * noise.loss) << what << " (serial bf16 to fp32: " << noise.loss << ")";
+  EXPECT_LE(got.params, 2 * noise.params) << what << " (serial bf16 to fp32: " << noise.params << ")";
+  if (l.model.fp32_grads && l.tp == 1 && l.pp == 1) {
+    EXPECT_LE(got.loss, 1e-5) << what;
+    EXPECT_LE(got.params, 1e-5) << what;
+  }
+}
+
+std::vector<Layout> bf16_layouts() {
+  std::vector<Layout> v;
+  for (bool g32 : {false, true}) {
+    for (const auto& list : {all_layouts(), llama_layouts(), pipeline_layouts(), llama_pipeline_layouts()}) {
+      for (Layout l : list) {
+        if (l.tp * l.dp * l.pp > 8 || !l.export_path.empty()) continue;
+        l.model = bf16_of(l.model, g32);
+        v.push_back(l);
+      }
+    }
+  }
+  return v;
+}
+
+std::string bf16_name(const ::testing::TestParamInfo<Layout>& i) { return pipeline_name(i.param); }
+
+// Stochastic rounding's draws depend on (seed, step, tensor, element of the
+// full tensor) only. One optimizer step with zero gradients leaves AdamW's
+// decoupled decay alone, master = bf16(init) (1 - lr wd), the same fp32 value
+// in every layout: the rounded bf16 weights must then be identical in every
+// layout, element by element (a draw keyed by the shard's local index, or by
+// the rank, moves them), and differ from round-to-nearest in many elements.
+Tensors decay_step_weights(const Layout& l, bool sr) {
+  Model m = bf16_of(l.model);
+  m.sr = sr;
+  auto options = [&]() {
+    parallel::models::gpt::TrainOptions o = tiny_options(l.vocab, l.layers, l.global_batch, m);
+    o.lr = 0.05;  // decay 0.5% per step: about one bf16 ulp, so the rounding decides
+    o.warmup = 0;
+    o.tp = l.tp;
+    o.dp = l.dp;
+    o.pp = l.pp;
+    o.sequence_parallel = l.sp;
+    o.adamw.zero1 = l.zero1;
+    return o;
+  };
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  {
+    Device dev(DeviceSpec::preset("test-core"));
+    auto ps = parallel::layers::serial_state(&dev);
+    parallel::models::gpt::TrainOptions o = options();
+    o.tp = o.dp = o.pp = 1;
+    o.sequence_parallel = o.adamw.zero1 = false;
+    parallel::models::gpt::Trainer t(o, ps, dataset());
+    for (parallel::layers::Parameter* p : t.parameters()) sizes.emplace_back(p->name, shape_numel(p->full_shape));
+  }
+  const int ranks = l.tp * l.dp * l.pp;
+  SharedResults shared(sizes, ranks);
+  auto res = collectives::test::run_ranks(ranks, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
+    Device dev(DeviceSpec::preset("test-core"), rank);
+    collectives::CommOptions co;
+    co.device = &dev;
+    auto world = collectives::Communicator::create(std::move(store), rank, size, co);
+    parallel::models::gpt::TrainOptions o = options();
+    parallel::layers::ParallelState ps = parallel::layers::make_parallel_state(
+        world, l.tp, l.dp, &dev, l.sp, l.pp, parallel::models::kv_replicas(tiny_options(l.vocab).model, l.tp));
+    parallel::models::gpt::Trainer t(o, ps, dataset());
+    t.init_random();
+    t.optimizer().zero_grad();
+    t.optimizer().step(1);
+    const bool copy_stage = l.pp > 1 && ps.last_stage();
+    for (parallel::layers::Parameter* p : t.parameters()) {
+      if (copy_stage && p == t.tied_wte()) continue;
+      double* out = shared.at(rank, 0, p->name);
+      parallel::layers::for_each_shard_element(*p, [&](int64_t li, int64_t gi) {
+        if (gi >= 0) out[gi] = p->value[li];
+      });
+    }
+    world->barrier();
+  });
+  std::string f = collectives::test::failures(res);
+  EXPECT_TRUE(f.empty()) << f;
+  Tensors out;  // rank 0's view of replicated tensors, the holder's of sharded elements
+  for (const auto& [name, n] : sizes) {
+    std::vector<double> full(static_cast<size_t>(n), std::nan(""));
+    for (int r = 0; r < ranks; ++r) {
+      const double* src = shared.at(r, 0, name);
+      for (int64_t i = 0; i < n; ++i) {
+        if (std::isnan(src[i])) continue;
+        if (!std::isnan(full[static_cast<size_t>(i)]) && full[static_cast<size_t>(i)] != src[i])
+          ADD_FAILURE() << name << "[" << i << "] differs between ranks";
+        full[static_cast<size_t>(i)] = src[i];
+      }
+    }
+    out[name] = std::move(full);
+  }
+  return out;
+}
+
+TEST(Bf16StochasticRounding, SameDrawsInEveryLayout) {
+  const Layout serial_layout{1, 1, false, false};
+  const Tensors want = decay_step_weights(serial_layout, true);
+  const Tensors nearest = decay_step_weights(serial_layout, false);
+  int64_t differ = 0, total = 0;
+  for (const auto& [name, w] : want) {
+    const auto& r = nearest.at(name);
+    for (size_t i = 0; i < w.size(); ++i) {
+      differ += w[i] != r[i];
+      total += w[i] != 0;
+    }
+  }
+  EXPECT_GT(differ, total / 20) << "stochastic rounding should move many weights off the nearest bf16";
+  std::vector<Layout> layouts{{2, 1, false, false}, {4, 2, true, true}, {1, 4, true, false}, {2, 2, false, false}};
+  Layout pp{2, 2, true, false};
+  pp.pp = 2;
+  layouts.push_back(pp);
+  for (const Layout& l : layouts) {
+    const Tensors got = decay_step_weights(l, true);
+    for (const auto& [name, w] : want) {
+      const auto& g = got.at(name);
+      int64_t bad = 0;
+      for (size_t i = 0; i < w.size(); ++i) bad += g[i] != w[i];
+      EXPECT_EQ(bad, 0) << pipeline_name(l) << ": " << name << " has " << bad << " of " << w.size()
+                        << " elements other than the serial run's";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllLayouts, Bf16Layouts, ::testing::ValuesIn(bf16_layouts()), bf16_name);
 
 }  // namespace
 }  // namespace tessera

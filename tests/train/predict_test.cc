@@ -46,6 +46,7 @@ struct Layout {
   // The demo's model as GPT-2, or as a Llama with kv_heads K/V heads of its 4 (tp > kv_heads: replicated).
   std::string family = "gpt";
   int kv_heads = 4;
+  std::string precision = "fp32";  // bf16: fp32 master weights, gradients reduced in bf16
 };
 
 std::string model_json(const Layout& l) {
@@ -72,7 +73,7 @@ nlohmann::json planned(const Layout& l, const TempDir& d) {
   }
   std::string cmd = std::string(TESSERA_BIN) + " plan --model " + model + " --topology " + l.topology +
                     (l.topology == "emulated:8" ? "" : " --cores 8") +
-                    " --device trn1-core --precision fp32 --seq 128 --global-batch " + std::to_string(kGlobalBatch) +
+                    " --device trn1-core --precision " + l.precision + " --seq 128 --global-batch " + std::to_string(kGlobalBatch) +
                     " --tp " + std::to_string(l.tp) + " --pp " + std::to_string(l.pp) + " --dp " +
                     std::to_string(l.dp) + " --mbs " + std::to_string(l.mbs) + " --zero1 " + (l.zero1 ? "on" : "off") +
                     " --sequence-parallel off --recompute none --virtual-stages " + std::to_string(l.v) +
@@ -103,7 +104,7 @@ Emulated emulated(const Layout& l, const TempDir& d) {
                     " --seq 128 --steps 3 --lr 3e-3 --device trn1-core --global-batch " + std::to_string(kGlobalBatch) +
                     " --micro-batch " + std::to_string(l.mbs) + " --tp " + std::to_string(l.tp) + " --pp " +
                     std::to_string(l.pp) + " --dp " + std::to_string(l.dp) + (l.zero1 ? " --zero1" : "") +
-                    " --log-json " + log;
+                    " --precision " + l.precision + " --log-json " + log;
   if (l.pp > 1) cmd += " --schedule " + l.schedule + " --virtual-stages " + std::to_string(l.v) + " --trace " + trace;
   if (l.topology != "emulated:8") cmd += " --topology " + l.topology;
   auto r = tessera::testing::run_command(cmd);
@@ -125,9 +126,10 @@ Emulated emulated(const Layout& l, const TempDir& d) {
   return out;
 }
 
+void check(const std::vector<Layout>& layouts);
+
 TEST(PredictEqualsEmulation, StepTimeAndEachStagesBubble) {
-  TempDir d;
-  const std::vector<Layout> layouts = {
+  check({
       {"tp2dp4_zero1", 2, 1, 4, 4, "1f1b", 1, true},
       {"tp2pp2dp2_1f1b", 2, 2, 2, 2, "1f1b", 1, false},
       {"tp2pp2dp2_1f1b_zero1_mpirun", 2, 2, 2, 2, "1f1b", 1, true, "mpirun"},  // the demo's layout
@@ -147,7 +149,25 @@ TEST(PredictEqualsEmulation, StepTimeAndEachStagesBubble) {
       {"llama_tp4dp2_zero1_kv2", 4, 1, 2, 2, "1f1b", 1, true, "run", "emulated:8", "llama", 2},
       {"llama_tp4dp2_kv1_mpirun", 4, 1, 2, 2, "1f1b", 1, false, "mpirun", "emulated:8", "llama", 1},
       {"llama_tp4pp2_1f1b_kv1", 4, 2, 1, 2, "1f1b", 1, false, "run", "emulated:8", "llama", 1},
-  };
+  });
+}
+
+// bf16 mixed precision: kernels at the bf16 peak with 2-byte traffic, the
+// optimizer's in fp32, 16-bit all-gathers (ZeRO-1), reductions widened to
+// fp32 on the wire.
+TEST(PredictEqualsEmulation, Bf16StepTimeAndEachStagesBubble) {
+  check({
+      {"tp2dp4_zero1_bf16", 2, 1, 4, 4, "1f1b", 1, true, "run", "emulated:8", "gpt", 4, "bf16"},
+      {"tp2pp2dp2_1f1b_bf16", 2, 2, 2, 2, "1f1b", 1, false, "run", "emulated:8", "gpt", 4, "bf16"},
+      {"tp1pp4dp2_gpipe_bf16", 1, 4, 2, 2, "gpipe", 1, false, "run", "emulated:8", "gpt", 4, "bf16"},
+      {"tp2pp2dp2_1f1b_trn1_bf16", 2, 2, 2, 2, "1f1b", 1, false, "run", "trn1.32xlarge", "gpt", 4, "bf16"},
+      {"llama_tp2dp4_zero1_kv2_bf16", 2, 1, 4, 4, "1f1b", 1, true, "run", "emulated:8", "llama", 2, "bf16"},
+      {"llama_tp2pp2dp2_1f1b_kv2_bf16", 2, 2, 2, 2, "1f1b", 1, false, "run", "emulated:8", "llama", 2, "bf16"},
+  });
+}
+
+void check(const std::vector<Layout>& layouts) {
+  TempDir d;
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
     const nlohmann::json plan = planned(l, d);

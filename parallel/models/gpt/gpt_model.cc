@@ -13,6 +13,7 @@
 namespace tessera::parallel::models::gpt {
 
 using parallel::layers::ensure_buffer;
+using parallel::layers::ensure_f32_buffer;
 
 namespace {
 // Query rows per causal attention block.
@@ -182,12 +183,14 @@ void GptModel::attention_forward(Block& b, int64_t batch, int64_t seq) {
         kern::gemm_raw(false, true, rows, cols, hd, 1.f, q + r0 * ld, ld, k, ld, 0.f, p + r0 * seq, seq);
       }
       kern::causal_softmax_forward(p, seq, seq, scale);
+      kern::round_activations(dev, p, seq * seq);  // bf16 probabilities into P V (and kept for the backward)
       for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
         kern::gemm_raw(false, false, rows, hd, cols, 1.f, p + r0 * seq, seq, v, ld, 0.f, y_h + r0 * cl, cl);
       }
     }
   }
+  kern::round_activations(dev, y, n * cl);
   // One fused attention kernel on the device (the blocked GEMMs above are the CPU's way to compute it).
   kern::charge(dev, cost::attention_forward(batch, hl, seq, hd));
 }
@@ -226,6 +229,7 @@ void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
                        dv, ld);
       }
       kern::causal_softmax_backward(p, dp, seq, seq, scale);  // dP -> dS
+      kern::round_activations(dev, dp, seq * seq);            // bf16 dS into dQ and dK
       for (int64_t r0 = 0; r0 < seq; r0 += kAttnBlock) {      // dQ = dS K
         const int64_t rows = std::min(kAttnBlock, seq - r0), cols = r0 + rows;
         kern::gemm_raw(false, false, rows, hd, cols, 1.f, dp + r0 * seq, seq, k, ld, 0.f, dq + r0 * ld, ld);
@@ -237,6 +241,7 @@ void GptModel::attention_backward(Block& b, int64_t batch, int64_t seq) {
       }
     }
   }
+  kern::round_activations(dev, dqkv, n * ld);  // dQ, dK, dV summed in fp32, stored once
   kern::charge(dev, cost::attention_backward(batch, hl, seq, hd));
 }
 
@@ -267,6 +272,7 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
       float* xr = x + r * c;
       for (int64_t j = 0; j < c; ++j) xr[j] += pe[j];
     }
+    kern::round_activations(dev, x, nl * c);
     kern::charge(dev, cost::position_add(nl, c));
   } else {
     // The received activation (a device would receive it in place: not charged).
@@ -277,15 +283,15 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
     Block& b = *s.blocks[l];
     const float* xin = b.x_in.data<float>();
     float* ln1 = ensure_buffer(b.ln1_out, dev, nl * c);
-    kern::layernorm_forward(dev, xin, b.ln1_w.value, b.ln1_b.value, ln1, ensure_buffer(b.ln1_mean, dev, nl),
-                            ensure_buffer(b.ln1_rstd, dev, nl), nl, c, eps);
+    kern::layernorm_forward(dev, xin, b.ln1_w.value, b.ln1_b.value, ln1, ensure_f32_buffer(b.ln1_mean, dev, nl),
+                            ensure_f32_buffer(b.ln1_rstd, dev, nl), nl, c, eps);
     b.qkv.forward(ln1, n, ensure_buffer(b.qkv_out, dev, n * b.qkv.out_local()));
     attention_forward(b, batch, seq);
     float* xm = ensure_buffer(b.x_mid, dev, nl * c);
     b.proj.forward(b.attn_y.data<float>(), n, xin, xm);
     float* ln2 = ensure_buffer(b.ln2_out, dev, nl * c);
-    kern::layernorm_forward(dev, xm, b.ln2_w.value, b.ln2_b.value, ln2, ensure_buffer(b.ln2_mean, dev, nl),
-                            ensure_buffer(b.ln2_rstd, dev, nl), nl, c, eps);
+    kern::layernorm_forward(dev, xm, b.ln2_w.value, b.ln2_b.value, ln2, ensure_f32_buffer(b.ln2_mean, dev, nl),
+                            ensure_f32_buffer(b.ln2_rstd, dev, nl), nl, c, eps);
     const int64_t f = b.fc.out_local();
     float* pre = ensure_buffer(b.fc_pre, dev, n * f);
     b.fc.forward(ln2, n, pre);
@@ -303,7 +309,7 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
   // Final LayerNorm and the tied, vocab-parallel LM head.
   float* hf = ensure_buffer(s.hf, dev, nl * c);
   kern::layernorm_forward(dev, s.x_out.data<float>(), lnf_w_.value, lnf_b_.value, hf,
-                          ensure_buffer(s.lnf_mean, dev, nl), ensure_buffer(s.lnf_rstd, dev, nl), nl, c, eps);
+                          ensure_f32_buffer(s.lnf_mean, dev, nl), ensure_f32_buffer(s.lnf_rstd, dev, nl), nl, c, eps);
   float* hfull = hf;
   if (ps_.sp()) {
     hfull = ensure_buffer(s.hf_full, dev, n * c);
@@ -312,9 +318,9 @@ double GptModel::forward_stage(int si, const int32_t* inputs, const int32_t* tar
   const int64_t vv = wte_->vocab_valid();
   float* logits = ensure_buffer(s.logits, dev, n * std::max<int64_t>(vv, 1));
   kern::gemm(dev, false, true, n, vv, c, 1.f, hfull, c, wte_->weight().value, c, 0.f, logits, vv);
-  float* loss = ensure_buffer(s.loss, dev, n);
+  float* loss = ensure_f32_buffer(s.loss, dev, n);
   parallel::layers::vocab_parallel_cross_entropy(ps_, logits, n, vv, vv, wte_->vocab_start(), targets, want_grad,
-                                                 grad_scale, loss, ensure_buffer(ce_scratch_, dev, 3 * n));
+                                                 grad_scale, loss, ensure_f32_buffer(ce_scratch_, dev, 3 * n));
   double total = 0;
   for (int64_t i = 0; i < n; ++i) total += loss[i];
   return total;
@@ -341,7 +347,7 @@ const float* GptModel::backward_stage(int si, const float* grad_out, const std::
     Parameter& wte = wte_->weight();
     float* dhf_full = ensure_buffer(dhf_full_, dev, n * c);
     kern::gemm(dev, false, false, n, c, vv, 1.f, dlogits, vv, wte.value, c, 0.f, dhf_full, c);
-    kern::gemm(dev, true, false, vv, c, n, 1.f, dlogits, vv, hfull, c, 1.f, wte.grad, c);
+    kern::gemm_grad(dev, true, false, vv, c, n, 1.f, dlogits, vv, hfull, c, 1.f, wte.grad, c);
     float* dhf = dhf_full;
     if (ps_.sp()) {
       dhf = ensure_buffer(dhf_, dev, nl * c);
@@ -396,6 +402,7 @@ const float* GptModel::backward_stage(int si, const float* grad_out, const std::
     const float* d = dres + r * c;
     for (int64_t j = 0; j < c; ++j) g[j] += d[j];
   }
+  kern::round_grads(dev, wpe_.grad, wpe_.numel());
   kern::charge(dev, cost::position_add(nl, c));
   ready(wpe_);
   wte_->backward(s.tokens.data<int32_t>(), n, dres);

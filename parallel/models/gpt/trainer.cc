@@ -9,6 +9,8 @@
 #include "parallel/checkpoint/safetensors.h"
 #include "parallel/models/hf_io.h"
 #include "runtime/device.h"
+#include "runtime/kernels.h"
+#include "runtime/random.h"
 #include "runtime/sim_clock.h"
 
 namespace tessera::parallel::models::gpt {
@@ -50,6 +52,17 @@ void TrainOptions::normalize() {
   adamw.lr.min_lr = min_lr;
   adamw.lr.warmup = warmup;
   adamw.lr.decay_steps = steps;
+  TESSERA_ARG_CHECK(precision == DType::F32 || precision == DType::BF16, "--precision ", dtype_name(precision),
+                    " (expected fp32 or bf16)");
+  const bool bf16 = precision == DType::BF16;
+  TESSERA_ARG_CHECK(bf16 || (master_weights && !fp32_grads && !stochastic_rounding),
+                    "--no-master-weights, --accumulate-allreduce-grads-in-fp32 and --stochastic-rounding need "
+                    "--precision bf16");
+  adamw.param_dtype = precision;
+  adamw.grad_dtype = bf16 && !fp32_grads ? DType::BF16 : DType::F32;
+  adamw.master_weights = master_weights;
+  adamw.stochastic_rounding = stochastic_rounding;
+  adamw.rounding_seed = splitmix64(seed ^ 0x5352u);  // "SR": not the initialisation's key
 }
 
 Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
@@ -60,6 +73,9 @@ Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
                     ps.tp_size, " dp ", ps.dp_size, " pp ", ps.pp_size, " does not match the options tp ", opts_.tp,
                     " dp ", opts_.dp, " pp ", opts_.pp);
   TESSERA_ARG_CHECK(data_ != nullptr, "Trainer needs a dataset");
+  TESSERA_ARG_CHECK(ps.device != nullptr, "Trainer needs the rank's device");
+  // Before the model allocates anything: its buffers take the activation dtype.
+  ps.device->set_precision(opts_.precision, opts_.adamw.grad_dtype);
   const int v = opts_.virtual_stages;
   for (int c = 0; c < v; ++c) chunks_.push_back(make_causal_lm(opts_.model, ps, opts_.stages, c, v));
   model_ = chunks_[0].get();
@@ -85,6 +101,7 @@ Trainer::~Trainer() = default;
 
 void Trainer::init_random() {
   for (auto& c : chunks_) c->init(opts_.seed);
+  opt_->values_changed();
 }
 
 void Trainer::load_hf(const std::string& path) {
@@ -96,6 +113,7 @@ void Trainer::load_hf(const std::string& path) {
     read_hf_tensor(*src, m, p->name, full);
     parallel::layers::load_shard(*p, full.data<float>());
   }
+  opt_->values_changed();
 }
 
 void Trainer::export_hf(const std::string& path, uint64_t max_shard_bytes) {
@@ -254,6 +272,7 @@ void Trainer::reduce_tied_embedding() {
   if (ps_.embed) {
     ps_.embed->all_reduce(wte->grad, wte->grad, static_cast<size_t>(wte->numel()), DType::F32,
                           collectives::ReduceOp::Sum);
+    kern::round_grads(ps_.device, wte->grad, wte->numel());  // a bf16 sum: fp32 on the wire, rounded once
     marks_.embed_s = ps_.embed->last_modeled_seconds();
   }
   marks_.wall_embed1 = wall_now();
@@ -353,7 +372,7 @@ StepRecord Trainer::step() {
     rec.modeled_comm_s = all[4 * slow + 2];
     rec.modeled_idle_s = all[4 * slow + 3];
   }
-  const double peak = dev->spec().peak_flops(DType::F32) * ps_.tp_size * ps_.dp_size * ps_.pp_size;
+  const double peak = dev->spec().peak_flops(opts_.precision) * ps_.tp_size * ps_.dp_size * ps_.pp_size;
   if (rec.modeled_step_s > 0 && peak > 0)
     rec.mfu = train_flops_per_token(opts_.model) * static_cast<double>(g * s) / (peak * rec.modeled_step_s);
   rec.peak_mem_bytes = dev->memory_stats().peak;

@@ -54,6 +54,19 @@ struct TrainOptions {
   double lr = 6e-4, min_lr = -1;       // min_lr < 0: lr / 10
   int64_t warmup = -1;                 // < 0: min(steps / 10, 100)
   uint64_t seed = 1234;
+  // Mixed precision (docs/training.md, "bf16"), as NxD and Megatron-LM's
+  // --bf16: F32, or BF16 parameters, activations and gradients on the
+  // emulated cores (matmuls with fp32 accumulation; norms, softmax, the loss
+  // and the optimizer in fp32) with fp32 master weights and moments in the
+  // optimizer (sharded under ZeRO-1). master_weights false: pure bf16.
+  // fp32_grads: gradients accumulated and reduced over DP in fp32
+  // (Megatron's --accumulate-allreduce-grads-in-fp32); else in bf16.
+  // stochastic_rounding: the updated weights rounded stochastically
+  // (optim::AdamWConfig), keyed by seed.
+  DType precision = DType::F32;
+  bool master_weights = true;
+  bool fp32_grads = false;
+  bool stochastic_rounding = false;
   std::vector<std::string> data;  // empty: the default corpus
   double val_fraction = 0.05;
 

@@ -266,6 +266,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
       ck.read_f32(*h.param, ckpt::StateKind::ExpAvgSq, h.moment_begin, h.moment_end, h.v);
     }
   }
+  opt_->values_changed();
   // Weights only (a `tessera ckpt shard` output): a fresh optimizer at step 0, a new run.
   step_ = training ? ck.step() : 0;
   if (training) run_id_ = ck.run_id();

@@ -15,6 +15,7 @@ namespace tessera::parallel::models::llama {
 
 using parallel::layers::ColumnParallelLinear;
 using parallel::layers::ensure_buffer;
+using parallel::layers::ensure_f32_buffer;
 using parallel::layers::Init;
 using parallel::layers::LinearOptions;
 using parallel::layers::make_parameter;
@@ -243,7 +244,7 @@ double LlamaModel::forward_stage(int si, const int32_t* inputs, const int32_t* t
     Block& b = *s.blocks[l];
     const float* xin = b.x_in.data<float>();
     float* ln1 = ensure_buffer(b.ln1_out, dev, nl * c);
-    kern::rmsnorm_forward(dev, xin, b.ln1_w.value, ln1, ensure_buffer(b.ln1_rstd, dev, nl), nl, c, eps);
+    kern::rmsnorm_forward(dev, xin, b.ln1_w.value, ln1, ensure_f32_buffer(b.ln1_rstd, dev, nl), nl, c, eps);
     const float* xf = b.q.gather_input(ln1, n);
     float* q = ensure_buffer(b.q_out, dev, n * qw);
     float* k = ensure_buffer(b.k_out, dev, n * kw);
@@ -259,7 +260,7 @@ double LlamaModel::forward_stage(int si, const int32_t* inputs, const int32_t* t
     float* xm = ensure_buffer(b.x_mid, dev, nl * c);
     b.o.forward(y, n, xin, xm);
     float* ln2 = ensure_buffer(b.ln2_out, dev, nl * c);
-    kern::rmsnorm_forward(dev, xm, b.ln2_w.value, ln2, ensure_buffer(b.ln2_rstd, dev, nl), nl, c, eps);
+    kern::rmsnorm_forward(dev, xm, b.ln2_w.value, ln2, ensure_f32_buffer(b.ln2_rstd, dev, nl), nl, c, eps);
     const int64_t f = b.gate.out_local();
     const float* xf2 = b.gate.gather_input(ln2, n);
     float* g = ensure_buffer(b.gate_out, dev, n * f);
@@ -279,7 +280,7 @@ double LlamaModel::forward_stage(int si, const int32_t* inputs, const int32_t* t
 
   // Final RMSNorm and the vocab-parallel LM head (untied, or the tied embedding).
   float* hf = ensure_buffer(s.hf, dev, nl * c);
-  kern::rmsnorm_forward(dev, s.x_out.data<float>(), norm_w_.value, hf, ensure_buffer(s.lnf_rstd, dev, nl), nl, c, eps);
+  kern::rmsnorm_forward(dev, s.x_out.data<float>(), norm_w_.value, hf, ensure_f32_buffer(s.lnf_rstd, dev, nl), nl, c, eps);
   float* hfull = hf;
   if (ps_.sp()) {
     hfull = ensure_buffer(s.hf_full, dev, n * c);
@@ -289,9 +290,9 @@ double LlamaModel::forward_stage(int si, const int32_t* inputs, const int32_t* t
   const int64_t vv = head.vocab_valid();
   float* logits = ensure_buffer(s.logits, dev, n * std::max<int64_t>(vv, 1));
   kern::gemm(dev, false, true, n, vv, c, 1.f, hfull, c, head.weight().value, c, 0.f, logits, vv);
-  float* loss = ensure_buffer(s.loss, dev, n);
+  float* loss = ensure_f32_buffer(s.loss, dev, n);
   parallel::layers::vocab_parallel_cross_entropy(ps_, logits, n, vv, vv, head.vocab_start(), targets, want_grad,
-                                                 grad_scale, loss, ensure_buffer(ce_scratch_, dev, 3 * n));
+                                                 grad_scale, loss, ensure_f32_buffer(ce_scratch_, dev, 3 * n));
   double total = 0;
   for (int64_t i = 0; i < n; ++i) total += loss[i];
   return total;
@@ -323,7 +324,7 @@ const float* LlamaModel::backward_stage(int si, const float* grad_out,
     Parameter& w = head.weight();
     float* dhf_full = ensure_buffer(dhf_full_, dev, n * c);
     kern::gemm(dev, false, false, n, c, vv, 1.f, dlogits, vv, w.value, c, 0.f, dhf_full, c);
-    kern::gemm(dev, true, false, vv, c, n, 1.f, dlogits, vv, hfull, c, 1.f, w.grad, c);
+    kern::gemm_grad(dev, true, false, vv, c, n, 1.f, dlogits, vv, hfull, c, 1.f, w.grad, c);
     if (lm_head_) ready(w);
     float* dhf = dhf_full;
     if (ps_.sp()) {
