@@ -4,9 +4,8 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "parallel/inference_planner.h"
 #include "parallel/plan_io.h"
@@ -176,10 +175,10 @@ int run_inference_plan(const PlanArgs& a) {
   c.tp = a.tp;
   c.memory_fraction = a.memory_fraction;
   const std::vector<InferencePlan> plans = plan_inference(model, topo, c);
-  std::printf("tessera plan --inference: %s on %s (%d cores of %s, %s HBM each), batch %d, prompt %d + %d new tokens, %s\n",
-              model.name.c_str(), topo.name().c_str(), topo.num_cores(), topo.device().name.c_str(),
-              gib(static_cast<double>(topo.device().hbm_bytes)).c_str(), c.batch, c.prompt, c.generate,
-              a.precision.c_str());
+  std::printf(
+      "tessera plan --inference: %s on %s (%d cores of %s, %s HBM each), batch %d, prompt %d + %d new tokens, %s\n",
+      model.name.c_str(), topo.name().c_str(), topo.num_cores(), topo.device().name.c_str(),
+      gib(static_cast<double>(topo.device().hbm_bytes)).c_str(), c.batch, c.prompt, c.generate, a.precision.c_str());
   std::printf("%4s %8s %11s %11s %14s %10s %10s %12s %12s %s\n", "tp", "replicas", "weights", "kv cache",
               "max batch*ctx", "TTFT ms", "TPOT ms", "all-reduce us", "tokens/s", "fits");
   for (const InferencePlan& p : plans)
@@ -191,27 +190,35 @@ int run_inference_plan(const PlanArgs& a) {
     std::printf("nothing fits: tp %d needs %s of weights and %s of KV cache per core, %s usable\n", best.tp,
                 gib(best.weight_bytes).c_str(), gib(best.kv_bytes).c_str(), gib(best.usable_bytes).c_str());
   } else {
-    std::printf("\nBest plan: tp=%d replicas=%d: TTFT %.3f ms (prefill %s-bound), %.3f ms per output token "
-                "(decode %s-bound: weights %.3f ms + KV %.3f ms at HBM bandwidth; TP all-reduces %.3f ms), "
-                "%.0f tokens/s\n",
-                best.tp, best.replicas, best.ttft_s * 1e3,
-                best.prefill_compute_s >= best.prefill_memory_s ? "compute" : "memory", best.tpot_s * 1e3,
-                best.decode_compute_s > best.decode_memory_s ? "compute" : "memory",
-                best.weight_bytes / topo.device().hbm_bandwidth * 1e3,
-                (best.decode_memory_s - best.weight_bytes / topo.device().hbm_bandwidth) * 1e3,
-                best.decode_comm_s * 1e3, best.tokens_per_s);
-    std::printf("the TP group spans %d chip(s); its ring's slowest step crosses %d hop(s), so each of the %d "
-                "per-token all-reduces costs %.2f us: on a torus or a switch a group of chips is one hop apart at "
-                "every step, on a one-row ring of many chips the ring closes over the row\n",
-                best.tp_group_chips, best.tp_ring_max_hops, 2 * model.layers, best.allreduce_token_s * 1e6);
+    std::printf(
+        "\nBest plan: tp=%d replicas=%d: TTFT %.3f ms (prefill %s-bound), %.3f ms per output token "
+        "(decode %s-bound: weights %.3f ms + KV %.3f ms at HBM bandwidth; TP all-reduces %.3f ms), "
+        "%.0f tokens/s\n",
+        best.tp, best.replicas, best.ttft_s * 1e3,
+        best.prefill_compute_s >= best.prefill_memory_s ? "compute" : "memory", best.tpot_s * 1e3,
+        best.decode_compute_s > best.decode_memory_s ? "compute" : "memory",
+        best.weight_bytes / topo.device().hbm_bandwidth * 1e3,
+        (best.decode_memory_s - best.weight_bytes / topo.device().hbm_bandwidth) * 1e3, best.decode_comm_s * 1e3,
+        best.tokens_per_s);
+    std::printf(
+        "the TP group spans %d chip(s); its ring's slowest step crosses %d hop(s), so each of the %d "
+        "per-token all-reduces costs %.2f us: on a torus or a switch a group of chips is one hop apart at "
+        "every step, on a one-row ring of many chips the ring closes over the row\n",
+        best.tp_group_chips, best.tp_ring_max_hops, 2 * model.layers, best.allreduce_token_s * 1e6);
   }
   if (!a.json.empty()) {
     nlohmann::json j = nlohmann::json::array();
     for (const InferencePlan& p : plans)
-      j.push_back({{"tp", p.tp}, {"replicas", p.replicas}, {"weight_bytes", p.weight_bytes},
-                   {"kv_bytes_per_token", p.kv_bytes_per_token}, {"kv_bytes", p.kv_bytes},
-                   {"max_cached_tokens", p.max_cached_tokens}, {"fits", p.fits}, {"ttft_s", p.ttft_s},
-                   {"tpot_s", p.tpot_s}, {"allreduce_token_s", p.allreduce_token_s},
+      j.push_back({{"tp", p.tp},
+                   {"replicas", p.replicas},
+                   {"weight_bytes", p.weight_bytes},
+                   {"kv_bytes_per_token", p.kv_bytes_per_token},
+                   {"kv_bytes", p.kv_bytes},
+                   {"max_cached_tokens", p.max_cached_tokens},
+                   {"fits", p.fits},
+                   {"ttft_s", p.ttft_s},
+                   {"tpot_s", p.tpot_s},
+                   {"allreduce_token_s", p.allreduce_token_s},
                    {"tokens_per_s", p.tokens_per_s}});
     write_file_atomic(a.json, j.dump(2) + "\n");
   }

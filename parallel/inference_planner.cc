@@ -42,7 +42,8 @@ double rank_matmul_params(const ModelConfig& m, int tp) {
 }  // namespace
 
 std::vector<InferencePlan> plan_inference(const ModelConfig& m, const Topology& topo, const InferenceConfig& cfg) {
-  TESSERA_ARG_CHECK(cfg.batch >= 1 && cfg.prompt >= 1 && cfg.generate >= 1, "--batch, --prompt-len and --gen-len must be >= 1");
+  TESSERA_ARG_CHECK(cfg.batch >= 1 && cfg.prompt >= 1 && cfg.generate >= 1,
+                    "--batch, --prompt-len and --gen-len must be >= 1");
   const int context = cfg.prompt + cfg.generate;
   TESSERA_ARG_CHECK(context <= m.max_seq, "prompt ", cfg.prompt, " + generated ", cfg.generate, " = ", context,
                     " tokens exceed model '", m.name, "''s context of ", m.max_seq);

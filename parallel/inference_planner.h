@@ -29,9 +29,9 @@
 namespace tessera::parallel {
 
 struct InferenceConfig {
-  int batch = 1;         // sequences decoded together by one replica
-  int prompt = 0;        // tokens per prompt
-  int generate = 0;      // new tokens per sequence
+  int batch = 1;     // sequences decoded together by one replica
+  int prompt = 0;    // tokens per prompt
+  int generate = 0;  // new tokens per sequence
   DType dtype = DType::BF16;
   int tp = 0;                    // 0: every TP degree that splits the model
   double memory_fraction = 0.9;  // of HBM usable
@@ -39,11 +39,11 @@ struct InferenceConfig {
 
 struct InferencePlan {
   int tp = 1, replicas = 1;
-  double weight_bytes = 0;         // per core
-  double kv_bytes_per_token = 0;   // per core, all layers, one token of one sequence
-  double kv_bytes = 0;             // per core: batch x (prompt + generate) tokens
-  double usable_bytes = 0;         // per core
-  int64_t max_cached_tokens = 0;   // batch x context that fits beside the weights (0: the weights do not fit)
+  double weight_bytes = 0;        // per core
+  double kv_bytes_per_token = 0;  // per core, all layers, one token of one sequence
+  double kv_bytes = 0;            // per core: batch x (prompt + generate) tokens
+  double usable_bytes = 0;        // per core
+  int64_t max_cached_tokens = 0;  // batch x context that fits beside the weights (0: the weights do not fit)
   bool fits = false;
   double prefill_compute_s = 0, prefill_memory_s = 0, prefill_comm_s = 0, ttft_s = 0;
   double decode_compute_s = 0, decode_memory_s = 0, decode_comm_s = 0, tpot_s = 0;

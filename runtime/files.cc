@@ -593,8 +593,8 @@ std::vector<std::string> remove_stale_temps(const std::string& dir, std::string_
 pid_t output_temp_owner(std::string_view name) {
   if (name.size() < 2 || name[0] != '.') return 0;
   // ".NAME.tmp-<pid>": a ckpt command's output directory.
-  if (const size_t dash = name.rfind(".tmp-"); dash != std::string_view::npos && dash > 1 &&
-                                               all_digits(name.substr(dash + 5)))
+  if (const size_t dash = name.rfind(".tmp-");
+      dash != std::string_view::npos && dash > 1 && all_digits(name.substr(dash + 5)))
     return temp_owner(name.substr(dash), ".tmp-");
   // ".NAME.tmp.<pid>.XXXXXX": write_file_atomic's temp file (random_suffix: six of [A-Za-z0-9]).
   constexpr size_t kSuffix = 6;

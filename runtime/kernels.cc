@@ -79,8 +79,8 @@ void gemm(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
   charge(dev, cost::gemm(m, n, k, beta != 0.f));
 }
 
-void gemm_grad(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void gemm_grad(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   gemm_at(dev, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (bf16_grads(dev)) {
     for (int64_t r = 0; r < m; ++r) bf16::round_inplace(c + r * ldc, n);

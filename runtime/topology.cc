@@ -122,9 +122,9 @@ Topology inf2(const std::string& name) {
 // A Trn3 UltraServer: `chips` Trainium3 chips (64: Gen1, 144: Gen2) behind
 // NeuronSwitch-v1, 8 NeuronCore-v4 each.
 Topology trn3(const std::string& name, int chips) {
-  std::vector<TopologyDim> dims = {make_dim("core", TopoLevel::Core, 8, LinkKind::Switch, kTrn3CoreBw, kOnChipLat),
-                                   make_dim("switch", TopoLevel::Chip, chips, LinkKind::Switch, kTrn3SwitchBw,
-                                            kNeuronLinkLat)};
+  std::vector<TopologyDim> dims = {
+      make_dim("core", TopoLevel::Core, 8, LinkKind::Switch, kTrn3CoreBw, kOnChipLat),
+      make_dim("switch", TopoLevel::Chip, chips, LinkKind::Switch, kTrn3SwitchBw, kNeuronLinkLat)};
   return Topology(name, std::move(dims), DeviceSpec::preset("trn3-core"));
 }
 
@@ -189,9 +189,9 @@ Topology::Topology(std::string name, std::vector<TopologyDim> dims, DeviceSpec d
 }
 
 std::vector<std::string> Topology::preset_names() {
-  return {"trn1.32xlarge",   "trn1-cluster:N",    "trn2.48xlarge",   "trn2-cluster:N",
-          "trn2-ultraserver", "inf2.48xlarge",     "trn3-ultraserver", "trn3-ultraserver:144",
-          "torus4d:AxBxCxD",  "dgx-a100:N",        "emulated:N"};
+  return {"trn1.32xlarge",    "trn1-cluster:N", "trn2.48xlarge",    "trn2-cluster:N",
+          "trn2-ultraserver", "inf2.48xlarge",  "trn3-ultraserver", "trn3-ultraserver:144",
+          "torus4d:AxBxCxD",  "dgx-a100:N",     "emulated:N"};
 }
 
 Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) {

@@ -19,9 +19,11 @@ std::vector<GemmShape> model_gemm_shapes(const parallel::ModelConfig& cfg, int64
     int64_t in, out;
   };
   // The model's weight shapes: QKV, attention output, the MLP's (gate and up fused for llama), down, the LM head.
-  const std::vector<W> weights{
-      {"qkv", c, q + 2 * kv}, {"attn out", q, c}, {"mlp up", c, (cfg.gated_mlp() ? 2 : 1) * f}, {"mlp down", f, c},
-      {"lm head", c, cfg.vocab}};
+  const std::vector<W> weights{{"qkv", c, q + 2 * kv},
+                               {"attn out", q, c},
+                               {"mlp up", c, (cfg.gated_mlp() ? 2 : 1) * f},
+                               {"mlp down", f, c},
+                               {"lm head", c, cfg.vocab}};
   std::vector<GemmShape> v;
   for (const W& w : weights) {
     // y = x W; dx = dy W^T; dW += x^T dy

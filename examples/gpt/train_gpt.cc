@@ -256,10 +256,10 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
         "(%.2fM params) | seq=%lld micro-batch=%lld global-batch=%lld steps=%lld lr=%g | device %s | "
         "OPENBLAS_CORETYPE=%s\n",
         job.world.size, o.tp, o.pp, o.dp, o.sequence_parallel ? " sp" : "", o.adamw.zero1 ? " zero1" : "",
-        precision_str(o).c_str(), o.model.family == "llama" ? "Llama" : "GPT-2", (long long)o.model.vocab, (long long)o.model.max_seq,
-        (long long)o.model.hidden, (long long)o.model.layers, (long long)o.model.heads, gqa.c_str(),
-        o.model.total_params() / 1e6, (long long)o.seq, (long long)o.micro_batch, (long long)o.global_batch,
-        (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
+        precision_str(o).c_str(), o.model.family == "llama" ? "Llama" : "GPT-2", (long long)o.model.vocab,
+        (long long)o.model.max_seq, (long long)o.model.hidden, (long long)o.model.layers, (long long)o.model.heads,
+        gqa.c_str(), o.model.total_params() / 1e6, (long long)o.seq, (long long)o.micro_batch,
+        (long long)o.global_batch, (long long)o.steps, o.lr, f.device.c_str(), coretype ? coretype : "(unset)");
     if (o.pp > 1)
       std::printf(
           "pipeline: %d stages x %d virtual, [%s] layers per virtual stage, schedule %s, %lld micro-batches per step "

@@ -338,8 +338,7 @@ bool has_marker(const std::string& dir) {
 // goes; a complete checkpoint of the same step that the commit moved to
 // `aside` goes back. A step directory with its marker is complete and stays.
 // Best effort: the save's own error is what the caller reports.
-void undo_failed_commit(const std::string& final_dir, const std::string& aside, const std::string& root,
-                        FileOps* ops) {
+void undo_failed_commit(const std::string& final_dir, const std::string& aside, const std::string& root, FileOps* ops) {
   std::error_code ec;
   if (has_marker(final_dir)) return;
   if (fs::exists(fs::symlink_status(final_dir, ec))) fs::remove_all(final_dir, ec);

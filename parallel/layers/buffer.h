@@ -14,8 +14,7 @@ namespace tessera::parallel::layers {
 // dtype (bf16 values in float containers under mixed precision, charged 2
 // bytes each; runtime/kernels.h).
 inline float* ensure_buffer(Tensor& t, Device* device, int64_t n) {
-  if (!t.defined() || t.numel() < n)
-    t = Tensor::container({n}, device ? device->act_dtype() : DType::F32, device);
+  if (!t.defined() || t.numel() < n) t = Tensor::container({n}, device ? device->act_dtype() : DType::F32, device);
   return t.data<float>();
 }
 

@@ -91,11 +91,11 @@ void ColumnParallelLinear::backward_partial(const float* dy, int64_t rows, float
   }
   const float beta = accumulate ? 1.f : 0.f;
   if (linear(opt_)) {
-    kern::gemm_grad(ps_.device, true, false, out_local_, in_, rows, 1.f, dyw, out_local_, input_, in_, 1.f, weight_.grad,
-               in_);
+    kern::gemm_grad(ps_.device, true, false, out_local_, in_, rows, 1.f, dyw, out_local_, input_, in_, 1.f,
+                    weight_.grad, in_);
   } else {
-    kern::gemm_grad(ps_.device, true, false, in_, out_local_, rows, 1.f, input_, in_, dyw, out_local_, 1.f, weight_.grad,
-               out_local_);
+    kern::gemm_grad(ps_.device, true, false, in_, out_local_, rows, 1.f, input_, in_, dyw, out_local_, 1.f,
+                    weight_.grad, out_local_);
   }
   if (opt_.bias) kern::bias_grad(ps_.device, dyw, bias_.grad, rows, out_local_);
   if (linear(opt_)) {
@@ -195,12 +195,12 @@ void RowParallelLinear::backward(const float* dout, int64_t rows, float* dx) {
   }
   if (linear(opt_)) {
     kern::gemm_grad(ps_.device, true, false, out_, in_local_, rows, 1.f, d, out_, input_, in_local_, 1.f, weight_.grad,
-               in_local_);
+                    in_local_);
     kern::gemm(ps_.device, false, false, rows, in_local_, out_, 1.f, d, out_, weight_.value, in_local_, 0.f, dx,
                in_local_);
   } else {
     kern::gemm_grad(ps_.device, true, false, in_local_, out_, rows, 1.f, input_, in_local_, d, out_, 1.f, weight_.grad,
-               out_);
+                    out_);
     kern::gemm(ps_.device, false, true, rows, in_local_, out_, 1.f, d, out_, weight_.value, out_, 0.f, dx, in_local_);
   }
 }

@@ -138,8 +138,8 @@ void DistributedOptimizer::store_bf16(size_t s, const float* x, int64_t step) {
   // of the shard maps local indices to the full tensor's.
   const parallel::layers::Parameter& p = *params_[static_cast<size_t>(segment_param_[s])];
   const int64_t lo = src - p.offset;
-  const uint64_t key = splitmix64(splitmix64(cfg_.rounding_seed ^ parallel::layers::hash_name(p.name)) +
-                                  static_cast<uint64_t>(step));
+  const uint64_t key =
+      splitmix64(splitmix64(cfg_.rounding_seed ^ parallel::layers::hash_name(p.name)) + static_cast<uint64_t>(step));
   parallel::layers::for_each_shard_run(p, [&](int64_t local, int64_t full, int64_t count) {
     const int64_t b = std::max(local, lo), e = std::min(local + count, lo + n);
     for (int64_t j = b; j < e; ++j) {

@@ -90,8 +90,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, int m, StageModule& m
   };
   auto op_clock = [&] {
     Mark m{ps_.device ? ps_.device->clock().totals().compute_s : 0,
-           (ps_.tp ? ps_.tp->total_modeled_seconds() : 0) + (ps_.kv ? ps_.kv->total_modeled_seconds() : 0),
-           wall_now()};
+           (ps_.tp ? ps_.tp->total_modeled_seconds() : 0) + (ps_.kv ? ps_.kv->total_modeled_seconds() : 0), wall_now()};
     m.clock += m.tp;
     return m;
   };

@@ -26,7 +26,7 @@ for f in tests/fuzz/ckpt_readers_fuzz.cc parallel/checkpoint/safetensors.cc para
 done
 if ! "$cxx" -fsanitize=fuzzer,address "${objs[@]}" -o "$bin" -L"$build/lib" \
     -Wl,--start-group -ltessera_parallel -ltessera_collectives -ltessera_plan_proto -ltessera_runtime -Wl,--end-group \
-    -lprotobuf -lspdlog -lfmt -lopenblas -lcrypto -lpthread 2>"$work/link.log"; then
+    -lprotobuf -lspdlog -lfmt -lopenblas -ldnnl -lgomp -lcrypto -lpthread 2>"$work/link.log"; then
   if grep -q "libclang_rt.fuzzer" "$work/link.log"; then
     echo "ckpt_readers_fuzz: libFuzzer runtime missing (apt-get install libclang-rt-14-dev)"; exit 77
   fi

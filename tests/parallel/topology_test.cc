@@ -52,8 +52,8 @@ TEST(Topology, Inf2RingAndTrn3Switch) {
   EXPECT_EQ(inf.num_cores(), 24);
   EXPECT_EQ(inf.cores_per_chip(), 2);
   EXPECT_EQ(inf.chips_per_instance(), 12);
-  EXPECT_EQ(inf.device().hbm_bytes, 16ull << 30);                 // 32 GiB per chip over 2 cores
-  EXPECT_DOUBLE_EQ(inf.device().hbm_bandwidth, 820 * kGiB / 2);   // 820 GiB/s per chip
+  EXPECT_EQ(inf.device().hbm_bytes, 16ull << 30);                // 32 GiB per chip over 2 cores
+  EXPECT_DOUBLE_EQ(inf.device().hbm_bandwidth, 820 * kGiB / 2);  // 820 GiB/s per chip
   EXPECT_DOUBLE_EQ(inf.device().peak_flops_bf16, 190e12 / 2);
   ASSERT_EQ(inf.dims().size(), 2u);
   EXPECT_EQ(inf.dims()[1].net.kind, LinkKind::Ring);

@@ -43,7 +43,7 @@ TEST(Bf16Round, BulkRoundingAndPackingMatchTheScalarConversion) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u = static_cast<uint32_t>(splitmix64(static_cast<uint64_t>(i)));
     if ((u & 0x7f800000u) == 0x7f800000u) u &= 0xbfffffffu;  // keep NaN/Inf out: checked above
-    if (i % 7 == 0) u = (u & 0xffff0000u) | 0x8000u;          // many exact ties
+    if (i % 7 == 0) u = (u & 0xffff0000u) | 0x8000u;         // many exact ties
     x[static_cast<size_t>(i)] = from_bits(u);
   }
   std::vector<float> r = x;
@@ -147,7 +147,8 @@ void check_gemm(bf16::GemmBackend backend, const GemmCase& g, bool integers) {
   }
   // Padding between rows of C is never written.
   for (int64_t i = 0; i < g.m; ++i)
-    for (int64_t j = g.n; j < ldc; ++j) ASSERT_EQ(c[static_cast<size_t>(i * ldc + j)], c0[static_cast<size_t>(i * ldc + j)]);
+    for (int64_t j = g.n; j < ldc; ++j)
+      ASSERT_EQ(c[static_cast<size_t>(i * ldc + j)], c0[static_cast<size_t>(i * ldc + j)]);
   bf16::set_gemm_backend(bf16::GemmBackend::kAuto);
 }
 
@@ -197,8 +198,7 @@ TEST(Bf16Gemm, RoundsItsInputsToNearestEvenFirst) {
 }
 
 TEST(Bf16Gemm, BackendChoice) {
-  EXPECT_EQ(bf16::gemm_backend(),
-            bf16::cpu_has_bf16_dot() ? bf16::GemmBackend::kOneDnn : bf16::GemmBackend::kFallback);
+  EXPECT_EQ(bf16::gemm_backend(), bf16::cpu_has_bf16_dot() ? bf16::GemmBackend::kOneDnn : bf16::GemmBackend::kFallback);
   if (!bf16::cpu_has_bf16_dot()) {
     EXPECT_THROW(bf16::set_gemm_backend(bf16::GemmBackend::kOneDnn), InvalidArgument);
   }

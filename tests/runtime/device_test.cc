@@ -30,9 +30,10 @@ TEST(DeviceSpec, OneListServesEveryTool) {
   // build their devices through preset(): both must see the same list,
   // including the dgx-a100 topology's device.
   const auto names = DeviceSpec::preset_names();
-  ASSERT_EQ(names.size(), 4u);
+  ASSERT_EQ(names.size(), 6u);
   for (const auto& n : names) EXPECT_EQ(DeviceSpec::preset(n).name, n);
-  EXPECT_NE(std::find(names.begin(), names.end(), "a100-80gb"), names.end());
+  for (const char* n : {"test-core", "trn1-core", "trn2-core", "inf2-core", "trn3-core", "a100-80gb"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   auto a100 = DeviceSpec::preset("a100-80gb");
   EXPECT_EQ(a100.hbm_bytes, 80ull << 30);
   EXPECT_DOUBLE_EQ(a100.peak_flops_fp32, 19.5e12);

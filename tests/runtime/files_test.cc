@@ -608,12 +608,12 @@ TEST(OutputTempOwner, ReadsBothFormsOfAnyOutput) {
   EXPECT_EQ(output_temp_owner(".a-b.tmp-9"), 9);
   EXPECT_EQ(output_temp_owner("plan.json.tmp.123.Qx81Zp"), 0);  // no leading dot: not ours
   EXPECT_EQ(output_temp_owner("out.tmp-4711"), 0);
-  EXPECT_EQ(output_temp_owner(".tmp-4711"), 0);            // no output name
-  EXPECT_EQ(output_temp_owner("..tmp.1.Qx81Zp"), 0);       // no output name
-  EXPECT_EQ(output_temp_owner(".a.tmp.123"), 0);           // no random suffix
-  EXPECT_EQ(output_temp_owner(".a.tmp.123.Qx81"), 0);      // a suffix of 4
-  EXPECT_EQ(output_temp_owner(".a.tmp.123.Qx-1Zp"), 0);    // not [A-Za-z0-9]
-  EXPECT_EQ(output_temp_owner(".a.tmp.12x.Qx81Zp"), 0);    // not a pid
+  EXPECT_EQ(output_temp_owner(".tmp-4711"), 0);          // no output name
+  EXPECT_EQ(output_temp_owner("..tmp.1.Qx81Zp"), 0);     // no output name
+  EXPECT_EQ(output_temp_owner(".a.tmp.123"), 0);         // no random suffix
+  EXPECT_EQ(output_temp_owner(".a.tmp.123.Qx81"), 0);    // a suffix of 4
+  EXPECT_EQ(output_temp_owner(".a.tmp.123.Qx-1Zp"), 0);  // not [A-Za-z0-9]
+  EXPECT_EQ(output_temp_owner(".a.tmp.12x.Qx81Zp"), 0);  // not a pid
   EXPECT_EQ(output_temp_owner(".a.tmp-12x"), 0);
   EXPECT_EQ(output_temp_owner(".a.tmp-"), 0);
   EXPECT_EQ(output_temp_owner(".a.tmp.0.Qx81Zp"), 0);

@@ -639,7 +639,6 @@ Model bf16_of(Model m, bool fp32_grads = false) {
   return m;
 }
 
-
 // ---- pipeline parallelism ----
 // Every stage's parameters (and the last stage's wte copy) and the AdamW
 // moments after 3 steps equal the serial 4-layer model's, for each schedule

@@ -166,8 +166,13 @@ TEST(PipelineCli, PlanThatDoesNotMatchTheJobIsRefused) {
   expect_refused("--micro-batch 2", plan, {"micro-batch 1", "--micro-batch 2"});
   expect_refused("--zero1", plan, {"zero1"});
   expect_refused("--stages 3,1", plan, {"stages 2,2", "--stages 3,1"});
-  // What train_gpt cannot run: bf16, a rank order of its own.
-  expect_refused("", write_plan(d, "bf16", "--precision bf16 --cores 2 --tp 1 --pp 2 --dp 1"), {"bf16", "fp32"});
+  // A bf16 plan runs bf16 with fp32 master weights and bf16 gradient
+  // reduction: another precision or either variant is refused.
+  const std::string bf16 = write_plan(d, "bf16", "--precision bf16 --cores 2 --tp 1 --pp 2 --dp 1");
+  expect_refused("--precision fp32", bf16, {"precision bf16", "--precision fp32"});
+  expect_refused("--no-master-weights", bf16, {"--no-master-weights"});
+  expect_refused("--accumulate-allreduce-grads-in-fp32", bf16, {"--accumulate-allreduce-grads-in-fp32"});
+  // What train_gpt cannot run: a rank order of its own.
   expect_refused("", write_plan(d, "order", kPlanPins + " --order pp-dp-tp"), {"pp-dp-tp", "tp-dp-pp"});
   // Not a plan at all.
   const std::string bad = d.file("bad.json");

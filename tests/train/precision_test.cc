@@ -13,8 +13,8 @@
 namespace tessera {
 namespace {
 
-using parallel::models::gpt::TrainOptions;
 using parallel::models::gpt::Trainer;
+using parallel::models::gpt::TrainOptions;
 
 std::shared_ptr<const parallel::data::ByteDataset> dataset() {
   static auto ds = std::make_shared<const parallel::data::ByteDataset>(parallel::data::ByteDataset::default_files());

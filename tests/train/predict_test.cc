@@ -72,10 +72,10 @@ nlohmann::json planned(const Layout& l, const TempDir& d) {
     f << model_json(l);
   }
   std::string cmd = std::string(TESSERA_BIN) + " plan --model " + model + " --topology " + l.topology +
-                    (l.topology == "emulated:8" ? "" : " --cores 8") +
-                    " --device trn1-core --precision " + l.precision + " --seq 128 --global-batch " + std::to_string(kGlobalBatch) +
-                    " --tp " + std::to_string(l.tp) + " --pp " + std::to_string(l.pp) + " --dp " +
-                    std::to_string(l.dp) + " --mbs " + std::to_string(l.mbs) + " --zero1 " + (l.zero1 ? "on" : "off") +
+                    (l.topology == "emulated:8" ? "" : " --cores 8") + " --device trn1-core --precision " +
+                    l.precision + " --seq 128 --global-batch " + std::to_string(kGlobalBatch) + " --tp " +
+                    std::to_string(l.tp) + " --pp " + std::to_string(l.pp) + " --dp " + std::to_string(l.dp) +
+                    " --mbs " + std::to_string(l.mbs) + " --zero1 " + (l.zero1 ? "on" : "off") +
                     " --sequence-parallel off --recompute none --virtual-stages " + std::to_string(l.v) +
                     (l.pp > 1 ? " --schedule " + l.schedule : std::string()) + " --json " + json;
   auto r = tessera::testing::run_command(cmd);

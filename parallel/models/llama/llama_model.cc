@@ -280,7 +280,8 @@ double LlamaModel::forward_stage(int si, const int32_t* inputs, const int32_t* t
 
   // Final RMSNorm and the vocab-parallel LM head (untied, or the tied embedding).
   float* hf = ensure_buffer(s.hf, dev, nl * c);
-  kern::rmsnorm_forward(dev, s.x_out.data<float>(), norm_w_.value, hf, ensure_f32_buffer(s.lnf_rstd, dev, nl), nl, c, eps);
+  kern::rmsnorm_forward(dev, s.x_out.data<float>(), norm_w_.value, hf, ensure_f32_buffer(s.lnf_rstd, dev, nl), nl, c,
+                        eps);
   float* hfull = hf;
   if (ps_.sp()) {
     hfull = ensure_buffer(s.hf_full, dev, n * c);
