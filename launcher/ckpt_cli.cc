@@ -213,7 +213,8 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cons->add_flag("--allow-nonfinite", args->allow_nonfinite,
                  "Accept NaN/Inf weights (default: an error naming the tensors)");
   cons->add_flag("--with-optimizer", args->with_optimizer,
-                 "Also write the AdamW moments (optimizer.exp_avg.NAME, optimizer.exp_avg_sq.NAME)");
+                 "Also write the AdamW moments (optimizer.exp_avg.NAME, optimizer.exp_avg_sq.NAME) and any fp32 "
+                 "master weights (optimizer.master.NAME)");
   cons->callback([&action, args, families] {
     action = [args, families] {
       return guarded("consolidate", [&] {

@@ -39,6 +39,8 @@ PLANTS=(
   "tied_embedding_grad_not_summed|parallel/models/gpt/trainer.cc|  if (ps_.embed) {\n    ps_.embed->all_reduce(wte->grad|  if (ps_.embed \&\& false) {\n    ps_.embed->all_reduce(wte->grad|train_test|Pipelines\.MatchesSerial"
   "zero1_last_bucket_not_gathered|parallel/optim/optimizer.cc|    for (size_t b = 0; b < buckets_.size(); ++b) {\n      const Bucket\& bk = buckets_[b];\n      const int64_t ss = shard_size(bk);\n      // In place|    for (size_t b = 0; b + 1 < buckets_.size(); ++b) {\n      const Bucket\& bk = buckets_[b];\n      const int64_t ss = shard_size(bk);\n      // In place|train_test|ZeroOne|AllTpDp/Layouts\.MatchesSerial"
   "ring_last_uneven_chunk_off_by_one|collectives/algorithms.cc|        auto blk = [\&](int i) { return part(k.count, p, i); };\n        c.model += ring_reduce_scatter(|        auto blk = [\&](int i) {\n          Range b = part(k.count, p, i);\n          if (i == p - 1 \&\& k.count % static_cast<size_t>(p) != 0) --b.len;\n          return b;\n        };\n        c.model += ring_reduce_scatter(|collectives_test|ForcedAlgo\.AllReduceMatchesReference/ring"
+  "bf16_masters_not_saved|parallel/models/gpt/trainer_state.cc|    h.master = master;|    (void)master;|train_ckpt_test|SameLayout\.ResumeIsBitForBit/.*_bf16"
+  "fp32_resume_ignores_masters|parallel/models/gpt/trainer_state.cc|fp32_run \&\& masters ? ckpt::StateKind::Master : ckpt::StateKind::Param, 0,|(fp32_run \&\& false) ? ckpt::StateKind::Master : ckpt::StateKind::Param, 0,|train_ckpt_test|PrecisionChange"
 )
 
 field() { IFS='|' read -r -a f <<<"$1"; echo "${f[$2]}"; }

@@ -379,7 +379,7 @@ int train(Flags& f, const gpt::Job& job, const std::shared_ptr<parallel::data::B
         100 * *std::min_element(ratios.begin(), ratios.end()), 100 * *std::max_element(ratios.begin(), ratios.end()));
   }
   if (!f.export_path.empty()) {
-    trainer.export_hf(f.export_path, f.max_shard_bytes);
+    trainer.export_hf(f.export_path, f.max_shard_bytes, f.export_dtype == "bf16" ? DType::BF16 : DType::F32);
     if (lead) std::printf("exported %s\n", f.export_path.c_str());
   }
   return 0;
@@ -468,6 +468,9 @@ int run(int argc, char** argv) {
   app.add_option("--export", f.export_path,
                  "write the final weights for Hugging Face transformers: FILE.safetensors, or a directory "
                  "(config.json and model.safetensors, sharded above --max-shard-size)");
+  app.add_option("--export-dtype", f.export_dtype,
+                 "--export's weights and config.json torch_dtype: fp32 or bf16 (default: the run's --precision)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--max-shard-size", f.max_shard_size,
                  "--export DIR: the largest safetensors file, e.g. 500MB or 2GiB (default: one file)");
   app.add_option("--data", f.t.data, "training text files (default: /usr/share/common-licenses/*)")
@@ -512,6 +515,8 @@ int run(int argc, char** argv) {
       f.t.virtual_stages = 2;  // Megatron's usual choice when only the schedule is named
     apply_resume_config(f, app);
     TESSERA_ARG_CHECK(f.max_shard_size.empty() || !f.export_path.empty(), "--max-shard-size needs --export DIR");
+    TESSERA_ARG_CHECK(f.export_dtype.empty() || !f.export_path.empty(), "--export-dtype needs --export");
+    if (f.export_dtype.empty()) f.export_dtype = f.t.precision == DType::BF16 ? "bf16" : "fp32";
     if (!f.max_shard_size.empty()) f.max_shard_bytes = parallel::checkpoint::parse_shard_size(f.max_shard_size);
     f.t.normalize();
     TESSERA_ARG_CHECK(f.trace.empty() || f.t.pp > 1, "--trace needs a pipeline (--pp > 1)");

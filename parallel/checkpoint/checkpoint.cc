@@ -285,8 +285,13 @@ std::string write_state_and_manifest(const std::string& tmp, const FileMeta& fm,
   for (json& j : files) {
     for (json& pc : j["pieces"]) {
       const std::string t = pc["tensor"];
+      if (pc["kind"] != state_kind_name(StateKind::Param)) {
+        TESSERA_CHECK(pc["dtype"] == dtype_safetensors_name(DType::F32), "optimizer state of ", t, " is not F32");
+        pc["dtype"] = nullptr;  // not the tensor's
+      }
       if (!tensors.contains(t)) tensors[t] = {{"shape", pc["shape"]}, {"dtype", pc["dtype"]}, {"layer", pc["layer"]}};
-      TESSERA_CHECK(tensors[t]["shape"] == pc["shape"] && tensors[t]["dtype"] == pc["dtype"],
+      if (tensors[t]["dtype"].is_null()) tensors[t]["dtype"] = pc["dtype"];
+      TESSERA_CHECK(tensors[t]["shape"] == pc["shape"] && (pc["dtype"].is_null() || tensors[t]["dtype"] == pc["dtype"]),
                     "ranks disagree on the shape or dtype of ", t);
       pc.erase("shape");
       pc.erase("dtype");
@@ -386,8 +391,16 @@ const char* state_kind_name(StateKind k) {
       return "exp_avg";
     case StateKind::ExpAvgSq:
       return "exp_avg_sq";
+    case StateKind::Master:
+      return "master";
   }
   return "?";
+}
+
+std::vector<StateKind> TensorReader::optimizer_kinds() const {
+  std::vector<StateKind> kinds = {StateKind::ExpAvg, StateKind::ExpAvgSq};
+  if (has_kind(StateKind::Master)) kinds.push_back(StateKind::Master);
+  return kinds;
 }
 
 std::string step_dir_name(int64_t step) {
@@ -451,6 +464,7 @@ SaveResult save_checkpoint(collectives::Communicator* world, const std::vector<H
   // dp_rank-th part of its shard; replica 0 of a shard only.
   std::vector<PieceOut> outs;
   std::vector<const void*> data;
+  std::vector<std::vector<uint8_t>> packed;  // 16-bit parameters, converted from their fp32 containers
   const bool zero = L.zero1 && L.dp > 1;
   for (const HeldTensor& h : held) {
     const Parameter& p = *h.param;
@@ -461,12 +475,23 @@ SaveResult save_checkpoint(collectives::Communicator* world, const std::vector<H
     if (b >= e) continue;
     TESSERA_CHECK(b >= h.moment_begin && e <= h.moment_end && h.m && h.v, "moments of ", p.name, " [", b, ", ", e,
                   ") not held by this rank");
-    outs.push_back({&p, StateKind::Param, b, e, DType::F32});
-    data.push_back(p.value + b);
+    TESSERA_CHECK(float_dtype(h.dtype), "parameter ", p.name, " stored as ", dtype_name(h.dtype));
+    outs.push_back({&p, StateKind::Param, b, e, h.dtype});
+    if (h.dtype == DType::F32) {
+      data.push_back(p.value + b);
+    } else {
+      packed.emplace_back(outs.back().bytes());
+      convert(p.value + b, DType::F32, packed.back().data(), h.dtype, static_cast<size_t>(e - b));
+      data.push_back(packed.back().data());
+    }
     outs.push_back({&p, StateKind::ExpAvg, b, e, DType::F32});
     data.push_back(h.m + (b - h.moment_begin));
     outs.push_back({&p, StateKind::ExpAvgSq, b, e, DType::F32});
     data.push_back(h.v + (b - h.moment_begin));
+    if (h.master) {
+      outs.push_back({&p, StateKind::Master, b, e, DType::F32});
+      data.push_back(h.master + (b - h.moment_begin));
+    }
   }
 
   json entry = {{"rank", spec.world_rank}};
@@ -827,6 +852,8 @@ void Checkpoint::open(const std::string& dir_in) {
         pc.kind = StateKind::ExpAvg;
       else if (kind == "exp_avg_sq")
         pc.kind = StateKind::ExpAvgSq;
+      else if (kind == "master")
+        pc.kind = StateKind::Master;
       else
         throw FormatError(concat(pcx, ": unknown kind '", kind, "'"));
       pc.key = field<std::string>(pj, "key", pcx);
@@ -861,7 +888,8 @@ void Checkpoint::open(const std::string& dir_in) {
       if (pc.begin < 0 || pc.end <= pc.begin || pc.end > d.numel())
         throw FormatError(
             concat(pcx, ": range [", pc.begin, ", ", pc.end, ") is not inside its shard of ", d.numel(), " elements"));
-      piece_bytes += static_cast<uint64_t>(pc.end - pc.begin) * dtype_size(t->second.dtype);
+      piece_bytes +=
+          static_cast<uint64_t>(pc.end - pc.begin) * dtype_size(optimizer_kind(pc.kind) ? DType::F32 : t->second.dtype);
       if (piece_bytes > fi.bytes)
         throw FormatError(concat(pcx, ": the pieces need more than the file's ", fi.bytes, " bytes"));
       by_tensor_[{pc.tensor, static_cast<int>(pc.kind)}].push_back(pieces_.size());
@@ -871,10 +899,13 @@ void Checkpoint::open(const std::string& dir_in) {
 
   // Every element of every (tensor, kind) in exactly one piece.
   const bool moments = has_kind(StateKind::ExpAvg) || has_kind(StateKind::ExpAvgSq);
+  const bool masters = has_kind(StateKind::Master);
+  if (masters && !moments) throw FormatError(concat(w, ": master weights without the AdamW moments"));
   for (const auto& [tname, ti] : tensors_) {
     const int64_t numel = checked_numel(ti.shape, mc);
-    for (StateKind k : {StateKind::Param, StateKind::ExpAvg, StateKind::ExpAvgSq}) {
+    for (StateKind k : {StateKind::Param, StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::Master}) {
       if (k != StateKind::Param && !moments) continue;
+      if (k == StateKind::Master && !masters) continue;
       auto it = by_tensor_.find({tname, static_cast<int>(k)});
       const std::string tk = concat(w, ": tensor ", tname, " (", state_kind_name(k), ")");
       if (it == by_tensor_.end()) {
@@ -1079,7 +1110,7 @@ void Checkpoint::verify_file(size_t i) const {
     if (!r.contains(p.key))
       throw FormatError(concat(w, ": ", path, " lacks ", p.key, " (tensor ", p.tensor, ") that the manifest lists"));
     const SafetensorsEntry& e = r.entry(p.key);
-    const DType want = tensors_.at(p.tensor).dtype;
+    const DType want = kind_dtype(p.tensor, p.kind);
     if (e.dtype != want || e.shape != Shape{p.end - p.begin})
       throw FormatError(concat(w, ": ", path, ": ", p.key, " (tensor ", p.tensor, ") is ",
                                dtype_safetensors_name(e.dtype), " ", shape_str(e.shape), ", the manifest says ",
@@ -1133,7 +1164,7 @@ void Checkpoint::read(const Parameter& dest, StateKind kind, int64_t begin, int6
   if (t->second.shape != dest.full_shape)
     throw InvalidArgument(concat(where(), ": tensor ", dest.name, " has shape ", shape_str(t->second.shape),
                                  " in the checkpoint, the model's is ", shape_str(dest.full_shape)));
-  const uint64_t es = dtype_size(t->second.dtype);
+  const uint64_t es = dtype_size(optimizer_kind(kind) ? DType::F32 : t->second.dtype);
   uint8_t* dst = static_cast<uint8_t*>(dst_v);
   auto it = by_tensor_.find({dest.name, static_cast<int>(kind)});
   if (begin >= end) return;
@@ -1194,7 +1225,7 @@ void Checkpoint::read(const Parameter& dest, StateKind kind, int64_t begin, int6
 }
 
 void Checkpoint::read_f32(const Parameter& dest, StateKind kind, int64_t begin, int64_t end, float* dst) const {
-  const DType dt = dtype(dest.name);
+  const DType dt = kind_dtype(dest.name, kind);
   if (dt == DType::F32) return read(dest, kind, begin, end, dst);
   constexpr int64_t kStep = int64_t{1} << 20;
   std::vector<uint8_t> buf(static_cast<size_t>(std::min(end - begin, kStep)) * dtype_size(dt));
@@ -1493,6 +1524,7 @@ uint64_t write_checkpoint(const TensorReader& src, const ModelLayout& model, con
   TESSERA_ARG_CHECK(!o.optimizer || (src.has_kind(StateKind::ExpAvg) && src.has_kind(StateKind::ExpAvgSq)), src.where(),
                     " holds no optimizer state");
   check_out_dir(out_dir);
+  const std::vector<StateKind> kinds = o.optimizer ? src.optimizer_kinds() : std::vector<StateKind>{};
   const FileMeta base{o.run_id, o.step, 0, canonical_model(model.model_json(), src.where())};
   Layout recorded = L;
   recorded.stages = part;
@@ -1522,7 +1554,7 @@ uint64_t write_checkpoint(const TensorReader& src, const ModelLayout& model, con
                             ", expected F32, BF16 or F16");
           mine.push_back({&p, StateKind::Param, b, e, dt});
           if (o.optimizer)
-            for (StateKind k : {StateKind::ExpAvg, StateKind::ExpAvgSq}) mine.push_back({&p, k, b, e, dt});
+            for (StateKind k : kinds) mine.push_back({&p, k, b, e, DType::F32});
         }
         if (mine.empty()) continue;
         FileMeta fm = base;
@@ -1590,11 +1622,13 @@ std::vector<std::string> consolidate(const TensorReader& src, const ModelLayout&
                       ", expected F32, BF16 or F16");
     items.push_back({&p, StateKind::Param, p.name, dt});
   }
+  // The weights' dtype as config.json's torch_dtype gives it (the first tensor's).
+  const DType weights = items.empty() ? DType::F32 : items.front().dtype;
   if (with_optimizer)
-    for (size_t i = 0, n = items.size(); i < n; ++i)
-      for (StateKind k : {StateKind::ExpAvg, StateKind::ExpAvgSq})
-        items.push_back({items[i].p, k, concat("optimizer.", state_kind_name(k), ".", items[i].name), items[i].dtype});
-  std::map<std::string, std::string> md = model.file_metadata();
+    for (size_t i = 0, n = tensors.size(); i < n; ++i)
+      for (StateKind k : src.optimizer_kinds())
+        items.push_back({items[i].p, k, concat("optimizer.", state_kind_name(k), ".", items[i].name), DType::F32});
+  std::map<std::string, std::string> md = model.file_metadata(weights);
   for (const auto& [k, v] : extra) md[k] = v;
   // Hugging Face's rule (save_pretrained): tensors in order, a new file when
   // the next would take this one past the limit; a larger tensor gets a file
@@ -1659,7 +1693,7 @@ std::vector<std::string> consolidate(const TensorReader& src, const ModelLayout&
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     write_file_atomic((tmp.path() / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
-  for (const auto& [fname, bytes] : model.hf_files()) write_file_atomic((tmp.path() / fname).string(), bytes);
+  for (const auto& [fname, bytes] : model.hf_files(weights)) write_file_atomic((tmp.path() / fname).string(), bytes);
   tmp.commit(true);
   return names;
 }

@@ -18,9 +18,10 @@
 //   DIR/done                   the manifest's SHA-256 (written last)
 //
 // A piece is a range [begin, end) of the row-major flattening of one TP
-// shard (a descriptor) of one tensor, of one kind (the parameter, exp_avg or
-// exp_avg_sq), stored as a 1-D tensor "<kind>/<name>" in the tensor's dtype
-// (F32, BF16 or F16, kept byte for byte). Every element of every (tensor,
+// shard (a descriptor) of one tensor, of one kind (the parameter, exp_avg,
+// exp_avg_sq or, for bf16 parameters with fp32 master weights, master),
+// stored as a 1-D tensor "<kind>/<name>": the parameter in the tensor's
+// dtype (F32, BF16 or F16, kept byte for byte), the optimizer's state in F32. Every element of every (tensor,
 // kind) is in exactly one piece. Who writes: replica 0 of a shard
 // (tp_replica() == 0: tensors replicated over TP from TP rank 0, KV heads
 // replicated when tp exceeds them from the first rank of each group), and
@@ -68,8 +69,10 @@ constexpr const char* kDoneMarkerName = "done";
 constexpr const char* kOldShardFormat = "tessera-gpt2-tp-pp-shards";
 constexpr const char* kOldTrainFormat = "tessera-train-checkpoint";
 
-enum class StateKind { Param = 0, ExpAvg = 1, ExpAvgSq = 2 };
-const char* state_kind_name(StateKind k);  // "param", "exp_avg", "exp_avg_sq"
+enum class StateKind { Param = 0, ExpAvg = 1, ExpAvgSq = 2, Master = 3 };
+const char* state_kind_name(StateKind k);  // "param", "exp_avg", "exp_avg_sq", "master"
+// The optimizer's kinds are stored in F32 whatever the parameter's dtype.
+inline bool optimizer_kind(StateKind k) { return k != StateKind::Param; }
 
 struct Layout {
   int tp = 1, dp = 1, pp = 1;
@@ -95,10 +98,12 @@ class ModelLayout {
   // unbound, in the order a consolidated file lists them. Throws
   // InvalidArgument naming the numbers when tp cannot split the model.
   virtual std::vector<parallel::layers::Parameter> tensors(int tp, int tp_rank) const = 0;
-  // __metadata__ of a consolidated file (Hugging Face's format=pt and the config).
-  virtual std::map<std::string, std::string> file_metadata() const = 0;
-  // Small files beside a consolidated Hugging Face directory: (name, bytes), e.g. config.json.
-  virtual std::vector<std::pair<std::string, std::string>> hf_files() const { return {}; }
+  // __metadata__ of a consolidated file whose weights are stored as
+  // `weights` (Hugging Face's format=pt and the config).
+  virtual std::map<std::string, std::string> file_metadata(DType weights) const = 0;
+  // Small files beside a consolidated Hugging Face directory whose weights
+  // are stored as `weights`: (name, bytes), e.g. config.json.
+  virtual std::vector<std::pair<std::string, std::string>> hf_files(DType /*weights*/) const { return {}; }
 };
 
 // The layout of a recorded model description; FormatError naming `where`
@@ -118,11 +123,18 @@ class TensorReader {
  public:
   virtual ~TensorReader() = default;
   virtual std::string where() const = 0;
-  // Stored dtype of a tensor (F32, BF16 or F16); FormatError when absent.
+  // Stored dtype of a tensor's parameter (F32, BF16 or F16); FormatError when absent.
   virtual DType dtype(const std::string& tensor) const = 0;
+  // Stored dtype of `kind` of a tensor: dtype(tensor) for the parameter, F32 for the optimizer's state.
+  DType kind_dtype(const std::string& tensor, StateKind kind) const {
+    return optimizer_kind(kind) ? DType::F32 : dtype(tensor);
+  }
   virtual bool has_kind(StateKind k) const = 0;
+  // The optimizer's kinds this reader holds, in file order: exp_avg,
+  // exp_avg_sq, and master when it has master weights.
+  std::vector<StateKind> optimizer_kinds() const;
   // Elements [begin, end) of the TP shard `dest` (name, full shape and
-  // split; value pointers unused) of `kind`, in dtype(dest.name), into dst;
+  // split; value pointers unused) of `kind`, in kind_dtype(dest.name, kind), into dst;
   // padding gets zeros. Reads only the byte ranges it needs (pread).
   virtual void read(const parallel::layers::Parameter& dest, StateKind kind, int64_t begin, int64_t end,
                     void* dst) const = 0;
@@ -248,11 +260,16 @@ std::string rank_file_name(int dp_rank, int tp_rank, int pp_rank);
 // One tensor as this rank holds it: the bound Parameter (its TP shard) and
 // the range of the shard whose AdamW moments this rank keeps (m[i], v[i]
 // belong to element moment_begin + i; the whole shard under plain DP).
+// `dtype`: how the parameter is stored (BF16: param->value holds bf16
+// values, written as 16-bit); `master`: its fp32 master weights over the
+// moments' range (bf16 parameters with master weights), else nullptr.
 struct HeldTensor {
   parallel::layers::Parameter* param = nullptr;
   int64_t moment_begin = 0, moment_end = 0;
   float* m = nullptr;
   float* v = nullptr;
+  float* master = nullptr;
+  DType dtype = DType::F32;
   // false: a copy that another rank saves (the tied embedding a last
   // pipeline stage holds besides stage 0), so every element is stored once.
   bool save = true;
@@ -286,7 +303,7 @@ SaveResult save_checkpoint(collectives::Communicator* world, const std::vector<H
 
 struct WriteOptions {
   Layout layout;
-  bool optimizer = false;  // also exp_avg and exp_avg_sq (the source must hold them)
+  bool optimizer = false;  // also exp_avg, exp_avg_sq and any master weights (the source must hold the moments)
   std::string run_id;      // recorded (and in every file's metadata)
   int64_t step = 0;
   std::string trainer_state;  // empty: none
@@ -313,7 +330,8 @@ uint64_t write_checkpoint(const TensorReader& src, const ModelLayout& model, con
 // model.safetensors.index.json (only model.safetensors when one file
 // suffices), plus model.hf_files(). with_optimizer adds
 // "optimizer.exp_avg.<name>" and "optimizer.exp_avg_sq.<name>" after the
-// weights. Returns the file names written.
+// weights (and "optimizer.master.<name>" when the source has master
+// weights), all F32. Returns the file names written.
 std::vector<std::string> consolidate(const TensorReader& src, const ModelLayout& model, const std::string& out,
                                      uint64_t max_shard_bytes, bool with_optimizer, bool allow_nonfinite,
                                      const std::map<std::string, std::string>& extra = {});

@@ -67,6 +67,19 @@ std::optional<ModelConfig> hf_config_of(const std::string& path) {
   return model_from_hf_config(*c);
 }
 
+std::string torch_dtype_name(DType d) {
+  switch (d) {
+    case DType::F32:
+      return "float32";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+    default:
+      throw InvalidArgument(std::string("torch_dtype: weights stored as ") + dtype_name(d) + " are not floating point");
+  }
+}
+
 std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype) {
   if (m.family == "llama") return llama::config_to_hf(m, torch_dtype);
   if (m.family == "gpt") return gpt::hf_config_json(m, torch_dtype);

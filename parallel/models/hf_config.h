@@ -7,6 +7,7 @@
 #include <string>
 
 #include "parallel/model_config.h"
+#include "runtime/dtype.h"
 
 namespace tessera::parallel::models {
 
@@ -25,5 +26,9 @@ std::optional<ModelConfig> hf_config_of(const std::string& path);
 // The config.json text transformers loads for `m` (GPT2LMHeadModel or
 // LlamaForCausalLM), with torch_dtype ("float32", "bfloat16", "float16").
 std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype);
+
+// config.json's torch_dtype for weights stored as `d`: "float32", "bfloat16"
+// or "float16"; InvalidArgument for another dtype.
+std::string torch_dtype_name(DType d);
 
 }  // namespace tessera::parallel::models

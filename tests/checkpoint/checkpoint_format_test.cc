@@ -54,7 +54,7 @@ class Synthetic : public ModelLayout {
     v.push_back(make("norm", {6}, -1, 1, parallel::layers::kHeadLayer));
     return v;
   }
-  std::map<std::string, std::string> file_metadata() const override { return {{"format", "pt"}}; }
+  std::map<std::string, std::string> file_metadata(DType /*weights*/) const override { return {{"format", "pt"}}; }
 };
 
 // Tensor k's element i holds 1000 k + i.

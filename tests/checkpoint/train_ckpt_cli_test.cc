@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "parallel/checkpoint/safetensors.h"
+#include "runtime/bf16.h"
+#include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "tests/checkpoint/manifest_edit.h"
 #include "tests/checkpoint/test_util.h"
@@ -560,6 +562,117 @@ TEST_F(TrainCkptCli, LlamaUnderMpirunResumesSameAndOtherLayout) {
   ASSERT_EQ(r.code, 0) << r.out;
   auto d = losses(t.file("d.json"));
   for (int s : {3, 4}) EXPECT_NEAR(d.at(s), a.at(s), 1e-5 * a.at(s)) << "serial, step " << s;
+}
+
+// bf16 training checkpoints and exports (issue 27 item 4): a Llama trained
+// in bf16 with fp32 master weights exports bf16 (config.json torch_dtype
+// bfloat16) unless --export-dtype fp32; its checkpoint stores the parameters
+// as BF16 and the moments and masters as F32, consolidates to the export's
+// bytes, and with --with-optimizer to masters whose round-to-nearest-even
+// is the parameter (no stochastic rounding); a resume is bit for bit; an
+// fp32 run's --export-dtype bf16 is its fp32 export rounded to nearest even.
+TEST(Bf16CkptCli, ExportConsolidateAndResumeKeepTheDtype) {
+  using tessera::parallel::checkpoint::SafetensorsReader;
+  TempDir t;
+  const std::string llama =
+      " --family llama --kv-heads 2 --ffn-hidden 48 --layers 2 --hidden 32 --heads 4 --seq 16 --vocab 256"
+      " --micro-batch 2 --global-batch 4 --lr 3e-3 --warmup 1 --device test-core --steps 4 ";
+  auto go = [&](const std::string& args) {
+    return run_command("OPENBLAS_NUM_THREADS=1 " + std::string(TRAIN_GPT_BIN) + llama + args);
+  };
+  auto floats = [](const SafetensorsReader& r, const std::string& n) {
+    const auto& e = r.entry(n);
+    const size_t count = (e.end - e.begin) / tessera::dtype_size(e.dtype);
+    std::vector<float> out(count);
+    tessera::convert(r.bytes(e), e.dtype, out.data(), tessera::DType::F32, count);
+    return out;
+  };
+  CommandResult r = go("--precision bf16 --save " + t.file("ck") + " --save-every 2 --log-json " + t.file("a.json") +
+                       " --export " + t.file("a"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(read_bytes(t.file("a") + "/config.json").find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
+  SafetensorsReader a(t.file("a") + "/model.safetensors");
+  ASSERT_FALSE(a.entries().empty());
+  for (const auto& e : a.entries()) EXPECT_EQ(e.dtype, tessera::DType::BF16) << e.name;
+
+  const std::string step4 = t.file("ck") + "/step_00000004";
+  json m = json::parse(read_bytes(step4 + "/manifest.json"));
+  std::map<std::string, int> kinds;
+  for (const auto& [name, tj] : m["tensors"].items()) EXPECT_EQ(tj["dtype"], "BF16") << name;
+  for (const json& f : m["files"]) {
+    SafetensorsReader shard(step4 + "/" + f["name"].get<std::string>());
+    for (const json& pc : f["pieces"]) {
+      const std::string kind = pc["kind"];
+      ++kinds[kind];
+      EXPECT_EQ(shard.entry(pc["key"].get<std::string>()).dtype,
+                kind == "param" ? tessera::DType::BF16 : tessera::DType::F32)
+          << pc["key"];
+    }
+  }
+  EXPECT_EQ(kinds.size(), 4u);  // param, exp_avg, exp_avg_sq, master
+  EXPECT_EQ(kinds["master"], kinds["param"]);
+  r = tessera_cmd("ckpt verify " + step4);
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  // consolidate keeps the dtype: the export's bytes, torch_dtype bfloat16.
+  r = tessera_cmd("ckpt consolidate --out " + t.file("c.safetensors") + " " + step4);
+  ASSERT_EQ(r.code, 0) << r.out;
+  SafetensorsReader c(t.file("c.safetensors"));
+  ASSERT_EQ(c.names(), a.names());
+  for (const auto& e : a.entries()) {
+    const auto& g = c.entry(e.name);
+    EXPECT_EQ(g.dtype, tessera::DType::BF16) << e.name;
+    ASSERT_EQ(g.end - g.begin, e.end - e.begin) << e.name;
+    EXPECT_EQ(std::memcmp(c.bytes(g), a.bytes(e), e.end - e.begin), 0) << e.name;
+  }
+  EXPECT_NE(c.metadata().at("config").find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
+  r = tessera_cmd("ckpt consolidate --max-shard-size 1GB --out " + t.file("cdir") + " " + step4);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(read_bytes(t.file("cdir") + "/config.json").find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
+  r = tessera_cmd("ckpt consolidate --with-optimizer --out " + t.file("o.safetensors") + " " + step4);
+  ASSERT_EQ(r.code, 0) << r.out;
+  SafetensorsReader o(t.file("o.safetensors"));
+  EXPECT_EQ(o.names().size(), 4 * a.names().size());
+  size_t differ = 0;
+  for (const std::string& n : a.names()) {
+    EXPECT_EQ(o.entry("optimizer.master." + n).dtype, tessera::DType::F32) << n;
+    const std::vector<float> master = floats(o, "optimizer.master." + n), param = floats(a, n);
+    ASSERT_EQ(master.size(), param.size()) << n;
+    for (size_t i = 0; i < param.size(); ++i) {
+      ASSERT_EQ(tessera::bf16::round_nearest(master[i]), param[i]) << n << "[" << i << "]";
+      differ += master[i] != param[i];
+    }
+  }
+  EXPECT_GT(differ, 0u) << "the masters hold nothing the bf16 parameters do not";
+
+  // Resumed from step 2: the same losses and, exported as fp32, the bf16 weights widened exactly.
+  r = go("--precision bf16 --resume " + t.file("ck") + "/step_00000002 --log-json " + t.file("b.json") +
+         " --export-dtype fp32 --export " + t.file("b.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto la = losses(t.file("a.json")), lb = losses(t.file("b.json"));
+  for (int s : {3, 4}) EXPECT_EQ(lb.at(s), la.at(s)) << s;
+  SafetensorsReader b(t.file("b.safetensors"));
+  for (const std::string& n : a.names()) {
+    EXPECT_EQ(b.entry(n).dtype, tessera::DType::F32) << n;
+    EXPECT_EQ(floats(b, n), floats(a, n)) << n;
+  }
+
+  // An fp32 run exported as bf16: its fp32 export rounded to nearest even.
+  r = go("--export " + t.file("f32.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = go("--export-dtype bf16 --export " + t.file("f16.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  SafetensorsReader f32(t.file("f32.safetensors")), f16(t.file("f16.safetensors"));
+  for (const std::string& n : f32.names()) {
+    EXPECT_EQ(f32.entry(n).dtype, tessera::DType::F32) << n;
+    EXPECT_EQ(f16.entry(n).dtype, tessera::DType::BF16) << n;
+    std::vector<float> want = floats(f32, n);
+    for (float& x : want) x = tessera::bf16::round_nearest(x);
+    EXPECT_EQ(floats(f16, n), want) << n;
+  }
+  r = go("--export-dtype bf16");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--export-dtype needs --export"), std::string::npos) << r.out;
 }
 
 // A worker SIGKILLed at a random step: tessera run restarts the group, which

@@ -25,6 +25,7 @@
 
 #include "parallel/checkpoint/checkpoint.h"
 #include "parallel/models/gpt/trainer.h"
+#include "runtime/bf16.h"
 #include "runtime/device.h"
 #include "runtime/files.h"
 #include "runtime/kernels.h"
@@ -41,10 +42,13 @@ using parallel::models::gpt::TrainOptions;
 struct Layout {
   int tp = 1, dp = 1;
   bool zero1 = false, sp = false;
+  // bf16 parameters: with fp32 master weights unless pure, stochastic rounding when sr.
+  bool bf16 = false, pure = false, sr = false;
 };
 
 std::string name(const Layout& l) {
-  return "tp" + std::to_string(l.tp) + "dp" + std::to_string(l.dp) + (l.zero1 ? "zero1" : "") + (l.sp ? "sp" : "");
+  return "tp" + std::to_string(l.tp) + "dp" + std::to_string(l.dp) + (l.zero1 ? "zero1" : "") + (l.sp ? "sp" : "") +
+         (l.bf16 ? (l.pure ? "_purebf16" : "_bf16") : "") + (l.sr ? "sr" : "");
 }
 
 TrainOptions tiny(const Layout& l, int64_t vocab = 257) {
@@ -66,7 +70,17 @@ TrainOptions tiny(const Layout& l, int64_t vocab = 257) {
   o.dp = l.dp;
   o.adamw.zero1 = l.zero1;
   o.sequence_parallel = l.sp;
+  if (l.bf16) o.precision = DType::BF16;
+  o.master_weights = !l.pure;
+  o.stochastic_rounding = l.sr;
   return o;
+}
+
+// The fp32 master weights a rank holds, in the order of its runs.
+std::vector<float> masters_of(Trainer& t) {
+  std::vector<float> out;
+  t.optimizer().for_each_master_run([&](int64_t, int64_t n, const float* m) { out.insert(out.end(), m, m + n); });
+  return out;
 }
 
 std::shared_ptr<const parallel::data::ByteDataset> dataset() {
@@ -165,7 +179,7 @@ TEST_P(SameLayout, ResumeIsBitForBit) {
   auto res = collectives::test::run_ranks(l.tp * l.dp, [&](int rank, int size, std::shared_ptr<collectives::Store> st) {
     Rank r = join(l, rank, size, std::move(st));
     std::vector<double> losses_a, losses_b;
-    std::vector<float> values_a, moments_a;
+    std::vector<float> values_a, moments_a, masters_a;
     int64_t total = 0;
     {
       Trainer a(tiny(l), r.ps, dataset());
@@ -180,6 +194,7 @@ TEST_P(SameLayout, ResumeIsBitForBit) {
         moments_a.insert(moments_a.end(), m, m + n);
         moments_a.insert(moments_a.end(), v, v + n);
       });
+      masters_a = masters_of(a);
     }
     Trainer b(tiny(l), r.ps, dataset());
     b.load_checkpoint(root + "/step_00000002");
@@ -199,6 +214,11 @@ TEST_P(SameLayout, ResumeIsBitForBit) {
     COLL_REQUIRE(moments_b.size() == moments_a.size() && !moments_a.empty());
     COLL_REQUIRE(std::memcmp(moments_b.data(), moments_a.data(), sizeof(float) * moments_a.size()) == 0,
                  "AdamW moments differ from the uninterrupted run");
+    const std::vector<float> masters_b = masters_of(b);
+    COLL_REQUIRE(masters_b.size() == masters_a.size() && masters_a.empty() == (!l.bf16 || l.pure));
+    COLL_REQUIRE(
+        masters_a.empty() || std::memcmp(masters_b.data(), masters_a.data(), sizeof(float) * masters_a.size()) == 0,
+        "fp32 master weights differ from the uninterrupted run");
     r.world->barrier();
   });
   std::string f = collectives::test::failures(res);
@@ -212,7 +232,9 @@ TEST_P(SameLayout, ResumeIsBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, SameLayout,
                          ::testing::Values(Layout{1, 1}, Layout{2, 2}, Layout{2, 2, true}, Layout{1, 4, true},
-                                           Layout{2, 1, false, true}),
+                                           Layout{2, 1, false, true}, Layout{1, 1, false, false, true},
+                                           Layout{2, 2, true, false, true, false, true},
+                                           Layout{1, 2, false, false, true, true, true}),
                          [](const auto& info) { return name(info.param); });
 
 struct Change {
@@ -380,6 +402,69 @@ TEST(SaveFailure, AMarkerTheDiskRefusedLeavesNoStepDirectoryAndTheNextSaveSuccee
   const std::string f = collectives::test::failures(res);
   EXPECT_TRUE(f.empty()) << f;
   fs::remove_all(fs::path(root).parent_path());
+}
+
+// A checkpoint resumed at another precision gives the run the most precise
+// weights it holds: an fp32 run loading a bf16 run's checkpoint takes its
+// fp32 master weights, not the bf16 parameters; a bf16 run loading an fp32
+// run's takes the fp32 values as its masters and their round-to-nearest-even
+// bf16 as its parameters. The moments come across exactly either way.
+TEST(PrecisionChange, OnLoadTheRunGetsTheMostPreciseWeights) {
+  kern::default_blas_threads();
+  const std::string root = temp_dir();
+  const Layout fp32{}, bf16{1, 1, false, false, true};
+  Device dev(DeviceSpec::preset("test-core"));
+  auto ps = parallel::layers::serial_state(&dev);
+  auto moments = [](Trainer& t) {
+    std::vector<float> out;
+    t.optimizer().for_each_moment_run([&](int64_t, int64_t n, const float* m, const float* v) {
+      out.insert(out.end(), m, m + n);
+      out.insert(out.end(), v, v + n);
+    });
+    return out;
+  };
+  // Serial: the masters' runs cover values() in order.
+  auto values = [](Trainer& t) {
+    return std::vector<float>(t.optimizer().values(), t.optimizer().values() + t.optimizer().total_elems());
+  };
+  std::vector<float> a_masters, a_values, a_moments, c_values, c_moments;
+  {
+    Trainer a(tiny(bf16), ps, dataset());
+    a.init_random();
+    a.step();
+    a.step();
+    a.save_checkpoint(root + "/bf16");
+    a_masters = masters_of(a);
+    a_values = values(a);
+    a_moments = moments(a);
+    Trainer c(tiny(fp32), ps, dataset());
+    c.init_random();
+    c.step();
+    c.step();
+    c.save_checkpoint(root + "/fp32");
+    c_values = values(c);
+    c_moments = moments(c);
+  }
+  ASSERT_EQ(a_masters.size(), a_values.size());
+  // The masters are more than their bf16 roundings (else the test shows nothing).
+  ASSERT_NE(a_masters, a_values);
+  {
+    Trainer b(tiny(fp32), ps, dataset());
+    b.load_checkpoint(root + "/bf16/step_00000002");
+    EXPECT_EQ(values(b), a_masters) << "the fp32 run did not take the bf16 run's master weights";
+    EXPECT_EQ(moments(b), a_moments);
+  }
+  {
+    Trainer d(tiny(bf16), ps, dataset());
+    d.load_checkpoint(root + "/fp32/step_00000002");
+    std::vector<float> rounded = c_values;
+    for (float& x : rounded) x = bf16::round_nearest(x);
+    ASSERT_NE(rounded, c_values);
+    EXPECT_EQ(values(d), rounded) << "the bf16 run's parameters are not the fp32 values rounded to nearest even";
+    EXPECT_EQ(masters_of(d), c_values) << "the bf16 run's masters are not the fp32 run's values";
+    EXPECT_EQ(moments(d), c_moments);
+  }
+  fs::remove_all(root);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include "parallel/checkpoint/safetensors.h"
 #include "parallel/model_config.h"
 #include "parallel/models/gpt/gpt_model.h"
+#include "parallel/models/hf_config.h"
 
 namespace tessera::parallel::models::gpt {
 
@@ -108,9 +109,9 @@ class GptLayout : public checkpoint::ModelLayout {
   std::vector<parallel::layers::Parameter> tensors(int tp, int tp_rank) const override {
     return gpt_layout(c_, tp, tp_rank);
   }
-  std::map<std::string, std::string> file_metadata() const override { return gpt2_file_metadata(c_); }
-  std::vector<std::pair<std::string, std::string>> hf_files() const override {
-    return {{"config.json", hf_config_json(c_)}};
+  std::map<std::string, std::string> file_metadata(DType /*weights*/) const override { return gpt2_file_metadata(c_); }
+  std::vector<std::pair<std::string, std::string>> hf_files(DType weights) const override {
+    return {{"config.json", hf_config_json(c_, torch_dtype_name(weights))}};
   }
 
  private:

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "parallel/checkpoint/safetensors.h"
+#include "parallel/models/hf_config.h"
 #include "parallel/models/hf_io.h"
 #include "runtime/device.h"
 #include "runtime/kernels.h"
@@ -116,7 +117,9 @@ void Trainer::load_hf(const std::string& path) {
   opt_->values_changed();
 }
 
-void Trainer::export_hf(const std::string& path, uint64_t max_shard_bytes) {
+void Trainer::export_hf(const std::string& path, uint64_t max_shard_bytes, DType dtype) {
+  TESSERA_ARG_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export: weights as ", dtype_name(dtype),
+                    " (F32 or BF16)");
   const ModelConfig& m = opts_.model;
   const int p = ps_.pp_size;
   // Each stage's TP rank 0 of DP rank 0 assembles its whole tensors; with
@@ -173,7 +176,14 @@ void Trainer::export_hf(const std::string& path, uint64_t max_shard_bytes) {
       ps_.pp->send(t.data<float>(), static_cast<size_t>(t.numel()), DType::F32, 0, kExportTag);
     }
   }
-  if (ps_.global_rank() == 0) write_hf_model(path, m, tensors, max_shard_bytes, "float32");
+  if (ps_.global_rank() != 0) return;
+  if (dtype != DType::F32)
+    for (auto& [name, t] : tensors) {
+      Tensor c = Tensor::empty(t.shape(), dtype);
+      convert(t.data<float>(), DType::F32, c.raw_data(), dtype, static_cast<size_t>(t.numel()));
+      t = c;
+    }
+  write_hf_model(path, m, tensors, max_shard_bytes, torch_dtype_name(dtype));
 }
 
 double Trainer::forward_rows(const int32_t* rows, int64_t nrows, int64_t seq, bool train, float grad_scale) {

@@ -123,8 +123,11 @@ class Trainer {
   // max_shard_bytes when > 0). Collective over TP and PP: each stage's TP
   // shards are gathered, the stages' tensors sent to stage 0; only global
   // rank 0 (dp 0, tp 0, stage 0) writes, the same files as a pp = 1 run
-  // (the last stage's tied copy of the embedding is not written).
-  void export_hf(const std::string& path, uint64_t max_shard_bytes = 0);
+  // (the last stage's tied copy of the embedding is not written). `dtype`
+  // (F32 or BF16) is how the weights are written and config.json's
+  // torch_dtype: a bf16 run's parameters are exact in either (fp32 widens
+  // them), an fp32 run's are rounded to nearest even for BF16.
+  void export_hf(const std::string& path, uint64_t max_shard_bytes = 0, DType dtype = DType::F32);
 
   // Checkpoints (parallel/checkpoint/checkpoint.h, trainer_state.cc),
   // collective over every rank. save_checkpoint writes the state after

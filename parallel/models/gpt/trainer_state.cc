@@ -171,9 +171,14 @@ std::vector<ckpt::HeldTensor> held_tensors(const std::vector<parallel::layers::P
   std::map<int64_t, size_t> by_offset;
   std::vector<ckpt::HeldTensor> held;
   held.reserve(params.size());
+  const DType stored = opt.config().param_dtype;  // bf16 parameters are saved as 16-bit values
   for (parallel::layers::Parameter* p : params) {
     by_offset[p->offset] = held.size();
-    held.push_back({p, 0, 0, nullptr, nullptr, p != tied_copy});
+    ckpt::HeldTensor h;
+    h.param = p;
+    h.save = p != tied_copy;
+    h.dtype = stored;
+    held.push_back(h);
   }
   opt.for_each_moment_run_mutable([&](int64_t off, int64_t n, float* m, float* v) {
     auto it = std::prev(by_offset.upper_bound(off));
@@ -184,6 +189,13 @@ std::vector<ckpt::HeldTensor> held_tensors(const std::vector<parallel::layers::P
     h.moment_end = h.moment_begin + n;
     h.m = m;
     h.v = v;
+  });
+  // The master weights come in the moments' runs.
+  opt.for_each_master_run([&](int64_t off, int64_t n, float* master) {
+    ckpt::HeldTensor& h = held[std::prev(by_offset.upper_bound(off))->second];
+    TESSERA_CHECK(off - h.param->offset == h.moment_begin && n == h.moment_end - h.moment_begin, "master run at ", off,
+                  " is not the moments' run of ", h.param->name);
+    h.master = master;
   });
   return held;
 }
@@ -259,14 +271,26 @@ void Trainer::load_checkpoint(const std::string& dir) {
     TESSERA_ARG_CHECK(t->second.shape == p.full_shape, w, ": tensor ", p.name, " has shape ",
                       shape_str(t->second.shape), ", the model's is ", shape_str(p.full_shape));
   }
+  // The most precise copy of the weights this run can hold: an fp32 run
+  // takes a bf16 run's master weights when the checkpoint has them; a bf16
+  // run with master weights takes its masters from the checkpoint's masters,
+  // else from its parameters as stored (an fp32 run's fp32 values), and its
+  // parameters as stored (rounded to bf16 when they were fp32).
+  const bool fp32_run = opts_.precision == DType::F32;
+  const bool masters = ck.has_kind(ckpt::StateKind::Master);
   for (const ckpt::HeldTensor& h : held) {
-    ck.read_f32(*h.param, ckpt::StateKind::Param, 0, h.param->numel(), h.param->value);
+    ck.read_f32(*h.param, fp32_run && masters ? ckpt::StateKind::Master : ckpt::StateKind::Param, 0, h.param->numel(),
+                h.param->value);
     if (training && h.moment_end > h.moment_begin) {
       ck.read_f32(*h.param, ckpt::StateKind::ExpAvg, h.moment_begin, h.moment_end, h.m);
       ck.read_f32(*h.param, ckpt::StateKind::ExpAvgSq, h.moment_begin, h.moment_end, h.v);
     }
   }
-  opt_->values_changed();
+  opt_->values_changed();  // bf16: rounds the values, masters = the rounded values
+  for (const ckpt::HeldTensor& h : held)
+    if (h.master && h.moment_end > h.moment_begin)
+      ck.read_f32(*h.param, masters ? ckpt::StateKind::Master : ckpt::StateKind::Param, h.moment_begin, h.moment_end,
+                  h.master);
   // Weights only (a `tessera ckpt shard` output): a fresh optimizer at step 0, a new run.
   step_ = training ? ck.step() : 0;
   if (training) run_id_ = ck.run_id();

@@ -22,6 +22,7 @@
 
 #include "parallel/checkpoint/checkpoint.h"
 #include "parallel/model_config.h"
+#include "parallel/models/hf_config.h"
 
 namespace tessera::parallel::models::llama {
 
@@ -52,11 +53,11 @@ class LlamaLayout : public checkpoint::ModelLayout {
   std::vector<parallel::layers::Parameter> tensors(int tp, int tp_rank) const override;
   // A single consolidated file carries its config.json in "config" (a
   // directory has it beside the tensors): --init and shard read it back.
-  std::map<std::string, std::string> file_metadata() const override {
-    return {{"format", "pt"}, {kConfigMetadataKey, config_to_hf(c_, "float32")}};
+  std::map<std::string, std::string> file_metadata(DType weights) const override {
+    return {{"format", "pt"}, {kConfigMetadataKey, config_to_hf(c_, torch_dtype_name(weights))}};
   }
-  std::vector<std::pair<std::string, std::string>> hf_files() const override {
-    return {{"config.json", config_to_hf(c_, "float32")}};
+  std::vector<std::pair<std::string, std::string>> hf_files(DType weights) const override {
+    return {{"config.json", config_to_hf(c_, torch_dtype_name(weights))}};
   }
 
  private:
