@@ -644,6 +644,13 @@ TEST(Bf16CkptCli, ExportConsolidateAndResumeKeepTheDtype) {
     }
   }
   EXPECT_GT(differ, 0u) << "the masters hold nothing the bf16 parameters do not";
+  // reshard carries the masters: tp 2 consolidates to the same file.
+  r = tessera_cmd("ckpt reshard --tp 2 --out " + t.file("r") + " " + step4);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = tessera_cmd("ckpt consolidate --with-optimizer --out " + t.file("ro.safetensors") + " " + t.file("r"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(read_bytes(t.file("ro.safetensors")) == read_bytes(t.file("o.safetensors")))
+      << "the tp 2 reshard consolidates to another file";
 
   // Resumed from step 2: the same losses and, exported as fp32, the bf16 weights widened exactly.
   r = go("--precision bf16 --resume " + t.file("ck") + "/step_00000002 --log-json " + t.file("b.json") +
