@@ -79,7 +79,7 @@ TEST(Precision, Bf16StepHoldsHalfTheBytesExceptMastersAndMoments) {
   EXPECT_EQ(b.states, 2 * t + 2 * t + 12 * t);
   EXPECT_EQ(pure.states, 2 * t + 2 * t + 8 * t);
   EXPECT_EQ(g32.states, 2 * t + 4 * t + 12 * t);
-  const uint64_t rows = 2 * 16, layers = 2;
+  const uint64_t rows = uint64_t{2} * 16, layers = 2;
   const uint64_t fp32_rows = 4 * rows * (2 * (2 * layers + 1) + 1 + 3 + 1);
   ASSERT_GT(f.activations, fp32_rows);
   EXPECT_EQ(b.activations - fp32_rows, (f.activations - fp32_rows) / 2)
