@@ -14,7 +14,7 @@
 # (|w| 2^-9 or more), so pure bf16 rounds them away; at the demo's lr (1e-3)
 # the four curves lie closer together. DIR (default out/precision_study) gets
 #   <variant>.jsonl   train_gpt --log-json of each run (fp32, bf16, pure, pure_sr)
-#   losses.csv        step, then each variant's loss
+#   losses.csv        step, then each variant's loss (losses_mean10.csv: 10-step running means)
 #   summary.txt       the table printed
 #   losses.png        the loss curves, running means over 10 steps (gnuplot;
 #                     losses.gp is its script)
