@@ -182,7 +182,10 @@ namespace {
 // a scalar call): Cody-Waite range reduction to |r| <= ln2/2 and Cephes'
 // degree-6 polynomial, about 1 ulp over the clamped range.
 inline float exp_fast(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
+  // As selects, not std::min/max of references: GCC if-converts these (with
+  // -fno-trapping-math, runtime/CMakeLists.txt) and vectorises the callers' loops.
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
   const float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   float n = (x * 1.44269504088896341f + kMagic) - kMagic;
   float r = x - n * 0.693359375f;

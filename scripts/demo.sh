@@ -6,7 +6,17 @@
 # trains a small Llama (grouped-query attention, tp 4 > 2 K/V heads) and cuts
 # its Hugging Face export into tp x pp shards and back, and measures
 # all-reduce bandwidth over 4 emulated cores.
+# --precision-study (or TESSERA_DEMO_PRECISION_STUDY=1) then also runs
+# scripts/precision_study.sh (fp32 against bf16 with master weights, pure
+# bf16 and pure bf16 with stochastic rounding; about two more minutes).
 source "$(dirname "$0")/common.sh"
+PRECISION_STUDY="${TESSERA_DEMO_PRECISION_STUDY:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --precision-study) PRECISION_STUDY=1 ;;
+    *) echo "usage: scripts/demo.sh [--precision-study]" >&2; exit 2 ;;
+  esac
+done
 tessera_build
 OUT="$ROOT/out/demo"
 mkdir -p "$OUT"
@@ -56,6 +66,12 @@ echo "== all-reduce bandwidth over 4 emulated cores (shared memory), modeled on 
   --topology trn1.32xlarge --json "$OUT/bench_all_reduce.json" --plot "$OUT/bench_all_reduce.png" \
   | tee "$OUT/bench_all_reduce.txt"
 
+if [ "$PRECISION_STUDY" = 1 ]; then
+  echo
+  echo "== precision study: the GPT-2 above on one emulated trn1 core in fp32, bf16 with fp32 master weights, pure bf16, pure bf16 with stochastic rounding =="
+  "$ROOT/scripts/precision_study.sh" --no-build -o "$OUT/precision_study"
+fi
+
 echo
 echo "demo: results in $OUT/"
 echo "  train.txt, train_log.jsonl     per-step loss, grad norm, tokens/s, modeled step time, MFU, peak memory"
@@ -67,3 +83,6 @@ echo "  pipeline_trace.json            its last step per rank on the emulated cl
 echo "  train_llama.txt, train_llama_log.jsonl, logs_llama/  the Llama run (TP=4 x DP=2, GQA with replicated K/V heads)"
 echo "  llama/, llama_tp4_pp2/, llama_back/  its Hugging Face directory, the tp 4 x pp 2 shards, consolidated again"
 echo "  bench_all_reduce.{txt,json,png} all-reduce bandwidth table, JSON and plot"
+if [ "$PRECISION_STUDY" = 1 ]; then
+  echo "  precision_study/                losses.csv, losses.png, summary.txt: the four precisions' loss curves and final losses"
+fi
