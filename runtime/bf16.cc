@@ -19,15 +19,6 @@
 
 namespace tessera::bf16 {
 
-namespace {
-inline uint16_t bits_nearest(float x) {
-  const float y = round_nearest(x);
-  uint32_t u;
-  std::memcpy(&u, &y, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-}  // namespace
-
 void round_inplace(float* x, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] = round_nearest(x[i]);
@@ -36,7 +27,7 @@ void round_inplace(float* x, int64_t n) {
 namespace {
 void pack_scalar(const float* x, uint16_t* out, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = bits_nearest(x[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(x[i]);
 }
 
 #if defined(__x86_64__)
@@ -45,7 +36,7 @@ void pack_scalar(const float* x, uint16_t* out, int64_t n) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-// round_nearest's integer steps on 16 floats at a time (AVX-512F): the same bits.
+// float_to_bf16_bits' integer steps on 16 floats at a time (AVX-512F): the same bits.
 __attribute__((target("avx512f"))) void pack_avx512(const float* x, uint16_t* out, int64_t n) {
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
   const __m512i quiet = _mm512_set1_epi32(0x00400000), half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
@@ -97,7 +88,7 @@ void unpack(const uint16_t* x, float* out, int64_t n) {
 void pack_inplace(float* x, int64_t n) {
   auto* out = reinterpret_cast<uint16_t*>(x);
   for (int64_t i = 0; i < n; ++i) {
-    const uint16_t b = bits_nearest(x[i]);
+    const uint16_t b = float_to_bf16_bits(x[i]);
     std::memcpy(out + i, &b, 2);
   }
 }

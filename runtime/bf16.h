@@ -5,7 +5,7 @@
 // A bf16 tensor of a training run lives in a 4-byte float container that
 // holds exactly a bf16 value (the fp32 kernels run on it unchanged); the
 // emulated core charges it 2 bytes (runtime/tensor.h, Tensor::container).
-// round_bf16 makes a container's values bf16; the GEMM packs them to 16
+// round_inplace makes a container's values bf16; the GEMM packs them to 16
 // bits for the CPU's bf16 instructions.
 //
 // Rounding to nearest even is float_to_bf16_bits' (runtime/dtype.h): NaN
@@ -19,6 +19,8 @@
 
 #include <cstdint>
 #include <string>
+
+#include "runtime/dtype.h"
 
 namespace tessera::bf16 {
 
@@ -62,19 +64,7 @@ bool cpu_has_bf16_dot();
 std::string gemm_backend_name(GemmBackend b);
 
 // ---- inline definitions ----
-inline float round_nearest(float x) {
-  uint32_t u;
-  __builtin_memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    u |= 0x00400000u;  // quiet NaN
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);
-  }
-  u &= 0xffff0000u;
-  float y;
-  __builtin_memcpy(&y, &u, 4);
-  return y;
-}
+inline float round_nearest(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
 
 inline float round_stochastic(float x, uint32_t r) {
   uint32_t u;

@@ -58,19 +58,6 @@ DType parse_safetensors_dtype(std::string_view s) {
   throw FormatError(detail::concat("unsupported safetensors dtype '", s, "'"));
 }
 
-uint16_t float_to_bf16_bits(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep sign, force quiet bit
-    return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  }
-  // Round to nearest even on the 16 dropped bits; Inf stays Inf, overflow goes to Inf.
-  uint32_t lsb = (x >> 16) & 1u;
-  x += 0x7fffu + lsb;
-  return static_cast<uint16_t>(x >> 16);
-}
-
-float bf16_bits_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
-
 uint16_t float_to_f16_bits(float f) {
   uint32_t x = std::bit_cast<uint32_t>(f);
   uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);

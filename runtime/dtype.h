@@ -3,6 +3,7 @@
 // (quiet), +-Inf and denormals right; conversions to float are exact.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -37,9 +38,19 @@ DType parse_dtype(std::string_view s);
 const char* dtype_safetensors_name(DType t);
 DType parse_safetensors_dtype(std::string_view s);
 
-// 16-bit values travel as raw uint16_t bit patterns.
-uint16_t float_to_bf16_bits(float f);
-float bf16_bits_to_float(uint16_t b);
+// 16-bit values travel as raw uint16_t bit patterns. The bf16 pair is
+// inline: the trainer's bf16 kernels (runtime/bf16.h) round with it in
+// vectorised loops.
+inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep sign, force quiet bit
+    return static_cast<uint16_t>((x >> 16) | 0x0040u);
+  }
+  // Round to nearest even on the 16 dropped bits; Inf stays Inf, overflow goes to Inf.
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+inline float bf16_bits_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 uint16_t float_to_f16_bits(float f);
 float f16_bits_to_float(uint16_t h);
 
