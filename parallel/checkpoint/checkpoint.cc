@@ -285,20 +285,24 @@ std::string write_state_and_manifest(const std::string& tmp, const FileMeta& fm,
   for (json& j : files) {
     for (json& pc : j["pieces"]) {
       const std::string t = pc["tensor"];
+      json& info = tensors[t];
+      if (info.is_null()) info = {{"shape", pc["shape"]}, {"layer", pc["layer"]}};
+      TESSERA_CHECK(info["shape"] == pc["shape"], "ranks disagree on the shape of ", t);
+      // The tensor's dtype is its parameter's; the optimizer's kinds are F32.
       if (pc["kind"] != state_kind_name(StateKind::Param)) {
         TESSERA_CHECK(pc["dtype"] == dtype_safetensors_name(DType::F32), "optimizer state of ", t, " is not F32");
-        pc["dtype"] = nullptr;  // not the tensor's
+      } else {
+        if (!info.contains("dtype")) info["dtype"] = pc["dtype"];
+        TESSERA_CHECK(info["dtype"] == pc["dtype"], "ranks disagree on the dtype of ", t);
       }
-      if (!tensors.contains(t)) tensors[t] = {{"shape", pc["shape"]}, {"dtype", pc["dtype"]}, {"layer", pc["layer"]}};
-      if (tensors[t]["dtype"].is_null()) tensors[t]["dtype"] = pc["dtype"];
-      TESSERA_CHECK(tensors[t]["shape"] == pc["shape"] && (pc["dtype"].is_null() || tensors[t]["dtype"] == pc["dtype"]),
-                    "ranks disagree on the shape or dtype of ", t);
       pc.erase("shape");
       pc.erase("dtype");
       pc.erase("layer");
     }
     jfiles.push_back(j);
   }
+  for (const auto& [t, info] : tensors.items())
+    TESSERA_CHECK(info.contains("dtype"), "tensor ", t, " has optimizer state but no parameter piece");
   json manifest = {{"format", kFormat},
                    {"version", kVersion},
                    {"run_id", fm.run_id},
@@ -888,8 +892,7 @@ void Checkpoint::open(const std::string& dir_in) {
       if (pc.begin < 0 || pc.end <= pc.begin || pc.end > d.numel())
         throw FormatError(
             concat(pcx, ": range [", pc.begin, ", ", pc.end, ") is not inside its shard of ", d.numel(), " elements"));
-      piece_bytes +=
-          static_cast<uint64_t>(pc.end - pc.begin) * dtype_size(optimizer_kind(pc.kind) ? DType::F32 : t->second.dtype);
+      piece_bytes += static_cast<uint64_t>(pc.end - pc.begin) * dtype_size(kind_dtype(pc.tensor, pc.kind));
       if (piece_bytes > fi.bytes)
         throw FormatError(concat(pcx, ": the pieces need more than the file's ", fi.bytes, " bytes"));
       by_tensor_[{pc.tensor, static_cast<int>(pc.kind)}].push_back(pieces_.size());
@@ -1164,7 +1167,7 @@ void Checkpoint::read(const Parameter& dest, StateKind kind, int64_t begin, int6
   if (t->second.shape != dest.full_shape)
     throw InvalidArgument(concat(where(), ": tensor ", dest.name, " has shape ", shape_str(t->second.shape),
                                  " in the checkpoint, the model's is ", shape_str(dest.full_shape)));
-  const uint64_t es = dtype_size(optimizer_kind(kind) ? DType::F32 : t->second.dtype);
+  const uint64_t es = dtype_size(kind_dtype(dest.name, kind));
   uint8_t* dst = static_cast<uint8_t*>(dst_v);
   auto it = by_tensor_.find({dest.name, static_cast<int>(kind)});
   if (begin >= end) return;
