@@ -19,6 +19,14 @@ void default_blas_threads() {
 namespace {
 bool bf16_acts(const Device* dev) { return dev && dev->act_dtype() == DType::BF16; }
 bool bf16_grads(const Device* dev) { return dev && dev->grad_dtype() == DType::BF16; }
+// Rows of `cols` values, `ld` apart, rounded to bf16.
+void round_rows(float* x, int64_t rows, int64_t cols, int64_t ld) {
+  if (ld == cols) {
+    bf16::round_inplace(x, rows * cols);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) bf16::round_inplace(x + r * ld, cols);
+}
 }  // namespace
 
 void charge(Device* dev, double flops, double bytes) {
@@ -44,12 +52,7 @@ void round_grads(Device* dev, float* x, int64_t n) {
 }
 
 void round_activations(Device* dev, float* x, int64_t rows, int64_t cols, int64_t ld) {
-  if (!bf16_acts(dev)) return;
-  if (ld == cols) {
-    bf16::round_inplace(x, rows * cols);
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r) bf16::round_inplace(x + r * ld, cols);
+  if (bf16_acts(dev)) round_rows(x, rows, cols, ld);
 }
 
 void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -82,9 +85,7 @@ void gemm(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
 void gemm_grad(Device* dev, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   gemm_at(dev, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  if (bf16_grads(dev)) {
-    for (int64_t r = 0; r < m; ++r) bf16::round_inplace(c + r * ldc, n);
-  }
+  if (bf16_grads(dev)) round_rows(c, m, n, ldc);
   charge(dev, cost::gemm(m, n, k, beta != 0.f));
 }
 
