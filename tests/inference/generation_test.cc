@@ -147,7 +147,7 @@ constexpr int kSeqs = 3, kSteps = 5;
 const int64_t kPrompt[kSeqs] = {5, 2, 9};
 const int kJoins[kSeqs] = {0, 0, 1};  // the step each prompt is prefilled in
 
-int32_t token(int seq, int64_t pos, int vocab) { return static_cast<int32_t>((7 * seq + 11 * pos + 3) % vocab); }
+int32_t token(int seq, int64_t pos, int vocab) { return static_cast<int32_t>((int64_t{7} * seq + 11 * pos + 3) % vocab); }
 int64_t final_len(int s) { return kPrompt[s] + (kSteps - 1 - kJoins[s]); }
 
 struct Record {
@@ -168,6 +168,7 @@ std::vector<Record> schedule() {
 void run_schedule(models::CausalLM& m, const layers::ParallelState& ps, double* out) {
   const ModelConfig& cfg = m.config();
   std::vector<int64_t> caps;
+  caps.reserve(kSeqs);
   for (int s = 0; s < kSeqs; ++s) caps.push_back(final_len(s));
   layers::KvCache cache(ps.device, cfg.layers, models::kv_cache_width(cfg, ps.tp_size), caps);
   std::vector<float> gathered, full;
@@ -328,6 +329,7 @@ std::vector<int32_t> tokens_on(int tp, const ModelConfig& cfg, const models::Sam
         for (int64_t k = 0; k < kNew; ++k) out[static_cast<size_t>(s * kNew + k)] = r.tokens.at(s).at(k);
   });
   std::vector<int32_t> v;
+  v.reserve(static_cast<size_t>(kSeqs * kNew));
   for (int i = 0; i < kSeqs * kNew; ++i) v.push_back(static_cast<int32_t>(out[static_cast<size_t>(i)]));
   return v;
 }
@@ -406,7 +408,7 @@ TEST_P(PlannerVsEmulated, KvBytesAndClock) {
   ASSERT_EQ(p.tp, tp);
   // (5 + 2 + 9 prompt tokens + 3 x 6 new) x 2 layers x (K, V) x local K/V width x 4 bytes.
   const int64_t width = models::kv_cache_width(cfg, tp);
-  EXPECT_EQ(got[0], static_cast<double>(34 * 2 * 2 * width * 4));
+  EXPECT_EQ(got[0], static_cast<double>(int64_t{34} * 2 * 2 * width * 4));
   EXPECT_EQ(p.kv_bytes, got[0]);
   EXPECT_GT(got[1], 0);
   EXPECT_GT(got[2], 0);
@@ -458,8 +460,7 @@ TEST(Generation, RefusesABatchTheCacheCannotHold) {
   Device dev(spec);
   const auto ps = layers::serial_state(&dev);
   Loaded l = load(cfg, ps);
-  std::vector<models::GenerationRequest> q;
-  for (int i = 0; i < 200; ++i) q.push_back(requests(4)[2]);  // 9 + 4 tokens each
+  const std::vector<models::GenerationRequest> q(200, requests(4)[2]);  // 9 + 4 tokens each
   const std::string e = error_of([&] { models::generate(*l.model, ps, q, {}); });
   const uint64_t need = layers::KvCache::bytes_for(cfg.layers, models::kv_cache_width(cfg, 1), 2600, 4);
   EXPECT_NE(e.find("the batch does not fit the KV cache: 200 sequence(s) of up to 13 tokens (2600 cached tokens) need " +
