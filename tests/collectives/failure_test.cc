@@ -689,14 +689,18 @@ TEST(ShmArena, AllocatesReusesAndLocates) {
 // promptly, naming the peer.
 class TcpPeerEnds : public ::testing::TestWithParam<bool> {};
 
+std::shared_ptr<Communicator> tcp_on_path(std::shared_ptr<Store> store, int rank, int size, bool thread) {
+  ::setenv("TESSERA_TCP_READER_THREAD", thread ? "1" : "0", 1);
+  CommOptions o;
+  o.transport = TransportKind::Tcp;
+  o.timeout = std::chrono::seconds(60);
+  return Communicator::create(std::move(store), rank, size, o);
+}
+
 TEST_P(TcpPeerEnds, ExitRightAfterTheLastMessageDeliversIt) {
   const bool thread = GetParam();
   auto res = run_ranks(2, [thread](int rank, int size, std::shared_ptr<Store> store) {
-    ::setenv("TESSERA_TCP_READER_THREAD", thread ? "1" : "0", 1);
-    CommOptions o;
-    o.transport = TransportKind::Tcp;
-    o.timeout = std::chrono::seconds(60);
-    auto c = Communicator::create(std::move(store), rank, size, o);
+    auto c = tcp_on_path(std::move(store), rank, size, thread);
     // Rank 0 posts its receives late: the peer has sent and exited by then,
     // so what it sent is read ahead, or still in the socket, behind the close.
     if (rank == 0) std::this_thread::sleep_for(200ms);
@@ -719,11 +723,7 @@ TEST_P(TcpPeerEnds, ExitRightAfterTheLastMessageDeliversIt) {
 TEST_P(TcpPeerEnds, KilledMidStreamFailsTheWaiterPromptlyNamingIt) {
   const bool thread = GetParam();
   auto res = run_ranks(2, [thread](int rank, int size, std::shared_ptr<Store> store) {
-    ::setenv("TESSERA_TCP_READER_THREAD", thread ? "1" : "0", 1);
-    CommOptions o;
-    o.transport = TransportKind::Tcp;
-    o.timeout = std::chrono::seconds(60);
-    auto c = Communicator::create(std::move(store), rank, size, o);
+    auto c = tcp_on_path(std::move(store), rank, size, thread);
     std::vector<float> buf(16384, 1.0f);  // 64 KiB: the largest a caller reads itself
     c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
     if (rank == 1) {
