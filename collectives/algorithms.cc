@@ -979,17 +979,32 @@ class DirectAlgorithm final : public Algorithm {
     // and writes n bytes in all, and one round less than pull-after-reduce.
     constexpr size_t kPiece = 16384;
     char* out = static_cast<char*>(k.recv) + mine.off * es;
+    // A large block goes to the peers with streaming stores (docs/algorithms.md,
+    // "direct, large messages"): a plain store reads each cold line of a
+    // peer's recv first, and the peer does not read it again soon. Out of
+    // place only: in place, the peer's recv block is its send block, which
+    // this rank has just read into its cache. At least 1 MiB: reduce2's own
+    // threshold (reduce.cc, kStreamingBytes).
+    const bool stream = k.send != k.recv && mine.len * es >= (size_t{1} << 20) && streaming_stores();
+    // Streamed, a piece is reduced into a scratch piece that stays in cache
+    // and streamed from there to this rank's recv as well: a plain store
+    // into the own recv would read each cold line first too (docs/algorithms.md).
+    thread_local std::vector<char> scratch;
+    if (stream && scratch.size() < kPiece * es) scratch.assign(kPiece * es, 0);  // once a thread, pre-faulted
     for (size_t done = 0; done < mine.len; done += kPiece) {
       const size_t len = std::min(kPiece, mine.len - done), off = (mine.off + done) * es;
+      char* acc = stream ? scratch.data() : out + done * es;
       // Own contribution first: in place, `out` is this rank's send block.
       const int first = (r + 1) % p;
-      reduce2(out + done * es, peer(ptrs, r, 0) + off, peer(ptrs, first, 0) + off, len, k.dtype, k.op);
-      for (int j = 2; j < p; ++j)
-        reduce2(out + done * es, out + done * es, peer(ptrs, (r + j) % p, 0) + off, len, k.dtype, k.op);
+      reduce2(acc, peer(ptrs, r, 0) + off, peer(ptrs, first, 0) + off, len, k.dtype, k.op);
+      for (int j = 2; j < p; ++j) reduce2(acc, acc, peer(ptrs, (r + j) % p, 0) + off, len, k.dtype, k.op);
+      if (stream) copy_streaming(out + done * es, acc, len * es);
       // Only this rank touches block `mine` of any buffer, and it has read
       // the peers' inputs of this piece already, so in place is safe.
-      for (int j = 1; j < p; ++j) std::memcpy(peer(ptrs, (r + j) % p, 1) + off, out + done * es, len * es);
+      for (int j = 1; j < p; ++j)
+        (stream ? copy_streaming : copy_cached)(peer(ptrs, (r + j) % p, 1) + off, acc, len * es);
     }
+    if (stream) streaming_fence();  // the stores reach memory before the round below says so
     shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every block reduced and delivered
     // Model: each rank pulls p-1 blocks from its peers, then pushes its
     // block to p-1 peers (the same link traffic as reduce-scatter + all-gather).

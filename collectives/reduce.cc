@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -48,6 +49,20 @@ __attribute__((target("avx2"))) void apply_streaming(T* dst, const T* a, const T
 bool has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2");
   return yes;
+}
+
+// Non-temporal copy of a 32-byte aligned `src` (the algorithms' cached
+// tiles); `dst` is aligned by a plain head first.
+__attribute__((target("avx2"))) void copy_streaming_avx2(unsigned char* dst, const unsigned char* src, size_t n) {
+  size_t i = 0;
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) % 32) != 0; ++i) dst[i] = src[i];
+  for (; i + 128 <= n; i += 128)
+    for (size_t j = 0; j < 128; j += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + j),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + j)));
+  for (; i + 32 <= n; i += 32)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+  for (; i < n; ++i) dst[i] = src[i];
 }
 #endif
 
@@ -132,6 +147,27 @@ bool reduce2_streams(size_t n, DType dtype, bool aliased) {
 #else
   (void)n, (void)dtype, (void)aliased;
   return false;
+#endif
+}
+
+bool streaming_stores() {
+#if TESSERA_REDUCE_STREAMING
+  return has_avx2();
+#else
+  return false;
+#endif
+}
+
+void copy_streaming(void* dst, const void* src, size_t bytes) {
+#if TESSERA_REDUCE_STREAMING
+  if (has_avx2()) return copy_streaming_avx2(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes);
+#endif
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+void streaming_fence() {
+#if TESSERA_REDUCE_STREAMING
+  _mm_sfence();
 #endif
 }
 

@@ -740,15 +740,24 @@ void Connection::write_payload() {
 
 // ---- Reading side (reading thread, or the caller while it owns the socket) ----
 
-// Reads exactly `n` bytes into `buf` from the non-blocking socket `fd`,
-// waiting in poll() in slices of at most 100 ms until `deadline`; gives up
-// early (Stopped) once `stop` is set. `got` counts the bytes read.
-ReadStatus read_exact(int fd, void* buf, size_t n, size_t& got, Clock::time_point deadline,
-                      const std::atomic<bool>& stop, int& err) {
+// Reads from the non-blocking socket `fd` into `first` (`nfirst` bytes), then
+// on into `second` (`nsecond`: one recvmsg fills both), until `need` bytes
+// are read (`got` counts them; a read may take more, up to the two buffers'
+// size). Until `spin_until` an empty socket is retried at once; after it,
+// and until `deadline`, waited for in poll() in slices of at most 100 ms.
+// Gives up early (Stopped) once `stop` is set.
+ReadStatus read_into(int fd, unsigned char* first, size_t nfirst, unsigned char* second, size_t nsecond,
+                     size_t need, size_t& got, Clock::time_point spin_until, Clock::time_point deadline,
+                     const std::atomic<bool>& stop, int& err) {
   got = 0;
-  auto* p = static_cast<unsigned char*>(buf);
-  while (got < n) {
-    const ssize_t r = ::recv(fd, p + got, n - got, MSG_DONTWAIT);
+  bool spinning = spin_until != Clock::time_point{};
+  for (unsigned spins = 0; got < need;) {
+    iovec iov[2] = {{first + got, nfirst - got}, {second, nsecond}};
+    if (got >= nfirst) iov[0] = {second + (got - nfirst), nsecond - (got - nfirst)};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = got < nfirst && nsecond ? 2 : 1;
+    const ssize_t r = ::recvmsg(fd, &m, MSG_DONTWAIT);
     if (r > 0) {
       got += static_cast<size_t>(r);
       continue;
@@ -759,6 +768,11 @@ ReadStatus read_exact(int fd, void* buf, size_t n, size_t& got, Clock::time_poin
       err = errno;
       return ReadStatus::Error;
     }
+    // Polling: the clock is read every 16th empty try (a read costs less).
+    if (spinning) {
+      if ((++spins & 15) != 0 || Clock::now() < spin_until) continue;
+      spinning = false;
+    }
     if (stop.load(std::memory_order_relaxed)) return ReadStatus::Stopped;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return ReadStatus::Timeout;
@@ -766,6 +780,22 @@ ReadStatus read_exact(int fd, void* buf, size_t n, size_t& got, Clock::time_poin
     ::poll(&pf, 1, static_cast<int>(std::min<int64_t>(left, 100)));
   }
   return ReadStatus::Ok;
+}
+
+// Reads exactly `n` bytes into `buf` (read_into, sleeping at once).
+ReadStatus read_exact(int fd, void* buf, size_t n, size_t& got, Clock::time_point deadline,
+                      const std::atomic<bool>& stop, int& err) {
+  return read_into(fd, static_cast<unsigned char*>(buf), n, nullptr, 0, n, got, {}, deadline, stop, err);
+}
+
+// Reads a message's header into `h` and with it (same recvmsg) up to `n`
+// bytes of its payload into `payload`, until the header is complete: `got`
+// counts header and payload bytes (read_into, polling until `spin_until`).
+ReadStatus read_header(int fd, Header& h, unsigned char* payload, size_t n, size_t& got,
+                       Clock::time_point spin_until, Clock::time_point deadline, const std::atomic<bool>& stop,
+                       int& err) {
+  return read_into(fd, reinterpret_cast<unsigned char*>(&h), sizeof h, payload, n, sizeof h, got, spin_until,
+                   deadline, stop, err);
 }
 
 std::string read_failure_text(ReadStatus s, size_t got, int err) {
@@ -1416,25 +1446,25 @@ void TcpTransport::caller_read(Connection& c, Op& op, Clock::time_point deadline
   int err = 0;
   Kind kind = Kind::PeerDead;
   std::string what;
-  // Poll without sleeping first (spin_us_): a reply often comes within a
-  // few microseconds, sooner than a sleeper is woken and given its CPU.
-  if (spin_us_ > 0) {
-    const auto until = Clock::now() + std::chrono::microseconds(spin_us_);
-    for (int i = 0;; ++i) {
-      const ssize_t r = ::recv(fd, &h, sizeof h, MSG_DONTWAIT | MSG_PEEK);
-      if (r != -1 || (errno != EAGAIN && errno != EWOULDBLOCK)) break;
-      if ((i & 15) == 15 && Clock::now() > until) break;
-    }
-  }
-  ReadStatus s = read_exact(fd, &h, sizeof h, got, deadline, failed_flag_, err);
+  // Header and payload in one recvmsg (one system call for a message that
+  // has arrived), polling without sleeping first for spin_us_: a reply often
+  // comes within a few microseconds, sooner than a sleeper is woken and
+  // given its CPU. Payload bytes that came with the header are in `dst`.
+  unsigned char* dst = op.sink ? c.eager_.data() : op.rbuf;
+  const Clock::time_point spin_until =
+      spin_us_ > 0 ? Clock::now() + std::chrono::microseconds(spin_us_) : Clock::time_point{};
+  ReadStatus s = read_header(fd, h, dst, op.bytes, got, spin_until, deadline, failed_flag_, err);
+  const size_t early = got > sizeof h ? got - sizeof h : 0;  // payload bytes read with the header
   if (s == ReadStatus::Ok) {
     if (h.kind == kAbort) {
       kind = Kind::PeerFailed;
       what = "peer aborted";
       std::string reason(std::min<uint64_t>(h.bytes, kMaxAbortReason), '\0');
+      const size_t have = std::min(early, reason.size());  // read with the header, into dst
+      if (have) std::memcpy(reason.data(), dst, have);
       if (h.bytes > 0 && h.bytes <= kMaxAbortReason &&
-          read_exact(fd, reason.data(), reason.size(), got, Clock::now() + std::chrono::seconds(1), failed_flag_,
-                     err) == ReadStatus::Ok)
+          read_exact(fd, reason.data() + have, reason.size() - have, got, Clock::now() + std::chrono::seconds(1),
+                     failed_flag_, err) == ReadStatus::Ok)
         what += ": " + reason;
       s = ReadStatus::Error;
     } else if (h.kind != kData) {
@@ -1447,7 +1477,7 @@ void TcpTransport::caller_read(Connection& c, Op& op, Clock::time_point deadline
              " bytes, peer sent tag " + std::to_string(h.tag) + " and " + std::to_string(h.bytes) + " bytes";
       s = ReadStatus::Error;
     } else {
-      s = read_exact(fd, op.sink ? c.eager_.data() : op.rbuf, op.bytes, got, deadline, failed_flag_, err);
+      s = read_exact(fd, dst + early, op.bytes - early, got, deadline, failed_flag_, err);
       if (s == ReadStatus::Eof || s == ReadStatus::Error) what = read_failure_text(s, 1, err);
     }
   } else if (s == ReadStatus::Eof || s == ReadStatus::Error) {

@@ -462,6 +462,28 @@ TEST_P(ForcedAlgo, AllReduceMatchesReference) {
   EXPECT_EQ(failures(res), "");
 }
 
+// Direct all-reduce blocks of at least 1 MiB reach the peers with streaming
+// stores (algorithms.cc, copy_streaming): exact at 2 and 3 ranks, in place
+// and not, counts whose blocks are odd-sized and cross the threshold.
+TEST(DirectAllReduce, LargeBlocksStreamedToPeersAreExact) {
+  for (int size : {2, 3}) {
+    auto res = run_ranks(size, [](int rank, int size, std::shared_ptr<Store> store) {
+      CommOptions o;
+      o.algo = "direct";
+      auto c = Communicator::create(std::move(store), rank, size, o);
+      Buffers arena(true);
+      int seed = 0;
+      for (size_t count : {size_t{3} * (size_t{1} << 18) + 7, size_t{1} << 20})
+        for (DType dt : {DType::F32, DType::I64})
+          for (bool inplace : {false, true}) {
+            check_all_reduce(*c, arena, count, dt, ReduceOp::Sum, inplace, seed++);
+            COLL_REQUIRE(c->last_algorithm() == "direct", "direct forced but ", c->last_algorithm(), " served");
+          }
+    });
+    EXPECT_EQ(failures(res), "") << size << " ranks";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Algos, ForcedAlgo,
                          ::testing::Values(Forced{"ring", 3}, Forced{"ring", 8}, Forced{"rhd", 5}, Forced{"rhd", 6},
                                            Forced{"rhd", 8}, Forced{"torus", 4}, Forced{"torus", 6}, Forced{"torus", 8},

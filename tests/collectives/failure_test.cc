@@ -681,5 +681,78 @@ TEST(ShmArena, AllocatesReusesAndLocates) {
   EXPECT_THROW(small.allocate(2u << 20), DeviceOutOfMemory);
 }
 
+
+// TCP, both receive paths (the caller reads small messages itself, or,
+// TESSERA_TCP_READER_THREAD=1, the reading thread does): a peer that exits
+// right after its last message, without closing anything, still delivers it
+// exactly; a peer killed while messages flow fails the waiting caller
+// promptly, naming the peer.
+class TcpPeerEnds : public ::testing::TestWithParam<bool> {};
+
+std::shared_ptr<Communicator> tcp_on_path(std::shared_ptr<Store> store, int rank, int size, bool thread) {
+  ::setenv("TESSERA_TCP_READER_THREAD", thread ? "1" : "0", 1);
+  CommOptions o;
+  o.transport = TransportKind::Tcp;
+  o.timeout = std::chrono::seconds(60);
+  return Communicator::create(std::move(store), rank, size, o);
+}
+
+TEST_P(TcpPeerEnds, ExitRightAfterTheLastMessageDeliversIt) {
+  const bool thread = GetParam();
+  auto res = run_ranks(2, [thread](int rank, int size, std::shared_ptr<Store> store) {
+    auto c = tcp_on_path(std::move(store), rank, size, thread);
+    // Rank 0 posts its receives late: the peer has sent and exited by then,
+    // so what it sent is read ahead, or still in the socket, behind the close.
+    if (rank == 0) std::this_thread::sleep_for(200ms);
+    for (size_t n : {size_t{2}, size_t{16384}, size_t{1} << 18}) {  // 8 B, 64 KiB (caller's), 1 MiB (thread's)
+      std::vector<int32_t> buf(n);
+      if (rank == 1) {
+        for (size_t i = 0; i < n; ++i) buf[i] = static_cast<int32_t>(3 * i + n);
+        c->send(buf.data(), n, DType::I32, 0, static_cast<uint32_t>(n));
+      } else {
+        c->recv(buf.data(), n, DType::I32, 1, static_cast<uint32_t>(n));
+        for (size_t i = 0; i < n; ++i)
+          COLL_REQUIRE(buf[i] == static_cast<int32_t>(3 * i + n), "n=", n, " element ", i, " is ", buf[i]);
+      }
+    }
+    if (rank == 1) ::_exit(0);  // right after the last send: no close, no barrier
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+TEST_P(TcpPeerEnds, KilledMidStreamFailsTheWaiterPromptlyNamingIt) {
+  const bool thread = GetParam();
+  auto res = run_ranks(2, [thread](int rank, int size, std::shared_ptr<Store> store) {
+    auto c = tcp_on_path(std::move(store), rank, size, thread);
+    std::vector<float> buf(16384, 1.0f);  // 64 KiB: the largest a caller reads itself
+    c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+    if (rank == 1) {
+      // Killed from another thread while all-reduces stream, so most often
+      // part of a message is on the wire.
+      std::thread([] {
+        std::this_thread::sleep_for(30ms);
+        ::raise(SIGKILL);
+      }).detach();
+    }
+    const auto t0 = Clock::now();
+    try {
+      for (;;) c->all_reduce(buf.data(), buf.data(), buf.size(), DType::F32, ReduceOp::Sum);
+    } catch (const CollectiveError& e) {
+      // 30 ms of all-reduces, then the loss noticed: not the 60 s timeout.
+      COLL_REQUIRE(since(t0) < 5.0, "noticed after ", since(t0), " s: ", e.what());
+      COLL_REQUIRE(e.kind() == CollectiveError::Kind::PeerDead, "kind ", collective_error_kind_name(e.kind()), ": ",
+                   e.what());
+      COLL_REQUIRE(e.peer() == 1, "peer ", e.peer(), ": ", e.what());
+      COLL_REQUIRE(std::string(e.what()).find("rank 1") != std::string::npos, "does not name rank 1: ", e.what());
+    }
+  });
+  EXPECT_EQ(res[1].exit_code, -SIGKILL);
+  res[1].exit_code = 0;
+  EXPECT_EQ(failures(res), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, TcpPeerEnds, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "thread" : "caller"; });
+
 }  // namespace
 }  // namespace tessera::collectives

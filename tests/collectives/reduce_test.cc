@@ -112,5 +112,23 @@ TEST(Reduce2, StreamsOnlyLargeOutOfPlaceOutputs) {
 #endif
 }
 
+// Every byte at every head alignment and tail length (a 32-byte store loop
+// with a plain head and tail), and nothing outside [dst, dst + n).
+TEST(CopyStreaming, CopiesExactlyAtEveryAlignmentAndLength) {
+  std::vector<unsigned char> src(4096 + 64), dst(4096 + 128);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 37 + 11);
+  for (size_t shift : {0, 1, 7, 31, 32, 33})
+    for (size_t n : {0, 1, 31, 32, 33, 127, 128, 129, 160, 1000, 4096}) {
+      std::fill(dst.begin(), dst.end(), 0xEE);
+      copy_streaming(dst.data() + 32 + shift, src.data() + 3, n);
+      streaming_fence();
+      for (size_t i = 0; i < dst.size(); ++i) {
+        const bool inside = i >= 32 + shift && i < 32 + shift + n;
+        const unsigned char want = inside ? src[3 + i - 32 - shift] : 0xEE;
+        ASSERT_EQ(dst[i], want) << "shift " << shift << " n " << n << " byte " << i;
+      }
+    }
+}
+
 }  // namespace
 }  // namespace tessera::collectives
