@@ -7,6 +7,7 @@
 #include <map>
 #include <new>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "collectives/coll_cost.h"
@@ -58,6 +59,71 @@ LinkCosts::LinkCosts(const NetModel& net, const std::vector<int>& nodes)
       node /= dims_[i].size;
     }
   }
+  sum_peers();
+}
+
+void LinkCosts::sum_peers() {
+  const size_t p = static_cast<size_t>(p_), nd = dims_.size();
+  peer_lat_.assign(p, 0.0);
+  peer_inv_bw_.assign(p, 0.0);
+  // Ranks on one host see each other through the network dims, the others
+  // through the instance network (no host map: one host).
+  std::map<int, std::vector<int>> by_host;
+  for (int r = 0; r < p_; ++r) by_host[host_of_.empty() ? 0 : host_of_[static_cast<size_t>(r)]].push_back(r);
+  // Dims by bandwidth, slowest first: the first dim along which two ranks
+  // differ in this order sets their pair's bandwidth (a zero one: no bytes term).
+  std::vector<size_t> order(nd);
+  for (size_t i = 0; i < nd; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return dims_[x].bandwidth < dims_[y].bandwidth; });
+  std::vector<int> count;
+  std::vector<double> hops;
+  std::unordered_map<int64_t, int> prefix;  // members by their coordinates on order[0..k]
+  for (const auto& [host, members] : by_host) {
+    const double others = static_cast<double>(p - members.size());
+    for (int r : members) {
+      peer_lat_[static_cast<size_t>(r)] = others * host_lat_;
+      peer_inv_bw_[static_cast<size_t>(r)] = host_bw_ > 0 ? others / host_bw_ : 0.0;
+    }
+    // Latency: per dim, the hops from each coordinate to every member's.
+    for (size_t i = 0; i < nd; ++i) {
+      const NetDim& d = dims_[i];
+      count.assign(static_cast<size_t>(d.size), 0);
+      for (int r : members) ++count[static_cast<size_t>(coord_[static_cast<size_t>(r) * nd + i])];
+      hops.assign(static_cast<size_t>(d.size), 0.0);
+      for (int y = 0; y < d.size; ++y) {
+        double h = 0;
+        for (int x = 0; x < d.size; ++x) {
+          if (count[static_cast<size_t>(x)] == 0 || x == y) continue;
+          const int diff = std::abs(x - y);
+          const int n = d.kind == LinkKind::Switch ? 1 : d.kind == LinkKind::Ring ? std::min(diff, d.size - diff) : diff;
+          h += static_cast<double>(n) * count[static_cast<size_t>(x)];
+        }
+        hops[static_cast<size_t>(y)] = h * d.latency;
+      }
+      for (int r : members) peer_lat_[static_cast<size_t>(r)] += hops[static_cast<size_t>(coord_[static_cast<size_t>(r) * nd + i])];
+    }
+    // Bandwidth: agree[r] members (r itself included) share r's
+    // coordinates on the dims before order[k]; those that also share
+    // order[k]'s leave, and the rest first differ from r there.
+    // key[m]: member m's coordinates on order[0..k], mixed radix (< the node count).
+    std::vector<int> agree(members.size(), static_cast<int>(members.size()));
+    std::vector<int64_t> key(members.size(), 0);
+    for (size_t k = 0; k < nd; ++k) {
+      const size_t dim = order[k];
+      prefix.clear();
+      for (size_t m = 0; m < members.size(); ++m) {
+        key[m] = key[m] * dims_[dim].size + coord_[static_cast<size_t>(members[m]) * nd + dim];
+        ++prefix[key[m]];
+      }
+      const double bw = dims_[dim].bandwidth;
+      for (size_t m = 0; m < members.size(); ++m) {
+        const int still = prefix[key[m]];
+        if (bw > 0) peer_inv_bw_[static_cast<size_t>(members[m])] += (agree[m] - still) / bw;
+        agree[m] = still;
+      }
+    }
+  }
 }
 
 double LinkCosts::time(int from, int to, double bytes) const {
@@ -85,6 +151,7 @@ void LinkCosts::set_between_hosts(const std::vector<int>& host_of, double bandwi
   host_of_ = host_of;
   host_bw_ = bandwidth;
   host_lat_ = latency;
+  sum_peers();
 }
 
 TorusShape torus_shape(const NetModel& net, const std::vector<int>& nodes) {

@@ -47,13 +47,26 @@ class LinkCosts {
   void set_between_hosts(const std::vector<int>& host_of, double bandwidth, double latency);
   double time(int from, int to, double bytes) const;
   int size() const { return p_; }
+  // The sum over every other rank j of time(j, to, bytes), as
+  // `latency sum + bytes * inverse-bandwidth sum` kept per rank, so a
+  // rank's pulls from all its peers cost O(1), not O(p) (oneshot, direct).
+  double from_all_peers(int to, double bytes) const {
+    const size_t i = static_cast<size_t>(to);
+    return peer_lat_[i] + bytes * peer_inv_bw_[i];
+  }
 
  private:
+  // Fills peer_lat_ and peer_inv_bw_ in O(p log p) per dimension from the
+  // members' coordinates (time()'s rule: hop latencies add per dimension,
+  // the slowest dimension crossed sets the bandwidth).
+  void sum_peers();
+
   int p_ = 0;
   std::vector<NetDim> dims_;
   std::vector<int> coord_;  // [r * dims + i]
   std::vector<int> host_of_;
   double host_bw_ = 0, host_lat_ = 0;
+  std::vector<double> peer_lat_, peer_inv_bw_;  // [r]: from_all_peers' two sums
 };
 
 // Grid structure of the group on the torus, when it has one: the dims along

@@ -36,13 +36,9 @@ double ring_phase_seconds(const LinkCosts& links, const int* members, int m, dou
 }
 
 double gather_from_peers_seconds(const LinkCosts& links, int p, double per_peer_bytes) {
+  TESSERA_CHECK_EQ(p, links.size());
   double worst = 0;
-  for (int a = 0; a < p; ++a) {
-    double t = 0;
-    for (int j = 0; j < p; ++j)
-      if (j != a) t += links.time(j, a, per_peer_bytes);
-    worst = std::max(worst, t);
-  }
+  for (int a = 0; a < p; ++a) worst = std::max(worst, links.from_all_peers(a, per_peer_bytes));
   return worst;
 }
 

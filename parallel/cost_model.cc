@@ -130,18 +130,11 @@ std::vector<int> partition_layers(int layers, int pp, bool balanced, double head
 // ---- groups -------------------------------------------------------------------------
 
 namespace {
-// Groups up to this size get the communicator's exact model (pairwise link
-// costs, p^2 entries); larger ones (planning thousands of cores) are costed
-// with NetModel's closed forms on `closed_form` instead.
-constexpr size_t kExactGroup = 64;
-
-collectives::GroupCostModel make_group(const NetModel& net, const std::vector<int>& nodes, bool shm,
-                                       const NetModel& closed_form) {
-  if (nodes.size() <= kExactGroup) return collectives::group_cost_model(net, nodes, shm);
-  collectives::GroupCostModel g;
-  g.size = static_cast<int>(nodes.size());
-  g.net = closed_form;  // no nodes: closed forms
-  return g;
+// Every group gets the communicator's own model (collectives/coll_cost.h),
+// whatever its size: link costs come from each member's coordinates, so a
+// group of thousands costs O(p) per collective, not p^2.
+collectives::GroupCostModel make_group(const NetModel& net, const std::vector<int>& nodes, bool shm) {
+  return collectives::group_cost_model(net, nodes, shm);
 }
 }  // namespace
 
@@ -153,7 +146,7 @@ GroupNets emulated_group_nets(int tp, int pp, int dp, int kv_replicas) {
   auto ring = [](int n) {
     std::vector<int> nodes(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) nodes[static_cast<size_t>(i)] = i;
-    return make_group(NetModel(), nodes, /*shm=*/true, NetModel::default_ring(n));
+    return make_group(NetModel(), nodes, /*shm=*/true);
   };
   return GroupNets{ring(tp), ring(dp), ring(pp), ring(pp > 1 ? 2 : 1), ring(pp > 1 ? 2 : 1), ring(kv_replicas)};
 }
@@ -171,7 +164,7 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl, int kv
       if (a == MeshAxis::PP) c.pp = i;
       nodes.push_back(pl.node(mesh.rank(c)));
     }
-    return make_group(net, nodes, shm, pl.group_model(a));
+    return make_group(net, nodes, shm);
   };
   auto pair = [&](int stage_a, int stage_b) {
     std::vector<int> nodes = {pl.node(mesh.rank({.tp = 0, .dp = 0, .pp = stage_a}))};
@@ -184,7 +177,7 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl, int kv
   for (int i = 0; i < kv_replicas; ++i) kv_nodes.push_back(pl.node(mesh.rank({.tp = i, .dp = 0, .pp = 0})));
   return GroupNets{group(MeshAxis::TP), group(MeshAxis::DP),
                    group(MeshAxis::PP), pair(0, p > 1 ? 1 : 0),
-                   pair(0, p - 1),      make_group(net, kv_nodes, shm, pl.group_model(MeshAxis::TP))};
+                   pair(0, p - 1),      make_group(net, kv_nodes, shm)};
 }
 
 // ---- the pipeline ---------------------------------------------------------------------
@@ -288,13 +281,6 @@ class StepCoster {
   // groups of one rank and empty calls.
   double coll(collectives::CollKind kind, int64_t count, const collectives::GroupCostModel& g) const {
     if (g.size <= 1 || count <= 0) return 0;
-    if (g.nodes.empty()) {  // a group too large for the exact model: closed forms
-      const bool reducing = kind != collectives::CollKind::AllGather;
-      const double n = static_cast<double>(count) * (reducing || dt_ == DType::F32 ? 4 : 2);
-      if (kind == collectives::CollKind::AllReduce) return g.net.torus_allreduce_time(n);
-      if (kind == collectives::CollKind::ReduceScatter) return g.net.torus_reduce_scatter_time(n * g.size);
-      return g.net.torus_allgather_time(n * g.size);
-    }
     if (megatron_ && dt_ != DType::F32 && kind != collectives::CollKind::AllGather)  // NCCL reduces in 16 bits
       return collectives::predict(kind, static_cast<size_t>((count + 1) / 2), DType::F32, g).seconds;
     return collectives::predict(kind, static_cast<size_t>(count), dt_, g).seconds;

@@ -62,6 +62,32 @@ TEST(CollCost, OneLinkModelWithTheCommunicatorsOverrides) {
   EXPECT_NEAR(group_cost_model(net, nodes, false, &host_of, 0).links.time(1, 2, bytes), 1e-6 + bytes / 5e9, 1e-18);
 }
 
+// A rank's pulls from all its peers (oneshot, direct) are summed per rank
+// once, from the members' coordinates; they equal the pairwise sum of
+// time(), on a ring, a line and a switch with different bandwidths (the
+// slowest dim crossed counts), a scattered subset of nodes and a host map.
+TEST(CollCost, PullsFromAllPeersEqualThePairwiseSum) {
+  const NetModel net({NetDim{4, LinkKind::Ring, 20e9, 1e-6}, NetDim{3, LinkKind::Line, 10e9, 3e-6},
+                      NetDim{2, LinkKind::Switch, 40e9, 5e-6}});
+  const std::vector<int> nodes = {0, 1, 3, 5, 6, 11, 12, 14, 17, 23}, host_of = {0, 0, 0, 1, 1, 1, 0, 1, 0, 1};
+  for (const GroupCostModel& g : {group_cost_model(net, nodes, false), ring_group(5, false)}) {
+    LinkCosts hosts = g.links;
+    if (g.size == static_cast<int>(host_of.size())) hosts.set_between_hosts(host_of, 3e9, 7e-6);
+    for (const LinkCosts* l : {&g.links, static_cast<const LinkCosts*>(&hosts)})
+      for (int a = 0; a < g.size; ++a) {
+        double want = 0;
+        for (int j = 0; j < g.size; ++j) want += l->time(j, a, 1e5);
+        EXPECT_NEAR(l->from_all_peers(a, 1e5), want, 1e-12 * want) << "rank " << a << " of " << g.size;
+      }
+  }
+  // By hand, rank 0 (node 0) of the 4 x 3 x 2 net: node 1 is 1 ring hop
+  // (1 us + B/20e9), node 12 one switch hop (5 us + B/40e9), node 23 = (3, 2, 1):
+  // 1 + 2 x 3 + 5 us, bandwidth of the mesh dim, 10e9.
+  const GroupCostModel three = group_cost_model(net, {0, 1, 12, 23}, false);
+  EXPECT_NEAR(three.links.from_all_peers(0, 1e6),
+              (1e-6 + 1e6 / 20e9) + (5e-6 + 1e6 / 40e9) + (12e-6 + 1e6 / 10e9), 1e-15);
+}
+
 TEST(CollCost, RingAllReduceByHand) {
   // 1 Mi floats (4 MiB) over 4 ranks without shared memory: too large for
   // rhd, so the ring: 2(p-1)/p N/B + 2(p-1) alpha = 1.5 N/B + 6 alpha.
