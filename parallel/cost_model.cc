@@ -129,14 +129,8 @@ std::vector<int> partition_layers(int layers, int pp, bool balanced, double head
 
 // ---- groups -------------------------------------------------------------------------
 
-namespace {
-// Every group gets the communicator's own model (collectives/coll_cost.h),
-// whatever its size: link costs come from each member's coordinates, so a
-// group of thousands costs O(p) per collective, not p^2.
-collectives::GroupCostModel make_group(const NetModel& net, const std::vector<int>& nodes, bool shm) {
-  return collectives::group_cost_model(net, nodes, shm);
-}
-}  // namespace
+// Every group, whatever its size, is the communicator's own model
+// (collectives::group_cost_model): costing one is O(p), not p^2.
 
 int kv_replicas_of(const ModelConfig& m, int tp) {
   return m.family == "llama" && tp > m.kv_heads ? tp / m.kv_heads : 1;
@@ -146,7 +140,7 @@ GroupNets emulated_group_nets(int tp, int pp, int dp, int kv_replicas) {
   auto ring = [](int n) {
     std::vector<int> nodes(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) nodes[static_cast<size_t>(i)] = i;
-    return make_group(NetModel(), nodes, /*shm=*/true);
+    return collectives::group_cost_model(NetModel(), nodes, /*shm=*/true);
   };
   return GroupNets{ring(tp), ring(dp), ring(pp), ring(pp > 1 ? 2 : 1), ring(pp > 1 ? 2 : 1), ring(kv_replicas)};
 }
@@ -164,7 +158,7 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl, int kv
       if (a == MeshAxis::PP) c.pp = i;
       nodes.push_back(pl.node(mesh.rank(c)));
     }
-    return make_group(net, nodes, shm);
+    return collectives::group_cost_model(net, nodes, shm);
   };
   auto pair = [&](int stage_a, int stage_b) {
     std::vector<int> nodes = {pl.node(mesh.rank({.tp = 0, .dp = 0, .pp = stage_a}))};
@@ -177,7 +171,7 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl, int kv
   for (int i = 0; i < kv_replicas; ++i) kv_nodes.push_back(pl.node(mesh.rank({.tp = i, .dp = 0, .pp = 0})));
   return GroupNets{group(MeshAxis::TP), group(MeshAxis::DP),
                    group(MeshAxis::PP), pair(0, p > 1 ? 1 : 0),
-                   pair(0, p - 1),      make_group(net, kv_nodes, shm)};
+                   pair(0, p - 1),      collectives::group_cost_model(net, kv_nodes, shm)};
 }
 
 // ---- the pipeline ---------------------------------------------------------------------
