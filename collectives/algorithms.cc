@@ -7,6 +7,7 @@
 #include <map>
 #include <new>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "collectives/coll_cost.h"
@@ -35,33 +36,122 @@ const char* coll_kind_name(CollKind k) {
   return "?";
 }
 
-double Algorithm::predict(const GroupCostModel&, CollKind, size_t, size_t) const { return -1; }
+bool Algorithm::run(AlgoContext& ctx, const CollCall& call) {
+  CostQuery q{call.kind, call.count, dtype_size(call.dtype), call.root, true};
+  if (cost(*ctx.group, q) < 0) return false;
+  ctx.buffers_shared = true;
+  if (!execute(ctx, call)) return false;
+  q.buffers_shared = ctx.buffers_shared;
+  const double t = cost(*ctx.group, q);
+  TESSERA_CHECK(t >= 0, name(), " served a call its cost function declines");
+  ctx.model += t;
+  return true;
+}
 
-LinkCosts::LinkCosts(const NetModel& net, const std::vector<int>& nodes) : p_(static_cast<int>(nodes.size())) {
-  lat_.assign(nodes.size() * nodes.size(), 0.0);
-  bw_.assign(nodes.size() * nodes.size(), 0.0);
-  const double probe = 1e9;
-  for (int a = 0; a < p_; ++a) {
-    for (int b = 0; b < p_; ++b) {
-      if (a == b) continue;
-      const size_t i = static_cast<size_t>(a) * nodes.size() + static_cast<size_t>(b);
-      const double l = net.p2p_time(nodes[a], nodes[b], 0);
-      const double t = net.p2p_time(nodes[a], nodes[b], probe);
-      lat_[i] = l;
-      bw_[i] = (t > l) ? probe / (t - l) : 0.0;
+LinkCosts::LinkCosts(const NetModel& net, const std::vector<int>& nodes)
+    : p_(static_cast<int>(nodes.size())), dims_(net.dims()) {
+  const size_t nd = dims_.size();
+  coord_.assign(nodes.size() * nd, 0);
+  for (size_t r = 0; r < nodes.size(); ++r) {
+    int node = nodes[r];
+    for (size_t i = 0; i < nd; ++i) {
+      coord_[r * nd + i] = node % dims_[i].size;
+      node /= dims_[i].size;
+    }
+  }
+  sum_peers();
+}
+
+void LinkCosts::sum_peers() {
+  const size_t p = static_cast<size_t>(p_), nd = dims_.size();
+  peer_lat_.assign(p, 0.0);
+  peer_inv_bw_.assign(p, 0.0);
+  // Ranks on one host see each other through the network dims, the others
+  // through the instance network (no host map: one host).
+  std::map<int, std::vector<int>> by_host;
+  for (int r = 0; r < p_; ++r) by_host[host_of_.empty() ? 0 : host_of_[static_cast<size_t>(r)]].push_back(r);
+  // Dims by bandwidth, slowest first: the first dim along which two ranks
+  // differ in this order sets their pair's bandwidth (a zero one: no bytes term).
+  std::vector<size_t> order(nd);
+  for (size_t i = 0; i < nd; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return dims_[x].bandwidth < dims_[y].bandwidth; });
+  std::vector<int> count;
+  std::vector<double> hops;
+  std::unordered_map<int64_t, int> prefix;  // members by their coordinates on order[0..k]
+  for (const auto& [host, members] : by_host) {
+    const double others = static_cast<double>(p - members.size());
+    for (int r : members) {
+      peer_lat_[static_cast<size_t>(r)] = others * host_lat_;
+      peer_inv_bw_[static_cast<size_t>(r)] = host_bw_ > 0 ? others / host_bw_ : 0.0;
+    }
+    // Latency: per dim, the hops from each coordinate to every member's.
+    for (size_t i = 0; i < nd; ++i) {
+      const NetDim& d = dims_[i];
+      count.assign(static_cast<size_t>(d.size), 0);
+      for (int r : members) ++count[static_cast<size_t>(coord_[static_cast<size_t>(r) * nd + i])];
+      hops.assign(static_cast<size_t>(d.size), 0.0);
+      for (int y = 0; y < d.size; ++y) {
+        double h = 0;
+        for (int x = 0; x < d.size; ++x) {
+          if (count[static_cast<size_t>(x)] == 0 || x == y) continue;
+          const int diff = std::abs(x - y);
+          const int n = d.kind == LinkKind::Switch ? 1 : d.kind == LinkKind::Ring ? std::min(diff, d.size - diff) : diff;
+          h += static_cast<double>(n) * count[static_cast<size_t>(x)];
+        }
+        hops[static_cast<size_t>(y)] = h * d.latency;
+      }
+      for (int r : members) peer_lat_[static_cast<size_t>(r)] += hops[static_cast<size_t>(coord_[static_cast<size_t>(r) * nd + i])];
+    }
+    // Bandwidth: agree[r] members (r itself included) share r's
+    // coordinates on the dims before order[k]; those that also share
+    // order[k]'s leave, and the rest first differ from r there.
+    // key[m]: member m's coordinates on order[0..k], mixed radix (< the node count).
+    std::vector<int> agree(members.size(), static_cast<int>(members.size()));
+    std::vector<int64_t> key(members.size(), 0);
+    for (size_t k = 0; k < nd; ++k) {
+      const size_t dim = order[k];
+      prefix.clear();
+      for (size_t m = 0; m < members.size(); ++m) {
+        key[m] = key[m] * dims_[dim].size + coord_[static_cast<size_t>(members[m]) * nd + dim];
+        ++prefix[key[m]];
+      }
+      const double bw = dims_[dim].bandwidth;
+      for (size_t m = 0; m < members.size(); ++m) {
+        const int still = prefix[key[m]];
+        if (bw > 0) peer_inv_bw_[static_cast<size_t>(members[m])] += (agree[m] - still) / bw;
+        agree[m] = still;
+      }
     }
   }
 }
 
+double LinkCosts::time(int from, int to, double bytes) const {
+  if (from == to) return 0.0;
+  if (!host_of_.empty() && host_of_[static_cast<size_t>(from)] != host_of_[static_cast<size_t>(to)])
+    return host_lat_ + (host_bw_ > 0 ? bytes / host_bw_ : 0.0);
+  // NetModel::p2p_time: the hops' latencies, the slowest dimension crossed.
+  const size_t nd = dims_.size();
+  const int* a = coord_.data() + static_cast<size_t>(from) * nd;
+  const int* b = coord_.data() + static_cast<size_t>(to) * nd;
+  double lat = 0, bw = 0;
+  for (size_t i = 0; i < nd; ++i) {
+    if (a[i] == b[i]) continue;
+    const NetDim& d = dims_[i];
+    const int diff = std::abs(a[i] - b[i]);
+    const int h = d.kind == LinkKind::Switch ? 1 : d.kind == LinkKind::Ring ? std::min(diff, d.size - diff) : diff;
+    lat += h * d.latency;
+    bw = bw == 0 ? d.bandwidth : std::min(bw, d.bandwidth);
+  }
+  return lat + (bw > 0 ? bytes / bw : 0.0);
+}
+
 void LinkCosts::set_between_hosts(const std::vector<int>& host_of, double bandwidth, double latency) {
   TESSERA_CHECK_EQ(static_cast<int>(host_of.size()), p_);
-  for (int a = 0; a < p_; ++a)
-    for (int b = 0; b < p_; ++b) {
-      if (host_of[a] == host_of[b]) continue;
-      const size_t i = static_cast<size_t>(a) * static_cast<size_t>(p_) + static_cast<size_t>(b);
-      lat_[i] = latency;
-      bw_[i] = bandwidth;
-    }
+  host_of_ = host_of;
+  host_bw_ = bandwidth;
+  host_lat_ = latency;
+  sum_peers();
 }
 
 TorusShape torus_shape(const NetModel& net, const std::vector<int>& nodes) {
@@ -192,13 +282,11 @@ class ReduceSink final : public RecvSink {
 // block(i) is the element range member i owns at the end. Local
 // contributions are read from src, partial sums kept in dst (src may equal
 // dst). Step s sends block q-s-1 and reduces the incoming block q-s-2 as its
-// fragments arrive. Returns the modeled seconds.
+// fragments arrive.
 template <typename BlockFn>
-double ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, BlockFn block, const char* src, char* dst,
-                           DType dt, ReduceOp op, char* final_dst = nullptr) {
+void ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, BlockFn block, const char* src, char* dst,
+                         DType dt, ReduceOp op, char* final_dst = nullptr) {
   const size_t es = dtype_size(dt);
-  size_t maxb = 0;
-  for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
   const int next = members[mod(q + 1, m)], prev = members[mod(q - 1, m)];
   for (int s = 0; s < m - 1; ++s) {
     const Range S = block(mod(q - s - 1, m)), R = block(mod(q - s - 2, m));
@@ -207,21 +295,26 @@ double ring_reduce_scatter(AlgoContext& c, const int* members, int m, int q, Blo
     ReduceSink sink(rp, src + R.off * es, dt, op);
     c.transport->sendrecv_sink(next, sp, S.len * es, prev, R.len * es, sink, c.tag);
   }
-  return ring_phase_seconds(*c.links, members, m, static_cast<double>(maxb * es));
 }
 
 // Ring all-gather: member i starts with block(i) of buf; step s sends block
 // q-s and receives block q-s-1 in place.
 template <typename BlockFn>
-double ring_all_gather(AlgoContext& c, const int* members, int m, int q, BlockFn block, char* buf, size_t es) {
-  size_t maxb = 0;
-  for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
+void ring_all_gather(AlgoContext& c, const int* members, int m, int q, BlockFn block, char* buf, size_t es) {
   const int next = members[mod(q + 1, m)], prev = members[mod(q - 1, m)];
   for (int s = 0; s < m - 1; ++s) {
     const Range S = block(mod(q - s, m)), R = block(mod(q - s - 1, m));
     c.transport->sendrecv(next, buf + S.off * es, S.len * es, prev, buf + R.off * es, R.len * es, c.tag);
   }
-  return ring_phase_seconds(*c.links, members, m, static_cast<double>(maxb * es));
+}
+
+// The cost of either ring phase above: m - 1 steps, each of the largest
+// block over the ring's slowest link.
+template <typename BlockFn>
+double ring_phase_cost(const LinkCosts& links, const int* members, int m, BlockFn block, size_t es) {
+  size_t maxb = 0;
+  for (int i = 0; i < m; ++i) maxb = std::max(maxb, block(i).len);
+  return ring_phase_seconds(links, members, m, static_cast<double>(maxb * es));
 }
 
 void copy_if_needed(void* dst, const void* src, size_t bytes) {
@@ -232,11 +325,6 @@ bool pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 int log2i(int x) {
   int l = 0;
   while ((1 << (l + 1)) <= x) ++l;
-  return l;
-}
-int ceil_log2(int x) {
-  int l = 0;
-  while ((1 << l) < x) ++l;
   return l;
 }
 
@@ -317,47 +405,46 @@ const int* identity_members() {
 class RingAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "ring"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
-    if (g.size > kMaxRanks) return -1;  // as run()
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    if (g.size > kMaxRanks) return -1;
     const int* all = identity_members();
-    if (kind == CollKind::AllReduce)
-      return 2 * ring_phase_seconds(g.links, all, g.size, static_cast<double>(part(count, g.size, 0).len * es));
-    if (kind == CollKind::ReduceScatter || kind == CollKind::AllGather)
-      return ring_phase_seconds(g.links, all, g.size, static_cast<double>(count * es));
+    if (q.kind == CollKind::AllReduce)
+      return 2 * ring_phase_cost(g.links, all, g.size, [&](int i) { return part(q.count, g.size, i); }, q.elem);
+    if (q.kind == CollKind::ReduceScatter || q.kind == CollKind::AllGather)
+      return ring_phase_seconds(g.links, all, g.size, static_cast<double>(q.count * q.elem));
     return -1;
   }
-  bool run(AlgoContext& c, const CollCall& k) override {
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     const int p = c.size, r = c.rank;
     const size_t es = dtype_size(k.dtype);
-    if (p > kMaxRanks) return false;
     const int* all = identity_members();
     switch (k.kind) {
       case CollKind::AllReduce: {
         if (p == 1) return copy_if_needed(k.recv, k.send, k.count * es), true;
         auto blk = [&](int i) { return part(k.count, p, i); };
-        c.model += ring_reduce_scatter(c, all, p, r, blk, static_cast<const char*>(k.send), static_cast<char*>(k.recv),
-                                       k.dtype, k.op);
-        c.model += ring_all_gather(c, all, p, r, blk, static_cast<char*>(k.recv), es);
+        ring_reduce_scatter(c, all, p, r, blk, static_cast<const char*>(k.send), static_cast<char*>(k.recv), k.dtype,
+                            k.op);
+        ring_all_gather(c, all, p, r, blk, static_cast<char*>(k.recv), es);
         return true;
       }
       case CollKind::ReduceScatter: {
         if (p == 1) return copy_if_needed(k.recv, k.send, k.count * es), true;
         auto blk = [&](int i) { return Range{static_cast<size_t>(i) * k.count, k.count}; };
         char* ws = static_cast<char*>(c.ws->get(static_cast<size_t>(p) * k.count * es));
-        c.model += ring_reduce_scatter(c, all, p, r, blk, static_cast<const char*>(k.send), ws, k.dtype, k.op,
-                                       static_cast<char*>(k.recv));
+        ring_reduce_scatter(c, all, p, r, blk, static_cast<const char*>(k.send), ws, k.dtype, k.op,
+                            static_cast<char*>(k.recv));
         return true;
       }
-      case CollKind::AllGather: {
+      default: {  // all-gather (cost() declines the rest)
         char* buf = static_cast<char*>(k.recv);
         copy_if_needed(buf + static_cast<size_t>(r) * k.count * es, k.send, k.count * es);
         if (p == 1) return true;
         auto blk = [&](int i) { return Range{static_cast<size_t>(i) * k.count, k.count}; };
-        c.model += ring_all_gather(c, all, p, r, blk, buf, es);
+        ring_all_gather(c, all, p, r, blk, buf, es);
         return true;
       }
-      default:
-        return false;
     }
   }
 };
@@ -368,9 +455,19 @@ class RingAlgorithm final : public Algorithm {
 // contiguous range for the ring inside the host.
 class HierGather {
  public:
-  static bool run(AlgoContext& c, const CollCall& k) {
-    if (k.kind != CollKind::AllGather && k.kind != CollKind::ReduceScatter && k.kind != CollKind::Broadcast)
-      return false;
+  // The cost of hier's all-gather, reduce-scatter and broadcast (rank 0's view).
+  static double cost(const GroupCostModel& g, const CostQuery& q) {
+    const HostLevels& h = g.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    const size_t es = q.elem, cnt = q.count;
+    if (q.kind == CollKind::Broadcast) return broadcast_cost(g, q);
+    if (q.kind != CollKind::AllGather && q.kind != CollKind::ReduceScatter) return -1;
+    if (cnt == 0) return 0;  // nothing moves
+    // A ring across hosts of one block each, and one inside the host of H blocks each.
+    return ring_phase_seconds(g.links, h.cross.data(), H, static_cast<double>(cnt * es)) +
+           ring_phase_seconds(g.links, h.local.data(), L, static_cast<double>(static_cast<size_t>(H) * cnt * es));
+  }
+  static bool execute(AlgoContext& c, const CollCall& k) {
     const HostLevels& h = *c.hosts;
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
     const int l = h.local_pos, me = h.cross_pos;
@@ -388,9 +485,9 @@ class HierGather {
     if (k.kind == CollKind::AllGather) {
       // 1. Across hosts among the ranks of local index l: H blocks.
       copy_if_needed(at(l, me), k.send, cnt * es);
-      c.model += ring_all_gather(c, h.cross.data(), H, me, cross_blk, ws, es);
+      ring_all_gather(c, h.cross.data(), H, me, cross_blk, ws, es);
       // 2. Inside the host: the L groups of H blocks.
-      c.model += ring_all_gather(c, h.local.data(), L, l, local_blk, ws, es);
+      ring_all_gather(c, h.local.data(), L, l, local_blk, ws, es);
       char* out = static_cast<char*>(k.recv);
       for (size_t b = 0; b < rank_at.size(); ++b)
         copy_if_needed(out + static_cast<size_t>(rank_at[b]) * cnt * es, ws + b * cnt * es, cnt * es);
@@ -401,14 +498,35 @@ class HierGather {
     for (size_t b = 0; b < rank_at.size(); ++b)
       std::memcpy(ws + b * cnt * es, in + static_cast<size_t>(rank_at[b]) * cnt * es, cnt * es);
     // 1. Inside the host: rank l ends with the host's sum of group l's H blocks.
-    c.model += ring_reduce_scatter(c, h.local.data(), L, l, local_blk, ws, ws, k.dtype, k.op);
+    ring_reduce_scatter(c, h.local.data(), L, l, local_blk, ws, ws, k.dtype, k.op);
     // 2. Across hosts: reduce-scatter of those H blocks; the last step lands in recv.
-    c.model +=
-        ring_reduce_scatter(c, h.cross.data(), H, me, cross_blk, ws, ws, k.dtype, k.op, static_cast<char*>(k.recv));
+    ring_reduce_scatter(c, h.cross.data(), H, me, cross_blk, ws, ws, k.dtype, k.op, static_cast<char*>(k.recv));
     return true;
   }
 
  private:
+  // The broadcast's three phases: the root's scatter of L blocks to its
+  // host-mates (one transfer after another), a binomial tree across hosts
+  // per block, an all-gather inside every host.
+  static double broadcast_cost(const GroupCostModel& g, const CostQuery& q) {
+    const HostLevels& h = g.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    const int root_host = h.host[static_cast<size_t>(q.root)], root_l = h.index[static_cast<size_t>(q.root)];
+    auto on = [&](int i, int host) { return h.by_local[static_cast<size_t>(i) * H + host]; };
+    auto blk = [&](int i) { return part(q.count, L, i); };
+    size_t maxb = 0;
+    for (int i = 0; i < L; ++i) maxb = std::max(maxb, blk(i).len * q.elem);
+    double t = 0;
+    for (int i = 0; i < L; ++i)
+      if (i != root_l) t += g.links.time(on(root_l, root_host), on(i, root_host), static_cast<double>(maxb));
+    auto real = [&](int v) { return on(0, (v + root_host) % H); };
+    for (int m = 1; m < H; m <<= 1) {
+      double w = 0;
+      for (int v = 0; v < m && v + m < H; ++v) w = std::max(w, g.links.time(real(v), real(v + m), static_cast<double>(maxb)));
+      t += w;
+    }
+    return t + ring_phase_cost(g.links, h.local.data(), L, blk, q.elem);
+  }
   // Root scatters L blocks to its host-mates; each block is broadcast
   // across hosts (binomial tree among the ranks of one local index); every
   // host all-gathers its L blocks.
@@ -428,10 +546,6 @@ class HierGather {
         c.transport->recv(h.local[root_l], c.tag, buf + blk(l).off * es, blk(l).len * es);
       }
     }
-    size_t maxb = 0;
-    for (int i = 0; i < L; ++i) maxb = std::max(maxb, blk(i).len * es);
-    for (int i = 0; i < L; ++i)
-      if (i != root_l) c.model += c.links->time(h.local[root_l], h.local[i], static_cast<double>(maxb));
     // 2. Across hosts: binomial tree rooted at the root's host.
     const Range mine = blk(l);
     const int vr = mod(me - root_host, H);
@@ -446,14 +560,8 @@ class HierGather {
     }
     for (mask >>= 1; mask > 0; mask >>= 1)
       if (vr + mask < H) c.transport->send(real(vr + mask), c.tag, buf + mine.off * es, mine.len * es);
-    for (int m = 1; m < H; m <<= 1) {
-      double t = 0;
-      for (int v = 0; v < m && v + m < H; ++v)
-        t = std::max(t, c.links->time(real(v), real(v + m), static_cast<double>(maxb)));
-      c.model += t;
-    }
     // 3. All-gather inside every host.
-    c.model += ring_all_gather(c, h.local.data(), L, l, blk, buf, es);
+    ring_all_gather(c, h.local.data(), L, l, blk, buf, es);
     return true;
   }
 };
@@ -467,18 +575,47 @@ class HierGather {
 class HierAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "hier"; }
-  bool run(AlgoContext& c, const CollCall& k) override {
-    if (!c.hosts || !c.hosts->valid) return false;
-    if (k.kind != CollKind::AllReduce) return HierGather::run(c, k);
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    if (!g.hosts.valid) return -1;
+    if (q.kind != CollKind::AllReduce) return HierGather::cost(g, q);
+    const HostLevels& h = g.hosts;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    auto local_blk = [&](int i) { return part(q.count, L, i); };
+    const Range mine = local_blk(0);  // rank 0's block (the largest)
+    const double cross =
+        2 * ring_phase_cost(g.links, h.cross.data(), H, [&](int j) { return part(mine.len, H, j); }, q.elem);
+    if (in_place_possible(g, L) && q.buffers_shared) {
+      // Each rank pulls L-1 blocks from its host-mates, then pushes its
+      // block to L-1 of them (the link traffic of the ring phases it replaces).
+      size_t maxb = 0;
+      for (int i = 0; i < L; ++i) maxb = std::max(maxb, local_blk(i).len * q.elem);
+      double worst = 0;
+      for (int a = 0; a < L; ++a) {
+        double t = 0;
+        for (int j = 0; j < L; ++j)
+          if (j != a) t += g.links.time(h.local[j], h.local[a], static_cast<double>(maxb));
+        worst = std::max(worst, t);
+      }
+      return cross + 2 * worst;
+    }
+    return cross + 2 * ring_phase_cost(g.links, h.local.data(), L, local_blk, q.elem);
+  }
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
+    if (k.kind != CollKind::AllReduce) return HierGather::execute(c, k);
     const HostLevels& h = *c.hosts;
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
     const size_t es = dtype_size(k.dtype);
     char* buf = static_cast<char*>(k.recv);
     auto local_blk = [&](int i) { return part(k.count, L, i); };
-    if (in_place_inside_host(c, k)) return true;
+    if (in_place_possible(*c.group, L)) {
+      if (in_place_inside_host(c, k)) return true;
+      c.buffers_shared = false;  // some host-mate's buffers are outside the arena
+    }
     // 1. Inside the host: this rank ends with the host's sum of its block.
-    c.model += ring_reduce_scatter(c, h.local.data(), L, h.local_pos, local_blk, static_cast<const char*>(k.send), buf,
-                                   k.dtype, k.op);
+    ring_reduce_scatter(c, h.local.data(), L, h.local_pos, local_blk, static_cast<const char*>(k.send), buf, k.dtype,
+                        k.op);
     // 2. Across hosts: all-reduce of that block (in place).
     const Range mine = local_blk(h.local_pos);
     auto cross_blk = [&](int j) {
@@ -486,14 +623,16 @@ class HierAlgorithm final : public Algorithm {
       b.off += mine.off;
       return b;
     };
-    c.model += ring_reduce_scatter(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, buf, k.dtype, k.op);
-    c.model += ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
+    ring_reduce_scatter(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, buf, k.dtype, k.op);
+    ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
     // 3. Inside the host: everyone gets every block.
-    c.model += ring_all_gather(c, h.local.data(), L, h.local_pos, local_blk, buf, es);
+    ring_all_gather(c, h.local.data(), L, h.local_pos, local_blk, buf, es);
     return true;
   }
 
  private:
+  // The host's phases in place need the host's shared memory, for at most 64 host-mates.
+  static bool in_place_possible(const GroupCostModel& g, int L) { return g.host_shared_memory && L <= 64; }
   // The same three phases with the host's phases done in place in shared
   // memory (host_shared_memory(), buffers in a shared arena): no fragment
   // hand-offs through slots, which on a loaded machine cost a scheduler
@@ -508,7 +647,7 @@ class HierAlgorithm final : public Algorithm {
     SharedMemoryPeers* shm = c.transport->host_shared_memory();
     const HostLevels& h = *c.hosts;
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size()), l = h.local_pos;
-    if (!shm || L > 64) return false;
+    TESSERA_CHECK(shm != nullptr, "hier: the group's model says its hosts share memory, the transport does not");
     const size_t es = dtype_size(k.dtype), bytes = k.count * es;
     const uint8_t ok = shm->is_shared(k.send, bytes) && shm->is_shared(k.recv, bytes);
     const void* bufs[2] = {k.send, k.recv};
@@ -530,8 +669,8 @@ class HierAlgorithm final : public Algorithm {
       return b;
     };
     char* buf = static_cast<char*>(k.recv);
-    c.model += ring_reduce_scatter(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, buf, k.dtype, k.op);
-    c.model += ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
+    ring_reduce_scatter(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, buf, k.dtype, k.op);
+    ring_all_gather(c, h.cross.data(), H, h.cross_pos, cross_blk, buf, es);
     // 3. Push block l into every host-mate's recv.
     // A block can be empty (fewer elements than ranks); its peer pointer may
     // then be null, which memcpy must not see even for 0 bytes.
@@ -539,18 +678,6 @@ class HierAlgorithm final : public Algorithm {
       for (int j = 1; j < L; ++j)
         std::memcpy(static_cast<char*>(shm->peer_buffer((l + j) % L, 1)) + mine.off * es, out, mine.len * es);
     shm->publish(nullptr, nullptr, 0, nullptr, 0);
-    // Model: each rank pulls L-1 blocks from its host-mates, then pushes its
-    // block to L-1 of them (the link traffic of the ring phases it replaces).
-    double worst = 0;
-    size_t maxb = 0;
-    for (int i = 0; i < L; ++i) maxb = std::max(maxb, local_blk(i).len * es);
-    for (int a = 0; a < L; ++a) {
-      double t = 0;
-      for (int j = 0; j < L; ++j)
-        if (j != a) t += c.links->time(h.local[j], h.local[a], static_cast<double>(maxb));
-      worst = std::max(worst, t);
-    }
-    c.model += 2 * worst;
     return true;
   }
 };
@@ -567,19 +694,27 @@ class HierAlgorithm final : public Algorithm {
 class HierRdAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "hier_rd"; }
-  bool run(AlgoContext& c, const CollCall& k) override {
-    if (k.kind != CollKind::AllReduce || !c.hosts || !c.hosts->valid) return false;
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    const HostLevels& h = g.hosts;
+    if (q.kind != CollKind::AllReduce || !h.valid) return -1;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    if (!pow2(L) || !pow2(H)) return -1;
+    const double bytes = static_cast<double>(q.count * q.elem);
+    return doubling_seconds(g.links, L, [&](int i) { return h.local[static_cast<size_t>(i)]; }, bytes) +
+           doubling_seconds(g.links, H, [&](int i) { return h.cross[static_cast<size_t>(i)]; }, bytes);
+  }
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     const HostLevels& h = *c.hosts;
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
-    if ((L & (L - 1)) != 0 || (H & (H - 1)) != 0) return false;
     const size_t bytes = k.count * dtype_size(k.dtype);
     char *cur, *next;
     alternate_from(k.send, static_cast<char*>(k.recv), static_cast<char*>(c.ws->get(std::max<size_t>(bytes, 1))), bytes,
                    log2i(L) + log2i(H), cur, next);
     auto level = [&](const std::vector<int>& members, int pos, int m) {
-      auto member = [&](int i) { return members[static_cast<size_t>(i)]; };
-      doubling_exchanges(c, k, m, pos, member, bytes, cur, next);
-      c.model += doubling_seconds(*c.links, m, member, static_cast<double>(bytes));
+      doubling_exchanges(
+          c, k, m, pos, [&](int i) { return members[static_cast<size_t>(i)]; }, bytes, cur, next);
     };
     level(h.local, h.local_pos, L);
     level(h.cross, h.cross_pos, H);
@@ -597,26 +732,32 @@ class HierRdAlgorithm final : public Algorithm {
 class HierLeaderAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "hier_leader"; }
-  bool run(AlgoContext& c, const CollCall& k) override {
-    if (k.kind != CollKind::AllReduce || !c.hosts || !c.hosts->valid) return false;
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    const HostLevels& h = g.hosts;
+    if (q.kind != CollKind::AllReduce || !h.valid) return -1;
+    const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
+    if (!pow2(H)) return -1;
+    const double bytes = static_cast<double>(q.count * q.elem);
+    auto local = [&](int i) { return h.local[static_cast<size_t>(i)]; };
+    double tree = 0;  // the reduce's steps (the broadcast's are the same pairs)
+    for (int mask = 1; mask < L; mask <<= 1) {
+      double t = 0;
+      for (int a = 0; a + mask < L; a += 2 * mask) t = std::max(t, g.links.time(local(a), local(a + mask), bytes));
+      tree += t;
+    }
+    // The leaders are by_local[k], k < H.
+    return 2 * tree + doubling_seconds(g.links, H, [&](int i) { return h.by_local[static_cast<size_t>(i)]; }, bytes);
+  }
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     const HostLevels& h = *c.hosts;
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
-    if ((H & (H - 1)) != 0) return false;
     const size_t bytes = k.count * dtype_size(k.dtype);
     const char* const send = static_cast<const char*>(k.send);
     char* const out = static_cast<char*>(k.recv);
     const int v = h.local_pos;
     auto local = [&](int i) { return h.local[static_cast<size_t>(i)]; };
-    auto tl = [&](int a, int b) { return c.links->time(local(a), local(b), static_cast<double>(bytes)); };
-    double tree = 0;  // the reduce's steps (the broadcast's are the same pairs)
-    for (int mask = 1; mask < L; mask <<= 1) {
-      double t = 0;
-      for (int a = 0; a + mask < L; a += 2 * mask) t = std::max(t, tl(a, a + mask));
-      tree += t;
-    }
-    // The leaders are by_local[k], k < H (the same figures on every rank).
-    auto leader = [&](int i) { return h.by_local[static_cast<size_t>(i)]; };
-    c.model += 2 * tree + doubling_seconds(*c.links, H, leader, static_cast<double>(bytes));
     // The leader's doubling alternates two buffers; it starts in the one
     // that makes it end in `out` (no copy back).
     char* acc = out;
@@ -640,11 +781,12 @@ class HierLeaderAlgorithm final : public Algorithm {
 class RhdAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "rhd"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
-    return kind == CollKind::AllReduce ? rhd_all_reduce_seconds(g.links, g.size, count, es) : -1;
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    return q.kind == CollKind::AllReduce ? rhd_all_reduce_seconds(g.links, g.size, q.count, q.elem) : -1;
   }
-  bool run(AlgoContext& c, const CollCall& k) override {
-    if (k.kind != CollKind::AllReduce) return false;
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     const int p = c.size, r = c.rank;
     const size_t es = dtype_size(k.dtype), n = k.count;
     char* buf = static_cast<char*>(k.recv);
@@ -702,7 +844,6 @@ class RhdAlgorithm final : public Algorithm {
       else
         c.transport->recv(r + 1, c.tag, buf, n * es);
     }
-    c.model += rhd_all_reduce_seconds(*c.links, p, n, es);  // folds, halving and doubling levels
     return true;
   }
 };
@@ -723,13 +864,14 @@ size_t rd_max_bytes(int p) { return p == 2 ? (size_t{256} << 10) - 1 : size_t{64
 class RdAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "rd"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
-    if (kind != CollKind::AllReduce || g.shared_memory || count * es > rd_max_bytes(g.size)) return -1;
-    return rd_all_reduce_seconds(g.links, g.size, count, es);
+  // Its size and shared-memory limits are selection rules (algorithm_candidates): forced, it serves any all-reduce.
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    return q.kind == CollKind::AllReduce ? rd_all_reduce_seconds(g.links, g.size, q.count, q.elem) : -1;
   }
-  bool run(AlgoContext& c, const CollCall& k) override {
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     const size_t es = dtype_size(k.dtype), bytes = k.count * es;
-    if (k.kind != CollKind::AllReduce) return false;
     const int p = c.size, r = c.rank;
     char* const out = static_cast<char*>(k.recv);
     if (p == 1) return copy_if_needed(out, k.send, bytes), true;
@@ -752,7 +894,6 @@ class RdAlgorithm final : public Algorithm {
           c, k, fold.pp, nr, [&](int i) { return fold.real(i); }, bytes, cur, next);
       if (folds) c.transport->send(r - 1, c.tag, out, bytes);
     }
-    c.model += rd_all_reduce_seconds(*c.links, p, k.count, es);
     return true;
   }
 };
@@ -766,28 +907,45 @@ class RdAlgorithm final : public Algorithm {
 class TorusAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "torus"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
     const TorusShape& ts = g.torus;
-    if (!ts.valid || std::any_of(ts.extent.begin(), ts.extent.end(), [](int e) { return e > 64; })) return -1;
-    if (g.size == 1) return 0;
-    if (kind == CollKind::AllReduce) {
-      // The larger half, on rings in one direction (the other runs at once).
-      const size_t half = (count + 1) / 2;  // elements
-      const double blk = static_cast<double>(part(half, g.size, 0).len * es);
-      return torus_reduce_scatter_seconds(g, blk) + torus_all_gather_seconds(g, blk);
-    }
-    if (!ts.identity) return -1;
-    if (kind == CollKind::ReduceScatter) return torus_reduce_scatter_seconds(g, static_cast<double>(count * es));
-    if (kind == CollKind::AllGather) return torus_all_gather_seconds(g, static_cast<double>(count * es));
-    return -1;
-  }
-  bool run(AlgoContext& c, const CollCall& k) override {
-    const TorusShape& ts = *c.torus;
-    if (!ts.valid || c.size > kMaxRanks) return false;
+    if (!ts.valid || g.size > kMaxRanks) return -1;
     for (int e : ts.extent)
-      if (e > 64) return false;
+      if (e > 64) return -1;
+    const int p = g.size;
+    const size_t es = q.elem;
+    switch (q.kind) {
+      case CollKind::AllReduce: {
+        if (p == 1) return 0;
+        // The two halves run at once on rings in opposite directions (separate links).
+        double t[2] = {0, 0};
+        for (int half = 0; half < 2; ++half) {
+          auto blk = [&](int lin) { return half_block(q.count, p, half, lin); };
+          t[half] = reduce_scatter(ts, 0, p, nullptr, &g.links, blk, es, nullptr, nullptr, DType::F32, ReduceOp::Sum,
+                                   half == 1, nullptr) +
+                    all_gather(ts, 0, nullptr, &g.links, blk, es, nullptr, half == 1);
+        }
+        return std::max(t[0], t[1]);
+      }
+      case CollKind::ReduceScatter:
+      case CollKind::AllGather: {
+        if (!ts.identity) return -1;
+        if (p == 1) return 0;
+        auto blk = [&](int lin) { return Range{static_cast<size_t>(lin) * q.count, q.count}; };
+        if (q.kind == CollKind::AllGather) return all_gather(ts, 0, nullptr, &g.links, blk, es, nullptr, false);
+        return reduce_scatter(ts, 0, p, nullptr, &g.links, blk, es, nullptr, nullptr, DType::F32, ReduceOp::Sum, false,
+                              nullptr);
+      }
+      default:
+        return -1;
+    }
+  }
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
+    const TorusShape& ts = *c.torus;
     const size_t es = dtype_size(k.dtype);
-    const int p = c.size;
+    const int p = c.size, r = c.rank;
     switch (k.kind) {
       case CollKind::AllReduce: {
         char* buf = static_cast<char*>(k.recv);
@@ -795,53 +953,47 @@ class TorusAlgorithm final : public Algorithm {
         // The first reduce-scatter reads this rank's contribution from send
         // and writes partial sums into recv, so no upfront copy is needed.
         const char* in = static_cast<const char*>(k.send);
-        const size_t h0 = (k.count + 1) / 2;
-        double t0 = 0, t1 = 0;
         for (int half = 0; half < 2; ++half) {
-          const size_t off = half == 0 ? 0 : h0, len = half == 0 ? h0 : k.count - h0;
-          auto blk = [&](int lin) {
-            Range b = part(len, p, lin);
-            b.off += off;
-            return b;
-          };
-          double& t = half == 0 ? t0 : t1;
-          t += reduce_scatter(c, blk, in, buf, k.dtype, k.op, half == 1, nullptr);
-          t += all_gather(c, blk, buf, es, half == 1);
+          auto blk = [&](int lin) { return half_block(k.count, p, half, lin); };
+          reduce_scatter(ts, r, p, &c, nullptr, blk, es, in, buf, k.dtype, k.op, half == 1, nullptr);
+          all_gather(ts, r, &c, nullptr, blk, es, buf, half == 1);
         }
-        c.model += std::max(t0, t1);  // the two directions use separate links
         return true;
       }
       case CollKind::ReduceScatter: {
-        if (!ts.identity) return false;
         if (p == 1) return copy_if_needed(k.recv, k.send, k.count * es), true;
         auto blk = [&](int lin) { return Range{static_cast<size_t>(lin) * k.count, k.count}; };
         char* ws = static_cast<char*>(c.ws->get(static_cast<size_t>(p) * k.count * es));
-        c.model += reduce_scatter(c, blk, static_cast<const char*>(k.send), ws, k.dtype, k.op, false,
-                                  static_cast<char*>(k.recv));
+        reduce_scatter(ts, r, p, &c, nullptr, blk, es, static_cast<const char*>(k.send), ws, k.dtype, k.op, false,
+                       static_cast<char*>(k.recv));
         return true;
       }
-      case CollKind::AllGather: {
-        if (!ts.identity) return false;
+      default: {  // all-gather
         char* buf = static_cast<char*>(k.recv);
-        copy_if_needed(buf + static_cast<size_t>(c.rank) * k.count * es, k.send, k.count * es);
+        copy_if_needed(buf + static_cast<size_t>(r) * k.count * es, k.send, k.count * es);
         if (p == 1) return true;
         auto blk = [&](int lin) { return Range{static_cast<size_t>(lin) * k.count, k.count}; };
-        c.model += all_gather(c, blk, buf, es, false);
+        all_gather(ts, r, &c, nullptr, blk, es, buf, false);
         return true;
       }
-      default:
-        return false;
     }
   }
 
  private:
-  // Fills members (group ranks along dim i through this rank, ordered by
-  // coordinate, reversed when backward) and returns this rank's position.
-  int line(const AlgoContext& c, int i, bool backward, int* members) const {
-    const TorusShape& ts = *c.torus;
+  // Linear block `lin` of one half of a `count`-element all-reduce (the
+  // first half holds the extra element of an odd count).
+  static Range half_block(size_t count, int p, int half, int lin) {
+    const size_t h0 = (count + 1) / 2;
+    Range b = part(half == 0 ? h0 : count - h0, p, lin);
+    if (half == 1) b.off += h0;
+    return b;
+  }
+  // Fills members (group ranks along dim i through `rank`, ordered by
+  // coordinate, reversed when backward) and returns rank's position.
+  static int line(const TorusShape& ts, int rank, int i, bool backward, int* members) {
     int stride = 1;
     for (int j = 0; j < i; ++j) stride *= ts.extent[j];
-    const int k = ts.extent[i], me = ts.linear[c.rank], my = ts.coord[c.rank][i];
+    const int k = ts.extent[i], me = ts.linear[rank], my = ts.coord[rank][i];
     for (int t = 0; t < k; ++t) {
       const int pos = backward ? k - 1 - t : t;
       members[pos] = ts.rank_of_linear[me + (t - my) * stride];
@@ -849,20 +1001,23 @@ class TorusAlgorithm final : public Algorithm {
     return backward ? k - 1 - my : my;
   }
 
-  // Linear-block range [glo, ghi) this rank covers before dim i's step (RS order).
+  // The reduce-scatter's rings as `rank` runs them, from the slowest dim to
+  // the fastest, [glo, ghi) the linear blocks it covers before each. With
+  // `c`, moves the data; with `links`, returns the rings' cost instead (one
+  // walk for both, so the charge is the schedule's).
   template <typename BlockFn>
-  double reduce_scatter(AlgoContext& c, BlockFn blk, const char* src, char* dst, DType dt, ReduceOp op, bool backward,
-                        char* final_dst) {
-    const TorusShape& ts = *c.torus;
+  static double reduce_scatter(const TorusShape& ts, int rank, int size, AlgoContext* c, const LinkCosts* links,
+                               BlockFn blk, size_t es, const char* src, char* dst, DType dt, ReduceOp op,
+                               bool backward, char* final_dst) {
     const int D = static_cast<int>(ts.extent.size());
-    int glo = 0, ghi = c.size;
+    int glo = 0, ghi = size;
     double t = 0;
     int members[64];
     const char* cur_src = src;
     // The last dim with extent > 1 in this order writes the final block.
     for (int i = D - 1; i >= 0; --i) {
       const int k = ts.extent[i];
-      const int q = line(c, i, backward, members);
+      const int q = line(ts, rank, i, backward, members);
       const int sz = (ghi - glo) / k;
       auto block = [&](int pos) {
         const int g = backward ? k - 1 - pos : pos;
@@ -870,9 +1025,10 @@ class TorusAlgorithm final : public Algorithm {
         return Range{a.off, b.off + b.len - a.off};
       };
       const bool last = (i == 0);
-      t += ring_reduce_scatter(c, members, k, q, block, cur_src, dst, dt, op, last ? final_dst : nullptr);
+      if (links) t += ring_phase_cost(*links, members, k, block, es);
+      if (c) ring_reduce_scatter(*c, members, k, q, block, cur_src, dst, dt, op, last ? final_dst : nullptr);
       if (k > 1) cur_src = dst;  // a dim of extent 1 wrote nothing: keep reading src
-      const int g = ts.coord[c.rank][i];
+      const int g = ts.coord[rank][i];
       glo = glo + g * sz;
       ghi = glo + sz;
     }
@@ -880,22 +1036,23 @@ class TorusAlgorithm final : public Algorithm {
   }
 
   template <typename BlockFn>
-  double all_gather(AlgoContext& c, BlockFn blk, char* buf, size_t es, bool backward) {
-    const TorusShape& ts = *c.torus;
+  static double all_gather(const TorusShape& ts, int rank, AlgoContext* c, const LinkCosts* links, BlockFn blk,
+                           size_t es, char* buf, bool backward) {
     const int D = static_cast<int>(ts.extent.size());
     double t = 0;
     int members[64];
     int span = 1;  // linear blocks this rank holds, aligned
     for (int i = 0; i < D; ++i) {
       const int k = ts.extent[i];
-      const int q = line(c, i, backward, members);
-      const int base = (ts.linear[c.rank] / (span * k)) * (span * k);
+      const int q = line(ts, rank, i, backward, members);
+      const int base = (ts.linear[rank] / (span * k)) * (span * k);
       auto block = [&](int pos) {
         const int g = backward ? k - 1 - pos : pos;
         const Range a = blk(base + g * span), b = blk(base + (g + 1) * span - 1);
         return Range{a.off, b.off + b.len - a.off};
       };
-      t += ring_all_gather(c, members, k, q, block, buf, es);
+      if (links) t += ring_phase_cost(*links, members, k, block, es);
+      if (c) ring_all_gather(*c, members, k, q, block, buf, es);
       span *= k;
     }
     return t;
@@ -913,38 +1070,41 @@ class TorusAlgorithm final : public Algorithm {
 class DirectAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "direct"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
     const int p = g.size;
-    const double b = static_cast<double>(count * es);
+    const double b = static_cast<double>(q.count * q.elem);
     if (!g.shared_memory) return -1;
-    if (kind == CollKind::Barrier) return 0;
-    if (p == 1 || p > 64) return -1;
-    if (kind == CollKind::AllReduce)
-      return 2 * gather_from_peers_seconds(g.links, p, static_cast<double>(part(count, p, 0).len * es));
-    if (kind == CollKind::AllGather || kind == CollKind::ReduceScatter) return gather_from_peers_seconds(g.links, p, b);
-    if (kind == CollKind::Broadcast) {
-      if (count * es <= direct_broadcast_min_bytes(p)) return -1;
-      double worst = 0;
-      for (int a = 0; a < p; ++a) worst = std::max(worst, g.links.time(0, a, b));
-      return worst;
+    if (q.kind == CollKind::Barrier) return 0;  // one publish round
+    if (p == 1 || p > 64 || !q.buffers_shared) return -1;
+    switch (q.kind) {
+      case CollKind::AllReduce:  // pull p-1 blocks, push this rank's to p-1 peers
+        return 2 * gather_from_peers_seconds(g.links, p, static_cast<double>(part(q.count, p, 0).len * q.elem));
+      case CollKind::AllGather:
+      case CollKind::ReduceScatter:
+        return gather_from_peers_seconds(g.links, p, b);
+      case CollKind::Broadcast: {  // every peer copies the root's buffer
+        double worst = 0;
+        for (int a = 0; a < p; ++a) worst = std::max(worst, g.links.time(q.root, a, b));
+        return worst;
+      }
+      default:
+        return -1;
     }
-    return -1;
   }
-  bool run(AlgoContext& c, const CollCall& k) override {
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     SharedMemoryPeers* shm = c.transport->shared_memory();
-    if (!shm) return false;
-    const int p = c.size;
+    TESSERA_CHECK(shm != nullptr, "direct: the group's model says it shares memory, the transport does not");
     const size_t es = dtype_size(k.dtype);
     if (k.kind == CollKind::Barrier) {
       shm->publish(nullptr, nullptr, 0, nullptr, 0);
       return true;
     }
-    if (p == 1 || p > 64) return false;
     if (k.kind == CollKind::AllReduce) return all_reduce(c, *shm, k, es);
     if (k.kind == CollKind::AllGather) return all_gather(c, *shm, k, es);
     if (k.kind == CollKind::ReduceScatter) return reduce_scatter(c, *shm, k, es);
-    if (k.kind == CollKind::Broadcast) return broadcast(c, *shm, k, es);
-    return false;
+    return broadcast(c, *shm, k, es);
   }
 
  private:
@@ -1006,9 +1166,6 @@ class DirectAlgorithm final : public Algorithm {
     }
     if (stream) streaming_fence();  // the stores reach memory before the round below says so
     shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every block reduced and delivered
-    // Model: each rank pulls p-1 blocks from its peers, then pushes its
-    // block to p-1 peers (the same link traffic as reduce-scatter + all-gather).
-    c.model += 2 * gather_from_peers_seconds(*c.links, p, static_cast<double>(part(n, p, 0).len * es));
     return true;
   }
 
@@ -1026,7 +1183,6 @@ class DirectAlgorithm final : public Algorithm {
       copy_if_needed(recv + static_cast<size_t>(j) * blk, j == r ? k.send : peer(ptrs, j, 0), blk);
     }
     shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every peer's block read
-    c.model += gather_from_peers_seconds(*c.links, p, static_cast<double>(blk));
     return true;
   }
 
@@ -1048,7 +1204,6 @@ class DirectAlgorithm final : public Algorithm {
         reduce2(out + done * es, out + done * es, peer(ptrs, (r + j) % p, 0) + off, len, k.dtype, k.op);
     }
     shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every peer's block r read
-    c.model += gather_from_peers_seconds(*c.links, p, static_cast<double>(blk));
     return true;
   }
 
@@ -1059,9 +1214,6 @@ class DirectAlgorithm final : public Algorithm {
     if (!exchange(shm, k.recv, bytes, nullptr, 0, ptrs, p)) return false;
     if (r != k.root && bytes) std::memcpy(k.recv, peer(ptrs, k.root, 0), bytes);
     shm.publish(nullptr, nullptr, 0, nullptr, 0);
-    double worst = 0;
-    for (int a = 0; a < p; ++a) worst = std::max(worst, c.links->time(k.root, a, static_cast<double>(bytes)));
-    c.model += worst;
     return true;
   }
 };
@@ -1080,31 +1232,35 @@ class DirectAlgorithm final : public Algorithm {
 class OneshotAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "oneshot"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
+  // (Its size rule, oneshot_max_bytes, is a selection rule: algorithm_candidates.)
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
     const int p = g.size;
-    const size_t bytes = count * es;
+    const size_t bytes = q.count * q.elem;
     const double b = static_cast<double>(bytes);
-    const size_t published = kind == CollKind::ReduceScatter ? bytes * static_cast<size_t>(p) : bytes;
+    const size_t published = q.kind == CollKind::ReduceScatter ? bytes * static_cast<size_t>(p) : bytes;
     if (!g.shared_memory || published > SharedMemoryPeers::kInlineBytes) return -1;
-    if (kind != CollKind::Broadcast && bytes > oneshot_max_bytes(p)) return -1;
-    if (kind == CollKind::AllReduce || kind == CollKind::AllGather || kind == CollKind::ReduceScatter)
-      return p == 1 ? 0.0 : gather_from_peers_seconds(g.links, p, b);
-    if (kind == CollKind::Broadcast) {
-      double worst = 0;
-      for (int a = 1; a < p; ++a) worst = std::max(worst, g.links.time(0, a, b));
-      return worst;
+    switch (q.kind) {
+      case CollKind::AllReduce:
+      case CollKind::AllGather:
+      case CollKind::ReduceScatter:  // every rank reads each peer's slot once
+        return p == 1 ? 0.0 : gather_from_peers_seconds(g.links, p, b);
+      case CollKind::Broadcast: {
+        double worst = 0;
+        for (int a = 0; a < p; ++a)
+          if (a != q.root) worst = std::max(worst, g.links.time(q.root, a, b));
+        return worst;
+      }
+      default:
+        return -1;
     }
-    return -1;
   }
-  bool run(AlgoContext& c, const CollCall& k) override {
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     SharedMemoryPeers* shm = c.transport->shared_memory();
-    if (!shm) return false;
+    TESSERA_CHECK(shm != nullptr, "oneshot: the group's model says it shares memory, the transport does not");
     const int p = c.size, r = c.rank;
     const size_t es = dtype_size(k.dtype), bytes = k.count * es;
-    const size_t published = k.kind == CollKind::ReduceScatter ? bytes * static_cast<size_t>(p) : bytes;
-    if (published > SharedMemoryPeers::kInlineBytes) return false;
-    // Model: rank a reads `per_peer` bytes from each peer j (one transfer each).
-    auto charge = [&](double per_peer) { c.model += gather_from_peers_seconds(*c.links, p, per_peer); };
     auto in = [&](int j) { return static_cast<const char*>(shm->peer_inline(j)); };
     switch (k.kind) {
       case CollKind::AllReduce:
@@ -1112,30 +1268,23 @@ class OneshotAlgorithm final : public Algorithm {
         if (p == 1) return copy_if_needed(k.recv, k.send, bytes), true;
         reduce2(k.recv, in(0), in(1), k.count, k.dtype, k.op);
         for (int j = 2; j < p; ++j) reduce2(k.recv, k.recv, in(j), k.count, k.dtype, k.op);
-        charge(static_cast<double>(bytes));
         return true;
       case CollKind::AllGather:
         shm->publish(nullptr, nullptr, 0, k.send, bytes);
         for (int j = 0; j < p; ++j)
           copy_if_needed(static_cast<char*>(k.recv) + static_cast<size_t>(j) * bytes, j == r ? k.send : in(j), bytes);
-        charge(static_cast<double>(bytes));
         return true;
       case CollKind::ReduceScatter: {
-        shm->publish(nullptr, nullptr, 0, k.send, published);
+        shm->publish(nullptr, nullptr, 0, k.send, bytes * static_cast<size_t>(p));
         const size_t off = static_cast<size_t>(r) * bytes;
         if (p == 1) return copy_if_needed(k.recv, k.send, bytes), true;
         reduce2(k.recv, in(0) + off, in(1) + off, k.count, k.dtype, k.op);
         for (int j = 2; j < p; ++j) reduce2(k.recv, k.recv, in(j) + off, k.count, k.dtype, k.op);
-        charge(static_cast<double>(bytes));
         return true;
       }
       case CollKind::Broadcast: {
         shm->publish(nullptr, nullptr, 0, k.recv, r == k.root ? bytes : 0);
         if (r != k.root) copy_if_needed(k.recv, in(k.root), bytes);
-        double worst = 0;
-        for (int a = 0; a < p; ++a)
-          if (a != k.root) worst = std::max(worst, c.links->time(k.root, a, static_cast<double>(bytes)));
-        c.model += worst;
         return true;
       }
       default:
@@ -1150,27 +1299,25 @@ class OneshotAlgorithm final : public Algorithm {
 class TreeAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "tree"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
-    if (kind != CollKind::Broadcast && kind != CollKind::Reduce) return -1;
-    return tree_seconds(g.links, g.size, 0, static_cast<double>(count * es));
+  // Round with distance `mask`: pairs (v, v + mask) for v < mask, counted from the root.
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    if (q.kind != CollKind::Broadcast && q.kind != CollKind::Reduce) return -1;
+    return tree_seconds(g.links, g.size, q.root, static_cast<double>(q.count * q.elem));
   }
-  bool run(AlgoContext& c, const CollCall& k) override {
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     const int p = c.size, r = c.rank;
     const size_t es = dtype_size(k.dtype), bytes = k.count * es;
-    if (k.kind != CollKind::Broadcast && k.kind != CollKind::Reduce) return false;
     const int vr = mod(r - k.root, p);
     auto real = [&](int v) { return (v + k.root) % p; };
-    // Model: round with distance `mask`: pairs (v, v + mask) for v < mask.
-    const double model = tree_seconds(*c.links, p, k.root, static_cast<double>(bytes));
     if (k.kind == CollKind::Broadcast) {
       binomial_broadcast(c, p, vr, real, k.recv, bytes);
-      c.model += model;
       return true;
     }
     // Reduce: accumulate in the root's recv, elsewhere in the workspace.
     char* acc = (r == k.root) ? static_cast<char*>(k.recv) : static_cast<char*>(c.ws->get(bytes));
     binomial_reduce(c, k, p, vr, real, static_cast<const char*>(k.send), acc, bytes);
-    c.model += model;
     return true;
   }
 };
@@ -1187,14 +1334,18 @@ class TreeAlgorithm final : public Algorithm {
 class FlatAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "flat"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
-    if (!g.shared_memory || kind != CollKind::Broadcast || count * es > flat_broadcast_max_bytes(g.size)) return -1;
-    double t = 0;  // the root writes to each peer in turn
-    for (int a = 1; a < g.size; ++a) t += g.links.time(0, a, static_cast<double>(count * es));
+  // The root's p-1 transfers, one after another. (Its size limit,
+  // flat_broadcast_max_bytes, is a selection rule: algorithm_candidates.)
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    if (!g.shared_memory || q.kind != CollKind::Broadcast) return -1;
+    double t = 0;
+    for (int a = 0; a < g.size; ++a)
+      if (a != q.root) t += g.links.time(q.root, a, static_cast<double>(q.count * q.elem));
     return t;
   }
-  bool run(AlgoContext& c, const CollCall& k) override {
-    if (k.kind != CollKind::Broadcast || !c.transport->shared_memory()) return false;
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     const int p = c.size, r = c.rank;
     const size_t bytes = k.count * dtype_size(k.dtype);
     if (r == k.root) {
@@ -1202,14 +1353,21 @@ class FlatAlgorithm final : public Algorithm {
     } else {
       c.transport->recv(k.root, c.tag, k.recv, bytes);
     }
-    // Model: the root's p-1 transfers, one after another.
-    double t = 0;
-    for (int j = 0; j < p; ++j)
-      if (j != k.root) t += c.links->time(k.root, j, static_cast<double>(bytes));
-    c.model += t;
     return true;
   }
 };
+
+// Steps s = first, first * 2 (doubling) or first + 1 (linear) ... < p, each
+// with every rank a sending `bytes` to a + s: the slowest such link per step.
+double shifted_steps_seconds(const LinkCosts& links, int p, bool doubling, double bytes) {
+  double t = 0;
+  for (int s = 1; s < p; s = doubling ? s * 2 : s + 1) {
+    double w = 0;
+    for (int a = 0; a < p; ++a) w = std::max(w, links.time(a, (a + s) % p, bytes));
+    t += w;
+  }
+  return t;
+}
 
 // ---------------------------------------------------------------- pairwise
 // All-to-all in p-1 steps: step s sends block r+s to rank r+s and receives
@@ -1217,19 +1375,13 @@ class FlatAlgorithm final : public Algorithm {
 class PairwiseAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "pairwise"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t es) const override {
-    if (kind != CollKind::AllToAll) return -1;
-    const int p = g.size;
-    double t = 0;
-    for (int s = 1; s < p; ++s) {
-      double w = 0;
-      for (int a = 0; a < p; ++a) w = std::max(w, g.links.time(a, (a + s) % p, static_cast<double>(count * es)));
-      t += w;
-    }
-    return t;
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    if (q.kind != CollKind::AllToAll) return -1;
+    return shifted_steps_seconds(g.links, g.size, false, static_cast<double>(q.count * q.elem));
   }
-  bool run(AlgoContext& c, const CollCall& k) override {
-    if (k.kind != CollKind::AllToAll) return false;
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall& k) override {
     const int p = c.size, r = c.rank;
     const size_t blk = k.count * dtype_size(k.dtype), total = blk * static_cast<size_t>(p);
     const char* send = static_cast<const char*>(k.send);
@@ -1245,9 +1397,6 @@ class PairwiseAlgorithm final : public Algorithm {
       const int to = (r + s) % p, from = mod(r - s, p);
       c.transport->sendrecv(to, send + static_cast<size_t>(to) * blk, blk, from, recv + static_cast<size_t>(from) * blk,
                             blk, c.tag);
-      double t = 0;
-      for (int a = 0; a < p; ++a) t = std::max(t, c.links->time(a, (a + s) % p, static_cast<double>(blk)));
-      c.model += t;
     }
     return true;
   }
@@ -1257,26 +1406,14 @@ class PairwiseAlgorithm final : public Algorithm {
 class DisseminationAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "dissemination"; }
-  double predict(const GroupCostModel& g, CollKind kind, size_t, size_t) const override {
-    if (kind != CollKind::Barrier) return -1;
-    const int p = g.size;
-    double t = 0;
-    for (int d = 1; d < p; d <<= 1) {
-      double w = 0;
-      for (int a = 0; a < p; ++a) w = std::max(w, g.links.time(a, (a + d) % p, 0));
-      t += w;
-    }
-    return t;
+  double cost(const GroupCostModel& g, const CostQuery& q) const override {
+    return q.kind == CollKind::Barrier ? shifted_steps_seconds(g.links, g.size, true, 0) : -1;
   }
-  bool run(AlgoContext& c, const CollCall& k) override {
-    if (k.kind != CollKind::Barrier) return false;
+
+ protected:
+  bool execute(AlgoContext& c, const CollCall&) override {
     const int p = c.size, r = c.rank;
-    for (int d = 1; d < p; d <<= 1) {
-      c.transport->sendrecv((r + d) % p, nullptr, 0, mod(r - d, p), nullptr, 0, c.tag);
-      double t = 0;
-      for (int a = 0; a < p; ++a) t = std::max(t, c.links->time(a, (a + d) % p, 0));
-      c.model += t;
-    }
+    for (int d = 1; d < p; d <<= 1) c.transport->sendrecv((r + d) % p, nullptr, 0, mod(r - d, p), nullptr, 0, c.tag);
     return true;
   }
 };
@@ -1298,42 +1435,6 @@ DisseminationAlgorithm g_dissemination;
 Algorithm* const kAll[] = {&g_oneshot, &g_direct, &g_torus, &g_hier, &g_hier_rd,  &g_hier_leader,  &g_rd,
                            &g_rhd,     &g_ring,   &g_tree,  &g_flat, &g_pairwise, &g_dissemination};
 
-// Modeled seconds of an all-reduce of `bytes` over a group spanning hosts,
-// by closed form on the group's link costs (docs/algorithms.md): one link
-// inside a host (local indices 0 and 1 of host 0) and one between hosts
-// (local index 0 of hosts 0 and 1) stand for all, so every rank computes the
-// same figures. Negative: the algorithm cannot serve the group.
-struct TwoLevelPrediction {
-  double hier = -1, hier_rd = -1, hier_leader = -1, rhd = -1, ring = -1;
-};
-TwoLevelPrediction predict_two_level(const AlgoContext& c, double n) {
-  const HostLevels& h = *c.hosts;
-  const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size()), p = L * H;
-  const int a0 = h.by_local[0], a1 = h.by_local[static_cast<size_t>(H)], b1 = h.by_local[1];
-  auto tl = [&](double b) { return c.links->time(a0, a1, b); };  // inside a host
-  auto tx = [&](double b) { return c.links->time(a0, b1, b); };  // between hosts
-  TwoLevelPrediction r;
-  r.hier = 2 * (L - 1) * tl(n / L) + 2 * (H - 1) * tx(n / p);
-  // On crowded hosts (HostLevels::crowded) hier_rd's L messages across hosts
-  // at once take turns on the host's cores, which the per-link figures
-  // cannot express; hier_leader sends one per host, and serves instead.
-  if (pow2(L) && pow2(H) && !h.crowded) r.hier_rd = log2i(L) * tl(n) + log2i(H) * tx(n);
-  if (pow2(H) && h.crowded) r.hier_leader = 2 * ceil_log2(L) * tl(n) + log2i(H) * tx(n);
-  r.ring = 2 * (p - 1) * tx(n / p);  // every ring step has a cross-host pair
-  // rhd: p' = 2^floor(log2 p); the level at distance d costs the link of
-  // (renumbered) ranks 0 and d, twice (halving and doubling); folding adds
-  // two steps of n.
-  const PowerOfTwoFold fold(p);
-  double t = fold.rem > 0 ? 2 * tx(n) : 0;
-  double part = n;
-  for (int d = fold.pp / 2; d >= 1; d /= 2) {
-    part /= 2;
-    t += 2 * c.links->time(fold.real(0), fold.real(d), part);
-  }
-  r.rhd = t;
-  return r;
-}
-
 }  // namespace
 
 std::vector<std::string> algorithm_names() {
@@ -1348,8 +1449,14 @@ size_t flat_broadcast_max_bytes(int group_size) { return group_size == 2 ? size_
 
 size_t direct_broadcast_min_bytes(int group_size) { return group_size <= 2 ? size_t{4} << 10 : size_t{32} << 10; }
 
+Algorithm* find_algorithm(const std::string& name) {
+  for (auto* a : kAll)
+    if (name == a->name()) return a;
+  return nullptr;
+}
+
 int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
-                         Algorithm** out, const AlgoContext* model) {
+                         Algorithm** out, const GroupCostModel* g, size_t elem) {
   int n = 0;
   auto add = [&](Algorithm* a) {
     for (int i = 0; i < n; ++i)
@@ -1357,9 +1464,7 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
     out[n++] = a;
   };
   if (!forced.empty()) {
-    Algorithm* f = nullptr;
-    for (auto* a : kAll)
-      if (forced == a->name()) f = a;
+    Algorithm* f = find_algorithm(forced);
     if (!f) {
       std::string names;
       for (auto* a : kAll) names += std::string(names.empty() ? "" : ", ") + a->name();
@@ -1373,29 +1478,36 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
   // each, rounds cost < 1 us) direct and ring overtake it above 1 KiB; with
   // more ranks every round saved is a hand-off saved, and it stays fastest
   // up to the 4 KiB a publish slot holds (docs/algorithms.md, "Crossovers").
-  const size_t oneshot_max = oneshot_max_bytes(model ? model->size : 0);
+  const int size = g ? g->size : 0;
+  const size_t oneshot_max = oneshot_max_bytes(size);
   switch (kind) {
     case CollKind::AllReduce:
-      if (multi_host && model && model->hosts && model->hosts->valid && model->links) {
-        // A group spanning hosts: the two-level cost model orders the
-        // algorithms that can serve it (cheapest first); ring stays last as
-        // the fallback that serves everything.
-        const TwoLevelPrediction t = predict_two_level(*model, static_cast<double>(bytes));
-        std::pair<double, Algorithm*> by_time[] = {
-            {t.hier, &g_hier}, {t.hier_rd, &g_hier_rd}, {t.hier_leader, &g_hier_leader}, {t.rhd, &g_rhd}};
+      if (multi_host && g && g->hosts.valid) {
+        // A group spanning hosts: the two-level algorithms that can serve it,
+        // cheapest first by their cost on the group (rank 0's view: the same
+        // order on every rank), those not slower than the ring; ring stays
+        // last as the fallback that serves everything. On crowded hosts
+        // (HostLevels::crowded) hier_rd's L messages across hosts at once
+        // take turns on the host's cores, which the per-link figures cannot
+        // express; hier_leader sends one per host, and serves instead.
+        const CostQuery q{CollKind::AllReduce, bytes / std::max<size_t>(elem, 1), std::max<size_t>(elem, 1), 0, true};
+        const double ring = g_ring.cost(*g, q);
+        std::pair<double, Algorithm*> by_time[] = {{g_hier.cost(*g, q), &g_hier},
+                                                   {g->hosts.crowded ? -1.0 : g_hier_rd.cost(*g, q), &g_hier_rd},
+                                                   {g->hosts.crowded ? g_hier_leader.cost(*g, q) : -1.0, &g_hier_leader},
+                                                   {g_rhd.cost(*g, q), &g_rhd}};
         std::stable_sort(std::begin(by_time), std::end(by_time),
                          [](const auto& x, const auto& y) { return x.first < y.first; });
         for (const auto& [sec, a] : by_time)
-          if (sec >= 0 && sec <= t.ring) add(a);
+          if (sec >= 0 && sec <= ring) add(a);
         if (multi_dim_torus) add(&g_torus);
         add(&g_ring);
         break;
       }
       if (bytes <= oneshot_max) add(&g_oneshot);
       add(&g_direct);
-      // rd: without shared memory (coll_cost's predict() applies the same
-      // rules, knowing the group but not the transport).
-      if (bytes <= rd_max_bytes(model ? model->size : 2) && !(model && model->transport->shared_memory())) add(&g_rd);
+      // rd: without shared memory.
+      if (bytes <= rd_max_bytes(g ? size : 2) && !(g && g->shared_memory)) add(&g_rd);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);
       if (multi_dim_torus) add(&g_torus);
       if (bytes < (size_t{256} << 10)) add(&g_rhd);
@@ -1410,9 +1522,9 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
       add(&g_ring);
       break;
     case CollKind::Broadcast:
-      if (bytes <= flat_broadcast_max_bytes(model ? model->size : 0)) add(&g_flat);
+      if (bytes <= flat_broadcast_max_bytes(size)) add(&g_flat);
       if (bytes <= SharedMemoryPeers::kInlineBytes) add(&g_oneshot);
-      if (bytes > direct_broadcast_min_bytes(model ? model->size : 0)) add(&g_direct);
+      if (bytes > direct_broadcast_min_bytes(size)) add(&g_direct);
       if (multi_host && bytes >= (size_t{256} << 10)) add(&g_hier);
       add(&g_tree);
       break;

@@ -35,8 +35,9 @@ struct CollCall {
   int root;
 };
 
-// Pairwise link costs between group ranks, precomputed from the NetModel so
-// charging a step allocates nothing.
+// Link costs between group ranks: `latency + bytes / bandwidth` of the
+// route between their nodes on the NetModel (NetModel::p2p_time's rule),
+// from each member's coordinates, computed per call without allocating.
 class LinkCosts {
  public:
   LinkCosts() = default;
@@ -44,14 +45,28 @@ class LinkCosts {
   // Links between group ranks on different hosts (host_of[r]) cost
   // `latency + bytes / bandwidth` instead (the instance network).
   void set_between_hosts(const std::vector<int>& host_of, double bandwidth, double latency);
-  double time(int from, int to, double bytes) const {
-    const size_t i = static_cast<size_t>(from) * static_cast<size_t>(p_) + static_cast<size_t>(to);
-    return from == to ? 0.0 : lat_[i] + (bw_[i] > 0 ? bytes / bw_[i] : 0.0);
+  double time(int from, int to, double bytes) const;
+  int size() const { return p_; }
+  // The sum over every other rank j of time(j, to, bytes), as
+  // `latency sum + bytes * inverse-bandwidth sum` kept per rank, so a
+  // rank's pulls from all its peers cost O(1), not O(p) (oneshot, direct).
+  double from_all_peers(int to, double bytes) const {
+    const size_t i = static_cast<size_t>(to);
+    return peer_lat_[i] + bytes * peer_inv_bw_[i];
   }
 
  private:
+  // Fills peer_lat_ and peer_inv_bw_ in O(p log p) per dimension from the
+  // members' coordinates (time()'s rule: hop latencies add per dimension,
+  // the slowest dimension crossed sets the bandwidth).
+  void sum_peers();
+
   int p_ = 0;
-  std::vector<double> lat_, bw_;
+  std::vector<NetDim> dims_;
+  std::vector<int> coord_;  // [r * dims + i]
+  std::vector<int> host_of_;
+  double host_bw_ = 0, host_lat_ = 0;
+  std::vector<double> peer_lat_, peer_inv_bw_;  // [r]: from_all_peers' two sums
 };
 
 // Grid structure of the group on the torus, when it has one: the dims along
@@ -98,32 +113,55 @@ struct HostLevels {
 };
 HostLevels host_levels(const HostMap* hosts, int rank);
 
+struct GroupCostModel;  // coll_cost.h: the group as its costs see it
+
 struct AlgoContext {
   Transport* transport = nullptr;
   int rank = 0, size = 1;
   uint32_t tag = 0;  // this call's tag
-  const LinkCosts* links = nullptr;
-  const NetModel* net = nullptr;
   const TorusShape* torus = nullptr;
   Workspace* ws = nullptr;  // algorithm scratch
-  const HostLevels* hosts = nullptr;
+  const HostLevels* hosts = nullptr;  // this rank's levels
+  const GroupCostModel* group = nullptr;  // what Algorithm::cost sees (links, torus, host levels)
+  // Set false by an algorithm whose shared-memory path found some rank's
+  // buffers outside every shared arena (alike on every rank) and took
+  // another path; run() then charges CostQuery::buffers_shared = false.
+  bool buffers_shared = true;
   double model = 0;  // modeled seconds charged by the schedule
 };
 
-struct GroupCostModel;  // coll_cost.h
+// A call as its cost sees it: `count` elements of `elem` bytes each as
+// run() gets them (as in the Communicator API; bf16/f16 reductions widened
+// to f32), the root, and whether the buffers sit in a shared arena (the
+// planner assumes they do: device memory under `tessera run`).
+struct CostQuery {
+  CollKind kind = CollKind::AllReduce;
+  size_t count = 0;
+  size_t elem = 4;
+  int root = 0;
+  bool buffers_shared = true;
+};
 
 class Algorithm {
  public:
   virtual ~Algorithm() = default;
   virtual const char* name() const = 0;
-  // Serves the call or returns false (declined) without side effects.
-  virtual bool run(AlgoContext& ctx, const CollCall& call) = 0;
-  // The seconds run() charges for `count` elements of `elem` bytes each (as
-  // run() gets them: bf16/f16 reductions widened) over a group on one host
-  // described by `g`, or a negative value where run() would decline; next
-  // to run() so the two keep the same rules (coll_cost.h predict()). The
-  // default: never predicted (the multi-host algorithms).
-  virtual double predict(const GroupCostModel& g, CollKind kind, size_t count, size_t elem) const;
+  // The one cost function and the one decline rule: the modeled seconds of
+  // serving `q` over the group `g` (its schedule's steps on g's links, as
+  // seen from group rank 0, so every rank charges the same), or a negative
+  // value where the algorithm does not serve the call. run() charges
+  // exactly this; the planner and the bench's modeled column read it too
+  // (coll_cost.h predict()).
+  virtual double cost(const GroupCostModel& g, const CostQuery& q) const = 0;
+  // Serves the call, charging cost() to ctx.model, or returns false
+  // (declined) without side effects: where cost() is negative, or where
+  // execute() finds, in a first round every rank sees alike, buffers
+  // outside the shared arena that its only path needs.
+  bool run(AlgoContext& ctx, const CollCall& call);
+
+ protected:
+  // Moves the data (cost() >= 0 for the call); false: declined as above.
+  virtual bool execute(AlgoContext& ctx, const CollCall& call) = 0;
 };
 
 // The registry. Fills `out` (room for kMaxCandidates) with the algorithms
@@ -132,12 +170,15 @@ class Algorithm {
 // as fallbacks. Unknown names throw InvalidArgument. Allocates nothing.
 constexpr int kMaxCandidates = 10;
 // multi_host: the group spans hosts with equal ranks per host (HostLevels::valid).
-// model (optional: hosts and links set): for an all-reduce over a group
-// spanning hosts, the algorithms are ordered by their modeled time on the
-// two levels (closed forms, docs/algorithms.md) instead of by size.
+// g (optional): the group's size and shared memory refine the size rules,
+// and for an all-reduce over a group spanning hosts (g->hosts valid) the
+// two-level algorithms are ordered by their cost() on g (rank 0's view,
+// the same on every rank) instead of by size. `elem`: bytes per element.
 int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool multi_host, const std::string& forced,
-                         Algorithm** out, const AlgoContext* model = nullptr);
+                         Algorithm** out, const GroupCostModel* g = nullptr, size_t elem = 4);
 std::vector<std::string> algorithm_names();
+// The registered algorithm of that name, or nullptr.
+Algorithm* find_algorithm(const std::string& name);
 // The largest message oneshot serves for a group of `group_size` ranks
 // (0: unknown): 1 KiB for 2 ranks, else the 4 KiB a publish slot holds
 // (the crossovers measured in docs/algorithms.md).

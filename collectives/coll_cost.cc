@@ -26,46 +26,7 @@ std::vector<int> identity(int p) {
   for (int i = 0; i < p; ++i) v[static_cast<size_t>(i)] = i;
   return v;
 }
-
-// Group ranks along torus dim i through group rank 0, ordered by coordinate.
-std::vector<int> torus_line(const TorusShape& ts, int i) {
-  int stride = 1;
-  for (int j = 0; j < i; ++j) stride *= ts.extent[static_cast<size_t>(j)];
-  const int k = ts.extent[static_cast<size_t>(i)], me = ts.linear[0], my = ts.coord[0][static_cast<size_t>(i)];
-  std::vector<int> m(static_cast<size_t>(k));
-  for (int t = 0; t < k; ++t) {
-    const int lin = me + (t - my) * stride;
-    m[static_cast<size_t>(t)] = ts.rank_of_linear[static_cast<size_t>(lin)];
-  }
-  return m;
-}
 }  // namespace
-
-double torus_reduce_scatter_seconds(const GroupCostModel& g, double block) {
-  const TorusShape& ts = g.torus;
-  double t = 0;
-  int glo = 0, ghi = g.size;
-  for (int i = static_cast<int>(ts.extent.size()) - 1; i >= 0; --i) {
-    const int k = ts.extent[static_cast<size_t>(i)], sz = (ghi - glo) / k;
-    const std::vector<int> m = torus_line(ts, i);
-    t += ring_phase_seconds(g.links, m.data(), k, sz * block);
-    glo += ts.coord[0][static_cast<size_t>(i)] * sz;
-    ghi = glo + sz;
-  }
-  return t;
-}
-double torus_all_gather_seconds(const GroupCostModel& g, double block) {
-  const TorusShape& ts = g.torus;
-  double t = 0;
-  int span = 1;
-  for (size_t i = 0; i < ts.extent.size(); ++i) {
-    const int k = ts.extent[i];
-    const std::vector<int> m = torus_line(ts, static_cast<int>(i));
-    t += ring_phase_seconds(g.links, m.data(), k, span * block);
-    span *= k;
-  }
-  return t;
-}
 
 double ring_phase_seconds(const LinkCosts& links, const int* members, int m, double block_bytes) {
   if (m <= 1) return 0;
@@ -75,13 +36,9 @@ double ring_phase_seconds(const LinkCosts& links, const int* members, int m, dou
 }
 
 double gather_from_peers_seconds(const LinkCosts& links, int p, double per_peer_bytes) {
+  TESSERA_CHECK_EQ(p, links.size());
   double worst = 0;
-  for (int a = 0; a < p; ++a) {
-    double t = 0;
-    for (int j = 0; j < p; ++j)
-      if (j != a) t += links.time(j, a, per_peer_bytes);
-    worst = std::max(worst, t);
-  }
+  for (int a = 0; a < p; ++a) worst = std::max(worst, links.from_all_peers(a, per_peer_bytes));
   return worst;
 }
 
@@ -166,7 +123,7 @@ LinkFigures env_link_figures(const char* var) {
 }  // namespace
 
 GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory,
-                                const std::vector<int>* host_of, int rank) {
+                                const HostMap* hosts, int rank, bool host_shared_memory) {
   GroupCostModel g;
   g.size = static_cast<int>(nodes.size());
   TESSERA_ARG_CHECK(g.size >= 1, "a group needs at least one member");
@@ -181,11 +138,13 @@ GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nod
     g.nodes = nodes;
   }
   g.links = LinkCosts(g.net, g.nodes);
-  // The default model has two levels when the group spans hosts: NeuronLink
-  // inside a host, the instance network between hosts.
-  if (default_model && host_of && !host_of->empty()) {
+  const std::vector<int>* host_of = hosts && !hosts->host_of.empty() ? &hosts->host_of : nullptr;
+  if (host_of)
     TESSERA_ARG_CHECK(static_cast<int>(host_of->size()) == g.size && rank >= 0 && rank < g.size, "host map of ",
                       host_of->size(), " ranks for a group of ", g.size);
+  // The default model has two levels when the group spans hosts: NeuronLink
+  // inside a host, the instance network between hosts.
+  if (default_model && host_of) {
     const LinkFigures x = env_link_figures("TESSERA_NET_INTER_HOST");
     int local = 0;
     for (int h : *host_of) local += h == (*host_of)[static_cast<size_t>(rank)] ? 1 : 0;
@@ -195,20 +154,39 @@ GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nod
   }
   g.torus = torus_shape(g.net, g.nodes);
   g.shared_memory = shared_memory;
+  g.hosts = host_levels(hosts, 0);  // rank 0's view: every rank costs alike
+  g.host_shared_memory = host_shared_memory;
   return g;
 }
 
+GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory,
+                                const std::vector<int>* host_of, int rank, bool host_shared_memory) {
+  if (!host_of || host_of->empty()) return group_cost_model(net, nodes, shared_memory, static_cast<const HostMap*>(nullptr), rank, host_shared_memory);
+  HostMap hosts;
+  hosts.host_of = *host_of;
+  const int nh = 1 + *std::max_element(host_of->begin(), host_of->end());
+  hosts.names.assign(static_cast<size_t>(nh), "");
+  return group_cost_model(net, nodes, shared_memory, &hosts, rank, host_shared_memory);
+}
+
 double p2p_seconds(const GroupCostModel& g, int a, int b, double bytes) { return g.links.time(a, b, bytes); }
+
+double algorithm_cost(const std::string& name, const GroupCostModel& g, const CostQuery& q) {
+  const Algorithm* a = find_algorithm(name);
+  TESSERA_ARG_CHECK(a != nullptr, "unknown collective algorithm '", name, "'");
+  return a->cost(g, q);
+}
 
 CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCostModel& g) {
   const bool reducing = kind == CollKind::AllReduce || kind == CollKind::ReduceScatter || kind == CollKind::Reduce;
   const size_t es = (reducing && !kernel_dtype(dtype)) ? 4 : dtype_size(dtype);
   const bool multi_dim = g.torus.valid && g.torus.extent.size() >= 2;
   Algorithm* cands[kMaxCandidates];
-  const int n = algorithm_candidates(kind, count * es, multi_dim, /*multi_host=*/false, "", cands);
+  const int n = algorithm_candidates(kind, count * es, multi_dim, g.hosts.valid, "", cands, &g, es);
   // The first candidate that would serve, as in the communicator.
+  const CostQuery q{kind, count, es, 0, true};
   for (int i = 0; i < n; ++i) {
-    const double t = cands[i]->predict(g, kind, count, es);
+    const double t = cands[i]->cost(g, q);
     if (t >= 0) return {cands[i]->name(), t};
   }
   throw InvalidArgument(

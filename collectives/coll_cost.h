@@ -1,17 +1,21 @@
 // Collective costs: the modeled seconds of the algorithms' schedules, in one
-// place. The algorithms (algorithms.cc) charge these figures to the
-// communicator's clock as they run, and predict() gives, without running
-// anything, the algorithm the communicator would pick for a call and the
-// seconds it would charge, so the planner (parallel/cost_model.h) costs a
-// collective exactly as an emulated run models it: it asks the candidates in
-// the communicator's order, each through Algorithm::predict, which sits
-// next to the algorithm's run() and declines where run() would. docs/algorithms.md lists
-// the schedules and their closed forms on a uniform ring.
+// place. Each algorithm has one cost function, Algorithm::cost (next to its
+// schedule in algorithms.cc, built from the step helpers below), which is
+// also its one decline rule: run() charges exactly what it says to the
+// communicator's clock, and predict() gives, without running anything, the
+// algorithm the communicator would pick for a call and the seconds it would
+// charge, by asking the same candidates in the same order. So the planner
+// (parallel/cost_model.h), the bench's modeled column and the MPI
+// communicator's model cost a collective exactly as an emulated run charges
+// it. docs/algorithms.md lists the schedules and their closed forms on a
+// uniform ring.
 //
-// Scope of predict(): groups on one host. With shared memory (the ranks of
-// one host under `tessera run` or mpirun, buffers in the device arena) the
-// shm algorithms (oneshot, direct) come first, as in the communicator; the
-// multi-host ones (hier, hier_rd, hier_leader) are never predicted. Pure functions.
+// The group's link model is built here only (group_cost_model), for the
+// communicator and the planner alike, with the same overrides
+// (TESSERA_NET_INTRA_HOST, TESSERA_NET_INTER_HOST). Groups spanning hosts
+// (a host map with equal ranks per host) are costed with the two-level
+// algorithms (hier, hier_rd, hier_leader) as the communicator runs them.
+// Pure functions.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "collectives/algorithms.h"
+#include "collectives/host.h"
 
 namespace tessera::collectives {
 
@@ -76,17 +81,27 @@ struct GroupCostModel {
   LinkCosts links;
   TorusShape torus;
   bool shared_memory = false;  // every member on one host, buffers in the shared arena
+  // Spanning hosts: the levels as group rank 0 sees them (valid when every
+  // host holds the same number >= 2 of the group's ranks), and whether the
+  // ranks of a host share memory (hier's in-place host phases).
+  HostLevels hosts;
+  bool host_shared_memory = false;
 };
 // The model of a group of nodes on `net`, built here for the communicator
 // (comm_impl.cc) and the planner alike. Empty net dims: the communicator's
 // default, a ring over the group (nodes: only their number counts) with
 // NetModel::kDefaultLink* figures or TESSERA_NET_INTRA_HOST's, and when
-// `host_of` (the group's host map) says it spans hosts, links between hosts
+// `hosts` (the group's host map) says it spans hosts, links between hosts
 // cost the instance network instead: TESSERA_NET_INTER_HOST's figures, or
 // EFA's 800 Gbps shared by the ranks of `rank`'s host and an assumed 10 us
-// (docs/algorithms.md). A non-empty net is taken as it is.
+// (docs/algorithms.md). A non-empty net is taken as it is. The host levels
+// are set from `hosts` either way (host_shared_memory: host_shared_memory).
 GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory,
-                                const std::vector<int>* host_of = nullptr, int rank = 0);
+                                const HostMap* hosts, int rank = 0, bool host_shared_memory = false);
+// The same with a bare host map (group rank -> host index; no host crowded).
+GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory,
+                                const std::vector<int>* host_of = nullptr, int rank = 0,
+                                bool host_shared_memory = false);
 
 struct CollPrediction {
   std::string algorithm;  // as Communicator::last_algorithm() would say
@@ -96,11 +111,9 @@ struct CollPrediction {
 // reduce-scatter: of the result per rank); reductions of bf16/f16 are
 // widened to f32 as the communicator does.
 CollPrediction predict(CollKind kind, size_t count, DType dtype, const GroupCostModel& g);
-// The torus algorithm's phases as seen from group rank 0 (g.torus valid):
-// reduce-scatter from the slowest dim to the fastest, all-gather back;
-// `block` bytes per linear block.
-double torus_reduce_scatter_seconds(const GroupCostModel& g, double block);
-double torus_all_gather_seconds(const GroupCostModel& g, double block);
+// The algorithm `name` serves (or declines: negative) `q` over `g` at this
+// cost (Algorithm::cost); unknown names throw InvalidArgument.
+double algorithm_cost(const std::string& name, const GroupCostModel& g, const CostQuery& q);
 // A point-to-point transfer of `bytes` from group rank a to b.
 double p2p_seconds(const GroupCostModel& g, int a, int b, double bytes);
 

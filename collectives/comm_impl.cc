@@ -76,14 +76,10 @@ class TransportCommunicator final : public Communicator {
     }
     // The one link model, as the planner builds it (collectives/coll_cost.h).
     const HostMap* hosts = transport_->hosts();
-    GroupCostModel g =
-        group_cost_model(options_.net, nodes, /*shared_memory=*/false, hosts ? &hosts->host_of : nullptr, rank_);
-    net_ = std::move(g.net);
-    nodes_ = std::move(g.nodes);
-    links_ = std::move(g.links);
-    torus_ = std::move(g.torus);
-    multi_dim_ = torus_.valid && torus_.extent.size() >= 2;
-    hosts_ = host_levels(transport_->hosts(), rank_);
+    group_ = group_cost_model(options_.net, nodes, transport_->shared_memory() != nullptr, hosts, rank_,
+                              transport_->host_shared_memory() != nullptr);
+    multi_dim_ = group_.torus.valid && group_.torus.extent.size() >= 2;
+    hosts_ = host_levels(hosts, rank_);
     // Validate a forced algorithm name now rather than at the first call.
     Algorithm* tmp[kMaxCandidates];
     algorithm_candidates(CollKind::AllReduce, 0, false, false, options_.algo, tmp);
@@ -151,8 +147,8 @@ class TransportCommunicator final : public Communicator {
     guarded("sendrecv", [&] {
       const size_t es = dtype_size(dtype), sb = send_count * es, rb = recv_count * es;
       transport_->sendrecv(dst, send, sb, src, recv, rb, tag | kP2PTagBit);
-      record("p2p", std::max(links_.time(rank_, dst, static_cast<double>(sb)),
-                             links_.time(src, rank_, static_cast<double>(rb))));
+      record("p2p", std::max(p2p_seconds(group_, rank_, dst, static_cast<double>(sb)),
+                             p2p_seconds(group_, src, rank_, static_cast<double>(rb))));
     });
   }
   std::shared_ptr<Work> all_reduce_async(const void* send, void* recv, size_t count, DType dtype,
@@ -286,11 +282,10 @@ class TransportCommunicator final : public Communicator {
       ctx.rank = rank_;
       ctx.size = size_;
       ctx.tag = (++seq_) & ~kP2PTagBit;
-      ctx.links = &links_;
-      ctx.net = &net_;
-      ctx.torus = &torus_;
+      ctx.torus = &group_.torus;
       ctx.ws = &ws_;
       ctx.hosts = &hosts_;
+      ctx.group = &group_;
       const bool reducing = kind == CollKind::AllReduce || kind == CollKind::ReduceScatter || kind == CollKind::Reduce;
       const ReduceOp kop = op == ReduceOp::Avg ? ReduceOp::Sum : op;
       CollCall call{kind, send, recv, count, dtype, kop, root};
@@ -307,7 +302,8 @@ class TransportCommunicator final : public Communicator {
       }
       const size_t bytes = count * dtype_size(call.dtype);
       Algorithm* cands[kMaxCandidates];
-      const int n = algorithm_candidates(kind, bytes, multi_dim_, hosts_.valid, options_.algo, cands, &ctx);
+      const int n =
+          algorithm_candidates(kind, bytes, multi_dim_, hosts_.valid, options_.algo, cands, &group_, dtype_size(call.dtype));
       const char* served = nullptr;
       for (int i = 0; i < n && !served; ++i)
         if (cands[i]->run(ctx, call)) served = cands[i]->name();
@@ -349,7 +345,7 @@ class TransportCommunicator final : public Communicator {
         transport_->send(peer, tag | kP2PTagBit, buf, bytes);
       else
         transport_->recv(peer, tag | kP2PTagBit, buf, bytes);
-      record("p2p", links_.time(is_send ? rank_ : peer, is_send ? peer : rank_, static_cast<double>(bytes)));
+      record("p2p", p2p_seconds(group_, is_send ? rank_ : peer, is_send ? peer : rank_, static_cast<double>(bytes)));
     });
   }
 
@@ -427,10 +423,7 @@ class TransportCommunicator final : public Communicator {
   std::unique_ptr<Transport> transport_;
   CommOptions options_;
   int rank_ = 0, size_ = 1;
-  NetModel net_;
-  std::vector<int> nodes_;
-  LinkCosts links_;
-  TorusShape torus_;
+  GroupCostModel group_;  // the group as its algorithms' costs see it
   bool multi_dim_ = false;
   HostLevels hosts_;
 

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 
+#include "collectives/host.h"
 #include "parallel/pipeline/partition.h"
 #include "runtime/error.h"
 #include "runtime/kernel_cost.h"
@@ -129,21 +132,8 @@ std::vector<int> partition_layers(int layers, int pp, bool balanced, double head
 
 // ---- groups -------------------------------------------------------------------------
 
-namespace {
-// Groups up to this size get the communicator's exact model (pairwise link
-// costs, p^2 entries); larger ones (planning thousands of cores) are costed
-// with NetModel's closed forms on `closed_form` instead.
-constexpr size_t kExactGroup = 64;
-
-collectives::GroupCostModel make_group(const NetModel& net, const std::vector<int>& nodes, bool shm,
-                                       const NetModel& closed_form) {
-  if (nodes.size() <= kExactGroup) return collectives::group_cost_model(net, nodes, shm);
-  collectives::GroupCostModel g;
-  g.size = static_cast<int>(nodes.size());
-  g.net = closed_form;  // no nodes: closed forms
-  return g;
-}
-}  // namespace
+// Every group, whatever its size, is the communicator's own model
+// (collectives::group_cost_model): costing one is O(p), not p^2.
 
 int kv_replicas_of(const ModelConfig& m, int tp) {
   return m.family == "llama" && tp > m.kv_heads ? tp / m.kv_heads : 1;
@@ -153,7 +143,7 @@ GroupNets emulated_group_nets(int tp, int pp, int dp, int kv_replicas) {
   auto ring = [](int n) {
     std::vector<int> nodes(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) nodes[static_cast<size_t>(i)] = i;
-    return make_group(NetModel(), nodes, /*shm=*/true, NetModel::default_ring(n));
+    return collectives::group_cost_model(NetModel(), nodes, /*shared_memory=*/true);
   };
   return GroupNets{ring(tp), ring(dp), ring(pp), ring(pp > 1 ? 2 : 1), ring(pp > 1 ? 2 : 1), ring(kv_replicas)};
 }
@@ -162,6 +152,26 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl, int kv
   const Mesh& mesh = pl.mesh();
   const NetModel net = topo.net_model();
   const bool shm = topo.num_instances() <= 1;
+  // A group spanning instances has the host map its communicator would
+  // (host = the node's instance, numbered in order of first member; shared
+  // memory inside each, as shm+tcp), so the hierarchical algorithms are
+  // candidates as in a real run (collectives/coll_cost.h).
+  auto model = [&](const std::vector<int>& nodes) {
+    if (shm) return collectives::group_cost_model(net, nodes, true);
+    collectives::HostMap hosts;
+    std::map<int, int> index;  // instance -> host index
+    for (int node : nodes) {
+      const std::vector<int> c = net.coords(node);
+      int inst = 0;
+      for (size_t i = topo.dims().size(); i-- > 0;)
+        if (topo.dims()[i].level == TopoLevel::Instance) inst = inst * topo.dims()[i].net.size + c[i];
+      const auto [it, fresh] = index.emplace(inst, static_cast<int>(index.size()));
+      if (fresh) hosts.names.push_back("instance " + std::to_string(inst));
+      hosts.host_of.push_back(it->second);
+    }
+    if (hosts.num_hosts() < 2) return collectives::group_cost_model(net, nodes, true);
+    return collectives::group_cost_model(net, nodes, false, &hosts, 0, /*host_shared_memory=*/true);
+  };
   auto group = [&](MeshAxis a) {
     std::vector<int> nodes;
     for (int i = 0; i < mesh.size(a); ++i) {
@@ -171,12 +181,12 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl, int kv
       if (a == MeshAxis::PP) c.pp = i;
       nodes.push_back(pl.node(mesh.rank(c)));
     }
-    return make_group(net, nodes, shm, pl.group_model(a));
+    return model(nodes);
   };
   auto pair = [&](int stage_a, int stage_b) {
     std::vector<int> nodes = {pl.node(mesh.rank({.tp = 0, .dp = 0, .pp = stage_a}))};
     if (stage_b != stage_a) nodes.push_back(pl.node(mesh.rank({.tp = 0, .dp = 0, .pp = stage_b})));
-    return collectives::group_cost_model(net, nodes, shm);
+    return model(nodes);
   };
   const int p = mesh.size(MeshAxis::PP);
   std::vector<int> kv_nodes;  // rank 0's K/V group: the first kv_replicas TP ranks
@@ -184,7 +194,7 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl, int kv
   for (int i = 0; i < kv_replicas; ++i) kv_nodes.push_back(pl.node(mesh.rank({.tp = i, .dp = 0, .pp = 0})));
   return GroupNets{group(MeshAxis::TP), group(MeshAxis::DP),
                    group(MeshAxis::PP), pair(0, p > 1 ? 1 : 0),
-                   pair(0, p - 1),      make_group(net, kv_nodes, shm, pl.group_model(MeshAxis::TP))};
+                   pair(0, p - 1),      model(kv_nodes)};
 }
 
 // ---- the pipeline ---------------------------------------------------------------------
@@ -288,13 +298,6 @@ class StepCoster {
   // groups of one rank and empty calls.
   double coll(collectives::CollKind kind, int64_t count, const collectives::GroupCostModel& g) const {
     if (g.size <= 1 || count <= 0) return 0;
-    if (g.nodes.empty()) {  // a group too large for the exact model: closed forms
-      const bool reducing = kind != collectives::CollKind::AllGather;
-      const double n = static_cast<double>(count) * (reducing || dt_ == DType::F32 ? 4 : 2);
-      if (kind == collectives::CollKind::AllReduce) return g.net.torus_allreduce_time(n);
-      if (kind == collectives::CollKind::ReduceScatter) return g.net.torus_reduce_scatter_time(n * g.size);
-      return g.net.torus_allgather_time(n * g.size);
-    }
     if (megatron_ && dt_ != DType::F32 && kind != collectives::CollKind::AllGather)  // NCCL reduces in 16 bits
       return collectives::predict(kind, static_cast<size_t>((count + 1) / 2), DType::F32, g).seconds;
     return collectives::predict(kind, static_cast<size_t>(count), dt_, g).seconds;

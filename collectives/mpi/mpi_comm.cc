@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "collectives/coll_cost.h"
 #include "collectives/mpi/mpi_backend.h"
 #include "collectives/mpi/mpi_env.h"
 #include "runtime/error.h"
@@ -263,14 +264,23 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, CommOptions options) : comm_(comm), options_(std::move(options)) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    net_ = options_.net;
-    if (net_.num_nodes() != size_) {
-      // Model this group as a ring with the first dimension's link figures
-      // (the communicators' defaults when no topology was given).
-      double bw = options_.net.dims().empty() ? NetModel::kDefaultLinkBandwidth : options_.net.dims()[0].bandwidth;
-      double lat = options_.net.dims().empty() ? NetModel::kDefaultLinkLatency : options_.net.dims()[0].latency;
-      net_ = NetModel::ring(size_, bw, lat);
+    // The modeled seconds of a call are those tessera's own communicator
+    // would charge for it over this group without shared memory (the one
+    // cost model, collectives/coll_cost.h): the group's world ranks on the
+    // given interconnect, or (none given, or ranks outside it) a ring with
+    // its first dimension's figures (the communicators' defaults without one).
+    std::vector<int> nodes;
+    bool on_net = !options_.net.dims().empty();
+    for (int r = 0; r < size_; ++r) {
+      nodes.push_back(world(r));
+      on_net = on_net && nodes.back() >= 0 && nodes.back() < options_.net.num_nodes();
     }
+    NetModel net = options_.net;
+    if (!on_net && !net.dims().empty()) {
+      net = NetModel::ring(size_, net.dims()[0].bandwidth, net.dims()[0].latency);
+      for (int r = 0; r < size_; ++r) nodes[static_cast<size_t>(r)] = r;
+    }
+    group_ = group_cost_model(net, nodes, /*shared_memory=*/false);
     watchdog_ = std::make_unique<Watchdog>(options_.timeout, options_.name);
   }
   ~MpiCommunicator() override {
@@ -287,7 +297,7 @@ class MpiCommunicator final : public Communicator {
     const void* s = send == recv ? MPI_IN_PLACE : send;
     check_mpi(MPI_Allreduce(s, recv, as_int(count, "all_reduce"), mpi_type(dt), mpi_op(dt, op), comm_), "all_reduce");
     if (op == ReduceOp::Avg) divide(recv, count, dt, size_);
-    model(net_.torus_allreduce_time(bytes(count, dt)), "all_reduce");
+    model(predicted(CollKind::AllReduce, count, dt), "all_reduce");
   }
   void all_gather(const void* send, void* recv, size_t count, DType dt) override {
     Guard g(*this, "all_gather");
@@ -295,7 +305,7 @@ class MpiCommunicator final : public Communicator {
         send == static_cast<char*>(recv) + static_cast<size_t>(rank_) * count * dtype_size(dt) ? MPI_IN_PLACE : send;
     int n = as_int(count, "all_gather");
     check_mpi(MPI_Allgather(s, n, mpi_type(dt), recv, n, mpi_type(dt), comm_), "all_gather");
-    model(net_.torus_allgather_time(bytes(count, dt) * size_), "all_gather");
+    model(predicted(CollKind::AllGather, count, dt), "all_gather");
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType dt, ReduceOp op) override {
     Guard g(*this, "reduce_scatter");
@@ -312,13 +322,13 @@ class MpiCommunicator final : public Communicator {
       check_mpi(MPI_Reduce_scatter_block(send, recv, n, mpi_type(dt), mpi_op(dt, op), comm_), "reduce_scatter");
     }
     if (op == ReduceOp::Avg) divide(recv, count, dt, size_);
-    model(net_.torus_reduce_scatter_time(blk * size_), "reduce_scatter");
+    model(predicted(CollKind::ReduceScatter, count, dt), "reduce_scatter");
   }
   void broadcast(void* buf, size_t count, DType dt, int root) override {
     Guard g(*this, "broadcast");
     check_root(root, "broadcast");
     check_mpi(MPI_Bcast(buf, as_int(count, "broadcast"), mpi_type(dt), root, comm_), "broadcast");
-    model(net_.torus_allreduce_time(bytes(count, dt)), "broadcast");  // scatter + all-gather schedule
+    model(predicted(CollKind::Broadcast, count, dt), "broadcast");
   }
   void reduce(const void* send, void* recv, size_t count, DType dt, ReduceOp op, int root) override {
     Guard g(*this, "reduce");
@@ -328,21 +338,20 @@ class MpiCommunicator final : public Communicator {
                          comm_),
               "reduce");
     if (op == ReduceOp::Avg && rank_ == root) divide(recv, count, dt, size_);
-    model(net_.torus_allreduce_time(bytes(count, dt)), "reduce");  // reduce-scatter + gather schedule
+    model(predicted(CollKind::Reduce, count, dt), "reduce");
   }
   void all_to_all(const void* send, void* recv, size_t count, DType dt) override {
     Guard g(*this, "all_to_all");
     const void* s = send == recv ? MPI_IN_PLACE : send;
     int n = as_int(count, "all_to_all");
     check_mpi(MPI_Alltoall(s, n, mpi_type(dt), recv, n, mpi_type(dt), comm_), "all_to_all");
-    // Same bytes per rank as an all-gather of the whole buffer: (p-1)/p of it.
-    model(net_.torus_allgather_time(bytes(count, dt) * size_), "all_to_all");
+    model(predicted(CollKind::AllToAll, count, dt), "all_to_all");
   }
   void send(const void* buf, size_t count, DType dt, int peer, uint32_t tag) override {
     Guard g(*this, "send");
     check_root(peer, "send");
     check_mpi(MPI_Send(buf, as_int(count, "send"), mpi_type(dt), peer, static_cast<int>(tag & 0x7fff), comm_), "send");
-    model(net_.p2p_time(world(rank_), world(peer), bytes(count, dt)), "send");
+    model(p2p_seconds(group_, rank_, peer, bytes(count, dt)), "send");
   }
   void recv(void* buf, size_t count, DType dt, int peer, uint32_t tag) override {
     Guard g(*this, "recv");
@@ -350,7 +359,7 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Recv(buf, as_int(count, "recv"), mpi_type(dt), peer, static_cast<int>(tag & 0x7fff), comm_,
                        MPI_STATUS_IGNORE),
               "recv");
-    model(net_.p2p_time(world(peer), world(rank_), bytes(count, dt)), "recv");
+    model(p2p_seconds(group_, peer, rank_, bytes(count, dt)), "recv");
   }
   void sendrecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count, int src, DType dt,
                 uint32_t tag) override {
@@ -361,8 +370,8 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Sendrecv(send, as_int(send_count, "sendrecv"), mpi_type(dt), dst, t, recv,
                            as_int(recv_count, "sendrecv"), mpi_type(dt), src, t, comm_, MPI_STATUS_IGNORE),
               "sendrecv");
-    model(std::max(net_.p2p_time(world(rank_), world(dst), bytes(send_count, dt)),
-                   net_.p2p_time(world(src), world(rank_), bytes(recv_count, dt))),
+    model(std::max(p2p_seconds(group_, rank_, dst, bytes(send_count, dt)),
+                   p2p_seconds(group_, src, rank_, bytes(recv_count, dt))),
           "sendrecv");
   }
   std::shared_ptr<Work> send_async(const void* buf, size_t count, DType dt, int peer, uint32_t tag) override {
@@ -371,7 +380,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req = MPI_REQUEST_NULL;
     check_mpi(MPI_Isend(buf, as_int(count, "send"), mpi_type(dt), peer, static_cast<int>(tag & 0x7fff), comm_, &req),
               "send");
-    model(net_.p2p_time(world(rank_), world(peer), bytes(count, dt)), "send");
+    model(p2p_seconds(group_, rank_, peer, bytes(count, dt)), "send");
     return std::make_shared<PendingSend>(*this, req);
   }
   void barrier() override {
@@ -447,6 +456,9 @@ class MpiCommunicator final : public Communicator {
       throw InvalidArgument(std::string("mpi ") + what + ": rank " + std::to_string(r) + " out of range for group '" +
                             options_.name + "' of " + std::to_string(size_));
   }
+  double predicted(CollKind kind, size_t count, DType dt) const {
+    return size_ > 1 ? predict(kind, count, dt, group_).seconds : 0.0;
+  }
   void model(double seconds, const char* /*what*/) {
     last_modeled_ = seconds;
     total_modeled_ += seconds;
@@ -454,7 +466,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   CommOptions options_;
-  NetModel net_;
+  GroupCostModel group_;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<Watchdog> watchdog_;
   std::atomic<bool> aborted_{false};

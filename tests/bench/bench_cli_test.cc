@@ -166,6 +166,25 @@ TEST_F(BenchCli, RunsUnderMpirun) {
   EXPECT_NE(s.out.find("2 ranks, transport shm"), std::string::npos) << s.out;
 }
 
+// One cost model: the modeled column under MPI is what tessera's own
+// communicator charges for the same group without shared memory (two ranks
+// over TCP, the default ring), row by row: rd's one exchange at 1 KiB and
+// 32 KiB, the ring at 1 MiB (not NetModel's ring closed form).
+TEST_F(BenchCli, MpiModeledColumnIsTheCommunicatorsCharge) {
+  const std::string flags = " -b 1K -e 1M -f 32 -n 1 -w 0 --json ";
+  RunResult m = run("bench allr --transport mpi" + flags + dir_ + "/mm.json", "mpirun --oversubscribe -np 2");
+  ASSERT_EQ(m.code, 0) << m.out;
+  RunResult t = run("bench allr --transport tcp -r 2" + flags + dir_ + "/mt.json");
+  ASSERT_EQ(t.code, 0) << t.out;
+  auto jm = read_json(dir_ + "/mm.json"), jt = read_json(dir_ + "/mt.json");
+  ASSERT_EQ(jm["results"].size(), 3u);
+  ASSERT_EQ(jt["results"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const double a = jm["results"][i]["modeled_busbw_gbps"], b = jt["results"][i]["modeled_busbw_gbps"];
+    EXPECT_NEAR(a, b, 1e-9 * b) << "row " << i;
+  }
+}
+
 TEST_F(BenchCli, RunsUnderTesseraRun) {
   std::string js = dir_ + "/l.json";
   RunResult r = run(std::string("run --nproc-per-node 3 -- ") + TESSERA_BIN +

@@ -6,8 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -57,6 +60,32 @@ TEST(CollCost, OneLinkModelWithTheCommunicatorsOverrides) {
   // A given interconnect is taken as it is, host map or not.
   const NetModel net = NetModel::ring(4, 5e9, 1e-6);
   EXPECT_NEAR(group_cost_model(net, nodes, false, &host_of, 0).links.time(1, 2, bytes), 1e-6 + bytes / 5e9, 1e-18);
+}
+
+// A rank's pulls from all its peers (oneshot, direct) are summed per rank
+// once, from the members' coordinates; they equal the pairwise sum of
+// time(), on a ring, a line and a switch with different bandwidths (the
+// slowest dim crossed counts), a scattered subset of nodes and a host map.
+TEST(CollCost, PullsFromAllPeersEqualThePairwiseSum) {
+  const NetModel net({NetDim{4, LinkKind::Ring, 20e9, 1e-6}, NetDim{3, LinkKind::Line, 10e9, 3e-6},
+                      NetDim{2, LinkKind::Switch, 40e9, 5e-6}});
+  const std::vector<int> nodes = {0, 1, 3, 5, 6, 11, 12, 14, 17, 23}, host_of = {0, 0, 0, 1, 1, 1, 0, 1, 0, 1};
+  for (const GroupCostModel& g : {group_cost_model(net, nodes, false), ring_group(5, false)}) {
+    LinkCosts hosts = g.links;
+    if (g.size == static_cast<int>(host_of.size())) hosts.set_between_hosts(host_of, 3e9, 7e-6);
+    for (const LinkCosts* l : {&g.links, static_cast<const LinkCosts*>(&hosts)})
+      for (int a = 0; a < g.size; ++a) {
+        double want = 0;
+        for (int j = 0; j < g.size; ++j) want += l->time(j, a, 1e5);
+        EXPECT_NEAR(l->from_all_peers(a, 1e5), want, 1e-12 * want) << "rank " << a << " of " << g.size;
+      }
+  }
+  // By hand, rank 0 (node 0) of the 4 x 3 x 2 net: node 1 is 1 ring hop
+  // (1 us + B/20e9), node 12 one switch hop (5 us + B/40e9), node 23 = (3, 2, 1):
+  // 1 + 2 x 3 + 5 us, bandwidth of the mesh dim, 10e9.
+  const GroupCostModel three = group_cost_model(net, {0, 1, 12, 23}, false);
+  EXPECT_NEAR(three.links.from_all_peers(0, 1e6),
+              (1e-6 + 1e6 / 20e9) + (5e-6 + 1e6 / 40e9) + (12e-6 + 1e6 / 10e9), 1e-15);
 }
 
 TEST(CollCost, RingAllReduceByHand) {
@@ -221,6 +250,192 @@ TEST(CollCost, PredictionEqualsCharge) {
     }
   });
   EXPECT_EQ(failures(res), "");
+}
+
+// ---- one cost function per algorithm: what a run charges is what cost() says ----
+
+constexpr CollKind kKinds[] = {CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather, CollKind::Broadcast,
+                               CollKind::Reduce,    CollKind::AllToAll,      CollKind::Barrier};
+
+// One call of `kind` on float buffers holding p * count elements each.
+void call(Communicator& c, CollKind kind, float* send, float* recv, size_t count, int root) {
+  switch (kind) {
+    case CollKind::AllReduce:
+      return c.all_reduce(send, recv, count, DType::F32, ReduceOp::Sum);
+    case CollKind::ReduceScatter:
+      return c.reduce_scatter(send, recv, count, DType::F32, ReduceOp::Sum);
+    case CollKind::AllGather:
+      return c.all_gather(send, recv, count, DType::F32);
+    case CollKind::Broadcast:
+      return c.broadcast(recv, count, DType::F32, root);
+    case CollKind::Reduce:
+      return c.reduce(send, recv, count, DType::F32, ReduceOp::Sum, root);
+    case CollKind::AllToAll:
+      return c.all_to_all(send, recv, count, DType::F32);
+    case CollKind::Barrier:
+      return c.barrier();
+  }
+}
+
+bool near(double x, double y) { return std::fabs(x - y) <= 1e-12 * std::max(1e-9, std::fabs(y)); }
+
+// Every registered algorithm forced on communicator `make(name)` of group
+// model g, every kind, several sizes and roots: an algorithm whose cost()
+// serves the call serves it and charges exactly cost(); one whose cost()
+// declines does not serve it (a fallback does). Then, unforced, the
+// communicator picks and charges what predict() says. `shared`: the
+// buffers sit in the device's shared arena (else on the heap, where a
+// shared-memory path that needs them declines or takes its other path).
+template <typename MakeFn>
+void charges_equal_costs(int rank, const GroupCostModel& g, MakeFn make, bool shared, const std::vector<size_t>& counts) {
+  const int p = g.size;
+  const size_t most = counts.back() * static_cast<size_t>(p);
+  Device dev(DeviceSpec::preset("test-core"), rank, make_shm_memory(64u << 20));
+  std::vector<float> heap(2 * most + 2, 1.0f);
+  float* send = shared ? static_cast<float*>(dev.allocate(4 * most)) : heap.data();
+  float* recv = shared ? static_cast<float*>(dev.allocate(4 * most)) : heap.data() + most + 1;
+  int served = 0;
+  for (const std::string& name : algorithm_names()) {
+    auto c = make(name);
+    for (CollKind kind : kKinds)
+      for (size_t count : counts)
+        for (int root : {0, p - 1}) {
+          if (kind == CollKind::Barrier && count != counts[0]) continue;
+          const CostQuery q{kind, kind == CollKind::Barrier ? 0 : count, 4, root, shared};
+          const double want = algorithm_cost(name, g, q);
+          call(*c, kind, send, recv, q.count, root);
+          const std::string what = detail::concat(name, " ", coll_kind_name(kind), " of ", count, " root ", root, ": ");
+          if (want < 0) {
+            COLL_REQUIRE(c->last_algorithm() != name, what, "served although its cost declines");
+            continue;
+          }
+          COLL_REQUIRE(c->last_algorithm() == name, what, c->last_algorithm(), " served instead");
+          COLL_REQUIRE(near(c->last_modeled_seconds(), want), what, "charged ", c->last_modeled_seconds(),
+                       ", cost() says ", want);
+          ++served;
+        }
+  }
+  COLL_REQUIRE(served > 0, "no forced algorithm served");
+  if (!shared) return;
+  auto c = make("");
+  for (CollKind kind : kKinds)
+    for (size_t count : counts) {
+      if (kind == CollKind::Barrier || kind == CollKind::Broadcast || kind == CollKind::Reduce) continue;
+      call(*c, kind, send, recv, count, 0);
+      const CollPrediction e = predict(kind, count, DType::F32, g);
+      COLL_REQUIRE(c->last_algorithm() == e.algorithm && near(c->last_modeled_seconds(), e.seconds),
+                   coll_kind_name(kind), " ", count, ": ran ", c->last_algorithm(), " ", c->last_modeled_seconds(),
+                   ", predicted ", e.algorithm, " ", e.seconds);
+    }
+}
+
+TEST(CollCost, EveryAlgorithmChargesItsCostOverSharedMemory) {
+  for (int p : {3, 4}) {
+    auto res = run_ranks(p, [](int rank, int size, const std::shared_ptr<Store>& store) {
+      int seq = 0;
+      auto make = [&](const std::string& algo) {
+        CommOptions o;
+        o.algo = algo;
+        return Communicator::create(std::make_shared<PrefixStore>(store, std::to_string(seq++) + "/"), rank, size, o);
+      };
+      charges_equal_costs(rank, ring_group(size, true), make, true, {1, 700, 70000});
+      charges_equal_costs(rank, ring_group(size, true), make, false, {1, 700, 70000});
+    });
+    EXPECT_EQ(failures(res), "") << "p " << p;
+  }
+}
+
+TEST(CollCost, EveryAlgorithmChargesItsCostOverTcp) {
+  auto res = run_ranks(4, [](int rank, int size, const std::shared_ptr<Store>& store) {
+    int seq = 0;
+    // On a 2 x 2 torus (the torus algorithm serves) and on the default ring.
+    const NetModel torus({NetDim{2, LinkKind::Ring, 20e9, 1e-6}, NetDim{2, LinkKind::Ring, 10e9, 3e-6}});
+    for (const NetModel& net : {torus, NetModel()}) {
+      auto make = [&](const std::string& algo) {
+        CommOptions o;
+        o.transport = TransportKind::Tcp;
+        o.algo = algo;
+        o.net = net;
+        return Communicator::create(std::make_shared<PrefixStore>(store, std::to_string(seq++) + "/"), rank, size, o);
+      };
+      const GroupCostModel g = group_cost_model(net, {0, 1, 2, 3}, false);
+      charges_equal_costs(rank, g, make, true, {1, 1000, 40000});
+    }
+  });
+  EXPECT_EQ(failures(res), "");
+}
+
+// Groups spanning two "hosts" (TESSERA_HOST_KEY_SUFFIX: shared memory inside
+// each, TCP between): hier, hier_rd and hier_leader (and the rest) charge
+// their cost functions, in place in the arena and through the rings from
+// the heap, and unforced the communicator picks and charges what predict()
+// says for the group's model with its host map.
+TEST(CollCost, EveryAlgorithmChargesItsCostAcrossHosts) {
+  for (const std::vector<int>& host_of : {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 1, 0, 1}}) {
+    auto res = run_ranks(4, [&](int rank, int size, const std::shared_ptr<Store>& store) {
+      ::setenv("TESSERA_HOST_KEY_SUFFIX", ("cost-host-" + std::to_string(host_of[rank])).c_str(), 1);
+      ::setenv("TESSERA_TCP_ADDR", "127.0.0.1", 1);
+      int seq = 0;
+      auto make = [&](const std::string& algo) {
+        CommOptions o;
+        o.algo = algo;
+        auto c =
+            Communicator::create(std::make_shared<PrefixStore>(store, std::to_string(seq++) + "/"), rank, size, o);
+        COLL_REQUIRE(c->transport() == "shm+tcp", "transport ", c->transport());
+        return c;
+      };
+      // The host map as the communicator sees it, with each host's CPUs (crowded or not).
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+      HostMap hosts;
+      hosts.host_of = host_of;
+      hosts.names = {"h0", "h1"};
+      hosts.cpus = {cpus, cpus};
+      const GroupCostModel g = group_cost_model(NetModel(), {0, 1, 2, 3}, false, &hosts, rank, true);
+      COLL_REQUIRE(g.hosts.valid, "two levels expected");
+      charges_equal_costs(rank, g, make, true, {1, 1000, 70000});
+      charges_equal_costs(rank, g, make, false, {1, 1000, 70000});
+    });
+    EXPECT_EQ(failures(res), "");
+  }
+}
+
+// The hierarchical algorithms' costs by hand: 2 hosts x 2 ranks, links
+// inside a host 2 us + bytes / 48 GiB/s, between hosts 10 us + bytes /
+// (100 GB/s shared by the host's 2 ranks).
+TEST(CollCost, HierarchicalCostsByHand) {
+  const std::vector<int> host_of = {0, 0, 1, 1};
+  const GroupCostModel g = group_cost_model(NetModel(), {0, 1, 2, 3}, false, &host_of, 0, true);
+  ASSERT_TRUE(g.hosts.valid);
+  auto tl = [](double b) { return 2e-6 + b / kB; };
+  auto tx = [](double b) { return 10e-6 + b / 50e9; };
+  const double n = 4e6;  // 1e6 floats
+  // hier, in place: pull and push one half inside the host (one peer each),
+  // ring all-reduce of that half over the 2 hosts (two steps of a quarter).
+  EXPECT_NEAR(algorithm_cost("hier", g, {CollKind::AllReduce, 1000000, 4, 0, true}), 2 * tl(n / 2) + 2 * tx(n / 4),
+              1e-15);
+  // From the heap: the host's reduce-scatter and all-gather rings instead (the same here: one peer).
+  EXPECT_NEAR(algorithm_cost("hier", g, {CollKind::AllReduce, 1000000, 4, 0, false}), 2 * tl(n / 2) + 2 * tx(n / 4),
+              1e-15);
+  // hier_rd: one doubling inside the host, one across: the whole vector each.
+  EXPECT_NEAR(algorithm_cost("hier_rd", g, {CollKind::AllReduce, 1000000, 4, 0, true}), tl(n) + tx(n), 1e-15);
+  // hier_leader: reduce to the leader, its exchange across, broadcast back.
+  EXPECT_NEAR(algorithm_cost("hier_leader", g, {CollKind::AllReduce, 1000000, 4, 0, true}), 2 * tl(n) + tx(n),
+              1e-15);
+  // All-gather of 1000 floats per rank: a ring across hosts of one block,
+  // then one inside the host of two blocks.
+  EXPECT_NEAR(algorithm_cost("hier", g, {CollKind::AllGather, 1000, 4, 0, true}), tx(4000) + tl(8000), 1e-15);
+  // Three hosts do not have powers of two: hier_rd and hier_leader decline.
+  const std::vector<int> three = {0, 0, 1, 1, 2, 2};
+  const GroupCostModel g3 = group_cost_model(NetModel(), {0, 1, 2, 3, 4, 5}, false, &three, 0, true);
+  EXPECT_LT(algorithm_cost("hier_rd", g3, {CollKind::AllReduce, 10, 4, 0, true}), 0);
+  EXPECT_LT(algorithm_cost("hier_leader", g3, {CollKind::AllReduce, 10, 4, 0, true}), 0);
+  EXPECT_GE(algorithm_cost("hier", g3, {CollKind::AllReduce, 10, 4, 0, true}), 0);
+  // predict() costs the group as the communicator does: the small all-reduce takes hier_rd.
+  EXPECT_EQ(predict(CollKind::AllReduce, 7, DType::F32, g).algorithm, "hier_rd");
+  EXPECT_NEAR(predict(CollKind::AllReduce, 7, DType::F32, g).seconds, tl(28) + tx(28), 1e-15);
+  EXPECT_THROW(algorithm_cost("nope", g, {}), InvalidArgument);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "parallel/mesh.h"
@@ -325,6 +326,74 @@ TEST(CostModel, RejectsBadWorkload) {
   tc.global_batch = 8;
   tc.seq = 4096;  // over max_seq 1024
   EXPECT_THROW(CostModel(m, DeviceSpec::preset("trn1-core"), tc), InvalidArgument);
+}
+
+// Every group the planner costs is the communicator's own model, whatever
+// its size: rank 0's DP group of 128 and TP group of 32 on the 4D torus
+// carry their members' nodes (no closed-form stand-in), and what the planner
+// charges for a collective is collectives::predict over group_cost_model of
+// those nodes, which the communicator charges (CollCost.*ChargesItsCost*).
+TEST(CostModel, LargeGroupsAreTheCommunicatorsModel) {
+  const Topology t = Topology::preset("torus4d:16x16x16x16");
+  const Mesh mesh({.tp = 32, .dp = 128, .pp = 16});
+  const Placement pl(t, mesh);
+  const GroupNets nets = placement_group_nets(t, pl);
+  std::vector<int> dp_nodes, tp_nodes;
+  for (int i = 0; i < 128; ++i) dp_nodes.push_back(pl.node(mesh.rank({.tp = 0, .dp = i, .pp = 0})));
+  for (int i = 0; i < 32; ++i) tp_nodes.push_back(pl.node(mesh.rank({.tp = i, .dp = 0, .pp = 0})));
+  EXPECT_EQ(nets.dp.nodes, dp_nodes);
+  EXPECT_EQ(nets.tp.nodes, tp_nodes);
+  using collectives::CollKind;
+  for (const auto& [g, nodes] : {std::pair{&nets.dp, dp_nodes}, std::pair{&nets.tp, tp_nodes}}) {
+    const collectives::GroupCostModel want = collectives::group_cost_model(t.net_model(), nodes, t.num_instances() <= 1);
+    for (CollKind kind : {CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather})
+      for (size_t count : {size_t{1000}, size_t{50000000}}) {
+        const collectives::CollPrediction a = collectives::predict(kind, count, DType::F32, *g);
+        const collectives::CollPrediction b = collectives::predict(kind, count, DType::F32, want);
+        EXPECT_EQ(a.algorithm, b.algorithm) << collectives::coll_kind_name(kind) << " " << count;
+        EXPECT_DOUBLE_EQ(a.seconds, b.seconds) << collectives::coll_kind_name(kind) << " " << count;
+        EXPECT_GT(a.seconds, 0);
+      }
+  }
+}
+
+// On two instances the planner's groups have the host map their
+// communicators would (shm+tcp): a DP group of 4 + 4 ranks is two-level
+// (the hierarchical algorithms are candidates) and predicted as
+// group_cost_model with that map; a TP group inside one instance is one
+// host with shared memory.
+TEST(CostModel, GroupsAcrossInstancesHaveTheirHostMap) {
+  const Topology t = Topology::preset("trn1-cluster:2");
+  ASSERT_EQ(t.num_instances(), 2);
+  const int per_instance = t.num_cores() / 2;
+  const Mesh mesh({.tp = 8, .dp = 8, .pp = 1});
+  const Placement pl(t, mesh);
+  const GroupNets nets = placement_group_nets(t, pl);
+  std::vector<int> nodes, host_of;
+  for (int i = 0; i < 8; ++i) {
+    nodes.push_back(pl.node(mesh.rank({.tp = 0, .dp = i, .pp = 0})));
+    host_of.push_back(nodes.back() / per_instance);
+  }
+  // 4 + 4 (the placement snakes: not in rank order); rank 0 on instance 0.
+  EXPECT_EQ(std::count(host_of.begin(), host_of.end(), 0), 4);
+  EXPECT_EQ(std::count(host_of.begin(), host_of.end(), 1), 4);
+  EXPECT_EQ(host_of[0], 0);
+  EXPECT_TRUE(nets.dp.hosts.valid);
+  EXPECT_FALSE(nets.dp.shared_memory);
+  EXPECT_TRUE(nets.dp.host_shared_memory);
+  EXPECT_FALSE(nets.tp.hosts.valid);
+  EXPECT_TRUE(nets.tp.shared_memory);
+  const collectives::GroupCostModel want =
+      collectives::group_cost_model(t.net_model(), nodes, false, &host_of, 0, /*host_shared_memory=*/true);
+  using collectives::CollKind;
+  for (CollKind kind : {CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather})
+    for (size_t count : {size_t{1000}, size_t{50000000}}) {
+      const collectives::CollPrediction a = collectives::predict(kind, count, DType::F32, nets.dp);
+      const collectives::CollPrediction b = collectives::predict(kind, count, DType::F32, want);
+      EXPECT_EQ(a.algorithm, b.algorithm) << collectives::coll_kind_name(kind) << " " << count;
+      EXPECT_DOUBLE_EQ(a.seconds, b.seconds) << collectives::coll_kind_name(kind) << " " << count;
+      EXPECT_EQ(a.algorithm.rfind("hier", 0), 0u) << a.algorithm;
+    }
 }
 
 }  // namespace
