@@ -285,20 +285,22 @@ int run_plan(const PlanArgs& a) {
   os << "\nWhy this plan:\n";
   for (const auto& w : res.why) os << "  - " << w << "\n";
   os << "\nTop " << res.top.size() << " (memory in GiB per rank for its fullest stage, time in s per step):\n";
-  os << "   #   tp   pp     dp  mbs   v zero1  sp  recompute |  weights    grads    optim      act    total GiB |"
+  os << "   #   tp   pp     dp  mbs   v    schedule zero1  sp  recompute |  weights    grads    optim      act    "
+        "total GiB |"
         "  compute  tp_comm  pp_comm   bubble  dp_comm   step s\n";
   for (size_t i = 0; i < res.top.size(); ++i) {
     const auto& c = res.top[i].choice;
     const auto& k = res.top[i].cost;
     char buf[320];
-    std::snprintf(buf, sizeof(buf),
-                  "%4zu %4d %4d %6d %4d %3d %5s %3s %10s | %8.2f %8.2f %8.2f %8.2f %12.2f | %8.4f %8.4f %8.4f %8.4f "
-                  "%8.4f %8.4f%s\n",
-                  i + 1, c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages, onoff(c.zero1).c_str(),
-                  onoff(c.sequence_parallel).c_str(), recompute_name(c.recompute), k.memory.params / kGiB,
-                  k.memory.grads / kGiB, k.memory.optimizer / kGiB, k.memory.activations / kGiB, k.memory.total / kGiB,
-                  k.time.compute, k.time.tp_comm, k.time.pp_comm, k.time.bubble, k.time.dp_comm, k.time.total,
-                  c.balanced ? "  balanced stages" : "");
+    std::snprintf(
+        buf, sizeof(buf),
+        "%4zu %4d %4d %6d %4d %3d %11s %5s %3s %10s | %8.2f %8.2f %8.2f %8.2f %12.2f | %8.4f %8.4f %8.4f %8.4f "
+        "%8.4f %8.4f%s\n",
+        i + 1, c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages,
+        c.pp == 1 ? "none" : pipeline::schedule_name(c.schedule), onoff(c.zero1).c_str(),
+        onoff(c.sequence_parallel).c_str(), recompute_name(c.recompute), k.memory.params / kGiB, k.memory.grads / kGiB,
+        k.memory.optimizer / kGiB, k.memory.activations / kGiB, k.memory.total / kGiB, k.time.compute, k.time.tp_comm,
+        k.time.pp_comm, k.time.bubble, k.time.dp_comm, k.time.total, c.balanced ? "  balanced stages" : "");
     os << buf;
   }
   if (!a.json.empty()) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -166,6 +167,36 @@ TEST(PipelineCli, PlanTakesAHuggingFaceDirectory) {
   EXPECT_EQ(from_dir.at("model_shape").at("kv_heads"), 8);
   for (const char* k : {"tp", "pp", "dp", "step_time_s", "memory_bytes_per_rank"})
     EXPECT_EQ(from_dir.at(k), from_preset.at(k)) << k;
+}
+
+// The top table names each row's schedule: with as many micro-batches as
+// stages, GPipe and 1F1B cost the same, and without the column their rows
+// were the same text.
+TEST(PipelineCli, PlanTopTableRowsAreDistinct) {
+  auto r = tessera::testing::run_command(
+      std::string(TESSERA_BIN) +
+      " plan --model gpt2-124m --topology trn1.32xlarge --cores 4 --global-batch 4 --seq 1024 --top 4 --tp 1 --pp 4"
+      " --dp 1 --virtual-stages 1 --mbs 1 --recompute none --zero1 off --sequence-parallel off");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t top = r.out.find("\nTop 4 ");
+  ASSERT_NE(top, std::string::npos) << r.out;
+  std::istringstream table(r.out.substr(top + 1));
+  std::string line;
+  std::getline(table, line);  // the title
+  std::getline(table, line);  // the header
+  EXPECT_NE(line.find(" schedule "), std::string::npos) << line;
+  std::vector<std::string> rows;
+  int gpipe = 0, one_f_one_b = 0;
+  while (rows.size() < 4 && std::getline(table, line)) {
+    rows.push_back(line.substr(line.find_first_not_of(' ') + 1));  // without the row number
+    gpipe += line.find(" gpipe ") != std::string::npos;
+    one_f_one_b += line.find(" 1f1b ") != std::string::npos;
+  }
+  ASSERT_EQ(rows.size(), 4u) << r.out;
+  EXPECT_EQ(gpipe, 2) << r.out;
+  EXPECT_EQ(one_f_one_b, 2) << r.out;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t j = i + 1; j < rows.size(); ++j) EXPECT_NE(rows[i], rows[j]) << "rows " << i + 1 << " and " << j + 1;
 }
 
 // Exit 2, naming the plan file and the values that disagree.
