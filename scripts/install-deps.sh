@@ -21,10 +21,11 @@ PACKAGES=(
 )
 # Optional, for the long suite only: TESSERA_DEPS_TORCH=1 adds Debian's
 # PyTorch (1.13), which the `long` tests launcher_torch and multihost_torch run
-# under `tessera run` (skipped, saying why, without it). The default suite and
-# the build never need it.
+# under `tessera run`, and its C++ headers and pybind11, with which the
+# torch.distributed backend (integrations/torch) builds (its tests skip, saying
+# why, without them). The default suite and the build never need them.
 if [ "${TESSERA_DEPS_TORCH:-0}" = 1 ]; then
-  PACKAGES+=(python3-torch)
+  PACKAGES+=(python3-torch libtorch-dev pybind11-dev)
 fi
 
 missing=()
