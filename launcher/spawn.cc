@@ -87,7 +87,8 @@ int exec_worker(void* arg) {
   execve(w.program, w.argv, w.envp);
   // "tessera run: cannot execute './badelf': Exec format error", from
   // write(2) alone (this child of a forked process calls nothing that locks).
-  const char* why = strerror(errno);
+  const char* why = strerrordesc_np(errno);  // unlike strerror, no locale (lock, allocation)
+  if (!why) why = "unknown error";
   for (const char* part : {"tessera run: cannot execute '", w.program, "': ", why, "\n"}) {
     ssize_t ignored = ::write(2, part, strlen(part));
     (void)ignored;
@@ -109,8 +110,16 @@ int exec_worker(void* arg) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, nullptr);
-  // The launcher's forwarding handlers (agent.cc) are not the keeper's.
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(s, SIG_DFL);
+  // No handler of the launcher's (agent.cc's forwarding ones, or any a
+  // library installed) is the keeper's, nor may one run in the worker while
+  // it shares the keeper's memory before execve: every caught signal goes
+  // back to its default, as posix_spawn does; ignored ones stay ignored,
+  // as execve keeps them.
+  for (int s = 1; s < NSIG; ++s) {
+    struct sigaction old {};
+    if (sigaction(s, nullptr, &old) == 0 && old.sa_handler != SIG_IGN && old.sa_handler != SIG_DFL)
+      signal(s, SIG_DFL);
+  }
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGHUP);
   prctl(PR_SET_DUMPABLE, 0);    // re-raising a worker's SIGSEGV must not dump the keeper's core
