@@ -10,7 +10,7 @@ BUILD=${1:-build}
 ROUNDS=${2:-5}
 shift $(($# > 2 ? 2 : $#))
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}  nproc=$(nproc)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}  cores=$(nproc --all)  load: $(cut -d' ' -f1-3 /proc/loadavg)"
 grep -o -m1 'avx512_bf16' /proc/cpuinfo >/dev/null && echo "cpu: avx512_bf16" || echo "cpu: no avx512_bf16 (fallback GEMM)"
 for family in gpt llama; do
   "$BUILD/bin/bench_gemm" --family "$family" --rounds "$ROUNDS" "$@"
