@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -60,7 +61,14 @@ struct BenchArgs : bench::RankOptions {
   int check = 1;
   int root = 0;
   bool oversubscribe = false;
+  bool sweep_given = false;  // any of -b, -e, -f, -i
 };
+
+// With --topology and no sweep flags, the default 32M size is joined by the
+// latency-bound sizes of decode's per-layer TP all-reduce, one token's
+// hidden vector: GPT-2 medium's 1024 in bf16 (2 KiB), Llama-3-8B's 4096 in
+// bf16 (8 KiB) and Llama-3-70B's 8192 in fp32 (32 KiB) (docs/inference.md).
+constexpr size_t kDecodeSizes[] = {2 << 10, 8 << 10, 32 << 10};
 
 // Ranks per online CPU that -r may start without --oversubscribe. Every rank
 // spins while it waits for a peer, so far beyond this a 2-core machine no
@@ -123,6 +131,7 @@ bench::BenchConfig make_config(const BenchArgs& a) {
   else if (factor == 0)
     factor = 2.0;  // nccom-test's default sweep doubles
   c.sizes = bench::size_sweep(lo, hi, factor, step);
+  if (!a.topology.empty() && !a.sweep_given) c.sizes.insert(c.sizes.begin(), std::begin(kDecodeSizes), std::end(kDecodeSizes));
   c.iters = a.iters;
   c.warmup = a.warmup;
   c.dtype = parse_dtype(a.datatype);
@@ -471,7 +480,8 @@ void add_bench_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("-r,--nworkers", a->nworkers, "Ranks to spawn on this host")->check(cli::int_range(1, 1024));
   cmd->add_flag("--oversubscribe", a->oversubscribe,
                 "Allow -r beyond " + std::to_string(kRanksPerCpu) + " ranks per CPU");
-  cmd->add_option("-b,--minbytes", a->minbytes, "Smallest size, e.g. 8, 64K, 1M (default 32M)");
+  cmd->add_option("-b,--minbytes", a->minbytes, "Smallest size, e.g. 8, 64K, 1M (default 32M; with --topology and no -b, -e, -f, -i: also 2K, 8K, 32K, "
+                  "decode's all-reduces)");
   cmd->add_option("-e,--maxbytes", a->maxbytes, "Largest size (default 32M)");
   auto* f = cmd->add_option("-f,--stepfactor", a->stepfactor, "Multiply the size by this factor (default 2)");
   auto* i = cmd->add_option("-i,--stepbytes", a->stepbytes, "Add this many bytes per step instead");
@@ -500,7 +510,10 @@ void add_bench_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->footer(
       "Temporary files: -r N makes a store directory $TMPDIR/tessera-bench-<pid>-XXXXXX (TMPDIR unset: /tmp), removed "
       "when the run ends, by the next run when the parent was killed.");
-  cmd->callback([&action, a] { action = [a] { return bench_main(*a); }; });
+  cmd->callback([&action, a, cmd] {
+    a->sweep_given = cmd->count("-b") + cmd->count("-e") + cmd->count("-f") + cmd->count("-i") > 0;
+    action = [a] { return bench_main(*a); };
+  });
 }
 
 }  // namespace tessera::launcher

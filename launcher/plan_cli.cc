@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "parallel/inference_planner.h"
+#include "parallel/models/hf_config.h"
 #include "parallel/plan_io.h"
 #include "parallel/planner.h"
 #include "runtime/error.h"
@@ -164,7 +165,7 @@ int run_inference_plan(const PlanArgs& a) {
   if (!a.json.empty()) cli::check_output_file("--json", a.json);
   TopologyOptions topts;
   topts.device = a.device;
-  const ModelConfig model = ModelConfig::load(a.model);
+  const ModelConfig model = models::load_model(a.model);
   Topology topo = Topology::load(a.topology, topts);
   if (a.cores > 0) topo = topo.first_cores(a.cores);
   InferenceConfig c;
@@ -231,7 +232,7 @@ int run_plan(const PlanArgs& a) {
   topts.link_bandwidth = a.link_bw_gb_s * 1e9;
   topts.link_latency = a.link_latency_us * 1e-6;
   topts.device = a.device;
-  ModelConfig model = ModelConfig::load(a.model);
+  ModelConfig model = models::load_model(a.model);
   Topology topo = Topology::load(a.topology, topts);
   if (a.cores > 0) topo = topo.first_cores(a.cores);
 
@@ -314,7 +315,9 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   auto args = std::make_shared<PlanArgs>();
   auto* cmd = root.add_subcommand("plan", "Plan TP x PP x DP sharding of a model over a topology");
   args->cmd = cmd;
-  cmd->add_option("--model", args->model, "Model preset (gpt2-124m ... llama2-70b) or JSON file")->required();
+  cmd->add_option("--model", args->model,
+                  "Model preset (gpt2-124m ... llama2-70b), model JSON file, or Hugging Face directory")
+      ->required();
   cmd->add_option("--topology", args->topology,
                   "Topology preset (trn1.32xlarge, trn1-cluster:N, trn2.48xlarge, trn2-cluster:N, trn2-ultraserver, "
                   "inf2.48xlarge, trn3-ultraserver[:144], torus4d:AxBxCxD, dgx-a100:N, emulated:N = the emulated "

@@ -4,7 +4,10 @@
 #include <cmath>
 
 #include "collectives/coll_cost.h"
+#include "parallel/cost_model.h"
+#include "parallel/mesh.h"
 #include "runtime/error.h"
+#include "runtime/kernel_cost.h"
 
 namespace tessera::parallel {
 
@@ -39,13 +42,112 @@ double rank_matmul_params(const ModelConfig& m, int tp) {
   return m.layers * (mats / tp + kv_proj / std::min(tp, m.kv_heads)) + static_cast<double>(m.vocab) * h / tp;
 }
 
+// A collective as the TP group's communicator runs it (ParallelState skips groups of one).
+double coll_seconds(collectives::CollKind kind, int64_t count, DType dt, const collectives::GroupCostModel& g) {
+  if (g.size <= 1 || count <= 0) return 0;
+  if (g.nodes.empty()) {  // a group too large for the exact model: NetModel's closed forms (as the training planner)
+    const double n = static_cast<double>(count) * (kind != collectives::CollKind::AllGather || dt == DType::F32 ? 4 : 2);
+    if (kind == collectives::CollKind::AllReduce) return g.net.torus_allreduce_time(n);
+    return g.net.torus_allgather_time(n * g.size);
+  }
+  return collectives::predict(kind, static_cast<size_t>(count), dt, g).seconds;
+}
+
 }  // namespace
 
+ForwardCost cached_forward_cost(const ModelConfig& model, const DeviceSpec& dev, DType dt,
+                                const collectives::GroupCostModel& tp_group, int tp,
+                                const std::vector<std::pair<int64_t, int64_t>>& sequences) {
+  ModelConfig m = model;
+  if (m.kv_heads <= 0) m.kv_heads = m.heads;
+  if (m.ffn_hidden <= 0) m.ffn_hidden = 4 * m.hidden;
+  using K = collectives::CollKind;
+  ForwardCost out;
+  auto k = [&](const cost::Kernel& x) { out.compute_s += cost::kernel_seconds(dev, cost::in_dtype(x, dt), dt); };
+  auto coll = [&](K kind, int64_t count) { out.comm_s += coll_seconds(kind, count, dt, tp_group); };
+  // The batch, as cached_attention_forward counts it.
+  int64_t n = 0, scores = 0, kv_rows = 0;
+  for (const auto& [past, len] : sequences) {
+    n += len;
+    scores += len * past + len * (len + 1) / 2;
+    kv_rows += past + len;
+  }
+  const auto b = static_cast<int64_t>(sequences.size());
+  const int64_t c = m.hidden, hd = m.head_size(), hl = m.heads / tp, kvl = std::max(1, m.kv_heads / tp);
+  const int64_t qw = hl * hd, kw = kvl * hd, f = m.ffn_hidden / tp, shard = (m.vocab + tp - 1) / tp;
+  const bool llama = m.family == "llama", bias = llama ? m.attention_bias : true;
+  // Column-parallel: [bias broadcast] gemm; row-parallel (residual fused): the GEMM, TP all-reduce, residual (+ bias).
+  auto column = [&](int64_t out_w, bool with_bias) {
+    if (with_bias) k(cost::broadcast_rows(n, out_w));
+    k(cost::gemm(n, out_w, c, with_bias));
+  };
+  auto row = [&](int64_t in_w, bool with_bias) {
+    if (tp == 1) {
+      if (with_bias) {
+        k(cost::add_rows(n, c, true));
+        k(cost::gemm(n, c, in_w, true));
+      } else {
+        k(cost::gemm(n, c, in_w, false));
+        k(cost::add_rows(n, c, false));
+      }
+      return;
+    }
+    k(cost::gemm(n, c, in_w, false));
+    coll(K::AllReduce, n * c);
+    k(cost::add_rows(n, c, with_bias));
+  };
+  // Embedding (vocab-parallel: summed over TP), GPT's learned positions.
+  k(cost::embedding_forward(n, c));
+  coll(K::AllReduce, n * c);
+  if (m.learned_positions()) k(cost::position_add(n, c));
+  for (int l = 0; l < m.layers; ++l) {
+    if (llama) {
+      k(cost::rmsnorm_forward(n, c));
+      column(qw, bias);
+      column(kw, bias);
+      column(kw, bias);
+      k(cost::rope(n, hl, hd));
+      k(cost::rope(n, kvl, hd));
+      k(cost::cached_attention(hl, kvl, hd, n, scores, kv_rows));
+      row(qw, bias);
+      k(cost::rmsnorm_forward(n, c));
+      column(f, false);
+      column(f, false);
+      k(cost::swiglu_forward(n * f));
+      row(f, false);
+    } else {
+      k(cost::layernorm_forward(n, c));
+      column(3 * qw, true);
+      k(cost::cached_attention(hl, hl, hd, n, scores, kv_rows));
+      row(qw, true);
+      k(cost::layernorm_forward(n, c));
+      column(f, true);
+      k(cost::gelu_forward(n * f));
+      row(f, true);
+    }
+  }
+  // The final norm and LM head on each sequence's last row (rank 0 holds a whole shard), the logits all-gathered.
+  k(llama ? cost::rmsnorm_forward(b, c) : cost::layernorm_forward(b, c));
+  k(cost::gemm(b, std::min(shard, static_cast<int64_t>(m.vocab)), c, false));
+  coll(K::AllGather, b * shard);
+  return out;
+}
+
+collectives::GroupCostModel inference_tp_group(const ModelConfig& model, const Topology& topo, int tp) {
+  const int cores = topo.num_cores();
+  const int kv = kv_replicas_of(model, tp);
+  if (Topology::is_emulated(topo.name())) return emulated_group_nets(tp, 1, cores / tp, kv).tp;
+  return placement_group_nets(topo, Placement(topo, Mesh({.tp = tp, .dp = cores / tp, .pp = 1})), kv).tp;
+}
+
 std::vector<InferencePlan> plan_inference(const ModelConfig& m, const Topology& topo, const InferenceConfig& cfg) {
-  TESSERA_ARG_CHECK(cfg.batch >= 1 && cfg.prompt >= 1 && cfg.generate >= 1,
+  std::vector<int> prompts = cfg.prompts;
+  if (prompts.empty()) prompts.assign(static_cast<size_t>(std::max(cfg.batch, 0)), cfg.prompt);
+  TESSERA_ARG_CHECK(!prompts.empty() && cfg.generate >= 1 && *std::min_element(prompts.begin(), prompts.end()) >= 1,
                     "--batch, --prompt-len and --gen-len must be >= 1");
-  const int context = cfg.prompt + cfg.generate;
-  TESSERA_ARG_CHECK(context <= m.max_seq, "prompt ", cfg.prompt, " + generated ", cfg.generate, " = ", context,
+  const int longest = *std::max_element(prompts.begin(), prompts.end());
+  const int context = longest + cfg.generate;
+  TESSERA_ARG_CHECK(context <= m.max_seq, "prompt ", longest, " + generated ", cfg.generate, " = ", context,
                     " tokens exceed model '", m.name, "''s context of ", m.max_seq);
   const int cores = topo.num_cores();
   std::vector<int> tps;
@@ -63,7 +165,12 @@ std::vector<InferencePlan> plan_inference(const ModelConfig& m, const Topology& 
   const double peak = dev.peak_flops(cfg.dtype) * dev.sustained_fraction;
   const NetModel net = topo.net_model();
   const int per_chip = std::max(1, topo.cores_per_chip());
-  const double b = cfg.batch, h = m.hidden;
+  const double b = static_cast<double>(prompts.size()), h = m.hidden;
+  double prompt_tokens = 0, prompt_squares = 0;
+  for (int p : prompts) {
+    prompt_tokens += p;
+    prompt_squares += static_cast<double>(p) * p;
+  }
   std::vector<InferencePlan> plans;
   for (int tp : tps) {
     InferencePlan p;
@@ -72,37 +179,39 @@ std::vector<InferencePlan> plan_inference(const ModelConfig& m, const Topology& 
     p.weight_bytes = rank_params(m, tp) * es;
     const int kv_local = std::max(1, m.kv_heads / tp);
     p.kv_bytes_per_token = 2.0 * m.layers * kv_local * m.head_size() * es;
-    p.kv_bytes = p.kv_bytes_per_token * b * context;
+    p.kv_bytes = p.kv_bytes_per_token * (prompt_tokens + b * cfg.generate);
     p.usable_bytes = static_cast<double>(dev.hbm_bytes) * cfg.memory_fraction;
     const double room = p.usable_bytes - p.weight_bytes;
     p.max_cached_tokens = room > 0 ? static_cast<int64_t>(room / p.kv_bytes_per_token) : 0;
     p.fits = room >= p.kv_bytes;
-    // The TP group: the first tp cores (tp fastest, as the trainer places ranks).
-    std::vector<int> nodes(static_cast<size_t>(tp));
-    for (int i = 0; i < tp; ++i) nodes[static_cast<size_t>(i)] = i;
     p.tp_group_chips = std::max(1, tp / per_chip);
     for (int i = 0; i < tp; ++i) p.tp_ring_max_hops = std::max(p.tp_ring_max_hops, net.hops_between(i, (i + 1) % tp));
-    const collectives::GroupCostModel g = collectives::group_cost_model(net, nodes, false);
-    auto all_reduce = [&](double elems) {
-      return tp == 1 ? 0.0
-                     : collectives::predict(collectives::CollKind::AllReduce, static_cast<size_t>(elems), cfg.dtype, g)
-                           .seconds;
-    };
+    const collectives::GroupCostModel g = inference_tp_group(m, topo, tp);
+    p.allreduce_token_s = coll_seconds(collectives::CollKind::AllReduce, static_cast<int64_t>(b * h), cfg.dtype, g);
+    // Roofline bounds. Prefill: causal attention scores and values, 2 P^2 q per layer and sequence.
     const double mm = rank_matmul_params(m, tp), q_local = static_cast<double>(m.q_dim()) / tp;
-    // Prefill: causal attention scores and values, 2 P^2 q per layer and sequence (half the square, two GEMMs).
-    const double prefill_flops =
-        2 * mm * b * cfg.prompt + m.layers * b * 2.0 * cfg.prompt * static_cast<double>(cfg.prompt) * q_local;
-    p.prefill_compute_s = prefill_flops / peak;
+    p.prefill_compute_s = (2 * mm * prompt_tokens + m.layers * 2.0 * prompt_squares * q_local) / peak;
     p.prefill_memory_s = p.weight_bytes / dev.hbm_bandwidth;
-    p.prefill_comm_s = 2.0 * m.layers * all_reduce(b * cfg.prompt * h);
-    p.ttft_s = std::max(p.prefill_compute_s, p.prefill_memory_s) + p.prefill_comm_s;
     // Decode at the mean context of the generation.
-    const double ctx = cfg.prompt + (cfg.generate - 1) / 2.0;
+    const double ctx = prompt_tokens / b + (cfg.generate - 1) / 2.0;
     p.decode_compute_s = (2 * mm * b + m.layers * b * 4.0 * ctx * q_local) / peak;
     p.decode_memory_s = (p.weight_bytes + p.kv_bytes_per_token * b * ctx) / dev.hbm_bandwidth;
-    p.allreduce_token_s = all_reduce(b * h);
-    p.decode_comm_s = 2.0 * m.layers * p.allreduce_token_s;
-    p.tpot_s = std::max(p.decode_compute_s, p.decode_memory_s) + p.decode_comm_s;
+    // What the emulated cores charge: the prefill forward, then each decode step's (one token per sequence).
+    std::vector<std::pair<int64_t, int64_t>> seqs;
+    for (int pr : prompts) seqs.emplace_back(0, pr);
+    const ForwardCost prefill = cached_forward_cost(m, dev, cfg.dtype, g, tp, seqs);
+    p.ttft_s = prefill.total_s();
+    p.prefill_comm_s = prefill.comm_s;
+    const int steps = std::max(1, cfg.generate - 1);  // one hypothetical step when only one token is generated
+    double decode = 0, comm = 0;
+    for (int k = 1; k <= steps; ++k) {
+      for (size_t i = 0; i < prompts.size(); ++i) seqs[i] = {prompts[i] + k - 1, 1};
+      const ForwardCost s = cached_forward_cost(m, dev, cfg.dtype, g, tp, seqs);
+      decode += s.total_s();
+      comm += s.comm_s;
+    }
+    p.tpot_s = decode / steps;
+    p.decode_comm_s = comm / steps;
     p.tokens_per_s = p.replicas * b / p.tpot_s;
     plans.push_back(p);
   }

@@ -7,21 +7,25 @@
 //     embeddings replicated;
 //   - KV cache per core: layers x 2 x (local K/V heads) x head size x bytes
 //     per token of every sequence's context (prompt + generated);
-//   - time to first token (prefill): the prompt's forward FLOPs at the
-//     device's sustained peak, or its weight bytes at HBM bandwidth if more,
-//     plus two TP all-reduces of the prompt's activations per layer;
-//   - time per output token (decode, at the mean context): weight and KV
-//     bytes at HBM bandwidth (or the FLOPs, if more), plus two TP all-reduces
-//     of one token's activations per layer, each costed as the collectives
-//     cost it on the TP group's cores (collectives/coll_cost.h);
+//   - time to first token (prefill) and per output token (the mean decode
+//     step): the sum of every kernel and collective the models' KV-cache
+//     forward (CausalLM::forward_cached) and generate() charge on TP rank 0,
+//     with the emulated cores' costs (runtime/kernel_cost.h: launch +
+//     roofline; collectives/coll_cost.h on the TP group's cores): one cost
+//     source, so `generate` on the emulated cores logs these figures;
+//   - beside them the roofline bounds that explain them: prefill's FLOPs at
+//     the sustained peak or its weight bytes at HBM bandwidth, decode's
+//     weight and KV bytes at HBM bandwidth, and the TP all-reduces;
 //   - throughput: replicas x batch / time per output token.
 // Pure functions.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "collectives/coll_cost.h"
 #include "parallel/model_config.h"
 #include "runtime/dtype.h"
 #include "runtime/topology.h"
@@ -35,6 +39,8 @@ struct InferenceConfig {
   DType dtype = DType::BF16;
   int tp = 0;                    // 0: every TP degree that splits the model
   double memory_fraction = 0.9;  // of HBM usable
+  // Per-sequence prompt lengths (padding-free batches); empty: `batch` prompts of `prompt` tokens.
+  std::vector<int> prompts;
 };
 
 struct InferencePlan {
@@ -45,8 +51,12 @@ struct InferencePlan {
   double usable_bytes = 0;        // per core
   int64_t max_cached_tokens = 0;  // batch x context that fits beside the weights (0: the weights do not fit)
   bool fits = false;
-  double prefill_compute_s = 0, prefill_memory_s = 0, prefill_comm_s = 0, ttft_s = 0;
-  double decode_compute_s = 0, decode_memory_s = 0, decode_comm_s = 0, tpot_s = 0;
+  // Roofline bounds (the explanation): FLOPs at the sustained peak, bytes at HBM bandwidth.
+  double prefill_compute_s = 0, prefill_memory_s = 0, decode_compute_s = 0, decode_memory_s = 0;
+  // TP collectives of the prefill and of the mean decode step (in ttft_s / tpot_s).
+  double prefill_comm_s = 0, decode_comm_s = 0;
+  // The kernel and collective sums: the first step, and the mean of the decode steps.
+  double ttft_s = 0, tpot_s = 0;
   double allreduce_token_s = 0;  // one TP all-reduce of one decode step's activations
   int tp_group_chips = 1;        // chips the TP group spans
   int tp_ring_max_hops = 0;      // the group's slowest ring step, in hops
@@ -58,5 +68,21 @@ struct InferencePlan {
 // token, then the rest. Throws InvalidArgument for an empty workload, a
 // context longer than the model's, or a pinned tp that cannot split it.
 std::vector<InferencePlan> plan_inference(const ModelConfig& model, const Topology& topo, const InferenceConfig& cfg);
+
+// One KV-cache forward (CausalLM::forward_cached plus the logits'
+// all-gather) of sequences given as (cached tokens, new tokens), on TP rank
+// 0 of `tp` ranks of `device` at `dtype`, its TP group costed by `tp_group`:
+// the kernels' seconds and the collectives'.
+struct ForwardCost {
+  double compute_s = 0, comm_s = 0;
+  double total_s() const { return compute_s + comm_s; }
+};
+ForwardCost cached_forward_cost(const ModelConfig& model, const DeviceSpec& device, DType dtype,
+                                const collectives::GroupCostModel& tp_group, int tp,
+                                const std::vector<std::pair<int64_t, int64_t>>& sequences);
+// The TP group of rank 0 as plan_inference costs it: every group its own
+// ring on emulated:N topologies (as the emulated cores without --topology),
+// else the topology's cores in the planner's placement.
+collectives::GroupCostModel inference_tp_group(const ModelConfig& model, const Topology& topo, int tp);
 
 }  // namespace tessera::parallel

@@ -166,11 +166,7 @@ ModelConfig ModelConfig::preset(const std::string& name) {
   throw InvalidArgument("unknown model preset '" + name + "' (presets: " + list + "; or a JSON file path)");
 }
 
-ModelConfig ModelConfig::load(const std::string& s) {
-  bool file = s.find('/') != std::string::npos || (s.size() > 5 && s.substr(s.size() - 5) == ".json") ||
-              std::filesystem::is_regular_file(s);
-  return file ? from_json_file(s) : preset(s);
-}
+ModelConfig ModelConfig::load(const std::string& s) { return names_input_file(s) ? from_json_file(s) : preset(s); }
 
 ModelConfig ModelConfig::from_json_file(const std::string& path) {
   return from_json_text(read_input_file(path, "model file"), path);

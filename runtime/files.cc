@@ -710,6 +710,14 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
   }
 }
 
+bool names_input_file(const std::string& arg) {
+  constexpr std::string_view kJson = ".json";
+  if (arg.find('/') != std::string::npos) return true;
+  if (arg.size() > kJson.size() && arg.compare(arg.size() - kJson.size(), kJson.size(), kJson) == 0) return true;
+  struct stat st {};
+  return ::lstat(arg.c_str(), &st) == 0;
+}
+
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
   // A missing file is the caller's bad argument (InvalidArgument, as before); the rest FormatError.
   struct stat st {};

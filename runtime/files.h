@@ -206,6 +206,11 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes);
 // model or topology a few hundred bytes), far below what would hurt a host.
 constexpr uint64_t kMaxInputFileBytes = uint64_t{64} << 20;
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes = kMaxInputFileBytes);
+// Whether an argument that is a preset name or a file path (--model,
+// --topology) names a file: it has a slash, ends in ".json", or something of
+// any type is there (a FIFO or a device named without a slash is a file, which
+// read_input_file then refuses, not an unknown preset).
+bool names_input_file(const std::string& arg);
 // SHA-256 of the file's bytes as 64 lowercase hex digits (OpenSSL's libcrypto);
 // the file must be regular (open_regular_file).
 std::string sha256_file_hex(const std::string& path);

@@ -165,4 +165,11 @@ Kernel gqa_attention_backward(int64_t batch, int64_t heads, int64_t kv_heads, in
           kF * d(batch) * (3.0 * d(heads) * sd + 4.0 * d(kv_heads) * sd + 2.0 * d(heads) * tri)};
 }
 
+Kernel cached_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t q_rows, int64_t scores,
+                        int64_t kv_rows) {
+  const double qd = d(q_rows) * d(head_dim);
+  return {d(heads) * d(scores) * (4.0 * d(head_dim) + 5.0),
+          kF * (2.0 * d(heads) * qd + 2.0 * d(kv_heads) * d(kv_rows) * d(head_dim) + 4.0 * d(kv_heads) * qd)};
+}
+
 }  // namespace tessera::cost

@@ -115,5 +115,18 @@ Kernel swiglu_backward(int64_t n);
 Kernel gqa_attention_forward(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim);
 Kernel gqa_attention_backward(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim);
 
+// ---- inference ----
+// Attention of new query rows against a KV cache (prefill and decode,
+// padding-free: each sequence attends to its own cached keys up to each
+// query's position), one fused kernel over the batch: `q_rows` query rows of
+// `heads` heads, `scores` (query, key) pairs over all sequences (per head),
+// `kv_rows` cached rows of `kv_heads` K/V heads read (each sequence's
+// context once), and the q_rows new K and V rows copied into the cache.
+// FLOPs: Q K^T and P V (2 head_dim each per pair and head), softmax 5 per
+// pair and head. Bytes: Q read and Y written per query head, the context's
+// K and V read, the new K and V read and written; the scores stay on chip.
+Kernel cached_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t q_rows, int64_t scores,
+                        int64_t kv_rows);
+
 }  // namespace cost
 }  // namespace tessera

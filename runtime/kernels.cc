@@ -334,12 +334,14 @@ namespace {
 // Per pair (a, b) = (x[i], x[i + half]) with c1, s1 = cos/sin[i], c2, s2 =
 // cos/sin[i + half]: forward [a c1 - b s1, b c2 + a s2], i.e. the matrix
 // [[c1, -s1], [s2, c2]]; transpose [[c1, s2], [-s1, c2]].
-void rope_apply(float* x, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t hd, const float* cos,
-                const float* sin, bool transpose) {
+// Row r is at position positions[r], or r % seq without positions.
+void rope_apply(float* x, int64_t ld, int64_t rows, int64_t seq, const int64_t* positions, int64_t heads, int64_t hd,
+                const float* cos, const float* sin, bool transpose) {
   const int64_t half = hd / 2;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* c = cos + (r % seq) * hd;
-    const float* s = sin + (r % seq) * hd;
+    const int64_t pos = positions ? positions[r] : r % seq;
+    const float* c = cos + pos * hd;
+    const float* s = sin + pos * hd;
     for (int64_t h = 0; h < heads; ++h) {
       float* x1 = x + r * ld + h * hd;
       float* x2 = x1 + half;
@@ -366,15 +368,22 @@ void rope_apply(float* x, int64_t ld, int64_t rows, int64_t seq, int64_t heads, 
 
 void rope_forward(Device* dev, float* x, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
                   const float* cos, const float* sin) {
-  rope_apply(x, ld, rows, seq, heads, head_dim, cos, sin, false);
+  rope_apply(x, ld, rows, seq, nullptr, heads, head_dim, cos, sin, false);
   round_activations(dev, x, rows, heads * head_dim, ld);
   charge(dev, cost::rope(rows, heads, head_dim));
 }
 
 void rope_backward(Device* dev, float* dx, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
                    const float* cos, const float* sin) {
-  rope_apply(dx, ld, rows, seq, heads, head_dim, cos, sin, true);
+  rope_apply(dx, ld, rows, seq, nullptr, heads, head_dim, cos, sin, true);
   round_activations(dev, dx, rows, heads * head_dim, ld);
+  charge(dev, cost::rope(rows, heads, head_dim));
+}
+
+void rope_forward_at(Device* dev, float* x, int64_t ld, int64_t rows, const int64_t* positions, int64_t heads,
+                     int64_t head_dim, const float* cos, const float* sin) {
+  rope_apply(x, ld, rows, 1, positions, heads, head_dim, cos, sin, false);
+  round_activations(dev, x, rows, heads * head_dim, ld);
   charge(dev, cost::rope(rows, heads, head_dim));
 }
 

@@ -119,6 +119,10 @@ void rope_forward(Device* dev, float* x, int64_t ld, int64_t rows, int64_t seq, 
                   const float* cos, const float* sin);
 void rope_backward(Device* dev, float* dx, int64_t ld, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
                    const float* cos, const float* sin);
+// rope_forward with row r at position positions[r] (a KV-cache forward:
+// each sequence's new rows continue from its cached length). One kernel.
+void rope_forward_at(Device* dev, float* x, int64_t ld, int64_t rows, const int64_t* positions, int64_t heads,
+                     int64_t head_dim, const float* cos, const float* sin);
 
 // SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)), n elements.
 void swiglu_forward(Device* dev, const float* gate, const float* up, float* out, int64_t n);

@@ -271,9 +271,7 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
 }
 
 Topology Topology::load(const std::string& preset_or_file, const TopologyOptions& opts) {
-  bool looks_like_file = preset_or_file.find('/') != std::string::npos ||
-                         (preset_or_file.size() > 5 && preset_or_file.substr(preset_or_file.size() - 5) == ".json");
-  if (looks_like_file || std::filesystem::is_regular_file(preset_or_file)) {
+  if (names_input_file(preset_or_file)) {
     TESSERA_ARG_CHECK(opts.link_bandwidth <= 0 && opts.link_latency <= 0 && opts.device.empty(),
                       "link and device options apply to presets; topology file '", preset_or_file,
                       "' sets its own figures");

@@ -10,10 +10,7 @@ namespace tessera::gpt {
 
 namespace fs = std::filesystem;
 
-parallel::ModelConfig resolve_model_arg(const std::string& model) {
-  if (auto hf = parallel::models::hf_config_of(model)) return *hf;
-  return parallel::ModelConfig::load(model);
-}
+parallel::ModelConfig resolve_model_arg(const std::string& model) { return parallel::models::load_model(model); }
 
 void agree_model_flags(const parallel::ModelConfig& flags, const parallel::ModelConfig& source,
                        const std::string& where, const std::function<bool(const char*)>& given) {

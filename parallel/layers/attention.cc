@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "parallel/layers/kv_cache.h"
 #include "runtime/error.h"
 #include "runtime/kernels.h"
 
@@ -97,6 +99,63 @@ void gqa_attention_backward(Device* dev, const AttentionShape& s, const float* q
   kern::round_activations(dev, dk_all, s.batch * seq, s.kv_heads * hd, s.ldkv);
   kern::round_activations(dev, dv_all, s.batch * seq, s.kv_heads * hd, s.ldkv);
   kern::charge(dev, cost::gqa_attention_backward(s.batch, s.heads, s.kv_heads, seq, hd));
+}
+
+void cached_attention_forward(Device* dev, const AttentionShape& s, const float* q_all, const float* k_new,
+                              const float* v_new, KvCache& cache, int64_t layer, const std::vector<int>& slots,
+                              const std::vector<int64_t>& lens, float* scratch, float* y) {
+  check(s);
+  const int64_t hd = s.head_dim, group = s.heads / s.kv_heads, w = s.kv_heads * hd;
+  TESSERA_CHECK(cache.kv_width() == w && slots.size() == lens.size(), "cached attention: cache width ",
+                cache.kv_width(), " for ", s.kv_heads, " K/V heads of ", hd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  int64_t row0 = 0, q_rows = 0, scores = 0, kv_rows = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int slot = slots[i];
+    const int64_t n = lens[i], past = cache.length(slot), ctx = past + n;
+    TESSERA_CHECK(ctx <= cache.capacity(slot), "cached attention: slot ", slot, " holds ", cache.capacity(slot),
+                  " tokens, not ", ctx);
+    float* kc = cache.k(layer, slot);
+    float* vc = cache.v(layer, slot);
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(kc + (past + r) * w, k_new + (row0 + r) * s.ldkv, sizeof(float) * static_cast<size_t>(w));
+      std::memcpy(vc + (past + r) * w, v_new + (row0 + r) * s.ldkv, sizeof(float) * static_cast<size_t>(w));
+    }
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const float* kh = kc + (h / group) * hd;
+      const float* vh = vc + (h / group) * hd;
+      // Row blocks: the block's last row sees keys [0, past + r0 + rows); later keys are masked.
+      for (int64_t r0 = 0; r0 < n; r0 += kCachedAttentionBlock) {
+        const int64_t rows = std::min(kCachedAttentionBlock, n - r0), cols = past + r0 + rows;
+        const float* q = q_all + (row0 + r0) * s.ldq + h * hd;
+        kern::gemm_raw(false, true, rows, cols, hd, 1.f, q, s.ldq, kh, w, 0.f, scratch, cols);
+        for (int64_t r = 0; r < rows; ++r) {  // softmax over keys [0, past + r0 + r]
+          float* p = scratch + r * cols;
+          const int64_t see = past + r0 + r + 1;
+          float mx = p[0];
+          for (int64_t j = 1; j < see; ++j) mx = std::max(mx, p[j]);
+          float sum = 0;
+          for (int64_t j = 0; j < see; ++j) {
+            const float e = std::exp((p[j] - mx) * scale);
+            p[j] = e;
+            sum += e;
+          }
+          const float inv = 1.0f / sum;
+          for (int64_t j = 0; j < see; ++j) p[j] *= inv;
+          for (int64_t j = see; j < cols; ++j) p[j] = 0.f;
+        }
+        kern::round_activations(dev, scratch, rows * cols);  // bf16 probabilities into P V, as in training
+        kern::gemm_raw(false, false, rows, hd, cols, 1.f, scratch, cols, vh, w, 0.f, y + (row0 + r0) * s.ldy + h * hd,
+                       s.ldy);
+      }
+    }
+    q_rows += n;
+    scores += n * past + n * (n + 1) / 2;
+    kv_rows += ctx;
+    row0 += n;
+  }
+  kern::round_activations(dev, y, q_rows, s.heads * hd, s.ldy);
+  kern::charge(dev, cost::cached_attention(s.heads, s.kv_heads, hd, q_rows, scores, kv_rows));
 }
 
 }  // namespace tessera::parallel::layers

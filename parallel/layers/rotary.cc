@@ -59,6 +59,14 @@ void RotaryEmbedding::forward(Device* dev, float* x, int64_t ld, int64_t rows, i
   kern::rope_forward(dev, x, ld, rows, seq, heads, head_dim_, cos(), sin());
 }
 
+void RotaryEmbedding::forward_at(Device* dev, float* x, int64_t ld, int64_t rows, const int64_t* positions,
+                                 int64_t heads) const {
+  for (int64_t r = 0; r < rows; ++r)
+    TESSERA_CHECK(positions[r] >= 0 && positions[r] < max_seq_, "rotary: position ", positions[r],
+                  " outside the table's ", max_seq_, " positions");
+  kern::rope_forward_at(dev, x, ld, rows, positions, heads, head_dim_, cos(), sin());
+}
+
 void RotaryEmbedding::backward(Device* dev, float* dx, int64_t ld, int64_t rows, int64_t seq, int64_t heads) const {
   TESSERA_CHECK(seq <= max_seq_, "rotary: sequence ", seq, " exceeds the table's ", max_seq_, " positions");
   kern::rope_backward(dev, dx, ld, rows, seq, heads, head_dim_, cos(), sin());

@@ -32,6 +32,8 @@ class RotaryEmbedding {
 
   // In place on rows x heads heads of head_dim (row stride ld), row r at position r % seq (seq <= max_seq).
   void forward(Device* dev, float* x, int64_t ld, int64_t rows, int64_t seq, int64_t heads) const;
+  // forward with row r at position positions[r] (< max_seq, checked): a KV-cache forward.
+  void forward_at(Device* dev, float* x, int64_t ld, int64_t rows, const int64_t* positions, int64_t heads) const;
   // The gradient through forward, in place (the transpose rotation).
   void backward(Device* dev, float* dx, int64_t ld, int64_t rows, int64_t seq, int64_t heads) const;
 

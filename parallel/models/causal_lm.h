@@ -15,11 +15,18 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "parallel/layers/parallel_state.h"
 #include "parallel/layers/parameter.h"
 #include "parallel/model_config.h"
+#include "runtime/tensor.h"
+
+namespace tessera::parallel::layers {
+class KvCache;
+class VocabParallelEmbedding;
+}  // namespace tessera::parallel::layers
 
 namespace tessera::parallel::models {
 
@@ -77,6 +84,47 @@ class CausalLM {
                                       const std::function<void(parallel::layers::Parameter*)>& on_ready) = 0;
   virtual int num_slots() const = 0;
 
+  // ---- inference: a forward pass against a KV cache (docs/inference.md) ----
+  // The whole model (pp == 1), no sequence parallelism, bound parameters
+  // (no gradients needed). Sequence i, in KV-cache slot slots[i], brings
+  // lens[i] new tokens, the sequences one after the other in `tokens`
+  // (padding-free), at positions [cache.length(slots[i]), + lens[i]): the
+  // prompt (prefill) or the last sampled token (decode), each sequence at
+  // its own position. Their K and V rows join the cache, which is advanced.
+  // Returns this TP rank's shard of the logits, [rows, vocab_shard(cfg,
+  // tp)] row-major (columns past the vocabulary, the last shard's padding,
+  // are -inf): rows are the last new token of each sequence, or every new
+  // token with all_rows. Valid until the next call. Charges the same kernels
+  // and collectives the inference planner sums (parallel/inference_planner.h).
+  // InvalidArgument naming the sequence for a token outside the vocabulary,
+  // a context past the model's, or a cache slot too small.
+  virtual const float* forward_cached(parallel::layers::KvCache& cache, const int32_t* tokens,
+                                      const std::vector<int>& slots, const std::vector<int64_t>& lens,
+                                      bool all_rows) = 0;
+
+ protected:
+  // Buffers of forward_cached (grown on demand, then reused) and its rows' positions.
+  struct CachedBuffers {
+    Tensor x, xm, ln, q, k, v, y, act, up, scores, head_in, head_norm, logits, mean, rstd;
+    std::vector<int64_t> positions, last_rows;
+  };
+  // Checks forward_cached's arguments (InvalidArgument naming the sequence)
+  // and fills b.positions (every new row's position) and b.last_rows (the
+  // row of each sequence's last new token). Returns the rows.
+  int64_t check_cached_inputs(const parallel::layers::ParallelState& ps, parallel::layers::KvCache& cache,
+                              const int32_t* tokens, const std::vector<int>& slots, const std::vector<int64_t>& lens,
+                              CachedBuffers& b) const;
+  // The rows of x ([n, hidden]) whose logits forward_cached returns: x
+  // itself with all_rows, else each sequence's last row copied into b.head_in
+  // (an index on a device: not charged). *rows gets their number.
+  const float* cached_head_rows(const parallel::layers::ParallelState& ps, const float* x, int64_t n, bool all_rows,
+                                CachedBuffers& b, int64_t* rows) const;
+  // The head of forward_cached: `normed` ([rows, hidden], final-normed) times
+  // this rank's vocabulary rows of `head` into b.logits ([rows, vocab_shard]
+  // with -inf padding). Charges the GEMM.
+  const float* cached_logits(const parallel::layers::ParallelState& ps, parallel::layers::VocabParallelEmbedding& head,
+                             const float* normed, int64_t rows, CachedBuffers& b) const;
+
  protected:
   // What every family's forward_stage checks before it touches a buffer:
   // seq within the context, batch x seq divisible by tp under SP, token
@@ -116,6 +164,15 @@ void validate_layout(const ModelConfig& cfg, int tp);
 // TP ranks that hold each K/V head (make_parallel_state's kv_replicas):
 // tp / kv_heads for a Llama with tp > kv_heads, else 1.
 int kv_replicas(const ModelConfig& cfg, int tp);
+// What differs between two models, one "\n  FIELD: A_NAME has X, B_NAME Y"
+// line per size, family and the tied head ("" when they agree).
+std::string model_differences(const ModelConfig& a, const ModelConfig& b, const std::string& a_name,
+                              const std::string& b_name);
+// Logit columns each TP rank holds: ceil(vocab / tp) (the last shard padded).
+int64_t vocab_shard(const ModelConfig& cfg, int tp);
+// Elements per token and layer of one TP rank's K (or V) cache:
+// max(1, kv_heads / tp) local K/V heads x head size.
+int64_t kv_cache_width(const ModelConfig& cfg, int tp);
 // Training FLOPs per token: 6 x parameters + 12 x layers x context x the
 // attention width (the attention scores and values, forward and backward).
 double train_flops_per_token(const ModelConfig& cfg);

@@ -67,6 +67,11 @@ std::optional<ModelConfig> hf_config_of(const std::string& path) {
   return model_from_hf_config(*c);
 }
 
+ModelConfig load_model(const std::string& arg) {
+  if (auto hf = hf_config_of(arg)) return *hf;
+  return ModelConfig::load(arg);
+}
+
 std::string torch_dtype_name(DType d) {
   switch (d) {
     case DType::F32:

@@ -23,6 +23,11 @@ ModelConfig model_from_hf_config(const std::string& file);
 // model_from_hf_config(hf_config_path(path)) when there is a config.json.
 std::optional<ModelConfig> hf_config_of(const std::string& path);
 
+// The model a --model argument names, for every tool: a Hugging Face
+// directory (or its config.json or weights) first, else a preset name or a
+// model JSON file (ModelConfig::load).
+ModelConfig load_model(const std::string& arg);
+
 // The config.json text transformers loads for `m` (GPT2LMHeadModel or
 // LlamaForCausalLM), with torch_dtype ("float32", "bfloat16", "float16").
 std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype);

@@ -213,6 +213,33 @@ TEST_F(BenchCli, TopologyPresetGivesModeledBusbw) {
   EXPECT_GT(j["results"][0]["modeled_busbw_gbps"].get<double>(), 0.0);
 }
 
+// With --topology and no sweep flags the default sweep leads with decode's
+// latency-bound all-reduce sizes (2, 8 and 32 KiB) before 32M, each with a
+// modeled busbw that the fixed per-hop latency holds below the large size's;
+// the ring (one row) and the switch presets alike. -b alone gives just its sweep.
+TEST_F(BenchCli, TopologyDefaultSweepHasDecodeSizes) {
+  for (const std::string topo : {"inf2.48xlarge", "trn3-ultraserver"}) {
+    SCOPED_TRACE(topo);
+    const std::string js = dir_ + "/d.json";
+    RunResult r = run("bench allr -r 2 -n 1 -w 0 --topology " + topo + " --json " + js);
+    ASSERT_EQ(r.code, 0) << r.out;
+    auto j = read_json(js);
+    std::vector<size_t> sizes;
+    for (const auto& row : j["results"]) {
+      sizes.push_back(row["size_bytes"].get<size_t>());
+      EXPECT_GT(row["modeled_busbw_gbps"].get<double>(), 0.0) << row.dump();
+    }
+    EXPECT_EQ(sizes, (std::vector<size_t>{2048, 8192, 32768, 33554432}));
+    EXPECT_LT(j["results"][0]["modeled_busbw_gbps"].get<double>(),
+              0.5 * j["results"][3]["modeled_busbw_gbps"].get<double>());
+  }
+  RunResult r = run("bench allr -r 2 -n 1 -w 0 -b 1M --topology inf2.48xlarge --json " + dir_ + "/e.json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = read_json(dir_ + "/e.json");
+  ASSERT_FALSE(j["results"].empty());
+  EXPECT_EQ(j["results"][0]["size_bytes"].get<size_t>(), size_t{1} << 20);
+}
+
 }  // namespace
 
 namespace {

@@ -24,6 +24,7 @@
 #include "runtime/kernels.h"
 #include "runtime/sim_clock.h"
 #include "tests/collectives/fork_harness.h"
+#include "tests/parameter_values.h"
 
 namespace tessera {
 namespace {
@@ -53,23 +54,7 @@ ModelConfig tiny(int kv_heads, bool tied, bool bias, int layers = 2) {
   return c;
 }
 
-uint32_t name_seed(const std::string& s) {
-  uint32_t h = 2166136261u;
-  for (unsigned char ch : s) h = (h ^ ch) * 16777619u;
-  return h;
-}
-
-// Full values for every tensor, away from init so no gradient is tiny:
-// matrices N(0, 0.3), norm gains 1 + N(0, 0.3), biases N(0, 0.1).
-std::vector<float> full_value(const Parameter& p) {
-  std::mt19937 g(name_seed(p.name));
-  const bool norm = p.name.find("norm") != std::string::npos;
-  const bool bias = p.name.find(".bias") != std::string::npos;
-  std::normal_distribution<float> d(0.f, bias ? 0.1f : 0.3f);
-  std::vector<float> v(static_cast<size_t>(shape_numel(p.full_shape)));
-  for (auto& x : v) x = (norm ? 1.f : 0.f) + d(g);
-  return v;
-}
+using test::full_value;
 
 struct Batch {
   std::vector<int32_t> in, tg;

@@ -247,6 +247,28 @@ TEST(HardeningCli, EveryJsonInputRefusesDevZeroFifoDirectoryAndHugeFileAtOnce) {
   }
 }
 
+// A FIFO, a directory or a device named without a slash (`--topology ff` in
+// the directory that holds ff) is a file the reader refuses, not an unknown
+// preset name: the message says what the thing named is.
+TEST(HardeningCli, AnInputNamedWithoutASlashIsTakenAsTheFileItIs) {
+  TempDir d;
+  ASSERT_EQ(::mkfifo(d.file("ff").c_str(), 0600), 0);
+  ASSERT_TRUE(fs::create_directory(d.file("dd")));
+  const std::string plan = kTessera + " plan --global-batch 8 --seq 128";
+  for (const std::string& name : {std::string("ff"), std::string("dd")}) {
+    const std::string says = name == "ff" ? "not a regular file (a FIFO)" : "not a regular file (a directory)";
+    for (const auto& [cmd, what] :
+         {std::pair{plan + " --model " + name + " --topology trn1.32xlarge", std::string("model file")},
+          std::pair{plan + " --model gpt2-124m --topology " + name, std::string("topology file")}}) {
+      SCOPED_TRACE(cmd);
+      const CmdRun r = run("-C " + d.path() + " " + cmd);
+      EXPECT_EQ(r.code, 2) << r.out;
+      EXPECT_NE(r.out.find(what + " '" + name + "': " + says), std::string::npos) << r.out;
+      EXPECT_LT(r.seconds, tessera::test_time::seconds(30));
+    }
+  }
+}
+
 TEST(HardeningCli, LibraryTextDoesNotReachTheUser) {
   TempDir d;
   struct Case {

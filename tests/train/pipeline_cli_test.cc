@@ -9,12 +9,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "parallel/checkpoint/safetensors.h"
+#include "parallel/model_config.h"
+#include "parallel/models/hf_config.h"
 #include "parallel/pipeline/trace.h"
 #include "tests/checkpoint/test_util.h"
 
@@ -138,6 +141,31 @@ TEST(PipelineCli, PlanRunsItsLayoutAndMatchesSerial) {
   ASSERT_EQ(r.code, 0) << r.out;
   expect_close(losses(log2), serial, "--plan pp2 interleaved");
   EXPECT_NE(r.out.find("2 stages x 2 virtual, [1,1,1,1]"), std::string::npos) << r.out;
+}
+
+// `tessera plan --model DIR` reads a Hugging Face directory's config.json, as
+// train_gpt --init does: the plan equals the one for the preset it describes.
+TEST(PipelineCli, PlanTakesAHuggingFaceDirectory) {
+  TempDir d;
+  const std::string hf = d.file("Llama-3-8B");
+  std::filesystem::create_directory(hf);
+  std::ofstream(hf + "/config.json") << tessera::parallel::models::hf_config_text(
+      tessera::parallel::ModelConfig::preset("llama3-8b"), "bfloat16");
+  auto plan = [&](const std::string& model, const std::string& out) {
+    auto r =
+        tessera::testing::run_command(std::string(TESSERA_BIN) + " plan --model " + model +
+                                      " --topology trn1.32xlarge --global-batch 32 --seq 2048 --top 1 --json " + out);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return nlohmann::json::parse(tessera::testing::read_bytes(out));
+  };
+  const nlohmann::json from_dir = plan(hf, d.file("dir.json")), from_preset = plan("llama3-8b", d.file("preset.json"));
+  nlohmann::json dir_shape = from_dir.at("model_shape"), preset_shape = from_preset.at("model_shape");
+  EXPECT_EQ(dir_shape.value("tie_embeddings", false), false);  // config.json states it; the preset leaves it unset
+  dir_shape.erase("tie_embeddings");
+  EXPECT_EQ(dir_shape, preset_shape);
+  EXPECT_EQ(from_dir.at("model_shape").at("kv_heads"), 8);
+  for (const char* k : {"tp", "pp", "dp", "step_time_s", "memory_bytes_per_rank"})
+    EXPECT_EQ(from_dir.at(k), from_preset.at(k)) << k;
 }
 
 // Exit 2, naming the plan file and the values that disagree.

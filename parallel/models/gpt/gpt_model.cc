@@ -3,7 +3,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "parallel/layers/attention.h"
 #include "parallel/layers/buffer.h"
+#include "parallel/layers/kv_cache.h"
 #include "parallel/layers/cross_entropy.h"
 #include "parallel/layers/param_alias.h"
 #include "parallel/pipeline/partition.h"
@@ -408,6 +410,58 @@ const float* GptModel::backward_stage(int si, const float* grad_out, const std::
   wte_->backward(s.tokens.data<int32_t>(), n, dres);
   ready(wte_->weight());
   return nullptr;
+}
+
+const float* GptModel::forward_cached(parallel::layers::KvCache& cache, const int32_t* tokens,
+                                     const std::vector<int>& slots, const std::vector<int64_t>& lens, bool all_rows) {
+  CachedBuffers& cb = cached_;
+  const int64_t n = check_cached_inputs(ps_, cache, tokens, slots, lens, cb), c = cfg_.hidden;
+  Device* dev = ps_.device;
+  const auto eps = static_cast<float>(cfg_.norm_eps);
+  float* x = ensure_buffer(cb.x, dev, n * c);
+  wte_->forward(tokens, n, x);
+  for (int64_t r = 0; r < n; ++r) {  // each row at its own position
+    const float* pe = wpe_.value + cb.positions[static_cast<size_t>(r)] * c;
+    float* xr = x + r * c;
+    for (int64_t j = 0; j < c; ++j) xr[j] += pe[j];
+  }
+  kern::round_activations(dev, x, n * c);
+  kern::charge(dev, cost::position_add(n, c));
+
+  float* mean = ensure_f32_buffer(cb.mean, dev, n);
+  float* rstd = ensure_f32_buffer(cb.rstd, dev, n);
+  float* ln = ensure_buffer(cb.ln, dev, n * c);
+  float* xm = ensure_buffer(cb.xm, dev, n * c);
+  const int64_t hd = cfg_.head_size();
+  int64_t ctx = 0;
+  for (size_t i = 0; i < slots.size(); ++i) ctx = std::max(ctx, cache.length(slots[i]) + lens[i]);
+  float* scores = ensure_buffer(cb.scores, dev, parallel::layers::kCachedAttentionBlock * ctx);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = *blocks_[l];
+    const int64_t cl = b.qkv.out_local() / 3, f = b.fc.out_local();
+    kern::layernorm_forward(dev, x, b.ln1_w.value, b.ln1_b.value, ln, mean, rstd, n, c, eps);
+    float* qkv = ensure_buffer(cb.q, dev, n * 3 * cl);
+    b.qkv.forward(ln, n, qkv);
+    float* y = ensure_buffer(cb.y, dev, n * cl);
+    const parallel::layers::AttentionShape shape{1, 1, cl / hd, cl / hd, hd, 3 * cl, 3 * cl, cl};
+    parallel::layers::cached_attention_forward(dev, shape, qkv, qkv + cl, qkv + 2 * cl, cache, static_cast<int64_t>(l),
+                                               slots, lens, scores, y);
+    b.proj.forward(y, n, x, xm);
+    kern::layernorm_forward(dev, xm, b.ln2_w.value, b.ln2_b.value, ln, mean, rstd, n, c, eps);
+    float* pre = ensure_buffer(cb.up, dev, n * f);
+    b.fc.forward(ln, n, pre);
+    float* act = ensure_buffer(cb.act, dev, n * f);
+    kern::gelu_forward(dev, pre, act, n * f);
+    b.mproj.forward(act, n, xm, x);
+  }
+  for (size_t i = 0; i < slots.size(); ++i) cache.advance(slots[i], lens[i]);
+
+  // Final LayerNorm of the rows whose logits are wanted (selecting them is an index, not a kernel), tied head.
+  int64_t rows = 0;
+  const float* h = cached_head_rows(ps_, x, n, all_rows, cb, &rows);
+  float* hn = ensure_buffer(cb.head_norm, dev, rows * c);
+  kern::layernorm_forward(dev, h, lnf_w_.value, lnf_b_.value, hn, mean, rstd, rows, c, eps);
+  return cached_logits(ps_, *wte_, hn, rows, cb);
 }
 
 }  // namespace tessera::parallel::models::gpt

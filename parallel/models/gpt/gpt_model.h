@@ -108,6 +108,10 @@ class GptModel : public CausalLM {
   const float* backward_stage(int slot, const float* grad_out,
                               const std::function<void(parallel::layers::Parameter*)>& on_ready) override;
   int num_slots() const override { return static_cast<int>(slots_.size()); }
+  // CausalLM's KV-cache forward (inference): the kernels of forward_stage on
+  // the new rows, attention against the cache (cached_attention_forward).
+  const float* forward_cached(parallel::layers::KvCache& cache, const int32_t* tokens, const std::vector<int>& slots,
+                              const std::vector<int64_t>& lens, bool all_rows) override;
 
  private:
   struct Block;
@@ -127,7 +131,8 @@ class GptModel : public CausalLM {
   parallel::layers::Parameter wpe_, lnf_w_, lnf_b_;
   std::vector<std::unique_ptr<Block>> blocks_;  // slot 0's: they own the parameters
   std::vector<std::unique_ptr<Slot>> slots_;
-  int last_slot_ = 0;  // of the last forward (token_losses)
+  int last_slot_ = 0;
+  CachedBuffers cached_;  // forward_cached's  // of the last forward (token_losses)
 
   // Scratch shared by the slots (grown on demand, then reused).
   Tensor ce_scratch_, dres_, dln_, dhf_full_, dhf_, dqkv_, dattn_, dfc_, dprobs_;

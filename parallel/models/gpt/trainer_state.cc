@@ -232,24 +232,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // Every file's size, SHA-256 and recorded model before anything else is believed.
   ck.verify_collective(world);
   const ModelConfig& mine = opts_.model;
-  {
-    std::string diff;
-    auto cmp = [&](const char* what, int64_t a, int64_t b) {
-      if (a != b) diff += concat("\n  ", what, ": the checkpoint has ", a, ", this run ", b);
-    };
-    cmp("vocab", saved.vocab, mine.vocab);
-    cmp("context (max_seq)", saved.max_seq, mine.max_seq);
-    cmp("hidden", saved.hidden, mine.hidden);
-    cmp("layers", saved.layers, mine.layers);
-    cmp("heads", saved.heads, mine.heads);
-    cmp("kv_heads", saved.kv_heads, mine.kv_heads);
-    cmp("ffn_hidden", saved.ffn_hidden, mine.ffn_hidden);
-    cmp("head size", saved.head_size(), mine.head_size());
-    cmp("tied embeddings", saved.tied_embeddings(), mine.tied_embeddings());
-    if (saved.family != mine.family)
-      diff += concat("\n  family: the checkpoint has ", saved.family, ", this run ", mine.family);
-    TESSERA_ARG_CHECK(diff.empty(), w, " holds another model:", diff);
-  }
+  const std::string diff = models::model_differences(saved, mine, "the checkpoint", "this run");
+  TESSERA_ARG_CHECK(diff.empty(), w, " holds another model:", diff);
   const bool training = ck.has_trainer_state();
   if (training) {
     const TrainerState st = decode_trainer_state(ck.read_trainer_state(), w);

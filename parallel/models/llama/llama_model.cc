@@ -5,6 +5,7 @@
 
 #include "parallel/layers/attention.h"
 #include "parallel/layers/buffer.h"
+#include "parallel/layers/kv_cache.h"
 #include "parallel/layers/cross_entropy.h"
 #include "parallel/layers/param_alias.h"
 #include "parallel/pipeline/partition.h"
@@ -392,6 +393,62 @@ const float* LlamaModel::backward_stage(int si, const float* grad_out,
   embed_tokens_->backward(s.tokens.data<int32_t>(), n, dres);
   ready(embed_tokens_->weight());
   return nullptr;
+}
+
+const float* LlamaModel::forward_cached(parallel::layers::KvCache& cache, const int32_t* tokens,
+                                       const std::vector<int>& slots, const std::vector<int64_t>& lens,
+                                       bool all_rows) {
+  CachedBuffers& cb = cached_;
+  const int64_t n = check_cached_inputs(ps_, cache, tokens, slots, lens, cb), c = cfg_.hidden;
+  Device* dev = ps_.device;
+  if (!rope_)
+    rope_ =
+        std::make_unique<parallel::layers::RotaryEmbedding>(hd_, cfg_.max_seq, cfg_.rope_theta, cfg_.rope_scaling, dev);
+  const auto eps = static_cast<float>(cfg_.norm_eps);
+  float* x = ensure_buffer(cb.x, dev, n * c);
+  embed_tokens_->forward(tokens, n, x);
+
+  float* rstd = ensure_f32_buffer(cb.rstd, dev, n);
+  float* ln = ensure_buffer(cb.ln, dev, n * c);
+  float* xm = ensure_buffer(cb.xm, dev, n * c);
+  const int64_t qw = hl_ * hd_, kw = kvl_ * hd_;
+  const parallel::layers::AttentionShape shape{1, 1, hl_, kvl_, hd_, qw, kw, qw};
+  int64_t ctx = 0;
+  for (size_t i = 0; i < slots.size(); ++i) ctx = std::max(ctx, cache.length(slots[i]) + lens[i]);
+  float* scores = ensure_buffer(cb.scores, dev, parallel::layers::kCachedAttentionBlock * ctx);
+  const int64_t* pos = cb.positions.data();
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = *blocks_[l];
+    const int64_t f = b.gate.out_local();
+    kern::rmsnorm_forward(dev, x, b.ln1_w.value, ln, rstd, n, c, eps);
+    float* q = ensure_buffer(cb.q, dev, n * qw);
+    float* k = ensure_buffer(cb.k, dev, n * kw);
+    float* v = ensure_buffer(cb.v, dev, n * kw);
+    b.q.forward_full(ln, n, q);
+    b.k.forward_full(ln, n, k);
+    b.v.forward_full(ln, n, v);
+    rope_->forward_at(dev, q, qw, n, pos, hl_);
+    rope_->forward_at(dev, k, kw, n, pos, kvl_);
+    float* y = ensure_buffer(cb.y, dev, n * qw);
+    parallel::layers::cached_attention_forward(dev, shape, q, k, v, cache, static_cast<int64_t>(l), slots, lens,
+                                               scores, y);
+    b.o.forward(y, n, x, xm);
+    kern::rmsnorm_forward(dev, xm, b.ln2_w.value, ln, rstd, n, c, eps);
+    float* g = ensure_buffer(cb.act, dev, n * f);
+    float* u = ensure_buffer(cb.up, dev, n * f);
+    b.gate.forward_full(ln, n, g);
+    b.up.forward_full(ln, n, u);
+    kern::swiglu_forward(dev, g, u, g, n * f);
+    b.down.forward(g, n, xm, x);
+  }
+  for (size_t i = 0; i < slots.size(); ++i) cache.advance(slots[i], lens[i]);
+
+  // Final RMSNorm of the rows whose logits are wanted (selecting them is an index, not a kernel), then the head.
+  int64_t rows = 0;
+  const float* h = cached_head_rows(ps_, x, n, all_rows, cb, &rows);
+  float* hn = ensure_buffer(cb.head_norm, dev, rows * c);
+  kern::rmsnorm_forward(dev, h, norm_w_.value, hn, rstd, rows, c, eps);
+  return cached_logits(ps_, lm_head_ ? *lm_head_ : *embed_tokens_, hn, rows, cb);
 }
 
 }  // namespace tessera::parallel::models::llama
