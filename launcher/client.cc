@@ -14,6 +14,10 @@ namespace {
 // Slack on top of a server-side wait so the server answers before the client gives up.
 constexpr std::chrono::milliseconds kSlack{5000};
 constexpr std::chrono::milliseconds kQuickCall{10000};
+// How long one connection attempt may take before gRPC gives up on it and
+// tries again: TCP's first SYN retransmission comes after 1 s (RFC 6298's
+// initial RTO), so a lost SYN is still retried by the kernel within it.
+constexpr std::chrono::milliseconds kConnectAttemptTimeout{5000};
 }  // namespace
 
 void throw_if_error(const grpc::Status& s, const std::string& what) {
@@ -41,10 +45,18 @@ CoordinatorClient::CoordinatorClient(std::string address, std::string token)
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   args.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
-  // Reconnect quickly: a coordinator that is starting up should be found within ~100 ms.
+  // Retry a refused connect quickly (a coordinator that is starting up is
+  // found within ~100 ms): the first retry after 50 ms, growing to 500 ms.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  // But give each attempt time to finish. gRPC gives a connection attempt
+  // (TCP connect plus the HTTP/2 settings exchange) max(backoff,
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS) to complete (doc/connection-backoff.md,
+  // MIN_CONNECT_TIMEOUT); at 50 ms, a coordinator busy answering many
+  // workers' handshakes on a loaded machine had its connections cut and
+  // redone (strace: up to 3 attempts per worker, 128 workers took 4.8 s).
+  // A refused connect still fails at once and is retried after the backoff.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(kConnectAttemptTimeout.count()));
   channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
   stub_ = pb::Coordinator::NewStub(channel_);
 }

@@ -4,7 +4,8 @@
 // "What every worker gets"): the launcher's own environment without any
 // variable tessera sets, plus tessera's and torchrun's variables.
 //
-// spawn_worker() forks a keeper that forks and execs the worker. The keeper
+// spawn_worker() forks a keeper that starts the worker (clone with
+// CLONE_VM|CLONE_VFORK, then execve, as posix_spawn does). The keeper
 // leads the worker's process group (set in parent and keeper, so a signal
 // sent right after fork finds the group), exits the way the worker did (its
 // pid is the one the caller waits for and signals as -pid), and SIGKILLs the
