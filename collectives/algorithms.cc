@@ -96,12 +96,15 @@ void LinkCosts::sum_peers() {
         for (int x = 0; x < d.size; ++x) {
           if (count[static_cast<size_t>(x)] == 0 || x == y) continue;
           const int diff = std::abs(x - y);
-          const int n = d.kind == LinkKind::Switch ? 1 : d.kind == LinkKind::Ring ? std::min(diff, d.size - diff) : diff;
+          const int n = d.kind == LinkKind::Switch ? 1
+                        : d.kind == LinkKind::Ring ? std::min(diff, d.size - diff)
+                                                   : diff;
           h += static_cast<double>(n) * count[static_cast<size_t>(x)];
         }
         hops[static_cast<size_t>(y)] = h * d.latency;
       }
-      for (int r : members) peer_lat_[static_cast<size_t>(r)] += hops[static_cast<size_t>(coord_[static_cast<size_t>(r) * nd + i])];
+      for (int r : members)
+        peer_lat_[static_cast<size_t>(r)] += hops[static_cast<size_t>(coord_[static_cast<size_t>(r) * nd + i])];
     }
     // Bandwidth: agree[r] members (r itself included) share r's
     // coordinates on the dims before order[k]; those that also share
@@ -409,7 +412,8 @@ class RingAlgorithm final : public Algorithm {
     if (g.size > kMaxRanks) return -1;
     const int* all = identity_members();
     if (q.kind == CollKind::AllReduce)
-      return 2 * ring_phase_cost(g.links, all, g.size, [&](int i) { return part(q.count, g.size, i); }, q.elem);
+      return 2 * ring_phase_cost(
+                     g.links, all, g.size, [&](int i) { return part(q.count, g.size, i); }, q.elem);
     if (q.kind == CollKind::ReduceScatter || q.kind == CollKind::AllGather)
       return ring_phase_seconds(g.links, all, g.size, static_cast<double>(q.count * q.elem));
     return -1;
@@ -522,7 +526,8 @@ class HierGather {
     auto real = [&](int v) { return on(0, (v + root_host) % H); };
     for (int m = 1; m < H; m <<= 1) {
       double w = 0;
-      for (int v = 0; v < m && v + m < H; ++v) w = std::max(w, g.links.time(real(v), real(v + m), static_cast<double>(maxb)));
+      for (int v = 0; v < m && v + m < H; ++v)
+        w = std::max(w, g.links.time(real(v), real(v + m), static_cast<double>(maxb)));
       t += w;
     }
     return t + ring_phase_cost(g.links, h.local.data(), L, blk, q.elem);
@@ -582,8 +587,8 @@ class HierAlgorithm final : public Algorithm {
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
     auto local_blk = [&](int i) { return part(q.count, L, i); };
     const Range mine = local_blk(0);  // rank 0's block (the largest)
-    const double cross =
-        2 * ring_phase_cost(g.links, h.cross.data(), H, [&](int j) { return part(mine.len, H, j); }, q.elem);
+    const double cross = 2 * ring_phase_cost(
+                                 g.links, h.cross.data(), H, [&](int j) { return part(mine.len, H, j); }, q.elem);
     if (in_place_possible(g, L) && q.buffers_shared) {
       // Each rank pulls L-1 blocks from its host-mates, then pushes its
       // block to L-1 of them (the link traffic of the ring phases it replaces).
@@ -700,8 +705,10 @@ class HierRdAlgorithm final : public Algorithm {
     const int L = static_cast<int>(h.local.size()), H = static_cast<int>(h.cross.size());
     if (!pow2(L) || !pow2(H)) return -1;
     const double bytes = static_cast<double>(q.count * q.elem);
-    return doubling_seconds(g.links, L, [&](int i) { return h.local[static_cast<size_t>(i)]; }, bytes) +
-           doubling_seconds(g.links, H, [&](int i) { return h.cross[static_cast<size_t>(i)]; }, bytes);
+    return doubling_seconds(
+               g.links, L, [&](int i) { return h.local[static_cast<size_t>(i)]; }, bytes) +
+           doubling_seconds(
+               g.links, H, [&](int i) { return h.cross[static_cast<size_t>(i)]; }, bytes);
   }
 
  protected:
@@ -746,7 +753,8 @@ class HierLeaderAlgorithm final : public Algorithm {
       tree += t;
     }
     // The leaders are by_local[k], k < H.
-    return 2 * tree + doubling_seconds(g.links, H, [&](int i) { return h.by_local[static_cast<size_t>(i)]; }, bytes);
+    return 2 * tree + doubling_seconds(
+                          g.links, H, [&](int i) { return h.by_local[static_cast<size_t>(i)]; }, bytes);
   }
 
  protected:
@@ -1007,8 +1015,8 @@ class TorusAlgorithm final : public Algorithm {
   // walk for both, so the charge is the schedule's).
   template <typename BlockFn>
   static double reduce_scatter(const TorusShape& ts, int rank, int size, AlgoContext* c, const LinkCosts* links,
-                               BlockFn blk, size_t es, const char* src, char* dst, DType dt, ReduceOp op,
-                               bool backward, char* final_dst) {
+                               BlockFn blk, size_t es, const char* src, char* dst, DType dt, ReduceOp op, bool backward,
+                               char* final_dst) {
     const int D = static_cast<int>(ts.extent.size());
     int glo = 0, ghi = size;
     double t = 0;
@@ -1164,7 +1172,7 @@ class DirectAlgorithm final : public Algorithm {
       for (int j = 1; j < p; ++j)
         (stream ? copy_streaming : copy_cached)(peer(ptrs, (r + j) % p, 1) + off, acc, len * es);
     }
-    if (stream) streaming_fence();  // the stores reach memory before the round below says so
+    if (stream) streaming_fence();                 // the stores reach memory before the round below says so
     shm.publish(nullptr, nullptr, 0, nullptr, 0);  // every block reduced and delivered
     return true;
   }
@@ -1492,10 +1500,11 @@ int algorithm_candidates(CollKind kind, size_t bytes, bool multi_dim_torus, bool
         // express; hier_leader sends one per host, and serves instead.
         const CostQuery q{CollKind::AllReduce, bytes / std::max<size_t>(elem, 1), std::max<size_t>(elem, 1), 0, true};
         const double ring = g_ring.cost(*g, q);
-        std::pair<double, Algorithm*> by_time[] = {{g_hier.cost(*g, q), &g_hier},
-                                                   {g->hosts.crowded ? -1.0 : g_hier_rd.cost(*g, q), &g_hier_rd},
-                                                   {g->hosts.crowded ? g_hier_leader.cost(*g, q) : -1.0, &g_hier_leader},
-                                                   {g_rhd.cost(*g, q), &g_rhd}};
+        std::pair<double, Algorithm*> by_time[] = {
+            {g_hier.cost(*g, q), &g_hier},
+            {g->hosts.crowded ? -1.0 : g_hier_rd.cost(*g, q), &g_hier_rd},
+            {g->hosts.crowded ? g_hier_leader.cost(*g, q) : -1.0, &g_hier_leader},
+            {g_rhd.cost(*g, q), &g_rhd}};
         std::stable_sort(std::begin(by_time), std::end(by_time),
                          [](const auto& x, const auto& y) { return x.first < y.first; });
         for (const auto& [sec, a] : by_time)

@@ -120,8 +120,8 @@ struct AlgoContext {
   int rank = 0, size = 1;
   uint32_t tag = 0;  // this call's tag
   const TorusShape* torus = nullptr;
-  Workspace* ws = nullptr;  // algorithm scratch
-  const HostLevels* hosts = nullptr;  // this rank's levels
+  Workspace* ws = nullptr;                // algorithm scratch
+  const HostLevels* hosts = nullptr;      // this rank's levels
   const GroupCostModel* group = nullptr;  // what Algorithm::cost sees (links, torus, host levels)
   // Set false by an algorithm whose shared-memory path found some rank's
   // buffers outside every shared arena (alike on every rank) and took

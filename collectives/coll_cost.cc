@@ -161,7 +161,8 @@ GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nod
 
 GroupCostModel group_cost_model(const NetModel& net, const std::vector<int>& nodes, bool shared_memory,
                                 const std::vector<int>* host_of, int rank, bool host_shared_memory) {
-  if (!host_of || host_of->empty()) return group_cost_model(net, nodes, shared_memory, static_cast<const HostMap*>(nullptr), rank, host_shared_memory);
+  if (!host_of || host_of->empty())
+    return group_cost_model(net, nodes, shared_memory, static_cast<const HostMap*>(nullptr), rank, host_shared_memory);
   HostMap hosts;
   hosts.host_of = *host_of;
   const int nh = 1 + *std::max_element(host_of->begin(), host_of->end());

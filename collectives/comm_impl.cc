@@ -302,8 +302,8 @@ class TransportCommunicator final : public Communicator {
       }
       const size_t bytes = count * dtype_size(call.dtype);
       Algorithm* cands[kMaxCandidates];
-      const int n =
-          algorithm_candidates(kind, bytes, multi_dim_, hosts_.valid, options_.algo, cands, &group_, dtype_size(call.dtype));
+      const int n = algorithm_candidates(kind, bytes, multi_dim_, hosts_.valid, options_.algo, cands, &group_,
+                                         dtype_size(call.dtype));
       const char* served = nullptr;
       for (int i = 0; i < n && !served; ++i)
         if (cands[i]->run(ctx, call)) served = cands[i]->name();

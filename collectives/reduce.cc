@@ -61,7 +61,8 @@ __attribute__((target("avx2"))) void copy_streaming_avx2(unsigned char* dst, con
       _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + j),
                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + j)));
   for (; i + 32 <= n; i += 32)
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
   for (; i < n; ++i) dst[i] = src[i];
 }
 #endif
@@ -160,7 +161,8 @@ bool streaming_stores() {
 
 void copy_streaming(void* dst, const void* src, size_t bytes) {
 #if TESSERA_REDUCE_STREAMING
-  if (has_avx2()) return copy_streaming_avx2(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes);
+  if (has_avx2())
+    return copy_streaming_avx2(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes);
 #endif
   if (bytes) std::memcpy(dst, src, bytes);
 }

@@ -131,7 +131,8 @@ bench::BenchConfig make_config(const BenchArgs& a) {
   else if (factor == 0)
     factor = 2.0;  // nccom-test's default sweep doubles
   c.sizes = bench::size_sweep(lo, hi, factor, step);
-  if (!a.topology.empty() && !a.sweep_given) c.sizes.insert(c.sizes.begin(), std::begin(kDecodeSizes), std::end(kDecodeSizes));
+  if (!a.topology.empty() && !a.sweep_given)
+    c.sizes.insert(c.sizes.begin(), std::begin(kDecodeSizes), std::end(kDecodeSizes));
   c.iters = a.iters;
   c.warmup = a.warmup;
   c.dtype = parse_dtype(a.datatype);
@@ -480,8 +481,10 @@ void add_bench_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("-r,--nworkers", a->nworkers, "Ranks to spawn on this host")->check(cli::int_range(1, 1024));
   cmd->add_flag("--oversubscribe", a->oversubscribe,
                 "Allow -r beyond " + std::to_string(kRanksPerCpu) + " ranks per CPU");
-  cmd->add_option("-b,--minbytes", a->minbytes, "Smallest size, e.g. 8, 64K, 1M (default 32M; with --topology and no -b, -e, -f, -i: also 2K, 8K, 32K, "
-                  "decode's all-reduces)");
+  cmd->add_option(
+      "-b,--minbytes", a->minbytes,
+      "Smallest size, e.g. 8, 64K, 1M (default 32M; with --topology and no -b, -e, -f, -i: also 2K, 8K, 32K, "
+      "decode's all-reduces)");
   cmd->add_option("-e,--maxbytes", a->maxbytes, "Largest size (default 32M)");
   auto* f = cmd->add_option("-f,--stepfactor", a->stepfactor, "Multiply the size by this factor (default 2)");
   auto* i = cmd->add_option("-i,--stepbytes", a->stepbytes, "Add this many bytes per step instead");

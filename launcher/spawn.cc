@@ -117,8 +117,7 @@ int exec_worker(void* arg) {
   // as execve keeps them.
   for (int s = 1; s < NSIG; ++s) {
     struct sigaction old {};
-    if (sigaction(s, nullptr, &old) == 0 && old.sa_handler != SIG_IGN && old.sa_handler != SIG_DFL)
-      signal(s, SIG_DFL);
+    if (sigaction(s, nullptr, &old) == 0 && old.sa_handler != SIG_IGN && old.sa_handler != SIG_DFL) signal(s, SIG_DFL);
   }
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGHUP);

@@ -192,9 +192,8 @@ GroupNets placement_group_nets(const Topology& topo, const Placement& pl, int kv
   std::vector<int> kv_nodes;  // rank 0's K/V group: the first kv_replicas TP ranks
   kv_nodes.reserve(static_cast<size_t>(kv_replicas));
   for (int i = 0; i < kv_replicas; ++i) kv_nodes.push_back(pl.node(mesh.rank({.tp = i, .dp = 0, .pp = 0})));
-  return GroupNets{group(MeshAxis::TP), group(MeshAxis::DP),
-                   group(MeshAxis::PP), pair(0, p > 1 ? 1 : 0),
-                   pair(0, p - 1),      model(kv_nodes)};
+  return GroupNets{group(MeshAxis::TP),    group(MeshAxis::DP), group(MeshAxis::PP),
+                   pair(0, p > 1 ? 1 : 0), pair(0, p - 1),      model(kv_nodes)};
 }
 
 // ---- the pipeline ---------------------------------------------------------------------

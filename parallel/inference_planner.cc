@@ -46,7 +46,8 @@ double rank_matmul_params(const ModelConfig& m, int tp) {
 double coll_seconds(collectives::CollKind kind, int64_t count, DType dt, const collectives::GroupCostModel& g) {
   if (g.size <= 1 || count <= 0) return 0;
   if (g.nodes.empty()) {  // a group too large for the exact model: NetModel's closed forms (as the training planner)
-    const double n = static_cast<double>(count) * (kind != collectives::CollKind::AllGather || dt == DType::F32 ? 4 : 2);
+    const double n =
+        static_cast<double>(count) * (kind != collectives::CollKind::AllGather || dt == DType::F32 ? 4 : 2);
     if (kind == collectives::CollKind::AllReduce) return g.net.torus_allreduce_time(n);
     return g.net.torus_allgather_time(n * g.size);
   }

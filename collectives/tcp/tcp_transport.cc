@@ -746,8 +746,8 @@ void Connection::write_payload() {
 // size). Until `spin_until` an empty socket is retried at once; after it,
 // and until `deadline`, waited for in poll() in slices of at most 100 ms.
 // Gives up early (Stopped) once `stop` is set.
-ReadStatus read_into(int fd, unsigned char* first, size_t nfirst, unsigned char* second, size_t nsecond,
-                     size_t need, size_t& got, Clock::time_point spin_until, Clock::time_point deadline,
+ReadStatus read_into(int fd, unsigned char* first, size_t nfirst, unsigned char* second, size_t nsecond, size_t need,
+                     size_t& got, Clock::time_point spin_until, Clock::time_point deadline,
                      const std::atomic<bool>& stop, int& err) {
   got = 0;
   bool spinning = spin_until != Clock::time_point{};
@@ -791,11 +791,10 @@ ReadStatus read_exact(int fd, void* buf, size_t n, size_t& got, Clock::time_poin
 // Reads a message's header into `h` and with it (same recvmsg) up to `n`
 // bytes of its payload into `payload`, until the header is complete: `got`
 // counts header and payload bytes (read_into, polling until `spin_until`).
-ReadStatus read_header(int fd, Header& h, unsigned char* payload, size_t n, size_t& got,
-                       Clock::time_point spin_until, Clock::time_point deadline, const std::atomic<bool>& stop,
-                       int& err) {
-  return read_into(fd, reinterpret_cast<unsigned char*>(&h), sizeof h, payload, n, sizeof h, got, spin_until,
-                   deadline, stop, err);
+ReadStatus read_header(int fd, Header& h, unsigned char* payload, size_t n, size_t& got, Clock::time_point spin_until,
+                       Clock::time_point deadline, const std::atomic<bool>& stop, int& err) {
+  return read_into(fd, reinterpret_cast<unsigned char*>(&h), sizeof h, payload, n, sizeof h, got, spin_until, deadline,
+                   stop, err);
 }
 
 std::string read_failure_text(ReadStatus s, size_t got, int err) {

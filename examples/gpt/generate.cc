@@ -195,7 +195,8 @@ void build_requests(Flags& f) {
   }
   for (size_t i = 0; i < f.prompt_tokens.size(); ++i)
     add(parse_ids(f.prompt_tokens[i], "--prompt-tokens " + std::to_string(i + 1)), "");
-  TESSERA_ARG_CHECK(!f.reqs.empty(), "no prompt: give --prompt TEXT, --prompt-file F, --prompt-tokens IDS or --requests F");
+  TESSERA_ARG_CHECK(!f.reqs.empty(),
+                    "no prompt: give --prompt TEXT, --prompt-file F, --prompt-tokens IDS or --requests F");
 }
 
 std::string us(double s) {
@@ -243,14 +244,15 @@ Planned planned(const Flags& f, int world) {
 
 int run_generate(const Flags& f, const gpt::Job& job) {
   const bool lead = job.world.rank == 0;
-  TESSERA_ARG_CHECK(job.world.size == f.tp, "this job has ", job.world.size, " process(es) but --tp ", f.tp,
-                    " needs ", f.tp);
+  TESSERA_ARG_CHECK(job.world.size == f.tp, "this job has ", job.world.size, " process(es) but --tp ", f.tp, " needs ",
+                    f.tp);
   Device& dev = *job.device;
   const DType dt = f.precision == "bf16" ? DType::BF16 : DType::F32;
   dev.set_precision(dt, dt);
   parallel::layers::ParallelState ps =
-      job.comm ? parallel::layers::make_parallel_state(job.comm, f.tp, 1, &dev, false, 1, models::kv_replicas(f.cfg, f.tp))
-               : parallel::layers::serial_state(&dev);
+      job.comm
+          ? parallel::layers::make_parallel_state(job.comm, f.tp, 1, &dev, false, 1, models::kv_replicas(f.cfg, f.tp))
+          : parallel::layers::serial_state(&dev);
   std::unique_ptr<models::CausalLM> model = models::make_causal_lm(f.cfg, ps);
   models::InferenceWeights weights(*model, &dev, dt);
   models::load_init_weights(*model, f.init, job.comm.get());
@@ -286,9 +288,8 @@ int run_generate(const Flags& f, const gpt::Job& job) {
   nlohmann::json seqs = nlohmann::json::array();
   for (size_t i = 0; i < f.reqs.size(); ++i) {
     const std::string text = detok(r.tokens[i]);
-    const std::string prompt = f.prompt_texts[i].empty()
-                                   ? "<" + std::to_string(f.reqs[i].prompt.size()) + " tokens> "
-                                   : printable(f.prompt_texts[i]);
+    const std::string prompt = f.prompt_texts[i].empty() ? "<" + std::to_string(f.reqs[i].prompt.size()) + " tokens> "
+                                                         : printable(f.prompt_texts[i]);
     std::printf("[%zu] %s%s\n", i, prompt.c_str(), printable(text).c_str());
     seqs.push_back({{"prompt_tokens", f.reqs[i].prompt},
                     {"tokens", r.tokens[i]},
@@ -349,8 +350,7 @@ int run_generate(const Flags& f, const gpt::Job& job) {
 int run(int argc, char** argv) {
   kern::default_blas_threads();
   Flags f;
-  CLI::App app{"Generate text with a KV cache on emulated cores, the model tensor-parallel over the ranks",
-               "generate"};
+  CLI::App app{"Generate text with a KV cache on emulated cores, the model tensor-parallel over the ranks", "generate"};
   app.add_option("--init", f.init,
                  "the model: a tessera checkpoint directory (or a --save directory: its newest), or a Hugging Face "
                  "safetensors file or model directory")
@@ -397,8 +397,8 @@ int run(int argc, char** argv) {
     app.exit(e);
     return cli::kUsageExit;
   }
-  f.sampling.greedy = !(app.count("--temperature") || app.count("--top-k") || app.count("--top-p") ||
-                        app.count("--seed"));
+  f.sampling.greedy =
+      !(app.count("--temperature") || app.count("--top-k") || app.count("--top-p") || app.count("--seed"));
   NetModel net;
   std::vector<int> nodes;
   try {
@@ -407,7 +407,8 @@ int run(int argc, char** argv) {
     TESSERA_ARG_CHECK(f.max_batch == 0 || !f.requests.empty(), "--max-batch needs --requests");
     if (f.device.empty()) {
       f.device = "trn1-core";
-      if (!f.topology.empty() && !Topology::is_emulated(f.topology)) f.device = Topology::load(f.topology).device().name;
+      if (!f.topology.empty() && !Topology::is_emulated(f.topology))
+        f.device = Topology::load(f.topology).device().name;
     }
     f.cfg = models::init_model_config(f.init, &f.from_checkpoint);
     if (!f.model.empty()) {

@@ -7,11 +7,10 @@
 #include "parallel/layers/buffer.h"
 #include "parallel/layers/embedding.h"
 #include "parallel/layers/kv_cache.h"
-#include "runtime/kernels.h"
-
 #include "parallel/models/gpt/gpt_model.h"
 #include "parallel/models/llama/llama_model.h"
 #include "runtime/error.h"
+#include "runtime/kernels.h"
 
 namespace tessera::parallel::models {
 
@@ -86,8 +85,8 @@ const float* CausalLM::cached_head_rows(const parallel::layers::ParallelState& p
 }
 
 const float* CausalLM::cached_logits(const parallel::layers::ParallelState& ps,
-                                     parallel::layers::VocabParallelEmbedding& head, const float* normed,
-                                     int64_t rows, CachedBuffers& b) const {
+                                     parallel::layers::VocabParallelEmbedding& head, const float* normed, int64_t rows,
+                                     CachedBuffers& b) const {
   const int64_t shard = vocab_shard(config(), ps.tp_size), vv = head.vocab_valid(), c = config().hidden;
   float* logits = parallel::layers::ensure_buffer(b.logits, ps.device, rows * shard);
   if (vv > 0)
@@ -112,7 +111,8 @@ std::string model_differences(const ModelConfig& a, const ModelConfig& b, const 
   cmp("ffn_hidden", a.ffn_hidden, b.ffn_hidden);
   cmp("head size", a.head_size(), b.head_size());
   cmp("tied embeddings", a.tied_embeddings(), b.tied_embeddings());
-  if (a.family != b.family) diff += detail::concat("\n  family: ", a_name, " has ", a.family, ", ", b_name, " ", b.family);
+  if (a.family != b.family)
+    diff += detail::concat("\n  family: ", a_name, " has ", a.family, ", ", b_name, " ", b.family);
   return diff;
 }
 

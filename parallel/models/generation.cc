@@ -179,8 +179,8 @@ GenerationResult generate(CausalLM& model, const parallel::layers::ParallelState
       TESSERA_ARG_CHECK(t >= 0 && t < cfg.vocab, "prompt ", i, ": token id ", t, " is outside the vocabulary [0, ",
                         cfg.vocab, ") of model '", cfg.name, "'");
     // As vLLM's max_model_len: the prompt and every new token within the context (the cache holds them all).
-    TESSERA_ARG_CHECK(p + q.max_new_tokens <= cfg.max_seq, "prompt ", i, ": ", p, " tokens + ",
-                      q.max_new_tokens, " new exceed model '", cfg.name, "''s context of ", cfg.max_seq, " tokens");
+    TESSERA_ARG_CHECK(p + q.max_new_tokens <= cfg.max_seq, "prompt ", i, ": ", p, " tokens + ", q.max_new_tokens,
+                      " new exceed model '", cfg.name, "''s context of ", cfg.max_seq, " tokens");
     longest = std::max(longest, p + q.max_new_tokens);
     all_tokens += p + q.max_new_tokens;
   }
@@ -203,8 +203,8 @@ GenerationResult generate(CausalLM& model, const parallel::layers::ParallelState
     for (int64_t c : res.slot_capacity) cached += c;
     throw InvalidArgument(detail::concat(
         "the batch does not fit the KV cache: ", slots, " sequence(s) of up to ", longest, " tokens (", cached,
-        " cached tokens) need ", e.requested(), " bytes on each TP rank, and device ", dev ? dev->name() : "?",
-        " has ", e.capacity() - std::min(e.in_use(), e.capacity()), " of ", e.capacity(),
+        " cached tokens) need ", e.requested(), " bytes on each TP rank, and device ", dev ? dev->name() : "?", " has ",
+        e.capacity() - std::min(e.in_use(), e.capacity()), " of ", e.capacity(),
         " bytes free beside the weights; use fewer or shorter prompts, fewer --max-new-tokens, or a larger --tp"));
   }
   res.kv_cache_bytes = cache->bytes();

@@ -69,7 +69,7 @@ struct GenerationRequest {
 // decoded) and the token each got.
 struct GenerationStep {
   int64_t step = 0;
-  int batch = 0;    // sequences in the forward
+  int batch = 0;     // sequences in the forward
   int prefills = 0;  // of them, prompts joining
   std::vector<int> requests;
   std::vector<int32_t> tokens;

@@ -5,7 +5,6 @@
 #include "collectives/coll_cost.h"
 
 #include <gtest/gtest.h>
-
 #include <sched.h>
 
 #include <cmath>
@@ -84,8 +83,8 @@ TEST(CollCost, PullsFromAllPeersEqualThePairwiseSum) {
   // (1 us + B/20e9), node 12 one switch hop (5 us + B/40e9), node 23 = (3, 2, 1):
   // 1 + 2 x 3 + 5 us, bandwidth of the mesh dim, 10e9.
   const GroupCostModel three = group_cost_model(net, {0, 1, 12, 23}, false);
-  EXPECT_NEAR(three.links.from_all_peers(0, 1e6),
-              (1e-6 + 1e6 / 20e9) + (5e-6 + 1e6 / 40e9) + (12e-6 + 1e6 / 10e9), 1e-15);
+  EXPECT_NEAR(three.links.from_all_peers(0, 1e6), (1e-6 + 1e6 / 20e9) + (5e-6 + 1e6 / 40e9) + (12e-6 + 1e6 / 10e9),
+              1e-15);
 }
 
 TEST(CollCost, RingAllReduceByHand) {
@@ -287,7 +286,8 @@ bool near(double x, double y) { return std::fabs(x - y) <= 1e-12 * std::max(1e-9
 // buffers sit in the device's shared arena (else on the heap, where a
 // shared-memory path that needs them declines or takes its other path).
 template <typename MakeFn>
-void charges_equal_costs(int rank, const GroupCostModel& g, MakeFn make, bool shared, const std::vector<size_t>& counts) {
+void charges_equal_costs(int rank, const GroupCostModel& g, MakeFn make, bool shared,
+                         const std::vector<size_t>& counts) {
   const int p = g.size;
   const size_t most = counts.back() * static_cast<size_t>(p);
   Device dev(DeviceSpec::preset("test-core"), rank, make_shm_memory(64u << 20));
@@ -379,8 +379,7 @@ TEST(CollCost, EveryAlgorithmChargesItsCostAcrossHosts) {
       auto make = [&](const std::string& algo) {
         CommOptions o;
         o.algo = algo;
-        auto c =
-            Communicator::create(std::make_shared<PrefixStore>(store, std::to_string(seq++) + "/"), rank, size, o);
+        auto c = Communicator::create(std::make_shared<PrefixStore>(store, std::to_string(seq++) + "/"), rank, size, o);
         COLL_REQUIRE(c->transport() == "shm+tcp", "transport ", c->transport());
         return c;
       };
@@ -421,8 +420,7 @@ TEST(CollCost, HierarchicalCostsByHand) {
   // hier_rd: one doubling inside the host, one across: the whole vector each.
   EXPECT_NEAR(algorithm_cost("hier_rd", g, {CollKind::AllReduce, 1000000, 4, 0, true}), tl(n) + tx(n), 1e-15);
   // hier_leader: reduce to the leader, its exchange across, broadcast back.
-  EXPECT_NEAR(algorithm_cost("hier_leader", g, {CollKind::AllReduce, 1000000, 4, 0, true}), 2 * tl(n) + tx(n),
-              1e-15);
+  EXPECT_NEAR(algorithm_cost("hier_leader", g, {CollKind::AllReduce, 1000000, 4, 0, true}), 2 * tl(n) + tx(n), 1e-15);
   // All-gather of 1000 floats per rank: a ring across hosts of one block,
   // then one inside the host of two blocks.
   EXPECT_NEAR(algorithm_cost("hier", g, {CollKind::AllGather, 1000, 4, 0, true}), tx(4000) + tl(8000), 1e-15);

@@ -681,7 +681,6 @@ TEST(ShmArena, AllocatesReusesAndLocates) {
   EXPECT_THROW(small.allocate(2u << 20), DeviceOutOfMemory);
 }
 
-
 // TCP, both receive paths (the caller reads small messages itself, or,
 // TESSERA_TCP_READER_THREAD=1, the reading thread does): a peer that exits
 // right after its last message, without closing anything, still delivers it

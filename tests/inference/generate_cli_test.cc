@@ -25,8 +25,10 @@ struct Tiny {
   TempDir d;
   std::string hf = d.file("hf"), ckpt = d.file("ck");
   Tiny() {
-    const CommandResult r = run(TRAIN_GPT_BIN, "--steps 1 --layers 1 --hidden 32 --heads 2 --seq 16 --vocab 256 "
-                                               "--micro-batch 1 --export " + hf + " --save " + ckpt);
+    const CommandResult r = run(TRAIN_GPT_BIN,
+                                "--steps 1 --layers 1 --hidden 32 --heads 2 --seq 16 --vocab 256 "
+                                "--micro-batch 1 --export " +
+                                    hf + " --save " + ckpt);
     EXPECT_EQ(r.code, 0) << r.out;
   }
 };
@@ -45,7 +47,8 @@ TEST(GenerateCli, GeneratesFromTheExportAndTheCheckpointAlike) {
   ASSERT_EQ(a.code, 0) << a.out;
   EXPECT_NE(a.out.find("time to first token: wall"), std::string::npos) << a.out;
   EXPECT_NE(a.out.find("time per output token: wall"), std::string::npos) << a.out;
-  const CommandResult b = generate("--init " + t.ckpt + " --model " + t.hf + "/config.json" + args + t.d.file("b.json"));
+  const CommandResult b =
+      generate("--init " + t.ckpt + " --model " + t.hf + "/config.json" + args + t.d.file("b.json"));
   ASSERT_EQ(b.code, 0) << b.out;
   const std::string ta = json_tokens(t.d.file("a.json"));
   ASSERT_NE(ta.find('['), std::string::npos) << ta;

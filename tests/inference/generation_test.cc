@@ -15,6 +15,8 @@
 //     the device are refused by name.
 // Ranks are forked processes over the shared-memory communicator
 // (tests/collectives/fork_harness.h), as tests/llama/model_test.cc.
+#include "parallel/models/generation.h"
+
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
@@ -27,7 +29,6 @@
 #include "parallel/inference_planner.h"
 #include "parallel/layers/kv_cache.h"
 #include "parallel/models/causal_lm.h"
-#include "parallel/models/generation.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/kernels.h"
@@ -147,7 +148,9 @@ constexpr int kSeqs = 3, kSteps = 5;
 const int64_t kPrompt[kSeqs] = {5, 2, 9};
 const int kJoins[kSeqs] = {0, 0, 1};  // the step each prompt is prefilled in
 
-int32_t token(int seq, int64_t pos, int vocab) { return static_cast<int32_t>((int64_t{7} * seq + 11 * pos + 3) % vocab); }
+int32_t token(int seq, int64_t pos, int vocab) {
+  return static_cast<int32_t>((int64_t{7} * seq + 11 * pos + 3) % vocab);
+}
 int64_t final_len(int s) { return kPrompt[s] + (kSteps - 1 - kJoins[s]); }
 
 struct Record {
@@ -193,7 +196,8 @@ void run_schedule(models::CausalLM& m, const layers::ParallelState& ps, double* 
     models::gather_logits(ps, cfg, logits, rows, gathered, full);
     for (int64_t r = 0; r < rows; ++r, ++rec)
       for (int64_t j = 0; j < cfg.vocab; ++j)
-        out[rec * static_cast<size_t>(cfg.vocab) + static_cast<size_t>(j)] = full[static_cast<size_t>(r * cfg.vocab + j)];
+        out[rec * static_cast<size_t>(cfg.vocab) + static_cast<size_t>(j)] =
+            full[static_cast<size_t>(r * cfg.vocab + j)];
   }
   for (int s = 0; s < kSeqs; ++s)  // on a forked rank: throw (the parent reports it)
     TESSERA_CHECK(cache.length(s) == final_len(s), "sequence ", s, " cached ", cache.length(s), " tokens");
@@ -463,9 +467,10 @@ TEST(Generation, RefusesABatchTheCacheCannotHold) {
   const std::vector<models::GenerationRequest> q(200, requests(4)[2]);  // 9 + 4 tokens each
   const std::string e = error_of([&] { models::generate(*l.model, ps, q, {}); });
   const uint64_t need = layers::KvCache::bytes_for(cfg.layers, models::kv_cache_width(cfg, 1), 2600, 4);
-  EXPECT_NE(e.find("the batch does not fit the KV cache: 200 sequence(s) of up to 13 tokens (2600 cached tokens) need " +
-                   std::to_string(need) + " bytes"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("the batch does not fit the KV cache: 200 sequence(s) of up to 13 tokens (2600 cached tokens) need " +
+             std::to_string(need) + " bytes"),
+      std::string::npos)
       << e;
   EXPECT_NE(e.find("of 1048576 bytes free"), std::string::npos) << e;
   // The same device holds a batch of three.

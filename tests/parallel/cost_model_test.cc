@@ -345,7 +345,8 @@ TEST(CostModel, LargeGroupsAreTheCommunicatorsModel) {
   EXPECT_EQ(nets.tp.nodes, tp_nodes);
   using collectives::CollKind;
   for (const auto& [g, nodes] : {std::pair{&nets.dp, dp_nodes}, std::pair{&nets.tp, tp_nodes}}) {
-    const collectives::GroupCostModel want = collectives::group_cost_model(t.net_model(), nodes, t.num_instances() <= 1);
+    const collectives::GroupCostModel want =
+        collectives::group_cost_model(t.net_model(), nodes, t.num_instances() <= 1);
     for (CollKind kind : {CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather})
       for (size_t count : {size_t{1000}, size_t{50000000}}) {
         const collectives::CollPrediction a = collectives::predict(kind, count, DType::F32, *g);

@@ -5,8 +5,8 @@
 
 #include "parallel/layers/attention.h"
 #include "parallel/layers/buffer.h"
-#include "parallel/layers/kv_cache.h"
 #include "parallel/layers/cross_entropy.h"
+#include "parallel/layers/kv_cache.h"
 #include "parallel/layers/param_alias.h"
 #include "parallel/pipeline/partition.h"
 #include "runtime/device.h"
@@ -413,7 +413,7 @@ const float* GptModel::backward_stage(int si, const float* grad_out, const std::
 }
 
 const float* GptModel::forward_cached(parallel::layers::KvCache& cache, const int32_t* tokens,
-                                     const std::vector<int>& slots, const std::vector<int64_t>& lens, bool all_rows) {
+                                      const std::vector<int>& slots, const std::vector<int64_t>& lens, bool all_rows) {
   CachedBuffers& cb = cached_;
   const int64_t n = check_cached_inputs(ps_, cache, tokens, slots, lens, cb), c = cfg_.hidden;
   Device* dev = ps_.device;

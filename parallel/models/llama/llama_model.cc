@@ -5,8 +5,8 @@
 
 #include "parallel/layers/attention.h"
 #include "parallel/layers/buffer.h"
-#include "parallel/layers/kv_cache.h"
 #include "parallel/layers/cross_entropy.h"
+#include "parallel/layers/kv_cache.h"
 #include "parallel/layers/param_alias.h"
 #include "parallel/pipeline/partition.h"
 #include "runtime/device.h"
@@ -396,8 +396,8 @@ const float* LlamaModel::backward_stage(int si, const float* grad_out,
 }
 
 const float* LlamaModel::forward_cached(parallel::layers::KvCache& cache, const int32_t* tokens,
-                                       const std::vector<int>& slots, const std::vector<int64_t>& lens,
-                                       bool all_rows) {
+                                        const std::vector<int>& slots, const std::vector<int64_t>& lens,
+                                        bool all_rows) {
   CachedBuffers& cb = cached_;
   const int64_t n = check_cached_inputs(ps_, cache, tokens, slots, lens, cb), c = cfg_.hidden;
   Device* dev = ps_.device;
@@ -430,8 +430,8 @@ const float* LlamaModel::forward_cached(parallel::layers::KvCache& cache, const 
     rope_->forward_at(dev, q, qw, n, pos, hl_);
     rope_->forward_at(dev, k, kw, n, pos, kvl_);
     float* y = ensure_buffer(cb.y, dev, n * qw);
-    parallel::layers::cached_attention_forward(dev, shape, q, k, v, cache, static_cast<int64_t>(l), slots, lens,
-                                               scores, y);
+    parallel::layers::cached_attention_forward(dev, shape, q, k, v, cache, static_cast<int64_t>(l), slots, lens, scores,
+                                               y);
     b.o.forward(y, n, x, xm);
     kern::rmsnorm_forward(dev, xm, b.ln2_w.value, ln, rstd, n, c, eps);
     float* g = ensure_buffer(cb.act, dev, n * f);
