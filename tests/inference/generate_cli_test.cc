@@ -55,6 +55,29 @@ TEST(GenerateCli, GeneratesFromTheExportAndTheCheckpointAlike) {
   EXPECT_EQ(ta, json_tokens(t.d.file("b.json")));
 }
 
+// Under both launchers, TP 2 generates the serial run's greedy tokens, and
+// rank 0 alone writes the JSON.
+TEST(GenerateCli, UnderTesseraRunAndMpirunTp2GivesTheSerialTokens) {
+  Tiny t;
+  const std::string args = " --init " + t.hf + " --prompt hello --prompt hi --max-new-tokens 4 --json ";
+  const CommandResult serial = generate(args + t.d.file("serial.json"));
+  ASSERT_EQ(serial.code, 0) << serial.out;
+  const std::string want = json_tokens(t.d.file("serial.json"));
+  ASSERT_NE(want.find('['), std::string::npos) << want;
+  const std::string env = "OPENBLAS_NUM_THREADS=1 TESSERA_TIMEOUT_S=60 ";
+  const std::string launchers[] = {env + TESSERA_BIN + " run --nproc-per-node 2 -- ",
+                                   env + "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + MPIRUN_BIN +
+                                       " --oversubscribe --bind-to none -np 2 "};
+  int i = 0;
+  for (const std::string& launcher : launchers) {
+    SCOPED_TRACE(launcher);
+    const std::string out = t.d.file("tp2_" + std::to_string(i++) + ".json");
+    const CommandResult r = tessera::testing::run_command(launcher + GENERATE_BIN + " --tp 2" + args + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(json_tokens(out), want);
+  }
+}
+
 TEST(GenerateCli, BadFlagsExit2WithUsage) {
   Tiny t;
   const std::string init = "--init " + t.hf + " --prompt hello";
