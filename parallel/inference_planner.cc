@@ -199,6 +199,7 @@ std::vector<InferencePlan> plan_inference(const ModelConfig& m, const Topology& 
     p.decode_memory_s = (p.weight_bytes + p.kv_bytes_per_token * b * ctx) / dev.hbm_bandwidth;
     // What the emulated cores charge: the prefill forward, then each decode step's (one token per sequence).
     std::vector<std::pair<int64_t, int64_t>> seqs;
+    seqs.reserve(prompts.size());
     for (int pr : prompts) seqs.emplace_back(0, pr);
     const ForwardCost prefill = cached_forward_cost(m, dev, cfg.dtype, g, tp, seqs);
     p.ttft_s = prefill.total_s();

@@ -160,8 +160,8 @@ void read_requests(Flags& f) {
         } else if (key == "arrival_step") {
           r.arrival_step = v.get<int64_t>();
         } else {
-          throw FormatError(where + ": unknown field '" + key +
-                            "' (prompt, prompt_tokens, max_new_tokens, arrival_step)");
+          throw FormatError(tessera::detail::concat(where, ": unknown field '", key,
+                                                    "' (prompt, prompt_tokens, max_new_tokens, arrival_step)"));
         }
       }
     } catch (const nlohmann::json::exception& e) {

@@ -168,7 +168,7 @@ GenerationResult generate(CausalLM& model, const parallel::layers::ParallelState
   const ModelConfig& cfg = model.config();
   TESSERA_ARG_CHECK(!requests.empty(), "generate: no prompts");
   const size_t nreq = requests.size();
-  int64_t longest = 0, all_tokens = 0;
+  int64_t longest = 0;
   for (size_t i = 0; i < nreq; ++i) {
     const GenerationRequest& q = requests[i];
     const auto p = static_cast<int64_t>(q.prompt.size());
@@ -182,7 +182,6 @@ GenerationResult generate(CausalLM& model, const parallel::layers::ParallelState
     TESSERA_ARG_CHECK(p + q.max_new_tokens <= cfg.max_seq, "prompt ", i, ": ", p, " tokens + ", q.max_new_tokens,
                       " new exceed model '", cfg.name, "''s context of ", cfg.max_seq, " tokens");
     longest = std::max(longest, p + q.max_new_tokens);
-    all_tokens += p + q.max_new_tokens;
   }
   const int slots = max_batch > 0 ? std::min<int>(max_batch, static_cast<int>(nreq)) : static_cast<int>(nreq);
   GenerationResult res;

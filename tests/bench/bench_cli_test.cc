@@ -240,7 +240,11 @@ TEST_F(BenchCli, TopologyDefaultSweepHasDecodeSizes) {
   for (const std::string topo : {"inf2.48xlarge", "trn3-ultraserver"}) {
     SCOPED_TRACE(topo);
     const std::string js = dir_ + "/d.json";
-    RunResult r = run("bench allr -r 2 -n 1 -w 0 --topology " + topo + " --json " + js);
+    std::string cmd = "bench allr -r 2 -n 1 -w 0 --topology ";
+    cmd += topo;
+    cmd += " --json ";
+    cmd += js;
+    RunResult r = run(cmd);
     ASSERT_EQ(r.code, 0) << r.out;
     auto j = read_json(js);
     std::vector<size_t> sizes;

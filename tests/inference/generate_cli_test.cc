@@ -72,7 +72,11 @@ TEST(GenerateCli, UnderTesseraRunAndMpirunTp2GivesTheSerialTokens) {
   for (const std::string& launcher : launchers) {
     SCOPED_TRACE(launcher);
     const std::string out = t.d.file("tp2_" + std::to_string(i++) + ".json");
-    const CommandResult r = tessera::testing::run_command(launcher + GENERATE_BIN + " --tp 2" + args + out);
+    std::string cmd = launcher + GENERATE_BIN;
+    cmd += " --tp 2";
+    cmd += args;
+    cmd += out;
+    const CommandResult r = tessera::testing::run_command(cmd);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(json_tokens(out), want);
   }

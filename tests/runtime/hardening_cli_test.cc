@@ -257,13 +257,22 @@ TEST(HardeningCli, AnInputNamedWithoutASlashIsTakenAsTheFileItIs) {
   const std::string plan = kTessera + " plan --global-batch 8 --seq 128";
   for (const std::string& name : {std::string("ff"), std::string("dd")}) {
     const std::string says = name == "ff" ? "not a regular file (a FIFO)" : "not a regular file (a directory)";
-    for (const auto& [cmd, what] :
-         {std::pair{plan + " --model " + name + " --topology trn1.32xlarge", std::string("model file")},
-          std::pair{plan + " --model gpt2-124m --topology " + name, std::string("topology file")}}) {
+    for (const auto& [args, what] :
+         {std::pair{" --model " + name + " --topology trn1.32xlarge", std::string("model file")},
+          std::pair{" --model gpt2-124m --topology " + name, std::string("topology file")}}) {
+      std::string cmd = "-C " + d.path();
+      cmd += " ";
+      cmd += plan;
+      cmd += args;
       SCOPED_TRACE(cmd);
-      const CmdRun r = run("-C " + d.path() + " " + cmd);
+      const CmdRun r = run(cmd);
       EXPECT_EQ(r.code, 2) << r.out;
-      EXPECT_NE(r.out.find(what + " '" + name + "': " + says), std::string::npos) << r.out;
+      std::string want = what;
+      want += " '";
+      want += name;
+      want += "': ";
+      want += says;
+      EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
       EXPECT_LT(r.seconds, tessera::test_time::seconds(30));
     }
   }
