@@ -30,4 +30,17 @@ int run_job(const std::string& device_preset, const std::function<int(const Job&
   });
 }
 
+RankPlacement place_ranks(const std::string& topology, const TopologyOptions& options, const parallel::Mesh& mesh,
+                          int world) {
+  RankPlacement p;
+  if (topology.empty() || Topology::is_emulated(topology)) return p;
+  Topology topo = Topology::load(topology, options);
+  if (topo.num_cores() != world) topo = topo.first_cores(world);
+  const parallel::Placement pl(topo, mesh);
+  p.nodes.reserve(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) p.nodes.push_back(pl.node(r));
+  p.net = topo.net_model();
+  return p;
+}
+
 }  // namespace tessera::gpt

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "parallel/mesh.h"
 #include "runtime/device.h"
+#include "runtime/topology.h"
 #include "runtime/world.h"
 
 namespace tessera::gpt {
@@ -30,5 +32,16 @@ struct Job {
 // otherwise each group is its own ring (NetModel's default).
 int run_job(const std::string& device_preset, const std::function<int(const Job&)>& body,
             const NetModel& net = NetModel(), const std::vector<int>& nodes = {});
+
+// A job's ranks placed on a topology, for run_job's `net` and `nodes`.
+struct RankPlacement {
+  NetModel net;
+  std::vector<int> nodes;  // world rank -> node of net; empty: each group its own ring
+};
+// The `world` ranks of `mesh` on `topology` (a preset or file, cut to its
+// first `world` cores) as `tessera plan` places them; nothing for "" or
+// emulated:N. Throws what Topology::load throws for a bad topology.
+RankPlacement place_ranks(const std::string& topology, const TopologyOptions& options, const parallel::Mesh& mesh,
+                          int world);
 
 }  // namespace tessera::gpt

@@ -399,8 +399,7 @@ int run(int argc, char** argv) {
   }
   f.sampling.greedy =
       !(app.count("--temperature") || app.count("--top-k") || app.count("--top-p") || app.count("--seed"));
-  NetModel net;
-  std::vector<int> nodes;
+  gpt::RankPlacement placed;  // --topology: the TP groups' links
   try {
     TESSERA_ARG_CHECK(f.requests.empty() || (f.prompts.empty() && f.prompt_file.empty() && f.prompt_tokens.empty()),
                       "--requests holds the prompts: not with --prompt, --prompt-file or --prompt-tokens");
@@ -421,15 +420,9 @@ int run(int argc, char** argv) {
     build_requests(f);
     const World w = discover_world();
     if (w.rank == 0 && !f.json.empty()) cli::check_output_file("--json", f.json);
-    if (!f.topology.empty() && !Topology::is_emulated(f.topology)) {
-      TopologyOptions o;
-      o.device = f.device;
-      Topology topo = Topology::load(f.topology, o);
-      if (topo.num_cores() != w.size) topo = topo.first_cores(w.size);
-      const parallel::Placement pl(topo, parallel::Mesh({.tp = f.tp, .dp = w.size / f.tp, .pp = 1}));
-      for (int r = 0; r < w.size; ++r) nodes.push_back(pl.node(r));
-      net = topo.net_model();
-    }
+    TopologyOptions o;
+    o.device = f.device;
+    placed = gpt::place_ranks(f.topology, o, parallel::Mesh({.tp = f.tp, .dp = w.size / f.tp, .pp = 1}), w.size);
   } catch (const InvalidArgument& e) {
     std::fprintf(stderr, "generate: %s\nRun with --help for more information.\n", e.what());
     return cli::kUsageExit;
@@ -447,7 +440,7 @@ int run(int argc, char** argv) {
           return cli::kUsageExit;
         }
       },
-      net, nodes);
+      placed.net, placed.nodes);
 }
 
 }  // namespace

@@ -537,8 +537,7 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;
   }
-  NetModel net;  // --topology: the ranks placed as `tessera plan` places them
-  std::vector<int> nodes;
+  gpt::RankPlacement placed;  // --topology: the ranks placed as `tessera plan` places them
   try {
     // A plan carries its topology: its ranks are placed there unless --topology says otherwise (a plan made
     // on a JSON topology names it only; then --topology FILE places them).
@@ -556,14 +555,8 @@ int run(int argc, char** argv) {
                      "the ranks on it (now each group is charged as its own ring)\n",
                      f.plan_run.topology.c_str());
     }
-    if (!f.topology.empty() && f.topology.rfind("emulated:", 0) != 0) {
-      const int n = discover_world().size;
-      Topology topo = Topology::load(f.topology);
-      if (topo.num_cores() != n) topo = topo.first_cores(n);
-      const parallel::Placement pl(topo, parallel::Mesh({.tp = f.t.tp, .dp = f.t.dp, .pp = f.t.pp}));
-      for (int r = 0; r < n; ++r) nodes.push_back(pl.node(r));
-      net = topo.net_model();
-    }
+    placed = gpt::place_ranks(f.topology, {}, parallel::Mesh({.tp = f.t.tp, .dp = f.t.dp, .pp = f.t.pp}),
+                              discover_world().size);
   } catch (const InvalidArgument& e) {
     std::fprintf(stderr, "train_gpt: --topology: %s\n", e.what());
     return cli::kUsageExit;
@@ -581,7 +574,7 @@ int run(int argc, char** argv) {
           return cli::kUsageExit;
         }
       },
-      net, nodes);
+      placed.net, placed.nodes);
 }
 
 }  // namespace

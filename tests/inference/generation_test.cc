@@ -60,23 +60,7 @@ ModelConfig tiny_gpt() {
 
 // 8 heads over 2 K/V heads: tp 4 and 8 replicate each K/V head on 2 and 4 ranks.
 ModelConfig tiny_llama() {
-  ModelConfig c;
-  c.name = "tiny-llama";
-  c.family = "llama";
-  c.layers = 2;
-  c.hidden = 32;
-  c.heads = 8;
-  c.kv_heads = 2;
-  c.ffn_hidden = 48;
-  c.vocab = 50;
-  c.max_seq = 16;
-  c.norm_eps = 1e-5;
-  c.rope_theta = 500;
-  c.rope_scaling.type = "llama3";
-  c.rope_scaling.factor = 4;
-  c.rope_scaling.original_max_position_embeddings = 8;
-  c.tie_embeddings = false;
-  c.attention_bias = true;
+  ModelConfig c = test::tiny_llama(/*kv_heads=*/2, /*tied=*/false, /*bias=*/true);
   models::complete_model_config(c);
   return c;
 }

@@ -34,24 +34,7 @@ using parallel::layers::Parameter;
 using parallel::models::llama::LlamaModel;
 
 ModelConfig tiny(int kv_heads, bool tied, bool bias, int layers = 2) {
-  ModelConfig c;
-  c.name = "tiny-llama";
-  c.family = "llama";
-  c.layers = layers;
-  c.hidden = 32;
-  c.heads = 8;
-  c.kv_heads = kv_heads;
-  c.ffn_hidden = 48;
-  c.vocab = 50;  // not a multiple of 4: the last TP rank's vocabulary shard is padded
-  c.max_seq = 16;
-  c.norm_eps = 1e-5;
-  c.rope_theta = 500;
-  c.rope_scaling.type = "llama3";
-  c.rope_scaling.factor = 4;
-  c.rope_scaling.original_max_position_embeddings = 8;
-  c.tie_embeddings = tied;
-  c.attention_bias = bias;
-  return c;
+  return test::tiny_llama(kv_heads, tied, bias, layers);
 }
 
 using test::full_value;
