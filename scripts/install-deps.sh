@@ -12,6 +12,9 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev
   libopenblas-dev libdnnl-dev
+  # dnnl-config.cmake (Debian's oneDNN is built with its OpenCL GPU runtime) does
+  # find_package(OpenCL REQUIRED); libdnnl-dev only recommends it.
+  ocl-icd-opencl-dev
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libssl-dev
   clang libclang-rt-14-dev
