@@ -1,6 +1,7 @@
 #include "launcher/plan_cli.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -160,6 +161,85 @@ void print_plan(std::ostream& os, const Topology& topo, const PlannerOptions& op
   }
 }
 
+// How a topology joins its chips: "switch" (any chip level all-to-all), "one-row ring" (one chip
+// level, a ring), "torus" (more), "" (one chip, or emulated cores).
+std::string chip_links(const Topology& t) {
+  int dims = 0;
+  bool ring = false, sw = false;
+  for (const TopologyDim& d : t.dims()) {
+    if (d.level != TopoLevel::Chip || d.net.size <= 1) continue;
+    ++dims;
+    ring = d.net.kind == LinkKind::Ring;
+    sw = sw || d.net.kind == LinkKind::Switch;
+  }
+  if (dims == 0 || Topology::is_emulated(t.name())) return "";
+  if (sw) return "switch";
+  return dims == 1 && ring ? "one-row ring" : "torus";
+}
+
+// The model's decode and prefill on this topology beside the other kind's at the same TP (a one-row
+// ring against trn2.48xlarge's torus; a torus or a switch against inf2.48xlarge's one row), each time
+// per output token split by what sets it (parallel::decode_terms), and the term that differs most.
+void print_topology_comparison(const ModelConfig& model, const Topology& topo, const InferenceConfig& c,
+                               const TopologyOptions& topts, int tp) {
+  const std::string here_kind = chip_links(topo);
+  if (here_kind.empty()) return;
+  const std::string other_name = here_kind == "one-row ring" ? "trn2.48xlarge" : "inf2.48xlarge";
+  const Topology other = Topology::load(other_name, topts);
+  // The same TP if the other holds it, else the largest power of two below it that both hold.
+  int t = tp;
+  while (t > 1 && (other.num_cores() % t != 0 || topo.num_cores() % t != 0)) t /= 2;
+  DecodeTerms a, b;
+  try {
+    a = decode_terms(model, topo, c, t);
+    b = decode_terms(model, other, c, t);
+  } catch (const InvalidArgument& e) {
+    std::printf("\n(no comparison with %s at tp %d: %s)\n", other_name.c_str(), t, e.what());
+    return;
+  }
+  std::printf("\nWhy %s (%s) and %s (%s) differ for %s at tp %d%s:\n", topo.name().c_str(), here_kind.c_str(),
+              other_name.c_str(), chip_links(other).c_str(), model.name.c_str(), t,
+              t == tp ? "" : " (the largest TP both hold)");
+  const std::string tn = topo.name(), on = other_name;
+  const int w = static_cast<int>(std::max<size_t>(16, std::max(tn.size(), on.size())));
+  auto row = [&](const char* what, const std::string& x, const std::string& y) {
+    std::printf("  %-34s %*s %*s\n", what, w, x.c_str(), w, y.c_str());
+  };
+  auto ms = [](double s) { return f(s * 1e3, 4); };
+  row("", tn, on);
+  row("TTFT ms", ms(a.plan.ttft_s), ms(b.plan.ttft_s));
+  row("TPOT ms", ms(a.plan.tpot_s), ms(b.plan.tpot_s));
+  row("  kernels (HBM, FLOPs) ms", ms(a.kernels_s), ms(b.kernels_s));
+  row("  TP all-reduce hop latency ms", ms(a.latency_s), ms(b.latency_s));
+  row("  TP all-reduce link bandwidth ms", ms(a.bandwidth_s), ms(b.bandwidth_s));
+  row("one decode all-reduce us", f(a.plan.allreduce_token_s * 1e6, 2), f(b.plan.allreduce_token_s * 1e6, 2));
+  row("TP ring's slowest step, hops", std::to_string(a.plan.tp_ring_max_hops), std::to_string(b.plan.tp_ring_max_hops));
+  row("HBM GB/s per core", f(topo.device().hbm_bandwidth / 1e9, 0), f(other.device().hbm_bandwidth / 1e9, 0));
+  row("decode weights + KV at HBM ms", ms(a.plan.decode_memory_s), ms(b.plan.decode_memory_s));
+  row("tokens/s per replica", f(c.batch / a.plan.tpot_s, 0), f(c.batch / b.plan.tpot_s, 0));
+  // The term that differs most, named by what sets it.
+  struct Term {
+    std::string what;
+    double here, there;
+  };
+  const std::vector<Term> terms = {
+      {"the kernels, bound by HBM bandwidth (" + f(topo.device().hbm_bandwidth / 1e9, 0) + " against " +
+           f(other.device().hbm_bandwidth / 1e9, 0) + " GB/s per core)",
+       a.kernels_s, b.kernels_s},
+      {"the per-layer TP all-reduces' latency over hops (" + std::to_string(2 * model.layers + 1) +
+           " all-reduces per token; the ring's slowest step " + std::to_string(a.plan.tp_ring_max_hops) + " against " +
+           std::to_string(b.plan.tp_ring_max_hops) + " hop(s))",
+       a.latency_s, b.latency_s},
+      {"the TP all-reduces' link bandwidth", a.bandwidth_s, b.bandwidth_s}};
+  const Term* top = &terms[0];
+  for (const Term& t2 : terms)
+    if (std::abs(t2.here - t2.there) > std::abs(top->here - top->there)) top = &t2;
+  const double diff = a.plan.tpot_s - b.plan.tpot_s;
+  std::printf("%s is %s ms %s per output token than %s; the term that differs most is %s: %s ms against %s ms\n",
+              tn.c_str(), ms(std::abs(diff)).c_str(), diff >= 0 ? "slower" : "faster", on.c_str(), top->what.c_str(),
+              ms(top->here).c_str(), ms(top->there).c_str());
+}
+
 // tessera plan --inference: one row per TP degree (docs/planner.md, "Inference").
 int run_inference_plan(const PlanArgs& a) {
   if (!a.json.empty()) cli::check_output_file("--json", a.json);
@@ -206,6 +286,10 @@ int run_inference_plan(const PlanArgs& a) {
         "per-token all-reduces costs %.2f us: on a torus or a switch a group of chips is one hop apart at "
         "every step, on a one-row ring of many chips the ring closes over the row\n",
         best.tp_group_chips, best.tp_ring_max_hops, 2 * model.layers, best.allreduce_token_s * 1e6);
+    std::printf("KV cache per core: %.0f bytes per token (2 x %d layers x %d K/V head(s) x %d head size x %zu bytes)\n",
+                best.kv_bytes_per_token, model.layers, std::max(1, model.kv_heads / best.tp), model.head_size(),
+                dtype_size(c.dtype));
+    print_topology_comparison(model, topo, c, topts, best.tp);
   }
   if (!a.json.empty()) {
     nlohmann::json j = nlohmann::json::array();

@@ -54,6 +54,30 @@ double coll_seconds(collectives::CollKind kind, int64_t count, DType dt, const c
   return collectives::predict(kind, static_cast<size_t>(count), dt, g).seconds;
 }
 
+// The prompts of cfg, one per sequence.
+std::vector<int> prompts_of(const InferenceConfig& cfg) {
+  std::vector<int> prompts = cfg.prompts;
+  if (prompts.empty()) prompts.assign(static_cast<size_t>(std::max(cfg.batch, 0)), cfg.prompt);
+  return prompts;
+}
+
+// The mean decode step (one token per sequence, each at its own context) of cfg's prompts over `g`.
+ForwardCost mean_decode_cost(const ModelConfig& m, const DeviceSpec& dev, const InferenceConfig& cfg,
+                             const std::vector<int>& prompts, const collectives::GroupCostModel& g, int tp) {
+  const int steps = std::max(1, cfg.generate - 1);  // one hypothetical step when only one token is generated
+  std::vector<std::pair<int64_t, int64_t>> seqs(prompts.size());
+  ForwardCost mean;
+  for (int k = 1; k <= steps; ++k) {
+    for (size_t i = 0; i < prompts.size(); ++i) seqs[i] = {prompts[i] + k - 1, 1};
+    const ForwardCost s = cached_forward_cost(m, dev, cfg.dtype, g, tp, seqs);
+    mean.compute_s += s.compute_s;
+    mean.comm_s += s.comm_s;
+  }
+  mean.compute_s /= steps;
+  mean.comm_s /= steps;
+  return mean;
+}
+
 }  // namespace
 
 ForwardCost cached_forward_cost(const ModelConfig& model, const DeviceSpec& dev, DType dt,
@@ -142,8 +166,7 @@ collectives::GroupCostModel inference_tp_group(const ModelConfig& model, const T
 }
 
 std::vector<InferencePlan> plan_inference(const ModelConfig& m, const Topology& topo, const InferenceConfig& cfg) {
-  std::vector<int> prompts = cfg.prompts;
-  if (prompts.empty()) prompts.assign(static_cast<size_t>(std::max(cfg.batch, 0)), cfg.prompt);
+  const std::vector<int> prompts = prompts_of(cfg);
   TESSERA_ARG_CHECK(!prompts.empty() && cfg.generate >= 1 && *std::min_element(prompts.begin(), prompts.end()) >= 1,
                     "--batch, --prompt-len and --gen-len must be >= 1");
   const int longest = *std::max_element(prompts.begin(), prompts.end());
@@ -204,16 +227,9 @@ std::vector<InferencePlan> plan_inference(const ModelConfig& m, const Topology& 
     const ForwardCost prefill = cached_forward_cost(m, dev, cfg.dtype, g, tp, seqs);
     p.ttft_s = prefill.total_s();
     p.prefill_comm_s = prefill.comm_s;
-    const int steps = std::max(1, cfg.generate - 1);  // one hypothetical step when only one token is generated
-    double decode = 0, comm = 0;
-    for (int k = 1; k <= steps; ++k) {
-      for (size_t i = 0; i < prompts.size(); ++i) seqs[i] = {prompts[i] + k - 1, 1};
-      const ForwardCost s = cached_forward_cost(m, dev, cfg.dtype, g, tp, seqs);
-      decode += s.total_s();
-      comm += s.comm_s;
-    }
-    p.tpot_s = decode / steps;
-    p.decode_comm_s = comm / steps;
+    const ForwardCost decode = mean_decode_cost(m, dev, cfg, prompts, g, tp);
+    p.tpot_s = decode.total_s();
+    p.decode_comm_s = decode.comm_s;
     p.tokens_per_s = p.replicas * b / p.tpot_s;
     plans.push_back(p);
   }
@@ -222,6 +238,24 @@ std::vector<InferencePlan> plan_inference(const ModelConfig& m, const Topology& 
     return a.tpot_s < c.tpot_s;
   });
   return plans;
+}
+
+DecodeTerms decode_terms(const ModelConfig& m, const Topology& topo, const InferenceConfig& cfg, int tp) {
+  InferenceConfig c = cfg;
+  c.tp = tp;
+  DecodeTerms t;
+  t.plan = plan_inference(m, topo, c).at(0);
+  // The TP group with every link infinitely fast: its collectives cost their hops' latencies alone.
+  collectives::GroupCostModel g = inference_tp_group(m, topo, tp);
+  std::vector<NetDim> dims = g.net.dims();
+  for (NetDim& d : dims) d.bandwidth *= 1e12;
+  g.net = NetModel(std::move(dims));
+  g.links = collectives::LinkCosts(g.net, g.nodes);
+  const double hops = mean_decode_cost(m, topo.device(), c, prompts_of(c), g, tp).comm_s;
+  t.kernels_s = t.plan.tpot_s - t.plan.decode_comm_s;
+  t.latency_s = std::min(hops, t.plan.decode_comm_s);
+  t.bandwidth_s = t.plan.decode_comm_s - t.latency_s;
+  return t;
 }
 
 }  // namespace tessera::parallel

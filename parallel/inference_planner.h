@@ -69,6 +69,19 @@ struct InferencePlan {
 // context longer than the model's, or a pinned tp that cannot split it.
 std::vector<InferencePlan> plan_inference(const ModelConfig& model, const Topology& topo, const InferenceConfig& cfg);
 
+// What one TP degree's time per output token is made of on a topology, each
+// part by what sets it (docs/planner.md, "Inference"): the kernels (the
+// device: weight and KV bytes at HBM bandwidth, FLOPs, launches), the TP
+// collectives' hop latencies (the same collectives costed with every link
+// made infinitely fast: what the hops alone cost) and the rest of the
+// collectives (bytes at link bandwidth). The three sum to plan.tpot_s.
+// Computed by plan_inference at cfg.tp = tp; throws as it does.
+struct DecodeTerms {
+  InferencePlan plan;
+  double kernels_s = 0, latency_s = 0, bandwidth_s = 0;
+};
+DecodeTerms decode_terms(const ModelConfig& model, const Topology& topo, const InferenceConfig& cfg, int tp);
+
 // One KV-cache forward (CausalLM::forward_cached plus the logits'
 // all-gather) of sequences given as (cached tokens, new tokens), on TP rank
 // 0 of `tp` ranks of `device` at `dtype`, its TP group costed by `tp_group`:
