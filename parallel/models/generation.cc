@@ -194,6 +194,7 @@ GenerationResult generate(CausalLM& model, const parallel::layers::ParallelState
   }
   Device* dev = ps.device;
   std::unique_ptr<parallel::layers::KvCache> cache;
+  const uint64_t in_use = dev ? dev->memory_stats().in_use : 0;
   try {
     cache = std::make_unique<parallel::layers::KvCache>(dev, model.num_layers(), kv_cache_width(cfg, ps.tp_size),
                                                         res.slot_capacity);
@@ -206,7 +207,8 @@ GenerationResult generate(CausalLM& model, const parallel::layers::ParallelState
         e.capacity() - std::min(e.in_use(), e.capacity()), " of ", e.capacity(),
         " bytes free beside the weights; use fewer or shorter prompts, fewer --max-new-tokens, or a larger --tp"));
   }
-  res.kv_cache_bytes = cache->bytes();
+  // What the device charged for the cache (its one allocation), by its own counter.
+  res.kv_cache_bytes = dev ? dev->memory_stats().in_use - in_use : cache->bytes();
   res.tokens.assign(nreq, {});
   res.first_step.assign(nreq, -1);
 

@@ -8,9 +8,11 @@
 //   - TP generate()'s greedy tokens equal the serial run's, and seeded
 //     sampling gives the same tokens in every layout and batch size
 //     (continuous batching included);
-//   - the inference planner's KV-cache bytes equal what the emulated device
-//     allocated, and its TTFT and time per output token equal the emulated
-//     clock's within 0.5%;
+//   - the inference planner's KV-cache bytes equal what the emulated device's
+//     memory counter charged for the cache, and its TTFT and time per output
+//     token equal the emulated clock's within 0.5%, at TP 1-8, fp32 and
+//     bf16, on emulated cores and placed on inf2.48xlarge and
+//     trn3-ultraserver;
 //   - a prompt past the model's context and a batch whose cache does not fit
 //     the device are refused by name.
 // Ranks are forked processes over the shared-memory communicator
@@ -20,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <cctype>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -28,6 +31,7 @@
 
 #include "parallel/inference_planner.h"
 #include "parallel/layers/kv_cache.h"
+#include "parallel/mesh.h"
 #include "parallel/models/causal_lm.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -74,10 +78,10 @@ struct Loaded {
   std::unique_ptr<models::CausalLM> model;
   std::unique_ptr<models::InferenceWeights> weights;
 };
-Loaded load(const ModelConfig& cfg, const layers::ParallelState& ps) {
+Loaded load(const ModelConfig& cfg, const layers::ParallelState& ps, DType dt = DType::F32) {
   Loaded l;
   l.model = models::make_causal_lm(cfg, ps);
-  l.weights = std::make_unique<models::InferenceWeights>(*l.model, ps.device, DType::F32);
+  l.weights = std::make_unique<models::InferenceWeights>(*l.model, ps.device, dt);
   for (Parameter* p : l.model->parameters()) layers::load_shard(*p, full_value(*p).data());
   l.weights->finish();
   return l;
@@ -104,14 +108,30 @@ class Shared {
 };
 
 // Runs fn(ps) on tp forked ranks (tp 1: one forked rank too, over a world of one), each on its
-// own `device` core; fails the test with every failed rank's message.
+// own `device` core at `dt` (activations and the KV cache), placed as generate --topology places
+// them (the topology's first tp cores; "": each group its own ring); fails the test with every
+// failed rank's message.
 void on_ranks(int tp, const ModelConfig& cfg, const std::string& device,
-              const std::function<void(int rank, const layers::ParallelState&)>& fn) {
+              const std::function<void(int rank, const layers::ParallelState&)>& fn, const std::string& topology = "",
+              DType dt = DType::F32) {
   kern::default_blas_threads();
+  NetModel net;
+  std::vector<int> nodes;
+  if (!topology.empty()) {
+    TopologyOptions o;
+    o.device = device;
+    const Topology topo = Topology::load(topology, o).first_cores(tp);
+    const parallel::Placement pl(topo, parallel::Mesh({.tp = tp, .dp = 1, .pp = 1}));
+    for (int r = 0; r < tp; ++r) nodes.push_back(pl.node(r));
+    net = topo.net_model();
+  }
   auto res = collectives::test::run_ranks(tp, [&](int rank, int size, std::shared_ptr<collectives::Store> store) {
     Device dev(DeviceSpec::preset(device), rank);
+    dev.set_precision(dt, dt);
     collectives::CommOptions co;
     co.device = &dev;
+    co.net = net;
+    co.world_ranks = nodes;
     auto world = collectives::Communicator::create(std::move(store), rank, size, co);
     const auto ps = tp == 1 ? layers::serial_state(&dev)
                             : layers::make_parallel_state(world, tp, 1, &dev, false, 1, models::kv_replicas(cfg, tp));
@@ -368,46 +388,88 @@ TEST(Generation, ContinuousBatchingJoinsAndLeaves) {
 
 // ---- the planner against the emulated cores ----
 
-class PlannerVsEmulated : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+// family, tp, topology ("": emulated:tp, each group its own ring), precision.
+using PlannerCase = std::tuple<std::string, int, std::string, std::string>;
+class PlannerVsEmulated : public ::testing::TestWithParam<PlannerCase> {};
 
+// The planner's KV bytes equal what rank 0's device counted for the cache:
+// generate()'s count (the device's in-use bytes across the cache's
+// allocation), and the test's own (in use during the last step, the cache
+// live, less after generate() freed it; the forward's buffers stay); its
+// TTFT and time per output token equal the emulated clock's within 0.5%.
 TEST_P(PlannerVsEmulated, KvBytesAndClock) {
-  const auto& [fam, tp] = GetParam();
+  const auto& [fam, tp, topology, precision] = GetParam();
   const ModelConfig cfg = family(fam);
-  const std::string device = "trn1-core";
-  Shared got(3);  // KV bytes, TTFT, TPOT of rank 0
-  on_ranks(tp, cfg, device, [&](int rank, const layers::ParallelState& ps) {
-    Loaded l = load(cfg, ps);
-    const models::GenerationResult r = models::generate(*l.model, ps, requests(kNew), {});
-    if (rank == 0) {
-      got[0] = static_cast<double>(r.kv_cache_bytes);
-      got[1] = r.ttft_emulated_s();
-      got[2] = r.tpot_emulated_s();
-    }
-  });
+  const DType dt = precision == "bf16" ? DType::BF16 : DType::F32;
   TopologyOptions o;
-  o.device = device;
-  const Topology topo = Topology::preset("emulated:" + std::to_string(tp), o);
+  o.device = topology.empty() ? "trn1-core" : "";
+  Topology topo = Topology::load(topology.empty() ? "emulated:" + std::to_string(tp) : topology, o);
+  const std::string device = topo.device().name;
+  topo = topo.first_cores(tp);
+  Shared got(5);  // KV bytes by generate(), TTFT, TPOT, bytes in use before generate(), the cache's bytes in use
+  on_ranks(
+      tp, cfg, device,
+      [&](int rank, const layers::ParallelState& ps) {
+        Loaded l = load(cfg, ps, dt);
+        const uint64_t before = ps.device->memory_stats().in_use;
+        uint64_t during = 0;
+        const models::GenerationResult r =
+            models::generate(*l.model, ps, requests(kNew), {}, 0, [&](const models::GenerationStep&) {
+              during = ps.device->memory_stats().in_use;  // the last step's is kept
+            });
+        // The cache is freed with generate(); what the first forward left allocated stays.
+        const uint64_t after = ps.device->memory_stats().in_use;
+        if (rank == 0) {
+          got[0] = static_cast<double>(r.kv_cache_bytes);
+          got[1] = r.ttft_emulated_s();
+          got[2] = r.tpot_emulated_s();
+          got[3] = static_cast<double>(before);
+          got[4] = static_cast<double>(during) - static_cast<double>(after);
+        }
+      },
+      topology, dt);
   parallel::InferenceConfig c;
   c.prompts.assign(kPrompt, kPrompt + kSeqs);
   c.generate = static_cast<int>(kNew);
-  c.dtype = DType::F32;
+  c.dtype = dt;
   c.tp = tp;
   const parallel::InferencePlan p = parallel::plan_inference(cfg, topo, c).at(0);
   ASSERT_EQ(p.tp, tp);
-  // (5 + 2 + 9 prompt tokens + 3 x 6 new) x 2 layers x (K, V) x local K/V width x 4 bytes.
-  const int64_t width = models::kv_cache_width(cfg, tp);
-  EXPECT_EQ(got[0], static_cast<double>(int64_t{34} * 2 * 2 * width * 4));
-  EXPECT_EQ(p.kv_bytes, got[0]);
+  // (5 + 2 + 9 prompt tokens + 3 x 6 new) x 2 layers x (K, V) x local K/V heads x head size x dtype bytes.
+  const int64_t local_kv = std::max(1, cfg.kv_heads / tp);
+  const double hand =
+      static_cast<double>(int64_t{34} * 2 * 2 * local_kv * cfg.head_size()) * static_cast<double>(dtype_size(dt));
+  EXPECT_EQ(p.kv_bytes, hand);
+  EXPECT_EQ(got[0], p.kv_bytes) << "generate()'s count of the device's bytes for the cache";
+  EXPECT_EQ(got[4], p.kv_bytes) << "the device's bytes in use in the last step less after generate()";
+  EXPECT_GT(got[3], 0);
   EXPECT_GT(got[1], 0);
   EXPECT_GT(got[2], 0);
   EXPECT_NEAR(p.ttft_s, got[1], 0.005 * got[1]) << "TTFT";
   EXPECT_NEAR(p.tpot_s, got[2], 0.005 * got[2]) << "time per output token";
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, PlannerVsEmulated,
-                         ::testing::Combine(::testing::Values("gpt", "llama"), ::testing::Values(1, 2, 4)),
+INSTANTIATE_TEST_SUITE_P(Emulated, PlannerVsEmulated,
+                         ::testing::Combine(::testing::Values("gpt", "llama"), ::testing::Values(1, 2, 4, 8),
+                                            ::testing::Values(""), ::testing::Values("fp32")),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param));
+                         });
+
+// Placed on the inference topologies' first cores (inf2.48xlarge: tp 8 spans 4 chips of its one row;
+// trn3-ultraserver: one chip's cores behind NeuronSwitch), in fp32 and bf16.
+INSTANTIATE_TEST_SUITE_P(Topologies, PlannerVsEmulated,
+                         ::testing::Values(PlannerCase{"llama", 8, "inf2.48xlarge", "fp32"},
+                                           PlannerCase{"gpt", 4, "inf2.48xlarge", "bf16"},
+                                           PlannerCase{"llama", 8, "trn3-ultraserver", "bf16"},
+                                           PlannerCase{"gpt", 2, "trn3-ultraserver", "fp32"},
+                                           PlannerCase{"llama", 2, "", "bf16"}),
+                         [](const auto& info) {
+                           std::string t = std::get<2>(info.param).empty() ? "emulated" : std::get<2>(info.param);
+                           for (char& ch : t)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param)) + "_" + t +
+                                  "_" + std::get<3>(info.param);
                          });
 
 // ---- refusals ----
