@@ -129,6 +129,28 @@ std::string show(int32_t t) {
   return b;
 }
 
+// What a JSON value is, in tessera's words (for messages; docs/errors.md).
+std::string json_kind(const nlohmann::json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "the integer " + v.dump();
+  if (v.is_number()) return "the number " + v.dump();
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+// An integer field of a request in [lo, hi]; FormatError naming the line, the field and what it must be.
+int64_t request_int(const nlohmann::json& v, const std::string& where, const std::string& key, int64_t lo, int64_t hi,
+                    const char* must) {
+  // (an unsigned value past int64's range is tested before it is read as int64)
+  const bool ok = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) &&
+                  v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  if (!ok)
+    throw FormatError(tessera::detail::concat(where, ": field '", key, "' must be ", must, ", not ", json_kind(v)));
+  return v.get<int64_t>();
+}
+
 // A request file: one JSON object per line, {"prompt": TEXT} or {"prompt_tokens": [IDS]}, with optional
 // "max_new_tokens" (default --max-new-tokens) and "arrival_step" (default 0).
 void read_requests(Flags& f) {
@@ -137,40 +159,46 @@ void read_requests(Flags& f) {
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = f.requests + " line " + std::to_string(n);
+    const std::string where = "--requests " + f.requests + " line " + std::to_string(n);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(where + ": not JSON (" + e.what() + ")");
+    } catch (const nlohmann::json::parse_error& e) {
+      throw FormatError(tessera::detail::concat(where, ": not JSON (bad syntax at column ", e.byte,
+                                                "); expected one object per line, e.g. {\"prompt\": \"Hello\", "
+                                                "\"max_new_tokens\": 8}"));
     }
-    if (!j.is_object()) throw FormatError(where + ": not a JSON object");
+    if (!j.is_object())
+      throw FormatError(where + ": expected a JSON object such as {\"prompt\": \"Hello\"}, not " + json_kind(j));
+    if (j.contains("prompt") && j.contains("prompt_tokens"))
+      throw FormatError(where + ": give 'prompt' or 'prompt_tokens', not both");
     models::GenerationRequest r;
     r.max_new_tokens = f.max_new;
-    try {
-      for (const auto& [key, v] : j.items()) {
-        if (key == "prompt") {
-          r.prompt = byte_tokens(v.get<std::string>(), f, where);
-          f.prompt_texts.push_back(v.get<std::string>());
-        } else if (key == "prompt_tokens") {
-          r.prompt = v.get<std::vector<int32_t>>();
-          f.prompt_texts.emplace_back();
-        } else if (key == "max_new_tokens") {
-          r.max_new_tokens = v.get<int64_t>();
-        } else if (key == "arrival_step") {
-          r.arrival_step = v.get<int64_t>();
-        } else {
-          throw FormatError(tessera::detail::concat(where, ": unknown field '", key,
-                                                    "' (prompt, prompt_tokens, max_new_tokens, arrival_step)"));
-        }
+    for (const auto& [key, v] : j.items()) {
+      if (key == "prompt") {
+        if (!v.is_string()) throw FormatError(where + ": field 'prompt' must be a string (text), not " + json_kind(v));
+        r.prompt = byte_tokens(v.get<std::string>(), f, where);
+        f.prompt_texts.push_back(v.get<std::string>());
+      } else if (key == "prompt_tokens") {
+        if (!v.is_array())
+          throw FormatError(where + ": field 'prompt_tokens' must be an array of token ids, not " + json_kind(v));
+        for (size_t i = 0; i < v.size(); ++i)
+          r.prompt.push_back(static_cast<int32_t>(request_int(v[i], where, "prompt_tokens[" + std::to_string(i) + "]",
+                                                              0, INT32_MAX, "a token id (an integer >= 0)")));
+        f.prompt_texts.emplace_back();
+      } else if (key == "max_new_tokens") {
+        r.max_new_tokens = request_int(v, where, key, 1, INT64_MAX, "a positive integer");
+      } else if (key == "arrival_step") {
+        r.arrival_step = request_int(v, where, key, 0, INT64_MAX, "an integer >= 0 (a decode step)");
+      } else {
+        throw FormatError(tessera::detail::concat(where, ": unknown field '", key,
+                                                  "' (prompt, prompt_tokens, max_new_tokens, arrival_step)"));
       }
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(where + ": " + e.what());
     }
     if (r.prompt.empty()) throw FormatError(where + ": needs a non-empty prompt or prompt_tokens");
     f.reqs.push_back(std::move(r));
   }
-  if (f.reqs.empty()) throw FormatError(f.requests + ": no requests");
+  if (f.reqs.empty()) throw FormatError("--requests " + f.requests + ": no requests");
 }
 
 void build_requests(Flags& f) {
