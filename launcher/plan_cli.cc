@@ -200,7 +200,8 @@ void print_topology_comparison(const ModelConfig& model, const Topology& topo, c
   std::printf("\nWhy %s (%s) and %s (%s) differ for %s at tp %d%s:\n", topo.name().c_str(), here_kind.c_str(),
               other_name.c_str(), chip_links(other).c_str(), model.name.c_str(), t,
               t == tp ? "" : " (the largest TP both hold)");
-  const std::string tn = topo.name(), on = other_name;
+  const std::string& tn = topo.name();
+  const std::string& on = other_name;
   const int w = static_cast<int>(std::max<size_t>(16, std::max(tn.size(), on.size())));
   auto row = [&](const char* what, const std::string& x, const std::string& y) {
     std::printf("  %-34s %*s %*s\n", what, w, x.c_str(), w, y.c_str());

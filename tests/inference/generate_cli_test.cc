@@ -50,7 +50,7 @@ std::vector<std::vector<int>> all_tokens(const std::string& path) {
 }
 
 std::string write_file(const TempDir& d, const std::string& name, const std::string& text) {
-  const std::string path = d.file(name);
+  std::string path = d.file(name);
   std::ofstream(path) << text;
   return path;
 }
@@ -307,7 +307,9 @@ TEST(GenerateCli, RequestsFileErrorsNameTheFileAndField) {
     const std::string file = write_file(t.d, "r.jsonl", text);
     const CommandResult r = generate("--init " + t.hf + " --requests " + file);
     EXPECT_EQ(r.code, 2) << text << "\n" << r.out;
-    EXPECT_NE(r.out.find("--requests " + file + " " + says), std::string::npos) << text << "\n" << r.out;
+    std::string want = "--requests " + file;
+    want += " " + says;
+    EXPECT_NE(r.out.find(want), std::string::npos) << text << "\n" << r.out;
     EXPECT_EQ(r.out.find("json.exception"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("type must be"), std::string::npos) << r.out;
   }
