@@ -224,8 +224,9 @@ void print_topology_comparison(const ModelConfig& model, const Topology& topo, c
     double here, there;
   };
   const std::vector<Term> terms = {
-      {"the kernels, bound by HBM bandwidth (" + f(topo.device().hbm_bandwidth / 1e9, 0) + " against " +
-           f(other.device().hbm_bandwidth / 1e9, 0) + " GB/s per core)",
+      {"the kernels (HBM: " + f(topo.device().hbm_bandwidth / 1e9, 0) + " against " +
+           f(other.device().hbm_bandwidth / 1e9, 0) + " GB/s per core, reading the weights and KV cache in " +
+           ms(a.plan.decode_memory_s) + " against " + ms(b.plan.decode_memory_s) + " ms; FLOPs and launches the rest)",
        a.kernels_s, b.kernels_s},
       {"the per-layer TP all-reduces' latency over hops (" + std::to_string(2 * model.layers + 1) +
            " all-reduces per token; the ring's slowest step " + std::to_string(a.plan.tp_ring_max_hops) + " against " +
