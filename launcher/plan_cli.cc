@@ -285,9 +285,8 @@ int run_inference_plan(const PlanArgs& a) {
         best.tokens_per_s);
     std::printf(
         "the TP group spans %d chip(s); its ring's slowest step crosses %d hop(s), so each of the %d "
-        "per-token all-reduces costs %.2f us: on a torus or a switch a group of chips is one hop apart at "
-        "every step, on a one-row ring of many chips the ring closes over the row\n",
-        best.tp_group_chips, best.tp_ring_max_hops, 2 * model.layers, best.allreduce_token_s * 1e6);
+        "all-reduces per token (2 per layer and the embedding's) costs %.2f us\n",
+        best.tp_group_chips, best.tp_ring_max_hops, 2 * model.layers + 1, best.allreduce_token_s * 1e6);
     std::printf("KV cache per core: %.0f bytes per token (2 x %d layers x %d K/V head(s) x %d head size x %zu bytes)\n",
                 best.kv_bytes_per_token, model.layers, std::max(1, model.kv_heads / best.tp), model.head_size(),
                 dtype_size(c.dtype));
