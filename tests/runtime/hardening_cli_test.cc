@@ -272,7 +272,7 @@ TEST(HardeningCli, TrainGptJsonInputsRefuseDevZeroFifoDirectoryAndHugeFileAtOnce
   // --init DIR whose config.json is the bad thing (/dev/zero: a symlink to it).
   int n = 0;
   auto init_dir = [&](const std::string& kind) {
-    const std::string dir = d.file("init" + std::to_string(n++));
+    std::string dir = d.file("init" + std::to_string(n++));
     fs::create_directory(dir);
     fs::copy_file(d.file("hf/model.safetensors"), dir + "/model.safetensors");
     const std::string config = dir + "/config.json";
@@ -290,14 +290,19 @@ TEST(HardeningCli, TrainGptJsonInputsRefuseDevZeroFifoDirectoryAndHugeFileAtOnce
   struct Case {
     std::string cmd, names;  // the command, and the file its message must name
   };
+  // NOLINTBEGIN(performance-inefficient-string-concatenation): test commands, built once
+  const std::string model = kTrain + " --steps 1 --micro-batch 1 --model ";
+  const std::string topology = kTrain + kTiny + " --topology ";
+  const std::string init = kTrain + " --steps 1 --micro-batch 1 --seq 16 --init ";
+  // NOLINTEND(performance-inefficient-string-concatenation)
   std::vector<Case> cases;
   for (const std::string& f : {std::string("/dev/zero"), bad.fifo, bad.dir, bad.big}) {
-    cases.push_back({kTrain + " --steps 1 --micro-batch 1 --model " + f, f});
-    cases.push_back({kTrain + kTiny + " --topology " + f, f});
+    cases.push_back({model + f, f});
+    cases.push_back({topology + f, f});
   }
   for (const char* kind : {"/dev/zero", "fifo", "dir", "big"}) {
     const std::string dir = init_dir(kind);
-    cases.push_back({kTrain + " --steps 1 --micro-batch 1 --seq 16 --init " + dir, dir + "/config.json"});
+    cases.push_back({init + dir, dir + "/config.json"});
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.cmd);
