@@ -198,6 +198,7 @@ int Agent::run() {
   RoundSupervisor sup(std::move(setup));
 
   int code = 1;
+  std::string log_error;  // the first --log-dir write that failed (each was reported as it happened)
   for (int round = 0;; ++round) {
     client_->set_round(-1);
     pb::JoinReply layout;
@@ -235,6 +236,8 @@ int Agent::run() {
     spdlog::debug("round {}: world {} ranks, this node has ranks {}..{}", round, layout.world_size(),
                   layout.first_rank(), layout.first_rank() + opt_.nproc_per_node - 1);
     RoundEnd end = sup.run(round, layout);
+    for (const WorkerProcess& w : sup.workers())
+      if (log_error.empty() && !w.output.log_error().empty()) log_error = w.output.log_error();
     if (end == RoundEnd::Success) {
       try {
         client_->node_done(opt_.node_rank, true);
@@ -285,6 +288,11 @@ int Agent::run() {
     }
     write_all(2, failure_summary(round, cause, opt_.log_dir, opt_.node_rank));
     break;
+  }
+  if (code == 0 && !log_error.empty()) {
+    // The workers succeeded, but a log the user asked for is incomplete: a failed run (docs/errors.md).
+    std::fprintf(stderr, "tessera run: the workers succeeded, but --log-dir: %s\n", log_error.c_str());
+    code = 1;
   }
   heartbeat_->stop(/*leaving=*/true);
   if (coordinator_) {

@@ -101,7 +101,9 @@ JobStateOptions state_options(const CoordinatorOptions& o) {
 
 class CoordinatorImpl final : public pb::Coordinator::Service {
  public:
-  explicit CoordinatorImpl(CoordinatorOptions o) : opt_(std::move(o)), state_(state_options(opt_)) {
+  // refused_log_ is declared (so initialised) before opt_, which takes `o` over.
+  explicit CoordinatorImpl(CoordinatorOptions o)
+      : refused_log_(o.refused_log_interval), opt_(std::move(o)), state_(state_options(opt_)) {
     // spdlog builds its registry on first use. Build it before gRPC's threads
     // exist, so the handlers that log find it through thread creation, an
     // ordering ThreadSanitizer can see (gRPC's own hand-over it cannot).
@@ -272,7 +274,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
 
  private:
   static std::chrono::milliseconds ms(int64_t v) { return std::chrono::milliseconds(v); }
-  LogThrottle refused_log_;  // refused calls: 5 lines per 10 s at most
+  LogThrottle refused_log_;  // refused calls: 5 lines per refused_log_interval (10 s) at most
 
   // gRPC has no wake-up hook for a cancelled sync call: JobState polls this.
   static JobState::Cancelled cancelled(ServerContext* ctx) {

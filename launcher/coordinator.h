@@ -45,6 +45,10 @@ struct CoordinatorOptions {
   // Known world size (mpirun mode); 0: set by Join.
   int world_size = 0;
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // Refused calls (a missing or wrong token) are logged through a LogThrottle
+  // (runtime/log_throttle.h): its burst of lines per this interval, then one
+  // line that counts those not logged. Tests shorten it.
+  std::chrono::milliseconds refused_log_interval{10000};
 };
 
 class CoordinatorImpl;

@@ -1,5 +1,6 @@
 #include "launcher/output_relay.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,11 +27,28 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
-void OutputRelay::open_log(const std::string& dir, int round) {
-  auto path = std::filesystem::path(dir) / ("rank_" + std::to_string(rank_) + ".log");
-  log_.reset(std::fopen(path.c_str(), round == 0 ? "w" : "a"));
-  if (!log_) throw Error(detail::concat("cannot write log file ", path.string(), ": ", std::strerror(errno)));
-  if (round > 0) std::fprintf(log_.get(), "---- tessera run: restart %d ----\n", round);
+void OutputRelay::open_log(const std::string& dir, int round, FileOps* ops) {
+  const std::string path = (std::filesystem::path(dir) / ("rank_" + std::to_string(rank_) + ".log")).string();
+  log_error_.clear();
+  try {
+    log_ = std::make_unique<OutputStream>(path, OutputStreamOptions{.append = round > 0, .ops = ops});
+  } catch (const IoError& e) {
+    throw Error(detail::concat("cannot write log file ", e.what()));
+  }
+  if (round > 0) log_write(detail::concat("---- tessera run: restart ", round, " ----\n"));
+}
+
+void OutputRelay::log_write(const std::string& bytes) {
+  if (!log_) return;
+  try {
+    log_->write(bytes);
+  } catch (const IoError& e) {
+    // Said once, at once; the log ends here (a full disk stays full), the terminal still gets every line.
+    log_error_ = e.what();
+    log_.reset();
+    spdlog::error("tessera run: rank {}'s log {} (the log stops here; its lines still go to the terminal)", rank_,
+                  log_error_);
+  }
 }
 
 void OutputRelay::attach(int out_fd, int err_fd) {
@@ -41,11 +59,7 @@ void OutputRelay::attach(int out_fd, int err_fd) {
 
 void OutputRelay::emit_line(const std::string& line, int out_fd) {
   write_all(out_fd, "[" + std::to_string(rank_) + "] " + line + "\n");
-  if (log_) {
-    std::fwrite(line.data(), 1, line.size(), log_.get());
-    std::fputc('\n', log_.get());
-    std::fflush(log_.get());
-  }
+  if (log_) log_write(line + "\n");
   tail_.push_back(line);
   if (tail_.size() > kTailLines) tail_.pop_front();
   if (out_fd == 2) last_err_line_ = std::chrono::steady_clock::now();

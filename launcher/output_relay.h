@@ -12,11 +12,12 @@
 #pragma once
 
 #include <chrono>
-#include <cstdio>
 #include <deque>
 #include <memory>
 #include <string>
 #include <utility>
+
+#include "runtime/files.h"
 
 namespace tessera::launcher {
 
@@ -43,14 +44,23 @@ class OutputRelay {
         err_(std::exchange(o.err_, Stream{-1, 2, {}})),
         tail_(std::move(o.tail_)),
         log_(std::move(o.log_)),
+        log_error_(std::move(o.log_error_)),
         last_err_line_(o.last_err_line_) {}
   OutputRelay& operator=(OutputRelay&&) = delete;
   OutputRelay(const OutputRelay&) = delete;
   OutputRelay& operator=(const OutputRelay&) = delete;
 
   // DIR/rank_<r>.log: truncated in round 0, appended after a line
-  // "---- tessera run: restart <k> ----" in round k > 0. Throws Error.
-  void open_log(const std::string& dir, int round);
+  // "---- tessera run: restart <k> ----" in round k > 0; written through
+  // OutputStream (runtime/files.h: checked writes; a device or a FIFO is
+  // written through, never replaced; `ops` injects faults). Throws Error.
+  // A write that fails later (ENOSPC, EIO) is reported at once on stderr,
+  // naming the file and the OS error, and the log is closed: the lines
+  // still go to the terminal, and log_error() says what failed.
+  void open_log(const std::string& dir, int round, FileOps* ops = nullptr);
+  // The first failed write to the log ("DIR/rank_0.log: cannot write: No
+  // space left on device"); empty when none failed.
+  const std::string& log_error() const { return log_error_; }
   // Takes the read ends of a new worker process's pipes.
   void attach(int out_fd, int err_fd);
 
@@ -75,7 +85,10 @@ class OutputRelay {
   int rank_;
   Stream out_{-1, 1, {}}, err_{-1, 2, {}};
   std::deque<std::string> tail_;
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> log_{nullptr, &std::fclose};
+  void log_write(const std::string& bytes);  // to log_; the first failure closes it and is reported
+
+  std::unique_ptr<OutputStream> log_;
+  std::string log_error_;
   std::chrono::steady_clock::time_point last_err_line_{};
 };
 

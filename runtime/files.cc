@@ -718,6 +718,23 @@ bool names_input_file(const std::string& arg) {
   return ::lstat(arg.c_str(), &st) == 0;
 }
 
+namespace {
+// The reader's messages start with the path; say what the file is for instead.
+[[noreturn]] void rethrow_as_input(const FormatError& e, const std::string& path, const std::string& what) {
+  std::string m = e.what();
+  if (m.compare(0, path.size() + 2, path + ": ") == 0) m.erase(0, path.size() + 2);
+  throw FormatError(detail::concat(what, " '", path, "': ", m));
+}
+}  // namespace
+
+int open_input_file(const std::string& path, const std::string& what, uint64_t* size) {
+  try {
+    return open_regular_file(path, size);
+  } catch (const FormatError& e) {
+    rethrow_as_input(e, path, what);
+  }
+}
+
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
   // A missing file is the caller's bad argument (InvalidArgument, as before); the rest FormatError.
   struct stat st {};
@@ -726,10 +743,7 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
   try {
     return read_regular_file(path, max_bytes);
   } catch (const FormatError& e) {
-    // read_regular_file's messages start with the path; say what the file is for.
-    std::string m = e.what();
-    if (m.compare(0, path.size() + 2, path + ": ") == 0) m.erase(0, path.size() + 2);
-    throw FormatError(detail::concat(what, " '", path, "': ", m));
+    rethrow_as_input(e, path, what);
   }
 }
 
@@ -851,18 +865,20 @@ std::string output_refusal(const std::string& path) {
   return detail::concat("it is ", t.what, " (tessera writes regular files, character devices and FIFOs)");
 }
 
-OutputStream::OutputStream(const std::string& path) : path_(path) {
+OutputStream::OutputStream(const std::string& path, const OutputStreamOptions& options)
+    : path_(path), ops_(options.ops ? options.ops : &posix_file_ops()) {
   const OutputTarget t = classify_output(path);
   if (t.kind == OutputKind::Refused)
     throw IoError(detail::concat(path, ": cannot write: it is ", t.what,
                                  " (tessera writes regular files, character devices and FIFOs)"),
                   path, FileStep::CheckOutput, EEXIST);
   if (t.kind == OutputKind::WriteThrough) {
-    fd_ = open_write_through(posix_file_ops(), path, t);
+    fd_ = open_write_through(*ops_, path, t);
     if (fd_ >= 0) return;
   }
   remove_dead_output_temps(directory_of(t.path));  // what killed writers left next to it
-  fd_ = ::open(t.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666);
+  const int mode = options.append ? O_APPEND : O_TRUNC;
+  fd_ = ops_->open(t.path.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC | O_NOCTTY, 0666);
   if (fd_ < 0) {
     const int err = errno;
     throw IoError(detail::concat(path, ": cannot open for writing: ", std::strerror(err)), path, FileStep::OpenOutput,
@@ -872,7 +888,7 @@ OutputStream::OutputStream(const std::string& path) : path_(path) {
 }
 
 OutputStream::~OutputStream() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) ops_->close(fd_);
 }
 
 void OutputStream::write(std::string_view bytes) {
@@ -881,7 +897,7 @@ void OutputStream::write(std::string_view bytes) {
   const char* p = bytes.data();
   size_t left = bytes.size();
   while (left > 0) {
-    const ssize_t n = ::write(fd_, p, left);
+    const ssize_t n = ops_->write(fd_, p, left);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;
@@ -896,12 +912,12 @@ void OutputStream::close() {
   if (fd_ < 0) return;
   const int fd = fd_;
   fd_ = -1;
-  if (regular_ && ::fsync(fd) != 0) {
+  if (regular_ && ops_->fsync(fd) != 0) {
     const int err = errno;
-    ::close(fd);
+    ops_->close(fd);
     throw IoError(detail::concat(path_, ": cannot fsync: ", std::strerror(err)), path_, FileStep::SyncFile, err);
   }
-  if (::close(fd) != 0) {
+  if (ops_->close(fd) != 0) {
     const int err = errno;
     throw IoError(detail::concat(path_, ": cannot close: ", std::strerror(err)), path_, FileStep::CloseFile, err);
   }

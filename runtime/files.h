@@ -190,6 +190,11 @@ void write_files_atomic(const std::vector<std::string>& paths,
 // closes it) and the file's size. Throws FormatError "<path>: ..." naming the
 // problem ("not a regular file (a FIFO)", or the OS error).
 int open_regular_file(const std::string& path, uint64_t* size);
+// open_regular_file for an input a user names (a data file, ...), its
+// messages in the inputs' words: FormatError "<what> '<path>': <problem>",
+// e.g. "data file 'x': not a regular file (a FIFO)", "data file 'y': cannot
+// open: No such file or directory". read_input_file reads through it.
+int open_input_file(const std::string& path, const std::string& what, uint64_t* size);
 // The whole file through open_regular_file; FormatError when it is larger than max_bytes.
 std::string read_regular_file(const std::string& path, uint64_t max_bytes);
 
@@ -313,11 +318,17 @@ std::string output_refusal(const std::string& path);
 // refused. Every write is checked: write() throws IoError (step Write)
 // naming the path and the OS error (ENOSPC on a full disk, EPIPE when a
 // FIFO's reader went away), and close() reports a failed fsync or close.
+// The system calls go through FileOps (fault injection), as the atomic write's do.
 // One owner; not shared between threads without a lock.
+struct OutputStreamOptions {
+  bool append = false;     // a regular file: appended to (O_APPEND), not truncated (`tessera run`'s rank logs)
+  FileOps* ops = nullptr;  // nullptr: posix_file_ops()
+};
 class OutputStream {
  public:
-  explicit OutputStream(const std::string& path);  // IoError: CheckOutput, OpenOutput
-  ~OutputStream();                                 // closes; errors are lost: call close()
+  explicit OutputStream(const std::string& path,
+                        const OutputStreamOptions& options = {});  // IoError: CheckOutput, OpenOutput
+  ~OutputStream();                                                 // closes; errors are lost: call close()
   OutputStream(const OutputStream&) = delete;
   OutputStream& operator=(const OutputStream&) = delete;
   void write(std::string_view bytes);
@@ -326,6 +337,7 @@ class OutputStream {
 
  private:
   std::string path_;
+  FileOps* ops_;
   int fd_ = -1;
   bool regular_ = false;
 };

@@ -1,7 +1,5 @@
 #include "parallel/data/byte_dataset.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "runtime/files.h"
 #include "runtime/random.h"
 
 namespace tessera::parallel::data {
@@ -20,28 +19,26 @@ namespace {
 
 // Appends the whole of `path` to `out`; FormatError naming the file otherwise.
 void read_file(const std::string& path, std::vector<uint8_t>* out) {
-  // O_NONBLOCK: a FIFO given as data must be refused below, not block the open.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw FormatError(detail::concat("cannot open data file '", path, "': ", std::strerror(errno)));
+  // The inputs' one check (runtime/files.h): a FIFO, a device or a directory
+  // given as data is refused without blocking ("data file 'x': not a regular
+  // file (a FIFO)"), as are a missing or unreadable file ("data file 'x':
+  // cannot open: No such file or directory").
+  uint64_t size = 0;
+  const int fd = open_input_file(path, "data file", &size);
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0)
-    throw FormatError(detail::concat("cannot stat data file '", path, "': ", std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) throw FormatError(detail::concat("data file '", path, "' is not a regular file"));
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   const size_t before = out->size();
-  out->resize(before + static_cast<size_t>(st.st_size));
+  const size_t want = static_cast<size_t>(size);
+  out->resize(before + want);
   size_t got = 0;
-  const size_t want = static_cast<size_t>(st.st_size);
   while (got < want) {
     ssize_t r = ::read(fd, out->data() + before + got, want - got);
     if (r < 0) {
       if (errno == EINTR) continue;
       out->resize(before);
-      throw FormatError(detail::concat("cannot read data file '", path, "': ", std::strerror(errno)));
+      throw FormatError(detail::concat("data file '", path, "': cannot read: ", std::strerror(errno)));
     }
     if (r == 0) break;  // shrank while reading: keep what is there
     got += static_cast<size_t>(r);

@@ -5,11 +5,14 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
 #include <future>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <typeinfo>
 
@@ -284,6 +287,75 @@ TEST(Security, WrongOrMissingTokenIsRefused) {
   EXPECT_NE(denied.error_message().find("token"), std::string::npos) << denied.error_message();
   // Nothing was stored by the refused calls.
   EXPECT_THROW(job.client()->get("k", 100ms), TimeoutError);
+}
+
+// The coordinator's own refused-call log goes through its LogThrottle
+// (docs/errors.md, "Logging"): N refused calls give at most the throttle's
+// burst of lines (5) per interval, and the first line after the interval
+// counts the calls not logged, so that every refused call is a line or
+// counted in one. spdlog's default logger is captured for the test.
+TEST(Security, RefusedCallsAreLoggedThrottled) {
+  std::ostringstream captured;
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured)));
+  struct Restore {
+    std::shared_ptr<spdlog::logger> l;
+    ~Restore() { spdlog::set_default_logger(l); }
+  } restore{previous};
+  constexpr auto kInterval = 2s;
+  constexpr int kBurst = 5, kCalls = 50;
+  CoordinatorOptions o;
+  o.token = "secret-token";
+  o.num_nodes = 0;
+  o.world_size = 1;
+  o.refused_log_interval = kInterval;
+  Coordinator coord(o);
+  auto stub = pb::Coordinator::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(coord.port()), grpc::InsecureChannelCredentials()));
+  auto refused_call = [&] {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kTokenKey, "not-the-token");
+    ctx.set_deadline(std::chrono::system_clock::now() + test_time::scaled(10s));
+    pb::SetRequest req;
+    req.set_key("k");
+    pb::SetReply rep;
+    EXPECT_EQ(stub->Set(&ctx, req, &rep).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  };
+  // The refused-call lines, and the calls they stand for (1 + the count each carries).
+  auto lines = [&](uint64_t* calls) {
+    std::vector<std::string> out;
+    std::istringstream in(captured.str());
+    *calls = 0;
+    for (std::string l; std::getline(in, l);) {
+      if (l.find("coordinator: refused Set from ") == std::string::npos) continue;
+      out.push_back(l);
+      *calls += 1;
+      const size_t at = l.find(" (");
+      if (const size_t more = l.find(" more refused calls not logged)"); more != std::string::npos && at < more)
+        *calls += std::stoull(l.substr(at + 2, more - at - 2));
+    }
+    return out;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCalls; ++i) refused_call();
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  uint64_t calls = 0;
+  std::vector<std::string> got = lines(&calls);
+  // Each interval the calls spanned may start a burst (one, unless the machine is very slow).
+  const int64_t windows = 1 + elapsed / kInterval;
+  EXPECT_GE(got.size(), 1u) << captured.str();
+  EXPECT_LE(static_cast<int64_t>(got.size()), kBurst * windows) << captured.str();
+  // A whole interval later, one more refused call logs and counts those not logged since.
+  std::this_thread::sleep_for(kInterval + 100ms);
+  refused_call();
+  got = lines(&calls);
+  EXPECT_EQ(calls, static_cast<uint64_t>(kCalls + 1)) << captured.str();
+  if (windows == 1) {
+    EXPECT_EQ(got.size(), static_cast<size_t>(kBurst + 1)) << captured.str();
+    EXPECT_NE(got.back().find("wrong job token (45 more refused calls not logged)"), std::string::npos)
+        << captured.str();
+  }
 }
 
 TEST(Security, BoundsAndMalformedRequestsDoNotHurtTheCoordinator) {

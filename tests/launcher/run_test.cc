@@ -5,11 +5,13 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <stdexcept>
 
 #include "runtime/error.h"
 #include "tests/launcher/subprocess.h"
+#include "tests/runtime/special_files.h"
 #include "tests/test_timeouts.h"
 
 using namespace tessera::testing;
@@ -366,6 +368,27 @@ TEST(Run, RestartRoundsUntilSuccess) {
                at2 = log.find(m2), r2 = log.find("rank 0 of 3 ok (round 2)");
   EXPECT_TRUE(r0 < at1 && at1 < r1 && r1 < at2 && at2 < r2 && r2 != std::string::npos) << log;
   EXPECT_EQ(log.find("restart 3"), std::string::npos) << log;
+}
+
+// A --log-dir file whose writes fail (a full disk: rank_0.log links to a
+// device with /dev/full's numbers) is reported at once naming the file and
+// the OS error, the lines still reach the terminal, and the run fails (exit
+// 1) though the worker succeeded; the device stays a device.
+TEST(Run, ALogDirWriteThatFailsIsReportedAndFailsTheRun) {
+  TempDir d;
+  const std::string logs = d.path + "/logs";
+  ASSERT_EQ(::mkdir(logs.c_str(), 0700), 0);
+  const std::string full = full_device(d.path);
+  const std::string log = logs + "/rank_0.log";
+  ASSERT_EQ(::symlink(full.c_str(), log.c_str()), 0);
+  Subprocess p(run_cmd({"--nproc-per-node", "1", "--log-dir", logs}, {}), d.path);
+  EXPECT_EQ(p.wait(60s), 1) << p.err();
+  EXPECT_NE(p.err().find(log + ": cannot write: No space left on device"), std::string::npos) << p.err();
+  EXPECT_EQ(count(p.err(), ": cannot write:"), 2) << p.err();  // said when it failed, and in the run's verdict
+  EXPECT_EQ(count(p.out(), "[0] rank 0 of 1 ok (round 0)"), 1) << p.out();
+  struct stat st {};
+  ASSERT_EQ(::stat(full.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
 }
 
 TEST(Run, RestartsExhausted) {

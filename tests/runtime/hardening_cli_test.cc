@@ -124,6 +124,10 @@ std::vector<OutputCase> output_cases(const TempDir& d) {
          return kTessera + " ckpt shard --tp 1 --out " + o + " " + d.file("m.safetensors");
        },
        2},
+      {"ckpt reshard --out",
+       [&d](const std::string& o) { return kTessera + " ckpt reshard --tp 1 --out " + o + " " + d.file("shards"); }, 2},
+      // --save names a directory of checkpoints: a device or a FIFO there is refused at start-up.
+      {"train_gpt --save", [](const std::string& o) { return kTrain + kTiny + " --save " + o; }, 2},
   };
 }
 
@@ -141,10 +145,13 @@ TEST(HardeningCli, EveryOutputToACharacterDeviceLeavesTheDevice) {
   for (const OutputCase& c : output_cases(d)) {
     SCOPED_TRACE(c.name);
     const std::string dev = d.file("dev");
-    fs::remove(dev);
+    fs::remove_all(dev);  // what a case that failed left there too
     if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) GTEST_SKIP() << "mknod: " << std::strerror(errno);
     const CmdRun r = run(c.cmd(dev));
     EXPECT_EQ(r.code, c.code) << r.out;
+    if (c.code != 0) {
+      EXPECT_NE(r.out.find(dev), std::string::npos) << "refused without naming it: " << r.out;
+    }
     EXPECT_TRUE(is_null_device(dev)) << "replaced: " << c.name;
   }
   // Nothing left beside the device (no temp file, no FILE.dat in its place).
@@ -160,7 +167,7 @@ TEST(HardeningCli, EveryOutputToAFifoWritesThroughToItsReader) {
   for (const OutputCase& c : output_cases(d)) {
     SCOPED_TRACE(c.name);
     const std::string fifo = d.file("fifo");
-    fs::remove(fifo);
+    fs::remove_all(fifo);
     ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
     std::string got;
     CmdRun r;
@@ -173,6 +180,9 @@ TEST(HardeningCli, EveryOutputToAFifoWritesThroughToItsReader) {
         reader.stop();
     }
     EXPECT_EQ(r.code, c.code) << r.out;
+    if (c.code != 0) {
+      EXPECT_NE(r.out.find(fifo), std::string::npos) << "refused without naming it: " << r.out;
+    }
     EXPECT_TRUE(is_fifo(fifo)) << "replaced: " << c.name;
     if (c.code == 0) {
       EXPECT_FALSE(got.empty()) << "the reader got nothing";
@@ -244,6 +254,65 @@ TEST(HardeningCli, EveryJsonInputRefusesDevZeroFifoDirectoryAndHugeFileAtOnce) {
       EXPECT_LT(r.seconds, tessera::test_time::seconds(30));
       EXPECT_LE(r.max_rss_kib, 64 * 1024) << r.out;
     }
+  }
+}
+
+// train_gpt's own JSON inputs (--model, --topology, and --init DIR's
+// config.json): /dev/zero, a FIFO, a directory and a 1 GB sparse file are
+// refused at once (exit 2, little CPU and memory, no wait on the FIFO), the
+// message naming the file.
+TEST(HardeningCli, TrainGptJsonInputsRefuseDevZeroFifoDirectoryAndHugeFileAtOnce) {
+  TempDir d;
+  tessera::testing::BadInputs bad;
+  ASSERT_TRUE(tessera::testing::make_bad_inputs(d.path(), &bad));
+  // A Hugging Face directory (config.json and model.safetensors) for --init.
+  CmdRun r = run(kTrain + kTiny + " --export " + d.file("hf"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_TRUE(fs::is_regular_file(d.file("hf/config.json"))) << r.out;
+  // --init DIR whose config.json is the bad thing (/dev/zero: a symlink to it).
+  int n = 0;
+  auto init_dir = [&](const std::string& kind) {
+    std::string dir = d.file("init" + std::to_string(n++));
+    fs::create_directory(dir);
+    fs::copy_file(d.file("hf/model.safetensors"), dir + "/model.safetensors");
+    const std::string config = dir + "/config.json";
+    if (kind == "/dev/zero") fs::create_symlink("/dev/zero", config);
+    if (kind == "fifo") {
+      EXPECT_EQ(::mkfifo(config.c_str(), 0600), 0);
+    }
+    if (kind == "dir") fs::create_directory(config);
+    if (kind == "big") {
+      std::ofstream(config).put(' ');
+      fs::resize_file(config, uint64_t{1} << 30);  // sparse: no blocks written
+    }
+    return dir;
+  };
+  struct Case {
+    std::string cmd, names;  // the command, and the file its message must name
+  };
+  // NOLINTBEGIN(performance-inefficient-string-concatenation): test commands, built once
+  const std::string model = kTrain + " --steps 1 --micro-batch 1 --model ";
+  const std::string topology = kTrain + kTiny + " --topology ";
+  const std::string init = kTrain + " --steps 1 --micro-batch 1 --seq 16 --init ";
+  // NOLINTEND(performance-inefficient-string-concatenation)
+  std::vector<Case> cases;
+  for (const std::string& f : {std::string("/dev/zero"), bad.fifo, bad.dir, bad.big}) {
+    cases.push_back({model + f, f});
+    cases.push_back({topology + f, f});
+  }
+  for (const char* kind : {"/dev/zero", "fifo", "dir", "big"}) {
+    const std::string dir = init_dir(kind);
+    cases.push_back({init + dir, dir + "/config.json"});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.cmd);
+    r = run(c.cmd);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(c.names), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("json.exception"), std::string::npos) << r.out;
+    EXPECT_LT(r.cpu_seconds, 5.0);
+    EXPECT_LT(r.seconds, tessera::test_time::seconds(30));
+    EXPECT_LE(r.max_rss_kib, 64 * 1024) << r.out;
   }
 }
 

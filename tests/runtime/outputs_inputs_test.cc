@@ -238,6 +238,66 @@ TEST(Outputs, OutputStreamWritesARegularFileInPlace) {
   }
 }
 
+// A regular-file step log (`--log-json`) on a full disk, through FileOps:
+// every call goes through the seam, and the injected ENOSPC fails the write
+// naming the path; the file stays a (regular, empty) file.
+TEST(Outputs, OutputStreamOnAFullDiskFailsTheWriteNamingThePath) {
+  class FullDiskOps : public FileOps {
+   public:
+    int open(const char* path, int flags, mode_t mode) override {
+      ++opens;
+      return FileOps::open(path, flags, mode);
+    }
+    ssize_t write(int, const void*, size_t) override {
+      ++writes;
+      errno = ENOSPC;
+      return -1;
+    }
+    int fsync(int fd) override {
+      ++fsyncs;
+      return FileOps::fsync(fd);
+    }
+    int close(int fd) override {
+      ++closes;
+      return FileOps::close(fd);
+    }
+    int opens = 0, writes = 0, fsyncs = 0, closes = 0;
+  } ops;
+  Dir d;
+  const std::string p = d.file("log.jsonl");
+  OutputStream s(p, {.ops = &ops});
+  EXPECT_EQ(ops.opens, 1);
+  try {
+    s.write("{\"step\": 1}\n");
+    ADD_FAILURE() << "the write did not fail";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.step(), FileStep::Write);
+    EXPECT_EQ(e.os_error(), ENOSPC);
+    EXPECT_EQ(e.path(), p);
+    EXPECT_EQ(std::string(e.what()), p + ": cannot write: No space left on device");
+  }
+  EXPECT_EQ(ops.writes, 1);
+  s.close();
+  EXPECT_EQ(ops.fsyncs, 1);
+  EXPECT_EQ(ops.closes, 1);
+  struct stat st {};
+  ASSERT_EQ(::lstat(p.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_size, 0);
+}
+
+// `append` (tessera run's rank logs after a restart) keeps what is there.
+TEST(Outputs, OutputStreamAppendsWhenAsked) {
+  Dir d;
+  const std::string p = d.file("rank_0.log");
+  std::ofstream(p) << "round 0\n";
+  OutputStream s(p, {.append = true});
+  s.write("round 1\n");
+  s.close();
+  std::ifstream f(p);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), "round 0\nround 1\n");
+}
+
 // ---- inputs -------------------------------------------------------------------
 
 // Runs `fn` in a forked child; returns its peak RSS in KiB and whether it succeeded.
