@@ -155,9 +155,11 @@ class CompareMpi : public ::testing::TestWithParam<int> {
 };
 
 // n = 2 fits the cores of the CI machines (no --oversubscribe); n = cores + 1
-// does not (both yield modes are measured).
+// does not (both yield modes are measured). Both compare two timings, so both
+// run only under ctest -L timing: the fitting case failed too, in
+// 2 of 4 default-suite runs beside a sanitizer build (load 6-8).
 TEST_P(CompareMpi, MpiColumnAgreesWithAStandaloneMpiAllreduceLoop) {
-  if (GetParam() != 0) TESSERA_TIMING_TEST();  // an oversubscribed ratio: noise on a loaded machine
+  TESSERA_TIMING_TEST();  // a ratio of two timings: noise on a loaded machine
   const int n = GetParam() == 0 ? 2 : cpus() + 1;
   const bool over = n > cpus();
   const long iters = over ? 5000 : 20000;
