@@ -157,7 +157,7 @@ class CompareMpi : public ::testing::TestWithParam<int> {
 // n = 2 fits the cores of the CI machines (no --oversubscribe); n = cores + 1
 // does not (both yield modes are measured). Both compare two timings, so both
 // run only under ctest -L timing: the fitting case failed too, in
-// 2 of 4 default-suite runs beside a sanitizer build (load 6-8).
+// 4 of 8 default-suite runs beside a sanitizer build (load 4-11).
 TEST_P(CompareMpi, MpiColumnAgreesWithAStandaloneMpiAllreduceLoop) {
   TESSERA_TIMING_TEST();  // a ratio of two timings: noise on a loaded machine
   const int n = GetParam() == 0 ? 2 : cpus() + 1;
