@@ -38,8 +38,7 @@ void OutputRelay::open_log(const std::string& dir, int round, FileOps* ops) {
   if (round > 0) log_write(detail::concat("---- tessera run: restart ", round, " ----\n"));
 }
 
-void OutputRelay::log_write(const std::string& bytes) {
-  if (!log_) return;
+void OutputRelay::log_write(const std::string& bytes) {  // log_ is open
   try {
     log_->write(bytes);
   } catch (const IoError& e) {

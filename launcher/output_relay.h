@@ -85,7 +85,7 @@ class OutputRelay {
   int rank_;
   Stream out_{-1, 1, {}}, err_{-1, 2, {}};
   std::deque<std::string> tail_;
-  void log_write(const std::string& bytes);  // to log_; the first failure closes it and is reported
+  void log_write(const std::string& bytes);  // to an open log_; the first failure closes it and is reported
 
   std::unique_ptr<OutputStream> log_;
   std::string log_error_;
