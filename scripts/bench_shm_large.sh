@@ -9,9 +9,13 @@
 # in turn, the order reversed every other rep. --baseline times a one-core
 # memcpy of the same size in the same process right after the collective
 # (pre-faulted buffers), so each run's busbw / memcpy ratio is taken in the
-# same minute. Prints every run (with the load average) and per case and
-# binary the medians of busbw (out of place, in place), memcpy and the
-# ratios (targets: 2 ranks at 64 MiB >= 0.85, 8 ranks at 2 MiB >= 0.65).
+# same minute, and a memcpy made by every rank at once (per rank: what the
+# memory system and the cores give each rank when all copy together, the
+# bound of an all-reduce whose ranks each move a memcpy's worth of bytes).
+# Prints every run (with the load average) and per case and binary the
+# medians of busbw (out of place, in place), both memcpys and the ratios
+# (targets: 2 ranks at 64 MiB >= 0.85, 8 ranks at 2 MiB >= 0.65 of the
+# one-core memcpy).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build/bin/tessera"
@@ -35,13 +39,13 @@ export OPENBLAS_NUM_THREADS=1
 RAW=$(mktemp)
 trap 'rm -f "$RAW"' EXIT
 echo "# OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}; $(nproc --all) CPUs"
-# One run: prints "busbw_oop busbw_ip memcpy" (GB/s).
+# One run: prints "busbw_oop busbw_ip memcpy memcpy_all" (GB/s).
 one() {
   local bin=$1 ranks=$2 size=$3 n
   # About a second of calls: 64 MiB at ~10 ms a call, 2 MiB at ~1 ms.
   n=${ITERS:-$(python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; b=int(s[:-1])*m[s[-1]] if s[-1] in m else int(s); print(max(10, min(2000, (256<<20)//b)))" "$size")}
   "$bin" bench all_reduce -r "$ranks" --transport shm -b "$size" -e "$size" -n "$n" -w 3 -c 0 --baseline 2>&1 |
-    awk '$2 ~ /^[0-9]+$/ && $1 ~ /^[0-9]+$/ { oop = $7; ip = $11 } /memcpy baseline/ { mc = $(NF-1) } END { print oop, ip, mc }'
+    awk '$2 ~ /^[0-9]+$/ && $1 ~ /^[0-9]+$/ { oop = $7; ip = $11 } /memcpy baseline \(1 core/ { mc = $(NF-1) } /memcpy baseline \(all/ { ma = $(NF-3) } END { print oop, ip, mc, ma }'
 }
 for rep in $(seq 1 "$REPS"); do
   for cs in $CASES; do
@@ -61,11 +65,11 @@ import collections, statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 med = statistics.median
 by = collections.defaultdict(list); loads = []
-bad = [r for r in rows if len(r) != 7]
+bad = [r for r in rows if len(r) != 8]
 for r in bad: print("a run gave no figures (its exit or output was wrong): rep %s %s %s" % tuple(r[:3]))
-rows = [r for r in rows if len(r) == 7]
-for rep, cs, b, oop, ip, mc, l in rows:
-    by[(cs, b)].append((float(oop), float(ip), float(mc))); loads.append(float(l))
+rows = [r for r in rows if len(r) == 8]
+for rep, cs, b, oop, ip, mc, ma, l in rows:
+    by[(cs, b)].append((float(oop), float(ip), float(mc), float(ma))); loads.append(float(l))
 print("load average during the runs: %.1f-%.1f (median %.1f)" % (min(loads), max(loads), med(loads)))
 for (cs, b), xs in sorted(by.items()):
     o = [x[0] for x in xs]; i = [x[1] for x in xs]; m = [x[2] for x in xs]
@@ -73,4 +77,11 @@ for (cs, b), xs in sorted(by.items()):
         cs, b, med(o), med(i), med(m), med([x[0] / x[2] for x in xs]),
         " ".join("%.2f" % (x[0] / x[2]) for x in xs), med([x[1] / x[2] for x in xs]),
         " ".join("%.2f" % (x[1] / x[2]) for x in xs)))
+    # Each rank of the direct all-reduce reads and writes n bytes, a memcpy's
+    # worth, while busbw counts 2(p-1)/p n: its bound is that factor times
+    # the per-rank figure of the memcpy every rank makes at once.
+    p = int(cs.split(":")[0]); f = 2.0 * (p - 1) / p
+    print("%-8s %-5s memcpy by all ranks at once %5.2f GB/s a rank, busbw bound %5.2f: oop/bound %.2f  ip/bound %.2f" % (
+        cs, b, med([x[3] for x in xs]), f * med([x[3] for x in xs]), med([x[0] / (f * x[3]) for x in xs]),
+        med([x[1] / (f * x[3]) for x in xs])))
 PY

@@ -692,6 +692,8 @@ std::string format_table(const Report& r) {
   std::string s = format_header(r);
   for (const auto& row : r.rows) s += format_row(r, row);
   if (r.memcpy_gbps) s += fmt("# memcpy baseline (1 core, pre-faulted) : %.2f GB/s\n", *r.memcpy_gbps);
+  if (r.memcpy_all_gbps)
+    s += fmt("# memcpy baseline (all %d ranks at once)  : %.2f GB/s per rank\n", r.ranks, *r.memcpy_all_gbps);
   if (r.tcp_loopback_gbps)
     s += fmt("# TCP loopback baseline (2 processes)    : %.2f GB/s per direction both ways, %.2f GB/s one way\n",
              *r.tcp_loopback_gbps, r.tcp_loopback_unidir_gbps.value_or(0));
@@ -740,6 +742,7 @@ nlohmann::json to_json(const Report& r) {
   if (r.memcpy_gbps || r.tcp_loopback_gbps) {
     json b = json::object();
     if (r.memcpy_gbps) b["memcpy_gbps"] = *r.memcpy_gbps;
+    if (r.memcpy_all_gbps) b["memcpy_all_gbps"] = *r.memcpy_all_gbps;
     if (r.tcp_loopback_gbps) {
       b["tcp_loopback_gbps"] = *r.tcp_loopback_gbps;
       b["tcp_loopback_unidir_gbps"] = r.tcp_loopback_unidir_gbps.value_or(0);
@@ -758,6 +761,20 @@ double measure_memcpy_gbps(size_t bytes, int reps) {
   for (int i = 0; i < reps; ++i) std::memcpy(b.data(), a.data(), bytes);
   double dt = now_s() - t0;
   return dt > 0 ? static_cast<double>(bytes) * reps / dt / 1e9 : 0.0;
+}
+
+double measure_memcpy_all_gbps(Communicator& comm, size_t bytes, int reps) {
+  Buffer a(bytes), b(bytes);
+  std::memset(a.data(), 1, bytes);
+  std::memcpy(b.data(), a.data(), bytes);  // warm
+  reps = std::max(reps, 1);
+  comm.barrier();
+  const double t0 = now_s();
+  for (int i = 0; i < reps; ++i) std::memcpy(b.data(), a.data(), bytes);
+  const int64_t mine_ns = static_cast<int64_t>((now_s() - t0) * 1e9);
+  int64_t slowest_ns = 0;
+  comm.all_reduce(&mine_ns, &slowest_ns, 1, DType::I64, ReduceOp::Max);
+  return slowest_ns > 0 ? static_cast<double>(bytes) * reps / static_cast<double>(slowest_ns) : 0.0;
 }
 
 }  // namespace tessera::collectives::bench

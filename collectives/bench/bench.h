@@ -75,6 +75,8 @@ struct Report {
   int ranks = 1;
   std::vector<Row> rows;
   std::optional<double> memcpy_gbps, tcp_loopback_gbps, tcp_loopback_unidir_gbps;
+  // memcpy by every rank at once, per rank (the slowest rank's figure).
+  std::optional<double> memcpy_all_gbps;
   std::string compare;           // "mpi" or empty
   std::string compare_settings;  // how the compared library ran (a header line), e.g. mpirun's flags
 
@@ -152,6 +154,12 @@ void apply_compare_figures(Report& r, const CompareFigures& f, int nranks, Bench
 // Single-core memcpy bandwidth on pre-faulted buffers of `bytes` (GB/s,
 // counting the bytes copied once, as the busbw of a copy).
 double measure_memcpy_gbps(size_t bytes, int reps);
+// The same copy made by every rank of `comm` at once, between barriers:
+// bytes x reps over the slowest rank's time (GB/s per rank). What the
+// memory system gives each rank when all copy together, the bound for a
+// shared-memory collective whose ranks each move a memcpy's worth of bytes.
+// Every rank must call it; every rank gets the figure.
+double measure_memcpy_all_gbps(Communicator& comm, size_t bytes, int reps);
 
 // Raw TCP loopback throughput between this process and a peer process over
 // Boost.Asio: `bytes` streamed `reps` times. Two figures: one direction only,

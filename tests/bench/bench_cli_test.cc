@@ -216,6 +216,7 @@ TEST_F(BenchCli, BaselinesAndPlot) {
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = read_json(js);
   EXPECT_GT(j["baselines"]["memcpy_gbps"].get<double>(), 0.0);
+  EXPECT_GT(j["baselines"]["memcpy_all_gbps"].get<double>(), 0.0);  // both ranks copying at once
   EXPECT_GT(j["baselines"]["tcp_loopback_gbps"].get<double>(), 0.0);
   EXPECT_GT(j["baselines"]["tcp_loopback_unidir_gbps"].get<double>(), 0.0);
   std::ifstream f(png, std::ios::binary);

@@ -150,6 +150,13 @@ TEST(BenchFormat, TableHeaderAndFooter) {
        {"size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "(B)", "(elements)", "(us)", "(GB/s)"})
     EXPECT_NE(t.find(col), std::string::npos) << col;
   EXPECT_NE(t.find("# memcpy baseline (1 core, pre-faulted) : 10.00 GB/s"), std::string::npos);
+  EXPECT_EQ(t.find("at once"), std::string::npos) << "no all-ranks memcpy figure was measured";
+  r.memcpy_all_gbps = 2.5;
+  t = format_table(r);
+  EXPECT_NE(t.find("# memcpy baseline (all " + std::to_string(r.ranks) + " ranks at once)  : 2.50 GB/s per rank"),
+            std::string::npos)
+      << t;
+  EXPECT_DOUBLE_EQ(to_json(r)["baselines"]["memcpy_all_gbps"].get<double>(), 2.5);
   // The footer is the last line, with the mean busbw.
   std::string last = t.substr(t.rfind('\n', t.size() - 2) + 1);
   EXPECT_EQ(last, "# Avg bus bandwidth : 4.5576\n");
