@@ -14,10 +14,10 @@
 #include <thread>
 
 #include "collectives/communicator.h"
-#include "collectives/mpi/mpi_env.h"
 #include "collectives/tcp/tcp_transport.h"
 #include "launcher/client.h"
 #include "launcher/coordinator.h"
+#include "launcher/mpi_boot.h"
 #include "launcher/slurm.h"
 #include "runtime/cpu_rotation.h"
 #include "runtime/env.h"
@@ -114,7 +114,7 @@ void on_job_abort(const std::string& why, bool with_mpi_abort = true) {
   std::fflush(stdout);
   std::fflush(stderr);
   if (r.mode == BootstrapMode::Mpi && with_mpi_abort)
-    collectives::mpi::abort(kAbortedExitCode);  // from this thread: MPI_THREAD_MULTIPLE
+    mpi_abort_or_exit(kAbortedExitCode);  // from this thread: MPI_THREAD_MULTIPLE
   _exit(kAbortedExitCode);
 }
 
@@ -163,15 +163,16 @@ void watch_launcher() {
 }
 
 // Under mpirun: rank 0 hosts the coordinator; its address and token reach
-// the others by broadcast. MPI itself is collectives/mpi/mpi_env.h's.
+// the others by broadcast. MPI itself is collectives/mpi/mpi_env.h's,
+// loaded now (launcher/mpi_boot.h).
 void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, std::string& token) {
-  namespace mpi = collectives::mpi;
-  mpi::init();
-  const int rank = mpi::world_rank(), size = mpi::world_size();
+  const collectives::mpi::BootApi& mpi = mpi_boot();
+  mpi.init();
+  const int rank = mpi.world_rank(), size = mpi.world_size();
   if (rank != r.world.rank || size != r.world.size)
     throw Error(detail::concat("MPI says rank ", rank, " of ", size, " but the environment says ", r.world.rank, " of ",
                                r.world.size));
-  r.world.node_rank = mpi::node_index();
+  r.world.node_rank = mpi.node_index();
   std::string msg;
   if (rank == 0) {
     try {
@@ -196,7 +197,7 @@ void bootstrap_mpi(Runtime& r, const WorkerOptions& opt, std::string& address, s
       spdlog::error("cannot start the coordinator: {}", e.what());
     }
   }
-  msg = mpi::broadcast_string(msg);
+  msg = mpi.broadcast_string(msg, 0);
   auto nl = msg.find('\n');
   if (nl == std::string::npos) throw Error("mpirun bootstrap: rank 0 could not start the coordinator");
   address = msg.substr(0, nl);
@@ -392,12 +393,13 @@ void shutdown(WorkerContext& ctx) {
     // Two barriers: the first while the watch still guards against a peer
     // failing; the second so rank 0 stops the coordinator only after every
     // watch is closed (otherwise a closing stream would look like a failure).
-    collectives::mpi::barrier();
+    const collectives::mpi::BootApi& mpi = mpi_boot();  // loaded by the bootstrap
+    mpi.barrier();
     r.leaving = true;
     if (r.watcher) r.watcher->stop();
-    collectives::mpi::barrier();
+    mpi.barrier();
     if (r.coordinator) r.coordinator->shutdown();
-    collectives::mpi::finalize();  // only if mpi::init() initialised it
+    mpi.finalize();  // only if mpi.init() initialised it
   } else if (r.mode == BootstrapMode::Slurm) {
     // As under mpirun, over the coordinator's barriers: rank 0 stops serving
     // only after every rank closed its watch. A rank that failed (leaving
@@ -433,7 +435,7 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
     ctx = init_worker(options);
   } catch (const std::exception& e) {
     spdlog::error("cannot join the job: {}", e.what());
-    if (rt().mode == BootstrapMode::Mpi) collectives::mpi::abort(1);
+    if (rt().mode == BootstrapMode::Mpi) mpi_abort_or_exit(1);
     return 1;
   }
   int code = 0;
@@ -459,7 +461,7 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
   if (code != 0 && ctx.mode == BootstrapMode::Mpi) {
     // Peers may be blocked waiting for this rank: end the whole job.
     report_fatal(ctx, detail::concat("exited with code ", code));
-    collectives::mpi::abort(code);
+    mpi_abort_or_exit(code);
   }
   if (code != 0 && ctx.mode == BootstrapMode::Slurm) {
     // No agent reports this exit: tell the coordinator, so the others end.

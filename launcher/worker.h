@@ -5,7 +5,8 @@
 //  - under `tessera run` (TESSERA_COORDINATOR set): a GrpcStore on the
 //    launcher's coordinator;
 //  - under plain `mpirun -np N` (OpenMPI variables, no TESSERA_COORDINATOR):
-//    MPI is initialised through collectives/mpi/mpi_env.h (the tree's one MPI
+//    MPI is loaded (launcher/mpi_boot.h: no libmpi at start otherwise) and
+//    initialised through collectives/mpi/mpi_env.h (the tree's one MPI
 //    bootstrap, MPI_THREAD_MULTIPLE), rank 0 hosts a coordinator in-process
 //    and broadcasts its address and a fresh token; everyone connects to it;
 //  - under srun (Slurm's variables, a step of several tasks): every rank

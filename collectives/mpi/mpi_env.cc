@@ -1,5 +1,5 @@
 // The MPI bootstrap (mpi_env.h). With mpi_comm.cc, the only code that
-// includes mpi.h (library tessera_coll_mpi).
+// includes mpi.h (library tessera_coll_mpi, and the module tessera_mpi_boot).
 #include "collectives/mpi/mpi_env.h"
 
 #include <mpi.h>
@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "collectives/mpi/mpi_boot.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 
@@ -188,3 +189,12 @@ void finalize() {
 }
 
 }  // namespace tessera::collectives::mpi
+
+// The table of mpi_boot.h (exported from the module libtessera_mpi_boot.so,
+// which is built with hidden visibility otherwise).
+extern "C" __attribute__((visibility("default"))) const tessera::collectives::mpi::BootApi* tessera_mpi_boot_api() {
+  namespace mpi = tessera::collectives::mpi;
+  static const mpi::BootApi api{mpi::kBootApiVersion,  mpi::init,    mpi::world_rank, mpi::world_size, mpi::node_index,
+                                mpi::broadcast_string, mpi::barrier, mpi::abort,      mpi::finalize};
+  return &api;
+}
