@@ -566,6 +566,11 @@ CostModel::CostModel(const ModelConfig& model, const DeviceSpec& device, const T
   TESSERA_ARG_CHECK(train.seq <= model.max_seq, "--seq ", train.seq, " exceeds the model's max_seq ", model.max_seq);
   TESSERA_ARG_CHECK(train.efficiency <= 1, "--efficiency must be in (0, 1]");
   TESSERA_ARG_CHECK(train.bucket_elems >= 1, "the gradient bucket must hold at least one element");
+  // Megatron-LM's runtime runs the GEMM library of its published runs (the
+  // device's megatron_sustained_fraction, when it names one); --efficiency
+  // overrides either.
+  if (train.runtime == StepRuntime::MegatronLM && device_.megatron_sustained_fraction > 0)
+    device_.sustained_fraction = device_.megatron_sustained_fraction;
   if (train.efficiency > 0) device_.sustained_fraction = train.efficiency;
   TESSERA_ARG_CHECK(device_.sustained_fraction > 0 && device_.sustained_fraction <= 1, "device '", device.name,
                     "' needs a sustained fraction of peak in (0, 1]");
