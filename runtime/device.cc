@@ -49,12 +49,14 @@ const DevicePreset kDevicePresets[] = {
     // measured on an A100 80GB SXM, 88% of peak by Nsight Compute too (NVIDIA
     // developer forum, "Trouble to Reach Peak Bandwidth of A100", 2025; the
     // GTC talk it cites saw no kernel above about 90%).
-    // With the 2022 software (NGC PyTorch 22.07, CUDA 11.7) an fp16 GEMM of
-    // 8192^3 ran at 230 TFLOP/s on an A100 80GB (mli/transformers-benchmarks,
-    // README "Micro-Benchmarking Summary", micro_bench.ipynb): over that
-    // shape's own wave fill (2048 tiles in 19 waves of 108) that is what an
-    // ideal shape sustains with the software the published Megatron-LM runs
-    // used (`--runtime megatron-lm`).
+    // With 2022's software (the repository's setup: NGC PyTorch 22.07, CUDA
+    // 11.7) an fp16 square GEMM ran at 230 TFLOP/s on an A100 80GB, form
+    // factor not stated (mli/transformers-benchmarks, README
+    // "Micro-Benchmarking Summary", from micro_bench.ipynb: the best of
+    // n = 128 to 8192, so 8192^3, the only size whose wave fill allows it):
+    // over that shape's own wave fill (2048 tiles in 19 waves of 108) that
+    // is what an ideal shape sustains with the software the published
+    // Megatron-LM runs used (`--runtime megatron-lm`).
     {"a100-80gb", static_cast<uint64_t>(80 * kGiB), 312e12, 19.5e12, 2039e9, 267.9 / 312, 4e-6, 108, 128, 256, 64,
      1.80e12 / 2039e9, 230.0 / 312 * (19.0 * 108) / 2048},
     // Small core for tests: 256 MiB, 1 TFLOP/s, 100 GB/s, all of it sustained, no launch cost.
