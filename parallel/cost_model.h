@@ -131,6 +131,11 @@ struct PlanCost {
 
 // ---- the formulas, exposed for tests and docs ------------------------------------
 
+// The fraction of peak a GEMM of ideal shape sustains in this configuration:
+// --efficiency when given, else with the Megatron-LM runtime the device's
+// megatron_sustained_fraction when it names one, else its sustained_fraction.
+double gemm_sustained_fraction(const DeviceSpec& device, const TrainingConfig& train);
+
 // FLOPs of one training step for `batch` sequences of `seq` tokens.
 double step_flops(const ModelConfig& m, double batch, int seq, Recompute r);
 // Forward FLOPs of one layer for `batch` sequences (matmuls + attention scores).

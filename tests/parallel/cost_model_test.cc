@@ -264,6 +264,7 @@ TEST(CostModel, MegatronRuntimeUsesItsGemmLibrarysFigure) {
   EXPECT_DOUBLE_EQ(CostModel(m, a100, tc).device().sustained_fraction, 267.9 / 312);
   tc.runtime = StepRuntime::MegatronLM;
   EXPECT_DOUBLE_EQ(CostModel(m, a100, tc).device().sustained_fraction, 230.0 / 312 * (19.0 * 108) / 2048);
+  EXPECT_DOUBLE_EQ(gemm_sustained_fraction(a100, tc), 230.0 / 312 * (19.0 * 108) / 2048);  // what `plan` prints
   EXPECT_DOUBLE_EQ(CostModel(m, DeviceSpec::preset("trn1-core"), tc).device().sustained_fraction, 0.5);
   tc.efficiency = 0.6;
   EXPECT_DOUBLE_EQ(CostModel(m, a100, tc).device().sustained_fraction, 0.6);
