@@ -360,7 +360,7 @@ int run_plan(const PlanArgs& a) {
   os << "topology " << topo.describe();
   os << "global batch " << o.train.global_batch << " x seq " << o.train.seq << ", "
      << (o.train.fp32 ? "fp32" : "bf16 mixed precision") << ", efficiency "
-     << f(o.train.efficiency > 0 ? o.train.efficiency : topo.device().sustained_fraction, 2)
+     << f(parallel::gemm_sustained_fraction(topo.device(), o.train), 2)
      << " of peak on GEMMs of ideal shape, usable memory " << gib(res.capacity_bytes) << " per core\n";
   os << "runtime " << runtime_name(o.train.runtime) << ", DP gradient reduction "
      << (o.train.overlap_grad_reduce ? "overlapped with the backward pass" : "after the backward pass") << "\n";

@@ -41,6 +41,16 @@ StepRuntime parse_runtime(const std::string& s) {
 
 // ---- formulas -------------------------------------------------------------------------
 
+double gemm_sustained_fraction(const DeviceSpec& device, const TrainingConfig& train) {
+  // Megatron-LM's runtime runs the GEMM library of its published runs (the
+  // device's megatron_sustained_fraction, when it names one); --efficiency
+  // overrides either.
+  if (train.efficiency > 0) return train.efficiency;
+  if (train.runtime == StepRuntime::MegatronLM && device.megatron_sustained_fraction > 0)
+    return device.megatron_sustained_fraction;
+  return device.sustained_fraction;
+}
+
 double layer_forward_flops(const ModelConfig& m, double batch, int seq) {
   const double h = m.hidden, f = m.ffn_hidden, kv = m.kv_dim(), s = seq;
   // 2 FLOPs per multiply-add: QKV, attention output, MLP matrices
@@ -566,7 +576,7 @@ CostModel::CostModel(const ModelConfig& model, const DeviceSpec& device, const T
   TESSERA_ARG_CHECK(train.seq <= model.max_seq, "--seq ", train.seq, " exceeds the model's max_seq ", model.max_seq);
   TESSERA_ARG_CHECK(train.efficiency <= 1, "--efficiency must be in (0, 1]");
   TESSERA_ARG_CHECK(train.bucket_elems >= 1, "the gradient bucket must hold at least one element");
-  if (train.efficiency > 0) device_.sustained_fraction = train.efficiency;
+  device_.sustained_fraction = gemm_sustained_fraction(device, train);
   TESSERA_ARG_CHECK(device_.sustained_fraction > 0 && device_.sustained_fraction <= 1, "device '", device.name,
                     "' needs a sustained fraction of peak in (0, 1]");
   TESSERA_ARG_CHECK(train.memory_fraction > 0 && train.memory_fraction <= 1, "--memory-fraction must be in (0, 1]");

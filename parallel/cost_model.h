@@ -59,7 +59,9 @@ struct TrainingConfig {
   int seq = 0;               // tokens per sequence
   bool fp32 = false;         // fp32 training instead of bf16 mixed precision
   // Fraction of peak FLOP/s a core sustains on kernels; <= 0: the device's
-  // own DeviceSpec::sustained_fraction (what the emulated cores charge).
+  // own DeviceSpec::sustained_fraction (what the emulated cores charge), or
+  // with the Megatron-LM runtime its megatron_sustained_fraction when set
+  // (the GEMM library of the published runs).
   double efficiency = 0;
   double memory_fraction = 0.9;    // of HBM usable for the terms modeled (rest: workspace, fragmentation)
   int64_t bucket_elems = 1 << 20;  // DP gradient bucket (train_gpt --bucket-mb 4)
@@ -128,6 +130,11 @@ struct PlanCost {
 };
 
 // ---- the formulas, exposed for tests and docs ------------------------------------
+
+// The fraction of peak a GEMM of ideal shape sustains in this configuration:
+// --efficiency when given, else with the Megatron-LM runtime the device's
+// megatron_sustained_fraction when it names one, else its sustained_fraction.
+double gemm_sustained_fraction(const DeviceSpec& device, const TrainingConfig& train);
 
 // FLOPs of one training step for `batch` sequences of `seq` tokens.
 double step_flops(const ModelConfig& m, double batch, int seq, Recompute r);

@@ -34,6 +34,14 @@ struct DeviceSpec {
   // figure), shared by the emulated cores and the planner.
   double sustained_fraction = 1;
   double kernel_launch_s = 0;
+  // Of hbm_bandwidth, what a streaming kernel sustains (the memory-bound
+  // kernels' roofline, runtime/kernel_cost.h); 1 where no measurement is named.
+  double hbm_sustained_fraction = 1;
+  // What a GEMM of ideal shape sustained with the software of the published
+  // Megatron-LM runs (2021-22: CUDA 11 and its cuBLAS), which
+  // `--runtime megatron-lm` costs GEMMs at instead of sustained_fraction
+  // (parallel/cost_model.h); 0: the same as sustained_fraction.
+  double megatron_sustained_fraction = 0;
   // GEMM tiling (runtime/kernel_cost.h, gemm_efficiency): the compute units
   // a GEMM's output tiles are spread over (SMs), and the tile each unit
   // computes at a time, m x n of the output and k of the contraction per
@@ -43,6 +51,8 @@ struct DeviceSpec {
   int gemm_tile_m = 0, gemm_tile_n = 0, gemm_tile_k = 0;
 
   double peak_flops(DType t) const { return (t == DType::F32) ? peak_flops_fp32 : peak_flops_bf16; }
+  // The bandwidth memory-bound kernels are costed at (bytes/s).
+  double sustained_hbm_bandwidth() const { return hbm_bandwidth * hbm_sustained_fraction; }
 
   // One of preset_names() ("trn1-core", "trn2-core", "a100-80gb", "test-core");
   // throws InvalidArgument naming the presets for anything else.

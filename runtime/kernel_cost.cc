@@ -39,7 +39,8 @@ double kernel_seconds(const DeviceSpec& spec, const Kernel& k, DType dtype) {
   const double rate = k.m > 0 ? spec.peak_flops(dtype) * gemm_efficiency(spec, k.m, k.n, k.k, k.batch, dtype)
                               : sustained_flops(spec, dtype);
   const double t_flops = rate > 0 ? k.flops / rate : 0;
-  const double t_bytes = spec.hbm_bandwidth > 0 ? k.bytes / spec.hbm_bandwidth : 0;
+  const double bw = spec.sustained_hbm_bandwidth();
+  const double t_bytes = bw > 0 ? k.bytes / bw : 0;
   return spec.kernel_launch_s + std::max(t_flops, t_bytes);
 }
 

@@ -7,13 +7,15 @@
 // A kernel is its FLOPs and the HBM bytes it moves (fp32 elements, 4 bytes
 // each, as the emulated cores compute), and for GEMMs (and the attention,
 // batched GEMMs) its shape. Its modeled time on a DeviceSpec is
-//   launch + max(FLOPs / (peak(dtype) x efficiency), bytes / HBM bandwidth)
+//   launch + max(FLOPs / (peak(dtype) x efficiency), bytes / sustained HBM bandwidth)
 // (a roofline plus a fixed per-kernel launch term): small kernels are
 // memory- or launch-bound, large GEMMs FLOP-bound. The efficiency is the
 // device's sustained_fraction for kernels without a shape, and for a GEMM
 // gemm_efficiency(): sustained_fraction (what a GEMM of ideal shape
 // sustains) times its tile and wave quantisation over the device's compute
-// units, and the contraction's quantisation to the tile's k step.
+// units, and the contraction's quantisation to the tile's k step. The
+// sustained HBM bandwidth is the spec's times hbm_sustained_fraction (what a
+// streaming kernel measures).
 // Pure functions; thread-safe.
 #pragma once
 

@@ -250,6 +250,37 @@ TEST(CostModel, MegatronRedoesSequenceParallelGathers) {
   EXPECT_THROW(parse_runtime("nccl"), InvalidArgument);
 }
 
+// The Megatron-LM runtime costs GEMMs with the GEMM library its published
+// runs used (DeviceSpec::megatron_sustained_fraction, 0.7386 on the A100);
+// tessera's runtime keeps the device's sustained_fraction (what the emulated
+// cores charge); --efficiency overrides both; devices without the figure
+// keep theirs under either runtime.
+TEST(CostModel, MegatronRuntimeUsesItsGemmLibrarysFigure) {
+  const ModelConfig m = ModelConfig::preset("gpt2-124m");
+  TrainingConfig tc;
+  tc.global_batch = 8;
+  tc.seq = 1024;
+  const DeviceSpec a100 = DeviceSpec::preset("a100-80gb");
+  EXPECT_DOUBLE_EQ(CostModel(m, a100, tc).device().sustained_fraction, 267.9 / 312);
+  tc.runtime = StepRuntime::MegatronLM;
+  EXPECT_DOUBLE_EQ(CostModel(m, a100, tc).device().sustained_fraction, 230.0 / 312 * (19.0 * 108) / 2048);
+  EXPECT_DOUBLE_EQ(gemm_sustained_fraction(a100, tc), 230.0 / 312 * (19.0 * 108) / 2048);  // what `plan` prints
+  EXPECT_DOUBLE_EQ(CostModel(m, DeviceSpec::preset("trn1-core"), tc).device().sustained_fraction, 0.5);
+  tc.efficiency = 0.6;
+  EXPECT_DOUBLE_EQ(CostModel(m, a100, tc).device().sustained_fraction, 0.6);
+  // The same step with the current library's figure pinned runs its GEMMs
+  // 267.9 / 230 = 1.165 times faster, so the whole compute is over 5% shorter.
+  tc.efficiency = 0;
+  const GroupNets nets = emulated_group_nets(1, 1, 1);
+  PlanChoice c;
+  c.micro_batch = 8;
+  c.stage_layers = {12};
+  const PlanCost legacy = CostModel(m, a100, tc).evaluate(c, nets);
+  tc.efficiency = 267.9 / 312;
+  const PlanCost modern = CostModel(m, a100, tc).evaluate(c, nets);
+  EXPECT_GT(legacy.time.compute, modern.time.compute * 1.05);
+}
+
 // The pipeline as the executor runs it, with uniform stages and free links:
 // stage 0 ends after (v m + p - 1) chunk slots, its waits are the bubble
 // (p - 1) slots; every stage runs all its passes.
