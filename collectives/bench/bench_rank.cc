@@ -177,8 +177,8 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
       rep.memcpy_gbps = measure_memcpy_gbps(bytes, reps);
     }
     if (w.size > 1)
-      rep.memcpy_all_gbps =
-          measure_memcpy_all_gbps(*comm, bytes, static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
+      rep.memcpy_all_gbps = measure_memcpy_all_gbps(
+          *comm, bytes, static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
     auto tcp =
         measure_tcp_loopback(*comm, bytes, static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
     rep.tcp_loopback_gbps = tcp.bidir_gbps;
