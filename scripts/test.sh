@@ -18,6 +18,13 @@ if why="$(source "$ROOT/tests/multihost/rig.sh" && rig_can_run)"; then
 else
   echo "multihost tests: SKIPPED on this machine: $why"
 fi
+# Concurrent mpiruns (two tests at once) race to create OpenMPI's per-host
+# session directory, which each removes again when it is empty at exit: one
+# of ~60 failed here with "mkdir ... /tmp/ompi.HOST.UID: File exists". A
+# non-empty file named output-* is one OpenMPI's cleanup keeps, so the
+# directory stays and nobody creates it concurrently.
+ompi_top="${TMPDIR:-/tmp}/ompi.$(hostname | cut -d. -f1).$(id -u)"
+mkdir -p -m 700 "$ompi_top" && echo "kept by tessera's scripts/test.sh" > "$ompi_top/output-tessera-keep" || true
 rc=0
 ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" --timeout 600 "$@" || rc=$?
 # ctest lists skipped tests without their reasons: print each with the reason
