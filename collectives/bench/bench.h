@@ -156,8 +156,9 @@ void apply_compare_figures(Report& r, const CompareFigures& f, int nranks, Bench
 double measure_memcpy_gbps(size_t bytes, int reps);
 // The same copy made by every rank of `comm` at once, between barriers:
 // bytes x reps over the slowest rank's time (GB/s per rank). What the
-// memory system gives each rank when all copy together, the bound for a
-// shared-memory collective whose ranks each move a memcpy's worth of bytes.
+// memory system gives each rank when all copy together: the yardstick for a
+// shared-memory collective whose ranks each move a memcpy's worth of bytes
+// (not a bound: streaming stores and writes into cached lines beat it).
 // Every rank must call it; every rank gets the figure.
 double measure_memcpy_all_gbps(Communicator& comm, size_t bytes, int reps);
 

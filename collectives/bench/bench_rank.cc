@@ -172,15 +172,10 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
 
   if (a.baseline) {
     size_t bytes = std::max<size_t>(need, 1 << 20);
-    if (w.rank == 0) {
-      int reps = static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000));
-      rep.memcpy_gbps = measure_memcpy_gbps(bytes, reps);
-    }
-    if (w.size > 1)
-      rep.memcpy_all_gbps = measure_memcpy_all_gbps(
-          *comm, bytes, static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
-    auto tcp =
-        measure_tcp_loopback(*comm, bytes, static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000)));
+    const int reps = static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 4, 1000));  // 512 MiB
+    if (w.rank == 0) rep.memcpy_gbps = measure_memcpy_gbps(bytes, reps);
+    if (w.size > 1) rep.memcpy_all_gbps = measure_memcpy_all_gbps(*comm, bytes, reps);
+    auto tcp = measure_tcp_loopback(*comm, bytes, reps);
     rep.tcp_loopback_gbps = tcp.bidir_gbps;
     rep.tcp_loopback_unidir_gbps = tcp.unidir_gbps;
   }
