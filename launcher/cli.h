@@ -1,5 +1,6 @@
-// The `tessera` command line: one binary, one subcommand per feature. Each
-// subcommand's front-end (flags, rank modes) lives here in launcher/
+// The `tessera` command line: one subcommand per feature, in two executables
+// (launcher/front_end.h: `tessera` runs `run` and hands the rest to
+// tessera_tools). Each subcommand's front-end (flags, rank modes) lives here in launcher/
 // (bench_cli, plan_cli, ckpt_cli, run_cli) and drives a library in its own
 // layer (the bench in collectives/bench/, the planner and the checkpoint tool
 // in parallel/). This header is the common shape: a function that adds the

@@ -1,61 +1,30 @@
-// `tessera`: one binary that dispatches to each feature's subcommand.
-#include <iostream>
+// `tessera`: runs `tessera run` itself and hands every other subcommand to
+// tessera_tools in the same directory (launcher/front_end.h says why).
+#include <unistd.h>
 
-#include "launcher/bench_cli.h"
-#include "launcher/ckpt_cli.h"
-#include "launcher/cli.h"
-#include "launcher/plan_cli.h"
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "launcher/front_end.h"
 #include "launcher/run_cli.h"
-#include "runtime/error.h"
-#include "runtime/log.h"
-#include "tessera_version.h"
-
-namespace {
-
-int run(int argc, char** argv) {
-  CLI::App app{"tessera: a distributed training runtime on emulated accelerator cores", "tessera"};
-  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
-  app.require_subcommand(1);
-  tessera::launcher::cli::Action action;
-  tessera::launcher::add_run_command(app, action);
-  tessera::launcher::add_bench_command(app, action);
-  tessera::launcher::add_plan_command(app, action);
-  tessera::launcher::add_ckpt_command(app, action);
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);  // prints the error
-    // Print the usage of the subcommand that failed, else of the root.
-    const CLI::App* failed = &app;
-    for (const auto* sub : app.get_subcommands()) failed = sub;
-    std::cerr << failed->help();
-    return tessera::launcher::cli::kUsageExit;
-  }
-  if (!action) {
-    std::cerr << app.help();
-    return tessera::launcher::cli::kUsageExit;
-  }
-  tessera::init_logging();
-  try {
-    return action();
-  } catch (const tessera::InvalidArgument& e) {
-    std::cerr << "tessera: " << e.what() << "\n";
-    return tessera::launcher::cli::kUsageExit;
-  } catch (const std::exception& e) {
-    std::cerr << "tessera: error: " << e.what() << "\n";
-    return 1;
-  }
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
-  return tessera::run_main("tessera", [&] { return run(argc, argv); });
+  if (argc >= 2 && std::strcmp(argv[1], "run") == 0)
+    return tessera::launcher::front_end_main(argc, argv, {&tessera::launcher::add_run_command});
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    std::fprintf(stderr, "tessera: cannot resolve /proc/self/exe: %s\n", std::strerror(errno));
+    return 127;
+  }
+  std::string tools(self, static_cast<size_t>(n));
+  tools.resize(tools.rfind('/') + 1);
+  tools += "tessera_tools";
+  execv(tools.c_str(), argv);  // argv[0] stays the command the user typed
+  std::fprintf(stderr, "tessera: cannot execute '%s': %s (it is built and installed beside tessera)\n", tools.c_str(),
+               std::strerror(errno));
+  return 127;
 }
