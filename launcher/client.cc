@@ -194,14 +194,15 @@ pb::JobState CoordinatorClient::job_state(std::chrono::milliseconds timeout) {
 
 Heartbeater::Heartbeater(std::shared_ptr<CoordinatorClient> client, pb::HeartbeatRequest beat,
                          std::chrono::milliseconds interval, std::chrono::milliseconds give_up, bool stop_on_abort,
-                         std::function<void(const std::string&)> on_lost)
+                         std::function<void(const std::string&)> on_lost, bool first_beat_sent)
     : client_(std::move(client)),
       beat_(std::move(beat)),
       interval_(interval),
       give_up_(give_up),
       stop_on_abort_(stop_on_abort),
       on_lost_(std::move(on_lost)) {
-  thread_ = std::thread([this] { loop(); });
+  if (first_beat_sent) ever_ok_ = true;
+  thread_ = std::thread([this, first_beat_sent] { loop(first_beat_sent); });
 }
 
 void Heartbeater::stop(bool leaving) {
@@ -227,11 +228,15 @@ void Heartbeater::stop(bool leaving) {
   }
 }
 
-void Heartbeater::loop() {
+void Heartbeater::loop(bool first_beat_sent) {
   // The give-up window starts at the first beat that got through: an agent
   // may start long before node 0's coordinator is up.
   std::optional<std::chrono::steady_clock::time_point> last_ok;
   std::unique_lock<std::mutex> l(mu_);
+  if (first_beat_sent) {
+    last_ok = std::chrono::steady_clock::now();
+    cv_.wait_for(l, interval_, [this] { return stop_; });
+  }
   while (!stop_) {
     l.unlock();
     std::string lost;

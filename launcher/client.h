@@ -94,13 +94,16 @@ class Heartbeater {
  public:
   Heartbeater(std::shared_ptr<CoordinatorClient> client, proto::HeartbeatRequest beat,
               std::chrono::milliseconds interval, std::chrono::milliseconds give_up, bool stop_on_abort,
-              std::function<void(const std::string&)> on_lost);
+              std::function<void(const std::string&)> on_lost, bool first_beat_sent = false);
+  // first_beat_sent: the owner's own beat got through just now (a worker's
+  // check of its coordinator), so the loop waits one interval before its
+  // first beat instead of repeating it at once.
   ~Heartbeater() { stop(); }
   // Stops beating; with leaving, sends a last beat telling the coordinator to stop watching.
   void stop(bool leaving = false);
 
  private:
-  void loop();
+  void loop(bool first_beat_sent);
   std::shared_ptr<CoordinatorClient> client_;
   proto::HeartbeatRequest beat_;
   std::chrono::milliseconds interval_, give_up_;

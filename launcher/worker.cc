@@ -339,9 +339,10 @@ WorkerContext init_worker(const WorkerOptions& opt) {
                                  "alone)"));
     }
     if (rep.aborted()) throw AbortedError("the job was aborted before this worker joined");
-    r.heartbeat =
-        std::make_unique<Heartbeater>(r.client, beat, interval, std::max(10000ms, 5 * interval),
-                                      /*stop_on_abort=*/true, [](const std::string& why) { on_job_abort(why); });
+    r.heartbeat = std::make_unique<Heartbeater>(
+        r.client, beat, interval, std::max(10000ms, 5 * interval),
+        /*stop_on_abort=*/true, [](const std::string& why) { on_job_abort(why); },
+        /*first_beat_sent=*/true);
     pb::WatchRequest wr;
     wr.set_role(pb::WORKER);
     wr.set_id(ctx.world.rank);
