@@ -78,7 +78,8 @@ class Agent {
   std::string host_ = host_name();
   CheckedRun run_;
   std::unique_ptr<Coordinator> coordinator_;
-  PortReservation store_port_;  // node 0: MASTER_PORT, held for rank 0's store
+  std::string local_coord_addr_;  // node 0: the coordinator's Unix socket ("" if none)
+  PortReservation store_port_;    // node 0: MASTER_PORT, held for rank 0's store
   std::shared_ptr<CoordinatorClient> client_;
   std::unique_ptr<Heartbeater> heartbeat_;
   std::unique_ptr<EventWatcher> watcher_;
@@ -123,7 +124,12 @@ void Agent::start_coordinator() {
   co.token = run_.token;
   co.num_nodes = opt_.nnodes;
   co.heartbeat_timeout = opt_.heartbeat_timeout;
+  // This node's workers and this agent call over a Unix socket (an abstract
+  // one: no file to clean up; its name is random, the job token still
+  // guards it), the other nodes over TCP.
+  co.local_address = "unix-abstract:tessera-coordinator-" + make_job_token();
   coordinator_ = std::make_unique<Coordinator>(co);
+  local_coord_addr_ = coordinator_->local_address();
   if (opt_.coordinator.empty()) {
     run_.master_addr = "127.0.0.1";
     run_.coord_addr = "127.0.0.1:" + std::to_string(coordinator_->port());
@@ -157,7 +163,8 @@ int Agent::run() {
 
   setup_signals();
   start_coordinator();
-  client_ = std::make_shared<CoordinatorClient>(run_.coord_addr, run_.token);
+  const std::string& dial = local_coord_addr_.empty() ? run_.coord_addr : local_coord_addr_;
+  client_ = std::make_shared<CoordinatorClient>(dial, run_.token);
   pb::HeartbeatRequest beat;
   beat.set_role(pb::NODE);
   beat.set_id(opt_.node_rank);
@@ -165,7 +172,7 @@ int Agent::run() {
   beat.set_host(host_);
   const auto interval = heartbeat_interval(opt_.heartbeat_timeout);
   // Its own client: node beats span rounds, so they carry no round.
-  auto beat_client = std::make_shared<CoordinatorClient>(run_.coord_addr, run_.token);
+  auto beat_client = std::make_shared<CoordinatorClient>(dial, run_.token);
   heartbeat_ = std::make_unique<Heartbeater>(beat_client, beat, interval, std::max(opt_.heartbeat_timeout, 2000ms),
                                              /*stop_on_abort=*/false, [this](const std::string& why) {
                                                // Unreachable (its host down, or this one cut off): no
@@ -182,6 +189,7 @@ int Agent::run() {
   setup.job_env.num_nodes = opt_.nnodes;
   setup.job_env.max_restarts = opt_.max_restarts;
   setup.job_env.coordinator = run_.coord_addr;
+  setup.job_env.coordinator_local = local_coord_addr_;
   setup.job_env.master_addr = run_.master_addr;
   setup.job_env.master_port = run_.master_port;
   setup.job_env.token = run_.token;

@@ -110,14 +110,13 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
     // ordering ThreadSanitizer can see (gRPC's own hand-over it cannot).
     spdlog::default_logger_raw();
     skip_lock_order_graph();
-    grpc::ServerBuilder b;
-    // gRPC sets SO_REUSEPORT by default, which would let two jobs share a port silently.
-    b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    b.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
-    b.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
-    b.AddListeningPort(opt_.address, grpc::InsecureServerCredentials(), &port_);
-    b.RegisterService(this);
-    server_ = b.BuildAndStart();
+    local_address_ = opt_.local_address;
+    server_ = build();
+    if (!server_ && !local_address_.empty()) {  // gRPC refuses to start when any address fails
+      spdlog::debug("coordinator: cannot listen on {}; serving {} alone", local_address_, opt_.address);
+      local_address_.clear();
+      server_ = build();
+    }
     if (!server_ || port_ == 0) {
       throw Error(detail::concat("coordinator: cannot listen on ", opt_.address,
                                  " (address in use, or not an address of this host)"));
@@ -129,6 +128,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
   ~CoordinatorImpl() override { shutdown(); }
 
   int port() const { return port_; }
+  const std::string& local_address() const { return local_address_; }
 
   void shutdown() {
     {
@@ -275,6 +275,19 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
   }
 
  private:
+  std::unique_ptr<grpc::Server> build() {
+    port_ = 0;
+    grpc::ServerBuilder b;
+    // gRPC sets SO_REUSEPORT by default, which would let two jobs share a port silently.
+    b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    b.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
+    b.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
+    b.AddListeningPort(opt_.address, grpc::InsecureServerCredentials(), &port_);
+    if (!local_address_.empty()) b.AddListeningPort(local_address_, grpc::InsecureServerCredentials());
+    b.RegisterService(this);
+    return b.BuildAndStart();
+  }
+
   static std::chrono::milliseconds ms(int64_t v) { return std::chrono::milliseconds(v); }
   LogThrottle refused_log_;  // refused calls: 5 lines per refused_log_interval (10 s) at most
 
@@ -327,6 +340,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
   JobState state_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::string local_address_;
   std::thread monitor_;
   std::mutex shutdown_mu_;
   bool stopped_ = false;
@@ -335,6 +349,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
 Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<CoordinatorImpl>(std::move(options))) {}
 Coordinator::~Coordinator() { impl_->shutdown(); }
 int Coordinator::port() const { return impl_->port(); }
+const std::string& Coordinator::local_address() const { return impl_->local_address(); }
 void Coordinator::shutdown() { impl_->shutdown(); }
 
 void skip_lock_order_graph() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }

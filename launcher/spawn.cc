@@ -30,6 +30,7 @@ bool set_by_tessera(const char* kv) {
                                 "TESSERA_NODE_RANK=",
                                 "TESSERA_NUM_NODES=",
                                 "TESSERA_COORDINATOR=",
+                                "TESSERA_COORDINATOR_LOCAL=",
                                 "TESSERA_JOB_TOKEN=",
                                 "TESSERA_HEARTBEAT_MS=",
                                 "TESSERA_HOST=",
@@ -200,6 +201,7 @@ std::vector<std::string> worker_environment(const WorkerEnv& w) {
   add("TESSERA_NODE_RANK", nr);
   add("TESSERA_NUM_NODES", std::to_string(w.num_nodes));
   add("TESSERA_COORDINATOR", w.coordinator);
+  if (!w.coordinator_local.empty()) add("TESSERA_COORDINATOR_LOCAL", w.coordinator_local);
   add("TESSERA_JOB_TOKEN", w.token);
   add("TESSERA_HEARTBEAT_MS", std::to_string(w.heartbeat_ms));
   add("TESSERA_HOST", w.host);

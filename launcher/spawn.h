@@ -35,6 +35,9 @@ struct WorkerEnv {
   int restart_count = 0;
   int max_restarts = 0;
   std::string coordinator;  // host:port
+  // The coordinator's address for processes on its own host
+  // (TESSERA_COORDINATOR_LOCAL, "unix-abstract:NAME"); empty on other nodes.
+  std::string coordinator_local;
   std::string master_addr;
   int master_port = 0;
   std::string token;

@@ -277,12 +277,14 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   // Local ranks take turns on the host's CPUs (runtime/cpu_rotation.h).
   if (opt.cpu_rotation) r.rotation = start_cpu_rotation(ctx.world);
 
-  std::string address, token;
+  std::string address, token, dial;  // dial: where the client connects, when not `address`
   std::chrono::milliseconds interval{2000};
   const std::string coord = env_or("TESSERA_COORDINATOR", "");
   if (!coord.empty()) {
     r.mode = BootstrapMode::TesseraRun;
     address = coord;
+    // On the coordinator's own host: its Unix socket (no loopback TCP).
+    dial = env_or("TESSERA_COORDINATOR_LOCAL", "");
     token = env_or("TESSERA_JOB_TOKEN", "");
     if (token.empty()) throw Error("TESSERA_COORDINATOR is set but TESSERA_JOB_TOKEN is not");
     ctx.restart_count = static_cast<int>(env_int("TESSERA_RESTART_COUNT", env_int("TORCHELASTIC_RESTART_COUNT", 0)));
@@ -312,7 +314,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     token = co.token;
   }
   ctx.mode = r.mode;
-  r.client = std::make_shared<CoordinatorClient>(address, token);
+  r.client = std::make_shared<CoordinatorClient>(dial.empty() ? address : dial, token);
   r.client->set_round(ctx.restart_count);
   ctx.client = r.client;
   ctx.store = std::make_shared<GrpcStore>(r.client);
@@ -334,7 +336,8 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     } catch (const std::exception& e) {
       // Name where the address came from: the user may have set it by hand.
       if (r.mode != BootstrapMode::TesseraRun) throw;
-      throw Error(detail::concat("TESSERA_COORDINATOR=", address, ": cannot reach the coordinator: ", e.what(),
+      const std::string var = dial.empty() ? "TESSERA_COORDINATOR=" + address : "TESSERA_COORDINATOR_LOCAL=" + dial;
+      throw Error(detail::concat(var, ": cannot reach the coordinator: ", e.what(),
                                  " (`tessera run` sets it for its workers; check the address, or unset it to run "
                                  "alone)"));
     }

@@ -289,6 +289,31 @@ TEST(Security, WrongOrMissingTokenIsRefused) {
   EXPECT_THROW(job.client()->get("k", 100ms), TimeoutError);
 }
 
+// The local address (a Unix socket for the coordinator's own host) serves the
+// same store as the TCP one; when it cannot be bound (here: a name another
+// coordinator holds) the coordinator still starts, on TCP alone.
+TEST(LocalAddress, ServesTheSameStoreAndFallsBackToTcpWhenTaken) {
+  CoordinatorOptions o;
+  o.token = "secret-token";
+  o.num_nodes = 0;
+  o.world_size = 1;
+  o.local_address = "unix-abstract:tessera-coordinator-test-" + std::to_string(getpid());
+  Coordinator first(o);
+  ASSERT_EQ(first.local_address(), o.local_address);
+  auto tcp = std::make_shared<CoordinatorClient>("127.0.0.1:" + std::to_string(first.port()), o.token);
+  auto local = std::make_shared<CoordinatorClient>(o.local_address, o.token);
+  tcp->set("k", "v");
+  EXPECT_EQ(local->get("k", 5s), "v");
+  EXPECT_EQ(local->add("n", 2), 2);
+  EXPECT_EQ(tcp->add("n", 0), 2);
+  Coordinator second(o);  // the same Unix socket name
+  EXPECT_EQ(second.local_address(), "");
+  auto other = std::make_shared<CoordinatorClient>("127.0.0.1:" + std::to_string(second.port()), o.token);
+  other->set("k", "second");
+  EXPECT_EQ(other->get("k", 5s), "second");
+  EXPECT_EQ(local->get("k", 5s), "v") << "the first coordinator still owns its socket";
+}
+
 // The coordinator's own refused-call log goes through its LogThrottle
 // (docs/errors.md, "Logging"): N refused calls give at most the throttle's
 // burst of lines (5) per interval, and the first line after the interval

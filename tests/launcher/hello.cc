@@ -90,8 +90,8 @@ int run(int argc, char** argv) {
     if (print_env) {
       for (const char* v :
            {"TESSERA_RANK", "TESSERA_WORLD_SIZE", "TESSERA_LOCAL_RANK", "TESSERA_LOCAL_SIZE", "TESSERA_NODE_RANK",
-            "TESSERA_COORDINATOR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-            "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"}) {
+            "TESSERA_COORDINATOR", "TESSERA_COORDINATOR_LOCAL", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+            "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"}) {
         const char* x = std::getenv(v);
         std::printf("env %s=%s\n", v, x ? x : "");
       }

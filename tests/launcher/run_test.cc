@@ -10,6 +10,7 @@
 #include <regex>
 #include <stdexcept>
 
+#include "launcher/coordinator.h"
 #include "runtime/error.h"
 #include "tests/launcher/subprocess.h"
 #include "tests/runtime/special_files.h"
@@ -109,6 +110,8 @@ TEST_P(RunWorld, EveryRankGetsItsEnvironmentAndPassesTheBarrier) {
              "GROUP_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "TESSERA_COORDINATOR=127.0.0.1:" + coord,
              "TORCHELASTIC_RESTART_COUNT=0", "TESSERA_JOB_TOKEN=set"})
       EXPECT_EQ(count(out, tessera::detail::concat(pre, "env ", kv, "\n")), 1) << kv << "\n" << out;
+    // On the coordinator's host, its Unix socket (launcher/coordinator.h).
+    EXPECT_EQ(count(out, pre + "env TESSERA_COORDINATOR_LOCAL=unix-abstract:tessera-coordinator-"), 1) << out;
     // One log file per rank, without the prefix.
     std::string log = read_file(d.path + "/logs/rank_" + R + ".log");
     EXPECT_NE(log.find(tessera::detail::concat("rank ", R, " of ", N, " ok")), std::string::npos) << log;
@@ -142,7 +145,35 @@ TEST(Run, TwoNodesRendezvousThroughNodeZero) {
     EXPECT_EQ(count(out, pre + "rank " + std::to_string(r) + " of 5 ok"), 1) << out;
     EXPECT_EQ(count(out, pre + "env GROUP_RANK=" + std::string(r < 2 ? "0" : "1") + "\n"), 1) << out;
     EXPECT_EQ(count(out, pre + "env LOCAL_RANK=" + std::to_string(r < 2 ? r : r - 2) + "\n"), 1) << out;
+    // Only node 0's workers share the coordinator's host (its Unix socket);
+    // node 1's dial TCP.
+    EXPECT_EQ(count(out, pre + "env TESSERA_COORDINATOR_LOCAL=" + (r < 2 ? "unix-abstract:" : "\n")), 1) << out;
   }
+}
+
+// A worker dials TESSERA_COORDINATOR_LOCAL when it is given, not
+// TESSERA_COORDINATOR: nothing listens at the TCP address here, so the
+// worker passes its barrier only through the coordinator's Unix socket.
+TEST(Run, WorkerDialsTheLocalAddressWhenGiven) {
+  TempDir d;
+  tessera::launcher::CoordinatorOptions o;
+  o.token = "local-address-test-token";
+  o.num_nodes = 0;
+  o.world_size = 1;
+  o.local_address = "unix-abstract:tessera-run-test-" + std::to_string(getpid());
+  tessera::launcher::Coordinator coordinator(o);
+  ASSERT_EQ(coordinator.local_address(), o.local_address);
+  const std::vector<std::pair<const char*, std::string>> env = {
+      {"TESSERA_COORDINATOR", "127.0.0.1:" + std::to_string(free_port())},
+      {"TESSERA_COORDINATOR_LOCAL", o.local_address},
+      {"TESSERA_JOB_TOKEN", o.token},
+      {"TESSERA_RANK", "0"},
+      {"TESSERA_WORLD_SIZE", "1"}};
+  for (const auto& [k, v] : env) setenv(k, v.c_str(), 1);
+  Subprocess p({kHello, "--meet-only"}, d.path);
+  for (const auto& [k, v] : env) unsetenv(k);
+  ASSERT_EQ(p.wait(60s), 0) << p.err();
+  EXPECT_EQ(count(p.out(), "rank 0 of 1 ok (round 0)\n"), 1) << p.out();
 }
 
 TEST(Run, SigtermDuringRendezvous) {
