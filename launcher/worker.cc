@@ -314,10 +314,13 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     token = co.token;
   }
   ctx.mode = r.mode;
-  r.client = std::make_shared<CoordinatorClient>(dial.empty() ? address : dial, token);
-  r.client->set_round(ctx.restart_count);
-  ctx.client = r.client;
-  ctx.store = std::make_shared<GrpcStore>(r.client);
+  auto connect = [&](const std::string& to) {
+    r.client = std::make_shared<CoordinatorClient>(to, token);
+    r.client->set_round(ctx.restart_count);
+    ctx.client = r.client;
+    ctx.store = std::make_shared<GrpcStore>(r.client);
+  };
+  connect(dial.empty() ? address : dial);
   ctx.reach = {host_of_address(address)};
 
   if (r.mode == BootstrapMode::Mpi) watch_launcher();
@@ -329,17 +332,31 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     beat.set_host(ctx.host);
     // A first beat in this thread: a wrong token or a dead coordinator fails init, not a background thread.
     pb::HeartbeatReply rep;
-    try {
-      rep = r.client->heartbeat(beat, 10s);
-    } catch (const AbortedError&) {
-      throw;
-    } catch (const std::exception& e) {
-      // Name where the address came from: the user may have set it by hand.
-      if (r.mode != BootstrapMode::TesseraRun) throw;
-      const std::string var = dial.empty() ? "TESSERA_COORDINATOR=" + address : "TESSERA_COORDINATOR_LOCAL=" + dial;
-      throw Error(detail::concat(var, ": cannot reach the coordinator: ", e.what(),
-                                 " (`tessera run` sets it for its workers; check the address, or unset it to run "
-                                 "alone)"));
+    if (!dial.empty()) {
+      // The Unix socket is reachable only from the launcher's network
+      // namespace (a program may have entered another): TCP otherwise.
+      try {
+        rep = r.client->heartbeat(beat, 3s);
+      } catch (const AbortedError&) {
+        throw;
+      } catch (const std::exception& e) {
+        spdlog::debug("TESSERA_COORDINATOR_LOCAL={}: {}; dialing TESSERA_COORDINATOR={}", dial, e.what(), address);
+        dial.clear();
+        connect(address);
+      }
+    }
+    if (dial.empty()) {
+      try {
+        rep = r.client->heartbeat(beat, 10s);
+      } catch (const AbortedError&) {
+        throw;
+      } catch (const std::exception& e) {
+        // Name where the address came from: the user may have set it by hand.
+        if (r.mode != BootstrapMode::TesseraRun) throw;
+        throw Error(detail::concat("TESSERA_COORDINATOR=", address, ": cannot reach the coordinator: ", e.what(),
+                                   " (`tessera run` sets it for its workers; check the address, or unset it to run "
+                                   "alone)"));
+      }
     }
     if (rep.aborted()) throw AbortedError("the job was aborted before this worker joined");
     r.heartbeat = std::make_unique<Heartbeater>(

@@ -151,29 +151,54 @@ TEST(Run, TwoNodesRendezvousThroughNodeZero) {
   }
 }
 
-// A worker dials TESSERA_COORDINATOR_LOCAL when it is given, not
-// TESSERA_COORDINATOR: nothing listens at the TCP address here, so the
-// worker passes its barrier only through the coordinator's Unix socket.
-TEST(Run, WorkerDialsTheLocalAddressWhenGiven) {
+namespace {
+
+// A lone worker (rank 0 of 1) started as `tessera run` starts one, given
+// these coordinator addresses, against a coordinator this test hosts; it
+// must pass its barrier.
+void expect_lone_worker_joins(const tessera::launcher::CoordinatorOptions& o, const std::string& tcp,
+                              const std::string& local) {
   TempDir d;
-  tessera::launcher::CoordinatorOptions o;
-  o.token = "local-address-test-token";
-  o.num_nodes = 0;
-  o.world_size = 1;
-  o.local_address = "unix-abstract:tessera-run-test-" + std::to_string(getpid());
-  tessera::launcher::Coordinator coordinator(o);
-  ASSERT_EQ(coordinator.local_address(), o.local_address);
-  const std::vector<std::pair<const char*, std::string>> env = {
-      {"TESSERA_COORDINATOR", "127.0.0.1:" + std::to_string(free_port())},
-      {"TESSERA_COORDINATOR_LOCAL", o.local_address},
-      {"TESSERA_JOB_TOKEN", o.token},
-      {"TESSERA_RANK", "0"},
-      {"TESSERA_WORLD_SIZE", "1"}};
+  const std::vector<std::pair<const char*, std::string>> env = {{"TESSERA_COORDINATOR", tcp},
+                                                                {"TESSERA_COORDINATOR_LOCAL", local},
+                                                                {"TESSERA_JOB_TOKEN", o.token},
+                                                                {"TESSERA_RANK", "0"},
+                                                                {"TESSERA_WORLD_SIZE", "1"}};
   for (const auto& [k, v] : env) setenv(k, v.c_str(), 1);
   Subprocess p({kHello, "--meet-only"}, d.path);
   for (const auto& [k, v] : env) unsetenv(k);
   ASSERT_EQ(p.wait(60s), 0) << p.err();
   EXPECT_EQ(count(p.out(), "rank 0 of 1 ok (round 0)\n"), 1) << p.out();
+}
+
+tessera::launcher::CoordinatorOptions lone_worker_job(const std::string& local_address) {
+  tessera::launcher::CoordinatorOptions o;
+  o.token = "local-address-test-token";
+  o.num_nodes = 0;
+  o.world_size = 1;
+  o.local_address = local_address;
+  return o;
+}
+
+}  // namespace
+
+// A worker dials TESSERA_COORDINATOR_LOCAL when it is given, not
+// TESSERA_COORDINATOR: nothing listens at the TCP address here, so the
+// worker passes its barrier only through the coordinator's Unix socket.
+TEST(Run, WorkerDialsTheLocalAddressWhenGiven) {
+  const auto o = lone_worker_job("unix-abstract:tessera-run-test-" + std::to_string(getpid()));
+  tessera::launcher::Coordinator coordinator(o);
+  ASSERT_EQ(coordinator.local_address(), o.local_address);
+  expect_lone_worker_joins(o, "127.0.0.1:" + std::to_string(free_port()), o.local_address);
+}
+
+// A worker that cannot reach the Unix socket (here: nobody serves the name;
+// in practice a program in another network namespace) dials TCP instead.
+TEST(Run, WorkerFallsBackToTcpWhenTheLocalAddressIsUnreachable) {
+  const auto o = lone_worker_job("");
+  tessera::launcher::Coordinator coordinator(o);
+  expect_lone_worker_joins(o, "127.0.0.1:" + std::to_string(coordinator.port()),
+                           "unix-abstract:tessera-nobody-" + std::to_string(getpid()));
 }
 
 TEST(Run, SigtermDuringRendezvous) {
