@@ -158,13 +158,6 @@ std::vector<std::string> own_argv() {
   return out;
 }
 
-std::string own_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) throw Error("bench: cannot resolve /proc/self/exe: " + ec.message());
-  return p.string();
-}
-
 std::vector<char*> c_argv(std::vector<std::string>& v) {
   std::vector<char*> out;
   out.reserve(v.size() + 1);
@@ -208,7 +201,7 @@ int run_child(std::vector<std::string> args) {
 // mpirun on ourselves: MPI has to start the processes it connects.
 int spawn_with_mpirun(int n) {
   std::vector<std::string> args = mpirun_prefix(n);
-  args.push_back(own_exe());
+  args.push_back(cli::own_executable());
   auto mine = own_argv();
   args.insert(args.end(), mine.begin() + 1, mine.end());
   return run_child(args);
@@ -236,7 +229,7 @@ int spawn_local(int n) {
   const std::string dir = bench::make_temp_dir();
   // Every rank inherits the job's id (the caller's TESSERA_JOB_ID, else bench-<pid>).
   setenv("TESSERA_JOB_ID", ("bench-" + std::to_string(getpid())).c_str(), 0);
-  const std::string exe = own_exe();
+  const std::string exe = cli::own_executable();
   auto args = own_argv();
   args[0] = exe;
   std::cout.flush();
@@ -351,9 +344,9 @@ int spawn_local(int n) {
 // Then the tessera ranks run and rank 0 reads the figures
 // (TESSERA_BENCH_MPI_FIGURES, TESSERA_BENCH_MPI_SETTINGS).
 int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
-  const std::filesystem::path peer = std::filesystem::path(own_exe()).parent_path() / "tessera_mpi_peer";
+  const std::string peer = cli::beside_own_executable("tessera_mpi_peer");
   if (access(peer.c_str(), X_OK) != 0)
-    throw Error("bench: --compare mpi needs " + peer.string() + " (build target tessera_mpi_peer)");
+    throw Error("bench: --compare mpi needs " + peer + " (build target tessera_mpi_peer)");
   const std::string dir = bench::make_temp_dir();
   struct Cleanup {
     std::string dir;
@@ -385,13 +378,13 @@ int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
     std::vector<std::string> args = mpirun_prefix(n);
     if (!y.empty()) args.insert(args.end(), {"--mca", "mpi_yield_when_idle", y});
     if (!bind.empty()) args.insert(args.end(), {"--bind-to", bind});
-    args.insert(args.end(), {peer.string(), "--out", out, "--budget", "2", bench::bench_op_name(cfg.op),
-                             dtype_name(cfg.dtype), bench::op_reduces(cfg.op) ? reduce_op_name(cfg.redop) : "none",
-                             std::to_string(cfg.root), std::to_string(cfg.iters), std::to_string(cfg.warmup)});
+    args.insert(args.end(), {peer, "--out", out, "--budget", "2", bench::bench_op_name(cfg.op), dtype_name(cfg.dtype),
+                             bench::op_reduces(cfg.op) ? reduce_op_name(cfg.redop) : "none", std::to_string(cfg.root),
+                             std::to_string(cfg.iters), std::to_string(cfg.warmup)});
     for (size_t c : counts) args.push_back(std::to_string(c));
     if (int code = run_child(args); code != 0)
-      throw Error(detail::concat("bench: the MPI side of --compare mpi (", args[0], " ... ", peer.filename().string(),
-                                 ") exited with ", code));
+      throw Error(detail::concat("bench: the MPI side of --compare mpi (", args[0],
+                                 " ... tessera_mpi_peer) exited with ", code));
     auto figs = bench::read_compare_figures(out);
     for (auto& [count, f] : figs) {
       if (!bind.empty()) f.setting = detail::concat("bind=", bind, " ", f.setting);  // f.setting: "iters=N"

@@ -92,4 +92,15 @@ void check_output_file(const std::string& flag, const std::string& path) {
   if (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0) fail(std::strerror(errno));
 }
 
+std::string own_executable() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("cannot resolve /proc/self/exe: " + ec.message());
+  return p.string();
+}
+
+std::string beside_own_executable(const std::string& name) {
+  return (std::filesystem::path(own_executable()).parent_path() / name).string();
+}
+
 }  // namespace tessera::launcher::cli

@@ -41,7 +41,7 @@ struct CoordinatorOptions {
   std::string address = "127.0.0.1:0";
   // A second address for this host's own processes, e.g.
   // "unix-abstract:NAME": a Unix socket's connect and calls skip loopback
-  // TCP (its handshake and stack: about 7% of an 8-worker job's CPU). Empty:
+  // TCP (its handshake and stack: about 6% of an 8-worker job's CPU). Empty:
   // none. When it cannot be bound the coordinator serves `address` alone
   // (Coordinator::local_address() is then empty).
   std::string local_address;
