@@ -12,6 +12,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/tcp/tcp_transport.h"
@@ -330,34 +331,40 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     beat.set_id(ctx.world.rank);
     beat.set_node_rank(ctx.world.node_rank);
     beat.set_host(ctx.host);
-    // A first beat in this thread: a wrong token or a dead coordinator fails init, not a background thread.
+    // A first beat in this thread: a wrong token or a dead coordinator fails
+    // init, not a background thread. The Unix socket first, when given: it
+    // is reachable only from the launcher's network namespace (a program may
+    // have entered another), so TCP after it. A failure names every address
+    // tried and the variable it came from (the user may have set it by hand).
+    struct Try {
+      const char* var;
+      std::string to;
+      std::chrono::seconds timeout;
+    };
+    std::vector<Try> tries;
+    if (!dial.empty()) tries.push_back({"TESSERA_COORDINATOR_LOCAL", dial, 3s});
+    tries.push_back({"TESSERA_COORDINATOR", address, 10s});
     pb::HeartbeatReply rep;
-    if (!dial.empty()) {
-      // The Unix socket is reachable only from the launcher's network
-      // namespace (a program may have entered another): TCP otherwise.
+    std::string failed;  // "VAR=ADDR: cannot reach the coordinator: why" of each address tried
+    bool reached = false;
+    for (size_t i = 0; i < tries.size() && !reached; ++i) {
+      if (i > 0) connect(tries[i].to);
       try {
-        rep = r.client->heartbeat(beat, 3s);
+        rep = r.client->heartbeat(beat, tries[i].timeout);
+        reached = true;
       } catch (const AbortedError&) {
         throw;
       } catch (const std::exception& e) {
-        spdlog::debug("TESSERA_COORDINATOR_LOCAL={}: {}; dialing TESSERA_COORDINATOR={}", dial, e.what(), address);
-        dial.clear();
-        connect(address);
-      }
-    }
-    if (dial.empty()) {
-      try {
-        rep = r.client->heartbeat(beat, 10s);
-      } catch (const AbortedError&) {
-        throw;
-      } catch (const std::exception& e) {
-        // Name where the address came from: the user may have set it by hand.
         if (r.mode != BootstrapMode::TesseraRun) throw;
-        throw Error(detail::concat("TESSERA_COORDINATOR=", address, ": cannot reach the coordinator: ", e.what(),
-                                   " (`tessera run` sets it for its workers; check the address, or unset it to run "
-                                   "alone)"));
+        failed += detail::concat(failed.empty() ? "" : "; ", tries[i].var, "=", tries[i].to,
+                                 ": cannot reach the coordinator: ", e.what());
+        spdlog::debug("{}", failed);
       }
     }
+    if (!reached)
+      throw Error(failed +
+                  " (`tessera run` sets them for its workers; check the addresses, or unset "
+                  "TESSERA_COORDINATOR to run alone)");
     if (rep.aborted()) throw AbortedError("the job was aborted before this worker joined");
     r.heartbeat = std::make_unique<Heartbeater>(
         r.client, beat, interval, std::max(10000ms, 5 * interval),

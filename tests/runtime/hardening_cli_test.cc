@@ -407,6 +407,18 @@ TEST(HardeningCli, ABadCoordinatorAddressIsNamedWithItsVariable) {
   EXPECT_NE(r.out.find("TESSERA_COORDINATOR=127.0.0.1:1: cannot reach the coordinator"), std::string::npos) << r.out;
 }
 
+TEST(HardeningCli, AWorkerThatReachesNoCoordinatorAddressNamesEach) {
+  // Neither the Unix socket (nobody serves the name) nor the TCP port: the
+  // error lists both, each with its variable, not only the last one tried.
+  const std::string local = "unix-abstract:tessera-nobody-" + std::to_string(getpid());
+  const CmdRun r = run("TESSERA_COORDINATOR=127.0.0.1:1 TESSERA_COORDINATOR_LOCAL=" + local +
+                       " TESSERA_JOB_TOKEN=t TESSERA_RANK=0 TESSERA_WORLD_SIZE=1 " + kTrain + kTiny);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("TESSERA_COORDINATOR_LOCAL=" + local + ": cannot reach the coordinator"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("TESSERA_COORDINATOR=127.0.0.1:1: cannot reach the coordinator"), std::string::npos) << r.out;
+}
+
 }  // namespace
 
 namespace {
