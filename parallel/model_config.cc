@@ -42,34 +42,31 @@ int64_t ModelConfig::head_params() const {
 int64_t ModelConfig::total_params() const { return layers * layer_params() + embedding_params() + head_params(); }
 
 void ModelConfig::validate() const {
-  TESSERA_ARG_CHECK(family == "gpt" || family == "llama", "model '", name, "': family must be gpt or llama, not '",
-                    family, "'");
+  TESSERA_ARG_CHECK(family == "gpt" || family == "llama", label(), ": family must be gpt or llama, not '", family, "'");
   TESSERA_ARG_CHECK(layers > 0 && hidden > 0 && heads > 0 && kv_heads > 0 && ffn_hidden > 0 && vocab > 0 && max_seq > 0,
-                    "model '", name,
-                    "': layers, hidden, heads, kv_heads, ffn_hidden, vocab and max_seq must be positive");
-  TESSERA_ARG_CHECK(head_dim > 0 || hidden % heads == 0, "model '", name, "': ", heads,
-                    " heads do not divide hidden size ", hidden);
-  TESSERA_ARG_CHECK(head_dim >= 0, "model '", name, "': head_dim must be positive");
-  TESSERA_ARG_CHECK(heads % kv_heads == 0, "model '", name, "': ", kv_heads, " kv_heads do not divide ", heads,
-                    " heads");
+                    label(), ": layers, hidden, heads, kv_heads, ffn_hidden, vocab and max_seq must be positive");
+  TESSERA_ARG_CHECK(head_dim > 0 || hidden % heads == 0, label(), ": ", heads, " heads do not divide hidden size ",
+                    hidden);
+  TESSERA_ARG_CHECK(head_dim >= 0, label(), ": head_dim must be positive");
+  TESSERA_ARG_CHECK(heads % kv_heads == 0, label(), ": ", kv_heads, " kv_heads do not divide ", heads, " heads");
   TESSERA_ARG_CHECK(family == "llama" || (kv_heads == heads && head_size() * heads == hidden && !attention_bias),
-                    "model '", name,
-                    "': the gpt family has kv_heads = heads, head_dim = hidden / heads and no "
+                    label(),
+                    ": the gpt family has kv_heads = heads, head_dim = hidden / heads and no "
                     "attention_bias flag");
-  TESSERA_ARG_CHECK(family == "llama" || tied_embeddings(), "model '", name, "': the gpt family ties its LM head");
-  TESSERA_ARG_CHECK(family != "llama" || head_size() % 2 == 0, "model '", name,
-                    "': rotary embeddings need an even "
+  TESSERA_ARG_CHECK(family == "llama" || tied_embeddings(), label(), ": the gpt family ties its LM head");
+  TESSERA_ARG_CHECK(family != "llama" || head_size() % 2 == 0, label(),
+                    ": rotary embeddings need an even "
                     "head size, not ",
                     head_size());
-  TESSERA_ARG_CHECK(norm_eps > 0 && norm_eps < 1, "model '", name, "': norm_eps must be in (0, 1), not ", norm_eps);
-  TESSERA_ARG_CHECK(rope_theta > 1, "model '", name, "': rope_theta must exceed 1, not ", rope_theta);
-  TESSERA_ARG_CHECK(rope_scaling.type.empty() || rope_scaling.type == "llama3", "model '", name,
-                    "': rope_scaling type must be llama3 (or none), not '", rope_scaling.type, "'");
+  TESSERA_ARG_CHECK(norm_eps > 0 && norm_eps < 1, label(), ": norm_eps must be in (0, 1), not ", norm_eps);
+  TESSERA_ARG_CHECK(rope_theta > 1, label(), ": rope_theta must exceed 1, not ", rope_theta);
+  TESSERA_ARG_CHECK(rope_scaling.type.empty() || rope_scaling.type == "llama3", label(),
+                    ": rope_scaling type must be llama3 (or none), not '", rope_scaling.type, "'");
   TESSERA_ARG_CHECK(rope_scaling.type.empty() || (rope_scaling.factor >= 1 && rope_scaling.low_freq_factor > 0 &&
                                                   rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
                                                   rope_scaling.original_max_position_embeddings > 0),
-                    "model '", name,
-                    "': rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and a positive "
+                    label(),
+                    ": rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and a positive "
                     "original_max_position_embeddings");
 }
 
@@ -195,7 +192,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax, or a number out of range
     bad_file(source, "malformed JSON: " + json_library_text(e));
   }
   if (!j.is_object()) bad_file(source, std::string("expected a JSON object, found ") + j.type_name());

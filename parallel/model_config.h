@@ -67,6 +67,9 @@ struct ModelConfig {
 
   // Throws InvalidArgument naming the problem (heads not dividing hidden, ...).
   void validate() const;
+  // "model 'NAME'" for messages, or "the model" when the name is empty
+  // (a checkpoint's recorded model has none: its name is cosmetic).
+  std::string label() const { return name.empty() ? std::string("the model") : "model '" + name + "'"; }
 
   // "gpt2-124m", ..., "llama3-70b", "mistral-7b"; throws InvalidArgument naming the presets.
   static ModelConfig preset(const std::string& name);

@@ -296,7 +296,7 @@ tessera::plan::Plan plan_from_json(const std::string& text, const std::string& s
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // syntax, or a number out of range
       bad("malformed JSON: " + json_library_text(e));
     }
     check_plan_json(j, *tessera::plan::Plan::descriptor(), "", bad);

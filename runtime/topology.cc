@@ -288,7 +288,7 @@ Topology Topology::from_json_text(const std::string& text, const std::string& so
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax, or a number out of range (out_of_range.406)
     bad_file(source, "malformed JSON: " + json_library_text(e));
   }
   check_fields(j, "the top level", {"name", "device", "dims"}, source);

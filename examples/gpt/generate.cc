@@ -25,6 +25,7 @@
 #include "runtime/error.h"
 #include "runtime/files.h"
 #include "runtime/kernels.h"
+#include "runtime/library_text.h"
 #include "runtime/topology.h"
 #include "runtime/world.h"
 
@@ -167,6 +168,8 @@ void read_requests(Flags& f) {
       throw FormatError(tessera::detail::concat(where, ": not JSON (bad syntax at column ", e.byte,
                                                 "); expected one object per line, e.g. {\"prompt\": \"Hello\", "
                                                 "\"max_new_tokens\": 8}"));
+    } catch (const nlohmann::json::exception& e) {  // a number out of range ("1e400")
+      throw FormatError(tessera::detail::concat(where, ": not JSON (", tessera::json_library_text(e), ")"));
     }
     if (!j.is_object())
       throw FormatError(where + ": expected a JSON object such as {\"prompt\": \"Hello\"}, not " + json_kind(j));

@@ -22,6 +22,7 @@
 #include "parallel/pipeline/partition.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
+#include "runtime/library_text.h"
 
 namespace tessera::parallel::checkpoint {
 
@@ -121,8 +122,8 @@ bool parse_step_dir(const std::string& name, int64_t* step) {
 json parse_json(const std::string& text, const std::string& path, const std::string& where) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw FormatError(concat(where, ": ", path, " is not valid JSON (at byte ", e.byte, ")"));
+  } catch (const json::exception& e) {  // syntax, or a number out of range (out_of_range.406)
+    throw FormatError(concat(where, ": ", path, " is not valid JSON: ", json_library_text(e)));
   }
 }
 
@@ -1340,11 +1341,23 @@ class TempSibling {
   int lock_ = -1;
 };
 
+// --out of a command that writes a directory: a new path in an existing
+// directory, or an empty directory; never a symbolic link (whose target
+// the write would replace, not the link).
 void check_out_dir(const std::string& out) {
   std::error_code ec;
   TESSERA_ARG_CHECK(!out.empty(), "--out is empty");
-  if (!fs::exists(out, ec) && !fs::is_symlink(out, ec)) return;
-  TESSERA_ARG_CHECK(fs::is_directory(fs::symlink_status(out, ec)) && fs::is_empty(out, ec), "--out ", out,
+  TESSERA_ARG_CHECK(!fs::is_symlink(out, ec), "--out ", out,
+                    " is a symbolic link (give the directory it points to, or a new path)");
+  if (!fs::exists(out, ec)) {
+    fs::path p(out);
+    if (!p.has_filename()) p = p.parent_path();  // "dir/": its parent is the one to exist
+    const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    TESSERA_ARG_CHECK(fs::is_directory(parent, ec), "--out ", out, ": directory '", parent.string(),
+                      "' does not exist");
+    return;
+  }
+  TESSERA_ARG_CHECK(fs::is_directory(out, ec) && fs::is_empty(out, ec), "--out ", out,
                     " exists and is not an empty directory (refusing to overwrite)");
 }
 
@@ -1523,7 +1536,11 @@ uint64_t write_checkpoint(const TensorReader& src, const ModelLayout& model, con
   const std::vector<int> part = pipeline::resolve_stages(L.stages, model.layers(), L.pp);
   std::vector<std::vector<Parameter>> ranks;
   ranks.reserve(static_cast<size_t>(L.tp));
-  for (int r = 0; r < L.tp; ++r) ranks.push_back(model.tensors(L.tp, r));  // InvalidArgument: tp does not fit
+  try {
+    for (int r = 0; r < L.tp; ++r) ranks.push_back(model.tensors(L.tp, r));
+  } catch (const InvalidArgument& e) {  // tp does not fit the model: say whose
+    throw InvalidArgument(concat(src.where(), ": ", e.what()));
+  }
   TESSERA_ARG_CHECK(!o.optimizer || (src.has_kind(StateKind::ExpAvg) && src.has_kind(StateKind::ExpAvgSq)), src.where(),
                     " holds no optimizer state");
   check_out_dir(out_dir);

@@ -648,10 +648,12 @@ void check_finite(const TensorSource& src) {
 std::unique_ptr<TensorSource> open_safetensors(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
-    fs::path idx = fs::path(path) / "model.safetensors.index.json";
-    if (fs::exists(idx, ec)) return std::make_unique<ShardedSafetensorsReader>(idx.string());
+    // transformers' from_pretrained order: model.safetensors first, then
+    // the sharded form's index (a directory holding both loads the file).
     fs::path one = fs::path(path) / "model.safetensors";
     if (fs::exists(one, ec)) return std::make_unique<SafetensorsReader>(one.string());
+    fs::path idx = fs::path(path) / "model.safetensors.index.json";
+    if (fs::exists(idx, ec)) return std::make_unique<ShardedSafetensorsReader>(idx.string());
     throw FormatError(path + ": directory holds neither model.safetensors.index.json nor model.safetensors");
   }
   if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {

@@ -13,7 +13,7 @@ std::unique_ptr<checkpoint::ModelLayout> model_layout(const ModelConfig& cfg) {
   if (cfg.family == "gpt") return std::make_unique<gpt::GptLayout>(cfg);
   if (cfg.family == "llama") return std::make_unique<llama::LlamaLayout>(cfg);
   throw InvalidArgument(
-      detail::concat("model '", cfg.name, "': the checkpoint tools have no layout for family '", cfg.family, "' yet"));
+      detail::concat(cfg.label(), ": the checkpoint tools have no layout for family '", cfg.family, "' yet"));
 }
 
 checkpoint::ModelFamilies model_families() {

@@ -2,11 +2,13 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "parallel/models/gpt/hf.h"
 #include "parallel/models/llama/hf.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
+#include "runtime/library_text.h"
 
 namespace tessera::parallel::models {
 
@@ -38,8 +40,8 @@ ModelConfig model_from_hf_config(const std::string& file) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw FormatError("config.json " + file + ": not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const nlohmann::json::exception& e) {  // syntax, or a number out of range (out_of_range.406)
+    throw FormatError("config.json " + file + ": not valid JSON: " + json_library_text(e));
   }
   if (!j.is_object()) throw FormatError("config.json " + file + ": expected a JSON object");
   auto it = j.find("model_type");
@@ -83,6 +85,14 @@ std::string torch_dtype_name(DType d) {
     default:
       throw InvalidArgument(std::string("torch_dtype: weights stored as ") + dtype_name(d) + " are not floating point");
   }
+}
+
+void throw_problems(const std::string& head, const std::vector<std::string>& problems) {
+  std::ostringstream os;
+  os << head << " (" << problems.size() << " problem" << (problems.size() == 1 ? "" : "s") << "):";
+  for (size_t i = 0; i < problems.size() && i < kMaxListedProblems; ++i) os << "\n  " << problems[i];
+  if (problems.size() > kMaxListedProblems) os << "\n  ... and " << problems.size() - kMaxListedProblems << " more";
+  throw FormatError(os.str());
 }
 
 std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype) {

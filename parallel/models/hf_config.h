@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "parallel/model_config.h"
 #include "runtime/dtype.h"
@@ -31,6 +32,12 @@ ModelConfig load_model(const std::string& arg);
 // The config.json text transformers loads for `m` (GPT2LMHeadModel or
 // LlamaForCausalLM), with torch_dtype ("float32", "bfloat16", "float16").
 std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype);
+
+// Throws FormatError: `head`, how many problems there are, then each on its
+// own line, at most kMaxListedProblems of them ("... and N more"): a config
+// that lies about a million layers must not print a million lines.
+inline constexpr size_t kMaxListedProblems = 20;
+[[noreturn]] void throw_problems(const std::string& head, const std::vector<std::string>& problems);
 
 // config.json's torch_dtype for weights stored as `d`: "float32", "bfloat16"
 // or "float16"; InvalidArgument for another dtype.

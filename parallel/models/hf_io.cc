@@ -1,5 +1,6 @@
 #include "parallel/models/hf_io.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -35,8 +36,29 @@ bool llama_ignorable(const std::string& n) {
 constexpr const char* kLlamaEmbedding = "model.embed_tokens.weight";
 constexpr const char* kLmHead = "lm_head.weight";
 
+// How many decoder layers the file holds: one more than the highest N of a
+// "model.layers.N." tensor (0 when there is none).
+int64_t llama_layers_held(const TensorSource& src) {
+  const std::string prefix = "model.layers.";
+  int64_t held = 0;
+  for (const std::string& n : src.names()) {
+    if (!starts_with(n, prefix)) continue;
+    size_t j = prefix.size();
+    while (j < n.size() && j - prefix.size() < 10 && n[j] >= '0' && n[j] <= '9') ++j;
+    if (j == prefix.size() || j >= n.size() || n[j] != '.') continue;
+    held = std::max<int64_t>(held, std::stoll(n.substr(prefix.size(), j - prefix.size())) + 1);
+  }
+  return held;
+}
+
 // The llama family, checked against the model's own layout at tp 1.
 std::vector<std::string> llama_problems(const TensorSource& src, const ModelConfig& m) {
+  // A config giving more layers than the file holds is one problem, found
+  // before laying the model out (a config claiming 10^6 layers would
+  // otherwise list 9 x 10^6 missing tensors).
+  if (const int64_t held = llama_layers_held(src); m.layers > held)
+    return {detail::concat(src.path(), ": the config gives num_hidden_layers ", m.layers, ", but the weights hold ",
+                           held == 0 ? std::string("no layer") : detail::concat("layers 0 to ", held - 1))};
   std::vector<std::string> problems;
   std::set<std::string> expected;
   for (const parallel::layers::Parameter& p : parameter_layout(m, 1, 0)) {
@@ -90,11 +112,7 @@ void check_hf_tensors(const TensorSource& src, const ModelConfig& m) {
   }
   const std::vector<std::string> problems = llama_problems(src, m);
   if (problems.empty()) return;
-  std::ostringstream os;
-  os << src.path() << ": not a checkpoint of the " << m.family << " model its config describes (" << problems.size()
-     << " problem" << (problems.size() == 1 ? "" : "s") << "):";
-  for (const std::string& p : problems) os << "\n  " << p;
-  throw FormatError(os.str());
+  throw_problems(src.path() + ": not a checkpoint of the " + m.family + " model its config describes", problems);
 }
 
 void read_hf_tensor(const TensorSource& src, const ModelConfig& m, const std::string& name, Tensor& dst) {

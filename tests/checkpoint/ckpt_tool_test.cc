@@ -573,6 +573,8 @@ TEST(CkptCli, BadInputSaysWhatIsWrong) {
   const std::string src = d.file("model.safetensors");
   make_gpt2_file(src, kCfg, DType::F32, 7);
   fs::create_directories(d.file("m"));
+  fs::create_directories(d.file("empty"));
+  fs::create_directory_symlink(d.file("empty"), d.file("link"));
   const std::string manifest = d.file("m") + "/" + kManifestName;
   struct Case {
     std::string manifest_text, cmd, says;
@@ -587,12 +589,22 @@ TEST(CkptCli, BadInputSaysWhatIsWrong) {
                 "reshard --tp 1 --out " + d.file("r") + " " + d.file("m"), "is a shard set of an earlier tessera"},
            Case{R"({"format": "other"})", "inspect " + d.file("m"), manifest + ": not a tessera-checkpoint manifest"},
            Case{"{\"format\": ", "inspect " + d.file("m"), manifest + " is not valid JSON"},
+           Case{"{\"format\": \"tessera-checkpoint\", \"step\": 1e400}",
+                "consolidate --out " + d.file("o.safetensors") + " " + d.file("m"),
+                manifest + " is not valid JSON: number overflow parsing '1e400'"},
            Case{"", "shard --tp 0 --out " + d.file("x") + " " + src, "--tp: must be a positive integer, got 0"},
            Case{"", "shard --tp 2147483648 --out " + d.file("x") + " " + src,
                 "--tp: must be a positive integer no larger than 2147483647, got 2147483648"},
            Case{"", "consolidate --out " + d.file("no/such/dir/o.safetensors") + " " + d.file("m"),
                 "--out: cannot write '" + d.file("no/such/dir/o.safetensors") + "': directory '" +
                     d.file("no/such/dir") + "' does not exist"},
+           // A directory --out: its parent must exist, and it must not be a symbolic link.
+           Case{"", "shard --tp 2 --out " + d.file("no/such/dir") + " " + src,
+                "--out " + d.file("no/such/dir") + ": directory '" + d.file("no/such") + "' does not exist"},
+           Case{"", "consolidate --max-shard-size 1MB --out " + d.file("no/such/hf/") + " " + src,
+                "directory '" + d.file("no/such") + "' does not exist"},
+           Case{"", "shard --tp 2 --out " + d.file("link") + " " + src,
+                "--out " + d.file("link") + " is a symbolic link"},
        }) {
     SCOPED_TRACE(c.cmd);
     if (!c.manifest_text.empty()) std::ofstream(manifest, std::ios::trunc) << c.manifest_text;

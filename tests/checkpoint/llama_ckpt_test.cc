@@ -114,7 +114,14 @@ TEST(LlamaCheckpoint, ConfigThatContradictsTheTensorsIsRefusedByFieldAndTensor) 
                         Case{R"("num_hidden_layers": 4)", R"("num_hidden_layers": 3)",
                              "extra tensor 'model.layers.3.input_layernorm.weight'"},
                         Case{R"("tie_word_embeddings": false)", R"("tie_word_embeddings": true)",
-                             "'lm_head.weight' differs from 'model.embed_tokens.weight' but the config ties them"}}) {
+                             "'lm_head.weight' differs from 'model.embed_tokens.weight' but the config ties them"},
+                        // More layers than the file holds: one line, found before laying out 10^6 layers.
+                        Case{R"("num_hidden_layers": 4)", R"("num_hidden_layers": 1000000)",
+                             "(1 problem):\n  " + d.file("hf") +
+                                 "/model.safetensors: the config gives num_hidden_layers 1000000, but the weights "
+                                 "hold layers 0 to 3"},
+                        // Every tensor's shape wrong: the first 20 problems, then how many more.
+                        Case{R"("hidden_size": 32)", R"("hidden_size": 40)", "\n  ... and "}}) {
     SCOPED_TRACE(c.to);
     std::string lying = config;
     const size_t at = lying.find(c.from);
@@ -126,6 +133,7 @@ TEST(LlamaCheckpoint, ConfigThatContradictsTheTensorsIsRefusedByFieldAndTensor) 
       ADD_FAILURE() << "shard accepted " << c.to;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+      EXPECT_LT(std::count(e.what(), e.what() + std::strlen(e.what()), '\n'), 23) << e.what();
     }
     EXPECT_FALSE(fs::exists(d.file("out"))) << "a refused shard leaves no output";
   }
@@ -147,6 +155,9 @@ TEST(LlamaCheckpoint, TpThatCannotSplitTheHeadsIsRefused) {
     const std::string w = e.what();
     EXPECT_NE(w.find("12"), std::string::npos) << w;
     EXPECT_NE(w.find("tp 8"), std::string::npos) << w;
+    // The source is named; the checkpoint's model has no name of its own to print.
+    EXPECT_EQ(w.rfind(d.file("hf"), 0), 0u) << w;
+    EXPECT_EQ(w.find("model ''"), std::string::npos) << w;
   }
   m.heads = 8;
   m.kv_heads = 8;

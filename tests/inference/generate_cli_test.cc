@@ -288,6 +288,7 @@ TEST(GenerateCli, RequestsFileErrorsNameTheFileAndField) {
   Tiny t;
   for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
            {"{\"prompt\": \"hi\"}\n{\"prompt\": \"hi\",\n", "line 2: not JSON (bad syntax at column"},
+           {"{\"prompt\": \"hi\", \"max_new_tokens\": 1e400}\n", "line 1: not JSON (number overflow parsing '1e400')"},
            {"[1, 2]\n", "line 1: expected a JSON object such as {\"prompt\": \"Hello\"}, not an array"},
            {"{\"prompt\": 5}\n", "line 1: field 'prompt' must be a string (text), not the integer 5"},
            {"{\"prompt_tokens\": \"1,2\"}\n",

@@ -139,6 +139,8 @@ TEST(LlamaHfConfig, WhatTesseraWouldComputeDifferentlyIsRefusedByField) {
   err(R"("model_type": "llama")", R"("model_type": "gpt_neox")", "field 'model_type'");
   err(R"("rms_norm_eps": 1e-05)", R"("rms_norm_eps": 1e-05, "sliding_window": 4096)", "field 'sliding_window'");
   err("{", "[", "not valid JSON");
+  // A number no double holds fails in the parser itself (nlohmann's out_of_range, not a parse_error).
+  err(R"("rms_norm_eps": 1e-05)", R"("rms_norm_eps": 1e400)", "not valid JSON: number overflow parsing '1e400'");
 }
 
 TEST(HfConfig, FindsTheConfigBesideAFileOrInADirectory) {

@@ -11,6 +11,7 @@
 
 #include "parallel/models/hf_config.h"
 #include "runtime/files.h"
+#include "runtime/library_text.h"
 
 namespace tessera::parallel::models::gpt {
 
@@ -187,6 +188,17 @@ std::vector<std::string> gpt2_problems(const TensorSource& src, const ModelConfi
   } catch (const FormatError& e) {
     return {e.what()};
   }
+  // More layers in the config than in the file: one problem, found before
+  // laying the model out (n_layer 10^6 would list 12 x 10^6 missing tensors).
+  int64_t held = 0;
+  for (const std::string& n : src.names()) {
+    int64_t layer;
+    std::string rest;
+    if (starts_with(n, p) && parse_layer(n.substr(p.size()), &layer, &rest)) held = std::max(held, layer + 1);
+  }
+  if (c.layers > held)
+    return {detail::concat(file, ": the config gives n_layer ", c.layers, ", but the weights hold ",
+                           held == 0 ? std::string("no layer") : detail::concat("layers 0 to ", held - 1))};
   std::set<std::string> expected;
   for (const std::string& canon : gpt2_tensor_names(c)) {
     const std::string stored = p.empty() ? strip(canon) : canon;
@@ -244,11 +256,7 @@ std::vector<std::string> gpt2_problems(const TensorSource& src, const ModelConfi
 void check_gpt2(const TensorSource& src, const ModelConfig& c) {
   std::vector<std::string> problems = gpt2_problems(src, c);
   if (problems.empty()) return;
-  std::ostringstream os;
-  os << src.path() << ": not a GPT-2 checkpoint for " << gpt2_config_str(c) << " (" << problems.size() << " problem"
-     << (problems.size() == 1 ? "" : "s") << "):";
-  for (const std::string& pr : problems) os << "\n  " << pr;
-  throw FormatError(os.str());
+  throw_problems(src.path() + ": not a GPT-2 checkpoint for " + gpt2_config_str(c), problems);
 }
 
 void write_gpt2_safetensors(const std::string& path, const ModelConfig& c,
@@ -327,8 +335,8 @@ ModelConfig config_from_hf_json(const std::string& text, const std::string& wher
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw FormatError(detail::concat(where, ": not valid JSON (at byte ", e.byte, ")"));
+  } catch (const json::exception& e) {  // syntax, or a number out of range (out_of_range.406)
+    throw FormatError(detail::concat(where, ": not valid JSON: ", json_library_text(e)));
   }
   if (!j.is_object()) throw FormatError(detail::concat(where, ": expected a JSON object"));
   if (j.contains("model_type") && j["model_type"] != "gpt2")

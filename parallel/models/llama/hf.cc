@@ -4,6 +4,7 @@
 
 #include "parallel/models/llama/llama_model.h"
 #include "runtime/error.h"
+#include "runtime/library_text.h"
 
 namespace tessera::parallel::models::llama {
 
@@ -63,8 +64,8 @@ ModelConfig config_from_hf(const std::string& text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw FormatError("config.json " + source + ": not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const json::exception& e) {  // syntax, or a number out of range (out_of_range.406)
+    throw FormatError("config.json " + source + ": not valid JSON: " + json_library_text(e));
   }
   if (!j.is_object()) throw FormatError("config.json " + source + ": expected a JSON object");
   const Reader r{j, source};

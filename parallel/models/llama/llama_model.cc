@@ -25,18 +25,17 @@ using parallel::layers::RowParallelLinear;
 using parallel::layers::WeightLayout;
 
 void LlamaModel::validate(const ModelConfig& cfg, int tp) {
-  TESSERA_ARG_CHECK(cfg.family == "llama", "model '", cfg.name, "': LlamaModel needs family llama, not '", cfg.family,
-                    "'");
+  TESSERA_ARG_CHECK(cfg.family == "llama", cfg.label(), ": LlamaModel needs family llama, not '", cfg.family, "'");
   cfg.validate();
   TESSERA_ARG_CHECK(tp >= 1, "tp must be >= 1, not ", tp);
-  TESSERA_ARG_CHECK(cfg.heads % tp == 0, "model '", cfg.name, "': ", cfg.heads, " attention heads (kv_heads ",
-                    cfg.kv_heads, ") do not divide over tp ", tp, " (attention is split by heads)");
-  TESSERA_ARG_CHECK(cfg.kv_heads % tp == 0 || tp % cfg.kv_heads == 0, "model '", cfg.name, "': ", cfg.kv_heads,
+  TESSERA_ARG_CHECK(cfg.heads % tp == 0, cfg.label(), ": ", cfg.heads, " attention heads (kv_heads ", cfg.kv_heads,
+                    ") do not divide over tp ", tp, " (attention is split by heads)");
+  TESSERA_ARG_CHECK(cfg.kv_heads % tp == 0 || tp % cfg.kv_heads == 0, cfg.label(), ": ", cfg.kv_heads,
                     " kv_heads (heads ", cfg.heads, ") cannot be split over tp ", tp,
                     ": tp must divide kv_heads, or be a multiple of it (each K/V head then replicated onto tp / "
                     "kv_heads ranks)");
-  TESSERA_ARG_CHECK(cfg.ffn_hidden % tp == 0, "model '", cfg.name, "': ffn_hidden ", cfg.ffn_hidden,
-                    " does not divide over tp ", tp);
+  TESSERA_ARG_CHECK(cfg.ffn_hidden % tp == 0, cfg.label(), ": ffn_hidden ", cfg.ffn_hidden, " does not divide over tp ",
+                    tp);
 }
 
 int LlamaModel::kv_replicas(const ModelConfig& cfg, int tp) {
@@ -134,9 +133,9 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const parallel::layers::ParallelS
   TESSERA_ARG_CHECK(chunks >= 1 && chunk >= 0 && chunk < chunks, "bad model chunk ", chunk, " of ", chunks);
   const int replicas = kv_replicas(cfg_, ps.tp_size);
   // A real TP group (not a layout query) needs the kv groups to sum the replicated heads' gradients.
-  TESSERA_ARG_CHECK(ps.tp == nullptr || replicas == 1 || (ps.kv != nullptr && ps.kv_replicas == replicas), "model '",
-                    cfg_.name, "': ", cfg_.kv_heads, " kv_heads over tp ", ps.tp_size, " replicate each K/V head onto ",
-                    replicas, " ranks, but the ParallelState has no kv group of ", replicas,
+  TESSERA_ARG_CHECK(ps.tp == nullptr || replicas == 1 || (ps.kv != nullptr && ps.kv_replicas == replicas), cfg_.label(),
+                    ": ", cfg_.kv_heads, " kv_heads over tp ", ps.tp_size, " replicate each K/V head onto ", replicas,
+                    " ranks, but the ParallelState has no kv group of ", replicas,
                     " (make_parallel_state(..., kv_replicas = ", replicas, "))");
   hd_ = cfg_.head_size();
   hl_ = cfg_.heads / ps.tp_size;
