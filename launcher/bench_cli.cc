@@ -36,6 +36,7 @@
 #include "collectives/bench/bench.h"
 #include "collectives/bench/bench_rank.h"
 #include "collectives/mpi/mpi_env.h"
+#include "launcher/agent_options.h"
 #include "launcher/root_cause.h"
 #include "launcher/spawn.h"
 #include "launcher/worker.h"
@@ -158,14 +159,6 @@ std::vector<std::string> own_argv() {
   return out;
 }
 
-std::vector<char*> c_argv(std::vector<std::string>& v) {
-  std::vector<char*> out;
-  out.reserve(v.size() + 1);
-  for (auto& s : v) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
 // mpirun's flags for n ranks at OpenMPI's best: --oversubscribe only when
 // the ranks outnumber the CPUs (it also turns on mpi_yield_when_idle and
 // turns off binding, both of which slow ranks that have a core each).
@@ -176,26 +169,78 @@ std::vector<std::string> mpirun_prefix(int n) {
   return args;
 }
 
-// Runs argv (argv[0] looked up in PATH) and returns its exit code.
-int run_child(std::vector<std::string> args) {
+// "SIGKILL" for 9: the name users see in kill -l.
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+// A stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) this parent took and
+// passed on: the command ends with 128 + signal once its child is gone
+// (thrown through the callers' cleanups, which remove their temp dirs).
+struct Stopped {
+  int sig;
+};
+
+// Runs argv (argv[0] looked up in PATH; mpirun) under the launcher's
+// spawner (spawn.h), as spawn_local starts its ranks: a keeper leading the
+// child's process group SIGKILLs the group when this parent dies, however
+// it dies, so mpirun and the ranks it started go along. A stop signal is
+// forwarded to the group, which gets kGrace before SIGKILL; then Stopped
+// is thrown. Returns the child's exit code.
+int run_child(const std::vector<std::string>& args) {
+  constexpr auto kGrace = std::chrono::seconds(5);
   // mpirun refuses root unless told; the user asked us to start the ranks.
   if (geteuid() == 0) {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
   }
+  const std::string program = resolve_program(args[0]);
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
   std::cout.flush();
-  pid_t pid = fork();
-  if (pid < 0) throw Error("bench: fork failed");
-  if (pid == 0) {
-    auto cv = c_argv(args);
-    execvp(cv[0], cv.data());
-    std::perror(("tessera bench: cannot run " + args[0]).c_str());
-    _exit(127);
+  std::cerr.flush();
+  sigset_t stop_set, old_mask;
+  sigemptyset(&stop_set);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&stop_set, sig);
+  pthread_sigmask(SIG_BLOCK, &stop_set, &old_mask);
+  struct RestoreMask {
+    sigset_t mask;
+    ~RestoreMask() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{old_mask};
+  const SpawnedWorker child = spawn_worker(program, args, env, /*stdin_fd=*/0, /*cpu=*/-1, /*inherit_output=*/true);
+  int stopped = 0;
+  auto kill_at = std::chrono::steady_clock::time_point::max();
+  for (;;) {
+    int status = 0;
+    const pid_t p = waitpid(child.pid, &status, WNOHANG);
+    if (p == child.pid) {
+      if (stopped) {
+        // mpirun can exit before the last of its ranks: nothing of the group
+        // outlives this parent (bounded: a process in D state may take a while).
+        kill(-child.pid, SIGKILL);
+        for (int i = 0; i < 200 && kill(-child.pid, 0) == 0; ++i) ::usleep(10 * 1000);
+        throw Stopped{stopped};
+      }
+      return exit_code_of_status(status);
+    }
+    if (p < 0 && errno != EINTR) throw Error(std::string("bench: waitpid: ") + std::strerror(errno));
+    if (std::chrono::steady_clock::now() > kill_at) {
+      kill(-child.pid, SIGKILL);
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    const timespec tick{0, 20L * 1000 * 1000};
+    if (const int sig = sigtimedwait(&stop_set, nullptr, &tick); sig > 0) {
+      if (!stopped) {
+        stopped = sig;
+        std::cerr << "tessera bench: got " << signal_name(sig) << "; stopping " << args[0] << "\n";
+        kill(-child.pid, sig);
+        kill_at = std::chrono::steady_clock::now() + kGrace;
+      } else {
+        kill_at = std::chrono::steady_clock::now();  // a second signal: no more grace
+      }
+    }
   }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return exit_code_of_status(status);
 }
 
 // mpirun on ourselves: MPI has to start the processes it connects.
@@ -205,12 +250,6 @@ int spawn_with_mpirun(int n) {
   auto mine = own_argv();
   args.insert(args.end(), mine.begin() + 1, mine.end());
   return run_child(args);
-}
-
-// "SIGKILL" for 9: the name users see in kill -l.
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
 // N ranks of ourselves with tessera's launcher variables, started by the
@@ -451,13 +490,24 @@ int bench_main(const BenchArgs& a) {
   }
   if (discover_world().rank == 0) {  // rank 0 writes them: fail before any rank starts
     if (!a.json.empty()) cli::check_output_file("--json", a.json);
-    if (!a.plot.empty()) cli::check_output_file("--plot", a.plot);
+    if (!a.plot.empty()) {
+      cli::check_output_file("--plot", a.plot);
+      // FILE.dat and FILE.gp are written beside the image (collectives/bench/baseline.h, plot_png).
+      const std::string ext = std::filesystem::path(a.plot).extension().string();
+      if (ext == ".dat" || ext == ".gp")
+        throw InvalidArgument("--plot: '" + a.plot + "' would be overwritten by the plot's own " + ext +
+                              " file (written beside the image); name the image FILE.png");
+    }
   }
   const bool launched =
       !env_or("TESSERA_RANK").empty() || !env_or("TESSERA_COORDINATOR").empty() || mpi::under_mpirun();
   if (!launched) check_fits(a, cfg, std::max(a.nworkers, 1));
-  if (!launched && kind == TransportKind::Mpi && a.nworkers > 1) return spawn_with_mpirun(a.nworkers);
-  if (!launched && a.compare == "mpi") return compare_with_mpi(a, cfg, std::max(a.nworkers, 1));
+  try {
+    if (!launched && kind == TransportKind::Mpi && a.nworkers > 1) return spawn_with_mpirun(a.nworkers);
+    if (!launched && a.compare == "mpi") return compare_with_mpi(a, cfg, std::max(a.nworkers, 1));
+  } catch (const Stopped& s) {
+    return 128 + s.sig;
+  }
   if (!launched && a.nworkers > 1) return spawn_local(a.nworkers);
   return bench::run_rank(a, cfg, join_launched_job);
 }
@@ -479,7 +529,9 @@ void add_bench_command(CLI::App& root, tessera::launcher::cli::Action& action) {
       "Smallest size, e.g. 8, 64K, 1M (default 32M; with --topology and no -b, -e, -f, -i: also 2K, 8K, 32K, "
       "decode's all-reduces)");
   cmd->add_option("-e,--maxbytes", a->maxbytes, "Largest size (default 32M)");
-  auto* f = cmd->add_option("-f,--stepfactor", a->stepfactor, "Multiply the size by this factor (default 2)");
+  // NaN is this flag's "not given": a given nan (or inf) is refused here.
+  auto* f = cmd->add_option("-f,--stepfactor", a->stepfactor, "Multiply the size by this factor (default 2)")
+                ->check(cli::number_range(0, 1e6));
   auto* i = cmd->add_option("-i,--stepbytes", a->stepbytes, "Add this many bytes per step instead");
   f->excludes(i);
   cmd->add_option("-n,--iters", a->iters, "Timed iterations per size (default 20)")->check(cli::int_range(1, 1000000));

@@ -216,7 +216,7 @@ std::string plot_script(const Report& r, const std::string& png, const std::stri
   if (ip) g << ", '' using 1:3 with linespoints title 'in-place'";
   bool modeled = false;
   for (const auto& row : r.rows) modeled |= row.modeled_busbw_gbps > 0;
-  if (modeled) g << ", '' using 1:4 with lines dashtype 2 title 'modeled'";
+  if (modeled) g << ", '' using 1:4 with linespoints dashtype 2 title 'modeled'";  // points: one size is one point
   if (!r.compare.empty()) g << ", '' using 1:5 with linespoints title '" << r.compare << "'";
   if (r.memcpy_gbps) g << ", " << *r.memcpy_gbps << " with lines title 'memcpy baseline'";
   if (r.tcp_loopback_gbps) g << ", " << *r.tcp_loopback_gbps << " with lines title 'TCP loopback baseline'";

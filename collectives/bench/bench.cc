@@ -515,6 +515,17 @@ std::vector<Row> run_bench(Communicator& comm, const BenchConfig& cfg, Communica
   if (cfg.check) checker.emplace(cfg.op, cfg.dtype, cfg.redop, r, n, cfg.root);
   const double factor = bus_factor(cfg.op, n);
 
+  // The job's warm-up (kJobWarmupSmallCalls): largest size, then smallest.
+  if (!cfg.sizes.empty()) {
+    const auto [lo, hi] = std::minmax_element(cfg.sizes.begin(), cfg.sizes.end());
+    for (const auto& [size, calls] :
+         {std::pair{*hi, cfg.warmup}, std::pair{*lo, std::max(cfg.warmup, kJobWarmupSmallCalls)}}) {
+      const Call k = make_call(cfg.op, row_count(cfg.op, size, cfg.dtype, n), r, n, ts, send_buf, recv_buf, false);
+      for (int i = 0; i < calls; ++i) issue(comm, cfg.op, k, cfg.dtype, cfg.redop, cfg.root);
+      if (compare)
+        for (int i = 0; i < calls; ++i) issue(*compare, cfg.op, k, cfg.dtype, cfg.redop, cfg.root);
+    }
+  }
   std::vector<Row> rows;
   for (size_t size : cfg.sizes) {
     Row row;

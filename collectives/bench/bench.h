@@ -106,6 +106,13 @@ double load(const void* buf, DType dtype, size_t i);
 void store(void* buf, DType dtype, size_t i, double v);
 
 // ---- the sweep --------------------------------------------------------------
+// Before the first size both the bench and its MPI peer warm up once, as
+// nccl-tests does (`warmup` calls at the largest size, then at least this
+// many at the smallest): OpenMPI's shared-memory BTL gives a peer its fast
+// box only after btl_vader_fbox_threshold (16) sends to it, so with 5
+// warm-up calls MPI's first size timed its slow path (4-11x at 8 B).
+inline constexpr int kJobWarmupSmallCalls = 32;
+
 struct BenchConfig {
   BenchOp op = BenchOp::AllReduce;
   std::vector<size_t> sizes;

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/bench/bench.h"  // kJobWarmupSmallCalls
 #include "runtime/dtype.h"
 #include "runtime/files.h"
 
@@ -164,6 +165,13 @@ int main(int argc, char** argv) {
   const char* ops[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "sendrecv"};
   if (std::none_of(std::begin(ops), std::end(ops), [&](const char* o) { return op == o; }))
     return usage(rank, "unknown OP '" + op + "'");
+
+  // The job's warm-up, as the bench's (collectives/bench/bench.h,
+  // kJobWarmupSmallCalls): `warmup` calls at the largest count, then at
+  // least kJobWarmupSmallCalls at the smallest.
+  const long smallest = *std::min_element(counts.begin(), counts.end());
+  for (long i = 0; i < warmup; ++i) call(max_count);
+  for (long i = 0; i < std::max<long>(warmup, tessera::collectives::bench::kJobWarmupSmallCalls); ++i) call(smallest);
 
   std::vector<double> times;
   std::vector<long> used, warmed;

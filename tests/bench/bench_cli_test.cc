@@ -25,6 +25,21 @@ RunResult run(const std::string& args, const std::string& env = "") {
 
 class BenchCli : public ::testing::Test {
  protected:
+  // `tessera bench ARGS` in the background, SIGTERM to it after `secs`:
+  // what the shell says (rc=N) and the bench's stderr.
+  std::pair<std::string, std::string> term_after(const std::string& args, int secs) const {
+    const std::string script = "TMPDIR=" + dir_ + " " + TESSERA_BIN + " bench " + args + " >/dev/null 2>" + dir_ +
+                               "/err & P=$!; sleep " + std::to_string(secs) + "; kill $P; wait $P; echo rc=$?";
+    FILE* p = popen(("sh -c '" + script + "'").c_str(), "r");
+    std::string out;
+    if (p == nullptr) return {"popen failed", ""};
+    char buf[256];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    pclose(p);
+    std::ifstream ef(dir_ + "/err");
+    return {out, std::string((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>())};
+  }
   void SetUp() override {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
@@ -304,23 +319,24 @@ TEST_F(BenchCli, RankCountBeyondTheMachineIsRefused) {
 // SIGTERM to the bench parent: forwarded to the ranks, the parent exits
 // 143, and neither a rank nor the store directory is left.
 TEST_F(BenchCli, TermToTheParentEndsEveryRankAndRemovesTheStore) {
-  const std::string script = "TMPDIR=" + dir_ + " " + TESSERA_BIN +
-                             " bench all_reduce -r 2 -b 1M -e 1M -n 1000000 >/dev/null 2>" + dir_ +
-                             "/err & P=$!; sleep 2; kill $P; wait $P; echo rc=$?";
-  FILE* p = popen(("sh -c '" + script + "'").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[256];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
+  const auto [out, err] = term_after("all_reduce -r 2 -b 1M -e 1M -n 1000000", 2);
   EXPECT_NE(out.find("rc=143"), std::string::npos) << out;
-  std::ifstream ef(dir_ + "/err");
-  std::string err((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
   EXPECT_NE(err.find("got SIGTERM; stopping 2 rank(s)"), std::string::npos) << err;
   int left = 0;
   for (const auto& e : fs::directory_iterator(dir_))
     if (e.path().filename().string().rfind("tessera-bench-", 0) == 0) ++left;
   EXPECT_EQ(left, 0) << "the store directory is still in " << dir_;
   EXPECT_EQ(processes_with_env("TESSERA_STORE_DIR=" + dir_ + "/"), 0);
+}
+
+// SIGTERM to the bench parent while --compare mpi's mpirun runs: mpirun and
+// its ranks are stopped too (they ran on for 35 s when the parent only
+// waited for them), the parent exits 143 and the store directory goes.
+TEST_F(BenchCli, TermDuringTheMpiPhaseStopsMpirunAndItsRanks) {
+  const auto [out, err] = term_after("all_reduce -r 2 -b 64M -e 64M -n 1000000 --compare mpi", 1);
+  EXPECT_NE(out.find("rc=143"), std::string::npos) << out;
+  EXPECT_NE(err.find("got SIGTERM; stopping mpirun"), std::string::npos) << err;
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_NE(e.path().filename().string().rfind("tessera-bench-", 0), 0u) << "left: " << e.path();
+  EXPECT_EQ(processes_with_env("TMPDIR=" + dir_), 0) << "mpirun or a rank of it is still running";
 }

@@ -386,6 +386,24 @@ TEST(HardeningCli, BenchRefusesStepFactorZeroAsItRefusesAHalf) {
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find("-f/--stepfactor must be > 1, got"), std::string::npos) << r.out;
   }
+  // NaN is the flag's "not given" inside: a given nan ran as the default factor 2.
+  for (const char* f : {"nan", "inf"}) {
+    const CmdRun r = run(kTessera + " bench allr -r 2 -b 1K -e 4K -f " + f);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("--stepfactor"), std::string::npos) << r.out;
+  }
+}
+
+// --plot FILE writes FILE's .dat and .gp beside it: an image named x.dat was
+// its own data file (exit 0, no PNG).
+TEST(HardeningCli, BenchRefusesAPlotNamedLikeItsDataOrScript) {
+  TempDir d;
+  for (const char* name : {"x.dat", "x.gp"}) {
+    const CmdRun r = run(kTessera + " bench allr -r 2 -b 8 -e 64 -n 1 --plot " + d.file(name));
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("would be overwritten by the plot's own"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(d.file(name)));
+  }
 }
 
 TEST(HardeningCli, RunNamesTheProgramItCannotExecuteAndWhy) {
