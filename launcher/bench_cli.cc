@@ -33,6 +33,7 @@
 #include <optional>
 #include <thread>
 
+#include "collectives/algorithms.h"
 #include "collectives/bench/bench.h"
 #include "collectives/bench/bench_rank.h"
 #include "collectives/mpi/mpi_env.h"
@@ -501,6 +502,14 @@ int bench_main(const BenchArgs& a) {
   }
   const bool launched =
       !env_or("TESSERA_RANK").empty() || !env_or("TESSERA_COORDINATOR").empty() || mpi::under_mpirun();
+  // Checked here as the ranks check them, so a bad value exits 2 once, before any rank starts.
+  if (!a.algo.empty() && find_algorithm(a.algo) == nullptr) {
+    std::string known;
+    for (const std::string& n : algorithm_names()) known += (known.empty() ? "" : ", ") + n;
+    throw InvalidArgument("--algo: unknown collective algorithm '" + a.algo + "' (known: " + known + ")");
+  }
+  if (!launched && (cfg.root < 0 || cfg.root >= std::max(a.nworkers, 1)))
+    throw InvalidArgument(detail::concat("--root ", cfg.root, " is not a rank of ", std::max(a.nworkers, 1)));
   if (!launched) check_fits(a, cfg, std::max(a.nworkers, 1));
   try {
     if (!launched && kind == TransportKind::Mpi && a.nworkers > 1) return spawn_with_mpirun(a.nworkers);

@@ -394,6 +394,20 @@ TEST(HardeningCli, BenchRefusesStepFactorZeroAsItRefusesAHalf) {
   }
 }
 
+// --root and --algo are checked before any rank starts: one message, not one per rank.
+TEST(HardeningCli, BenchChecksRootAndAlgoBeforeTheRanksStart) {
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"broadcast -r 8 --root 9", "--root 9 is not a rank of 8"},
+           {"broadcast -r 2 --root -1", "--root -1 is not a rank of 2"},
+           {"allr -r 3 --algo bogus", "--algo: unknown collective algorithm 'bogus' (known: "}}) {
+    const CmdRun r = run(kTessera + " bench " + flags + " -b 8 -e 8 -n 1");
+    EXPECT_EQ(r.code, 2) << r.out;
+    const size_t at = r.out.find(says);
+    EXPECT_NE(at, std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(says, at + 1), std::string::npos) << "said more than once:\n" << r.out;
+  }
+}
+
 // --plot FILE writes FILE's .dat and .gp beside it: an image named x.dat was
 // its own data file (exit 0, no PNG).
 TEST(HardeningCli, BenchRefusesAPlotNamedLikeItsDataOrScript) {
