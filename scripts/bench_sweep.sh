@@ -148,9 +148,10 @@ if command -v gnuplot >/dev/null; then
     echo "set datafile separator ','"
     echo "set logscale xy; set format x '%.0s%cB'; set xlabel 'size'; set ylabel 'time per call (us)'; set key left top"
     echo "set multiplot layout 2,2 title 'tessera (lines) vs OpenMPI (dashed), medians of $REPS runs; $OUT/sweep.csv'"
-    for op in $OPS; do
+    # What the table holds (an interrupted sweep, or --report of another -r/-p, has fewer).
+    for op in $(awk -F, 'NR > 1 && !seen[$1]++ { print $1 }' "$OUT/sweep.csv"); do
       plot="plot"
-      for n in $RANKS; do
+      for n in $(awk -F, -v op="$op" 'NR > 1 && $1 == op && !seen[$2]++ { print $2 }' "$OUT/sweep.csv"); do
         f="'< grep ^$op,$n, $OUT/sweep.csv'"
         plot+=" $f using 3:4 with linespoints title 'tessera $n ranks', $f using 3:5 with linespoints dt 2 title 'MPI $n ranks',"
       done
@@ -159,8 +160,11 @@ if command -v gnuplot >/dev/null; then
     done
     echo "unset multiplot"
   } >"$OUT/sweep.gp"
-  gnuplot "$OUT/sweep.gp" 2>/dev/null || { sed -i 's/pngcairo/png/' "$OUT/sweep.gp" && gnuplot "$OUT/sweep.gp"; }
-  echo "bench_sweep: $OUT/sweep.csv, $OUT/sweep.png"
+  if gnuplot "$OUT/sweep.gp" 2>/dev/null || { sed -i 's/pngcairo/png/' "$OUT/sweep.gp" && gnuplot "$OUT/sweep.gp"; }; then
+    echo "bench_sweep: $OUT/sweep.csv, $OUT/sweep.png"
+  else
+    echo "bench_sweep: gnuplot could not draw $OUT/sweep.gp; the table is $OUT/sweep.csv" >&2
+  fi
 else
   column -s, -t "$OUT/sweep.csv" >"$OUT/sweep.txt"
   echo "bench_sweep: $OUT/sweep.csv, $OUT/sweep.txt (no gnuplot: a text table)"
