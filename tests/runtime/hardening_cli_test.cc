@@ -408,6 +408,18 @@ TEST(HardeningCli, BenchChecksRootAndAlgoBeforeTheRanksStart) {
   }
 }
 
+// An output that passes access() but cannot be created (a name too long,
+// /proc) is refused before the run, not after it.
+TEST(HardeningCli, BenchOutputThatCannotBeCreatedIsRefusedFirst) {
+  TempDir d;
+  for (const std::string& path : {d.file(std::string(260, 'a') + ".json"), std::string("/proc/x.json")}) {
+    const CmdRun r = run(kTessera + " bench allr -r 2 -b 8 -e 64 -n 1 --json " + path);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("--json: cannot write"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("algbw"), std::string::npos) << "the bench ran first:\n" << r.out;
+  }
+}
+
 // --plot FILE writes FILE's .dat and .gp beside it: an image named x.dat was
 // its own data file (exit 0, no PNG).
 TEST(HardeningCli, BenchRefusesAPlotNamedLikeItsDataOrScript) {

@@ -67,7 +67,7 @@ TEST(TrainGptCli, ExportedDirectoryReadsBackAsTheFile) {
   // A config.json that contradicts itself or the tensors is refused naming the field (and the tensor).
   for (const auto& [from, to, says] : std::vector<std::array<std::string, 3>>{
            {R"("n_head": 2)", R"("n_head": 3)", "field 'n_head' (3) does not divide 'n_embd' (32)"},
-           {R"("n_layer": 1)", R"("n_layer": 2)", "tensor 'transformer.h.1.ln_1.weight' is missing"},
+           {R"("n_layer": 1)", R"("n_layer": 2)", "the config gives n_layer 2, but the weights hold layers 0 to 0"},
            {R"("n_embd": 32)", R"("n_embd": 64)",
             "'transformer.wte.weight' has shape [256, 32], expected [256, 64]"}}) {
     std::string lying = config;
