@@ -176,6 +176,7 @@ std::string ModelConfig::to_json() const {
       {"max_seq", max_seq}, {"norm_eps", norm_eps}, {"rope_theta", rope_theta}, {"attention_bias", attention_bias}};
   if (head_dim > 0) j["head_dim"] = head_dim;  // 0: hidden / heads (from_json_text takes positive values only)
   if (tie_embeddings) j["tie_embeddings"] = *tie_embeddings;
+  if (!hf_extra.empty()) j["hf_extra"] = json::parse(hf_extra);
   if (rope_scaling.type.empty()) {
     j["rope_scaling"] = nullptr;
   } else {
@@ -197,13 +198,13 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   }
   if (!j.is_object()) bad_file(source, std::string("expected a JSON object, found ") + j.type_name());
   static const std::set<std::string> allowed = {
-      "name",    "family",   "layers",   "hidden",     "heads",        "kv_heads",       "vocab",         "ffn_hidden",
-      "max_seq", "head_dim", "norm_eps", "rope_theta", "rope_scaling", "tie_embeddings", "attention_bias"};
+      "name",    "family",   "layers",   "hidden",     "heads",        "kv_heads",       "vocab",          "ffn_hidden",
+      "max_seq", "head_dim", "norm_eps", "rope_theta", "rope_scaling", "tie_embeddings", "attention_bias", "hf_extra"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!allowed.count(it.key()))
       bad_file(source, "unknown field '" + it.key() +
                            "' (allowed: name, family, layers, hidden, heads, kv_heads, vocab, ffn_hidden, max_seq, "
-                           "head_dim, norm_eps, rope_theta, rope_scaling, tie_embeddings, attention_bias)");
+                           "head_dim, norm_eps, rope_theta, rope_scaling, tie_embeddings, attention_bias, hf_extra)");
   for (const char* k : {"layers", "hidden", "heads", "vocab", "max_seq"})
     if (!j.contains(k)) bad_file(source, std::string("missing field '") + k + "'");
   ModelConfig m;
@@ -229,6 +230,10 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   if (j.contains("rope_theta")) m.rope_theta = get_num(j, "rope_theta", source);
   if (j.contains("tie_embeddings")) m.tie_embeddings = get_bool(j, "tie_embeddings", source);
   if (j.contains("attention_bias")) m.attention_bias = get_bool(j, "attention_bias", source);
+  if (j.contains("hf_extra")) {
+    if (!j["hf_extra"].is_object()) bad_file(source, "field 'hf_extra' must be an object");
+    if (!j["hf_extra"].empty()) m.hf_extra = j["hf_extra"].dump();
+  }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const json& r = j["rope_scaling"];
     if (!r.is_object()) bad_file(source, "field 'rope_scaling' must be an object or null");

@@ -44,6 +44,11 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   std::optional<bool> tie_embeddings;  // unset: tied for gpt, untied for llama
   bool attention_bias = false;         // llama: biases on q, k, v and o (Hugging Face attention_bias)
+  // The config.json keys tessera does not compute (bos/eos token ids, ...)
+  // as a compact JSON object, "" for none: read from a Hugging Face config
+  // and written back into the config.json a consolidate or export writes,
+  // as transformers' save_pretrained keeps them. Not part of the architecture.
+  std::string hf_extra;
 
   bool gated_mlp() const { return family == "llama"; }
   // Biases on every linear and LayerNorm (the GPT family).

@@ -87,6 +87,19 @@ std::string torch_dtype_name(DType d) {
   }
 }
 
+std::string hf_extra_of(const nlohmann::json& j, const std::set<std::string>& computed) {
+  nlohmann::json extra = nlohmann::json::object();
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!computed.count(it.key())) extra[it.key()] = it.value();
+  return extra.empty() ? std::string() : extra.dump();
+}
+
+void add_hf_extra(nlohmann::json& config, const std::string& hf_extra) {
+  if (hf_extra.empty()) return;
+  const nlohmann::json extra = nlohmann::json::parse(hf_extra);
+  for (auto it = extra.begin(); it != extra.end(); ++it) config[it.key()] = it.value();
+}
+
 void throw_problems(const std::string& head, const std::vector<std::string>& problems) {
   std::ostringstream os;
   os << head << " (" << problems.size() << " problem" << (problems.size() == 1 ? "" : "s") << "):";

@@ -3,7 +3,9 @@
 // one mapping (parallel/models/<family>/hf.h). Pure functions; thread-safe.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,14 @@ ModelConfig load_model(const std::string& arg);
 // The config.json text transformers loads for `m` (GPT2LMHeadModel or
 // LlamaForCausalLM), with torch_dtype ("float32", "bfloat16", "float16").
 std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype);
+
+// ModelConfig::hf_extra of config.json object `j`: its keys not in
+// `computed` (those the family reads into ModelConfig and writes back), as
+// compact JSON, "" when there are none.
+std::string hf_extra_of(const nlohmann::json& j, const std::set<std::string>& computed);
+// `config` (a family's config.json) with every key of `hf_extra` set,
+// replacing the family's own value where both have one.
+void add_hf_extra(nlohmann::json& config, const std::string& hf_extra);
 
 // Throws FormatError: `head`, how many problems there are, then each on its
 // own line, at most kMaxListedProblems of them ("... and N more"): a config

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "parallel/models/gpt/hf.h"
 #include "tests/checkpoint/test_util.h"
@@ -202,6 +203,21 @@ TEST(HfGpt2, ShardedCheckpointValidates) {
   auto src = open_safetensors(dir.path());
   EXPECT_EQ(infer_gpt2_config(*src, 0), kTiny);
   EXPECT_TRUE(gpt2_problems(*src, kTiny).empty()) << joined(gpt2_problems(*src, kTiny));
+}
+
+// config.json keys tessera does not compute are kept through ModelConfig
+// (and its checkpoint JSON) into the config.json written back.
+TEST(HfGpt2, ConfigKeysTesseraDoesNotComputeAreWrittenBack) {
+  nlohmann::json j = nlohmann::json::parse(models::gpt::hf_config_json(kTiny));
+  j["bos_token_id"] = 50256;
+  j["task_specific_params"] = {{"text-generation", {{"do_sample", true}, {"max_length", 50}}}};
+  const ModelConfig c = models::gpt::config_from_hf_json(j.dump(), "config.json");
+  const ModelConfig via_ckpt = ModelConfig::from_json_text(c.to_json(), "the manifest's model");
+  EXPECT_EQ(via_ckpt.hf_extra, c.hf_extra);
+  const nlohmann::json back = nlohmann::json::parse(models::gpt::hf_config_json(via_ckpt));
+  EXPECT_EQ(back["bos_token_id"], 50256);
+  EXPECT_EQ(back["task_specific_params"], j["task_specific_params"]);
+  EXPECT_EQ(back["n_embd"], kTiny.hidden);
 }
 
 // A config with more layers than the file holds is one problem, found

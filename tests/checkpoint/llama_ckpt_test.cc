@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -77,6 +78,34 @@ TEST(LlamaCheckpoint, ShardThenConsolidateGivesEveryTensorBack) {
         expect_same_tensors(src, out, what);
       }
   }
+}
+
+// config.json keys tessera does not compute (token ids, a Mistral's
+// model_type and architectures, initializer_range) come back from shard ->
+// reshard -> consolidate as they went in, as transformers' save_pretrained
+// keeps them; tessera's own keys are its own.
+TEST(LlamaCheckpoint, ConsolidatedConfigKeepsTheSourcesOtherKeys) {
+  const auto families = parallel::models::model_families();
+  TempDir d;
+  write_model(d.file("hf"), tiny_llama(), DType::BF16, 0);
+  nlohmann::json config = nlohmann::json::parse(testing::read_bytes(d.file("hf/config.json")));
+  const nlohmann::json extra = {{"bos_token_id", 128000},     {"eos_token_id", {128001, 128008, 128009}},
+                                {"model_type", "mistral"},    {"architectures", {"MistralForCausalLM"}},
+                                {"initializer_range", 0.006}, {"transformers_version", "4.44.0"}};
+  config.update(extra);
+  testing::write_bytes(d.file("hf/config.json"), config.dump(2));
+  ckpt::shard(d.file("hf"), d.file("s"), ckpt::ShardOptions(2, 2), families);
+  ckpt::reshard(d.file("s"), d.file("r"), ckpt::ShardOptions(4, 1), families);
+  ckpt::consolidate_path(d.file("r"), d.file("out"), 1 << 20, false, false, families);
+  const nlohmann::json back = nlohmann::json::parse(testing::read_bytes(d.file("out/config.json")));
+  for (const auto& [k, v] : extra.items()) EXPECT_EQ(back.value(k, nlohmann::json()), v) << k << "\n" << back.dump(2);
+  EXPECT_EQ(back["num_key_value_heads"], config["num_key_value_heads"]);
+  EXPECT_EQ(back["torch_dtype"], "bfloat16");
+  // The single-file form carries the same config in its metadata.
+  ckpt::consolidate_path(d.file("r"), d.file("one.safetensors"), 0, false, false, families);
+  const auto one = ckpt::open_safetensors(d.file("one.safetensors"));
+  const nlohmann::json meta = nlohmann::json::parse(one->metadata().at("config"));
+  EXPECT_EQ(meta["eos_token_id"], extra["eos_token_id"]);
 }
 
 TEST(LlamaCheckpoint, ReshardChainEqualsADirectShardFileForFile) {

@@ -1,7 +1,9 @@
 #include "parallel/models/llama/hf.h"
 
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "parallel/models/hf_config.h"
 #include "parallel/models/llama/llama_model.h"
 #include "runtime/error.h"
 #include "runtime/library_text.h"
@@ -118,6 +120,25 @@ ModelConfig config_from_hf(const std::string& text, const std::string& source) {
       m.rope_scaling.original_max_position_embeddings = s.integer("original_max_position_embeddings", nullptr);
     }
   }
+  // What config_to_hf writes from ModelConfig; everything else (bos/eos ids,
+  // model_type mistral and its architectures, initializer_range, ...) is kept.
+  static const std::set<std::string> computed = {"hidden_size",
+                                                 "intermediate_size",
+                                                 "num_hidden_layers",
+                                                 "num_attention_heads",
+                                                 "num_key_value_heads",
+                                                 "vocab_size",
+                                                 "max_position_embeddings",
+                                                 "head_dim",
+                                                 "rms_norm_eps",
+                                                 "rope_theta",
+                                                 "tie_word_embeddings",
+                                                 "attention_bias",
+                                                 "mlp_bias",
+                                                 "hidden_act",
+                                                 "rope_scaling",
+                                                 "torch_dtype"};
+  m.hf_extra = hf_extra_of(j, computed);
   try {
     m.validate();
   } catch (const InvalidArgument& e) {
@@ -156,6 +177,7 @@ std::string config_to_hf(const ModelConfig& m, const std::string& torch_dtype) {
                          {"high_freq_factor", m.rope_scaling.high_freq_factor},
                          {"original_max_position_embeddings", m.rope_scaling.original_max_position_embeddings}};
   }
+  add_hf_extra(j, m.hf_extra);
   return j.dump(2) + "\n";
 }
 
