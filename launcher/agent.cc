@@ -256,7 +256,8 @@ int Agent::run() {
       // failure elsewhere still restarts (or fails) the whole group.
       bool all_done = opt_.nnodes == 1;
       bool aborted = false;
-      while (!all_done && !aborted) {
+      int stop_sig = 0;  // SIGINT, SIGTERM, ... while waiting: the job is aborted, as during the round
+      while (!all_done && !aborted && stop_sig == 0) {
         try {
           auto st = client_->job_state();
           all_done = st.round() == round && st.nodes_done() >= st.num_nodes();
@@ -268,11 +269,24 @@ int Agent::run() {
           aborted = !all_done;
         }
         if (!all_done && !aborted) {
-          struct pollfd p {
-            abort_fd_, POLLIN, 0
-          };
-          poll(&p, 1, 50);
+          struct pollfd p[2] = {{abort_fd_, POLLIN, 0}, {sig_fd_, POLLIN, 0}};
+          poll(p, 2, 50);
+          signalfd_siginfo si;
+          while (read(sig_fd_, &si, sizeof si) == sizeof si)
+            if (si.ssi_signo != SIGCHLD && stop_sig == 0) stop_sig = static_cast<int>(si.ssi_signo);
         }
+      }
+      if (stop_sig != 0) {
+        try {
+          client_->abort(interrupt_cause(opt_.node_rank, host_, stop_sig));
+        } catch (const Error& e) {
+          spdlog::debug("abort not delivered: {}", e.what());
+        }
+        watcher_->stop();
+        std::fprintf(stderr, "tessera run: interrupted by %s while waiting for the other nodes; job aborted\n",
+                     strsignal(stop_sig));
+        code = 128 + stop_sig;
+        break;
       }
       if (all_done) {
         watcher_->stop();

@@ -59,7 +59,14 @@ void OutputRelay::attach(int out_fd, int err_fd) {
 void OutputRelay::emit_line(const std::string& line, int out_fd) {
   write_all(out_fd, "[" + std::to_string(rank_) + "] " + line + "\n");
   if (log_) log_write(line + "\n");
-  tail_.push_back(line);
+  // What a terminal shows last: after the last '\r' that has text behind it.
+  std::string shown = line;
+  if (const size_t cr = line.find_last_of('\r'); cr != std::string::npos && cr + 1 < line.size())
+    shown = line.substr(cr + 1);
+  if (shown.size() > kTailLineBytes)
+    shown =
+        detail::concat("[", shown.size() - kTailLineBytes, " bytes cut] ", shown.substr(shown.size() - kTailLineBytes));
+  tail_.push_back(std::move(shown));
   if (tail_.size() > kTailLines) tail_.pop_front();
   if (out_fd == 2) last_err_line_ = std::chrono::steady_clock::now();
 }

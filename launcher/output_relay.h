@@ -3,8 +3,12 @@
 // Every line is written to the launcher's stdout or stderr (the stream the
 // worker used) with the prefix "[<rank>] ", appended without the prefix to
 // the rank's log file when there is one, and kept among the last kTailLines
-// lines for the root-cause report. A line longer than 1 MiB is emitted in
-// pieces; a last line without a newline is emitted at EOF.
+// lines for the root-cause report, each as a terminal last showed it (the
+// text after its last carriage return: a progress bar's final state) and
+// cut to its last kTailLineBytes, so the report stays far below gRPC's 4 MiB
+// message limit (ten progress-bar lines of 1 MiB each exceeded it, and the
+// failure never reached the coordinator). A line longer than 1 MiB is
+// emitted in pieces; a last line without a newline is emitted at EOF.
 //
 // Threads: used from the agent's event loop only (one thread); not
 // thread-safe. The relay owns the read ends it was given and closes them at
@@ -28,6 +32,7 @@ void write_all(int fd, const std::string& s);
 class OutputRelay {
  public:
   static constexpr size_t kTailLines = 10;
+  static constexpr size_t kTailLineBytes = 2048;
 
   struct Stream {
     int fd = -1;     // read end of the worker's pipe; -1 once closed

@@ -84,6 +84,16 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
     try {
       s_.client->report_exit(rep);
     } catch (const Error& e) {
+      // Without its log tail, so that the coordinator still learns of the
+      // exit (the other nodes would wait for ever) when the tail was the trouble.
+      pb::ExitReport bare = rep;
+      bare.clear_log_tail();
+      try {
+        s_.client->report_exit(bare);
+        spdlog::warn("tessera run: rank {}'s exit reported without its last lines: {}", rep.rank(), e.what());
+        return;
+      } catch (const Error&) {
+      }
       spdlog::warn("tessera run: could not report rank {}'s exit: {}", rep.rank(), e.what());
     }
   };

@@ -78,6 +78,12 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+// `tessera run` of node `node` of 2 (2 workers each) running `script` under /bin/sh.
+std::vector<std::string> two_node_sh(const std::string& coord, const char* node, const std::string& script) {
+  return {kTessera, "run", "--nproc-per-node", "2",  "--nnodes", "2", "--node-rank", node, "--coordinator",
+          coord,    "--",  "/bin/sh",          "-c", script};
+}
+
 }  // namespace
 
 class RunWorld : public ::testing::TestWithParam<int> {};
@@ -239,6 +245,46 @@ TEST(Run, FailureOnOneNodeStopsBothNodes) {
   EXPECT_NE(n0.err().find("root cause: rank 3 on node 1"), std::string::npos) << n0.err();
   EXPECT_NE(n0.err().find("rank 3 exiting with code 3 as asked"), std::string::npos) << n0.err();
   expect_all_gone(d.path, 4);
+}
+
+// A failing rank whose last lines are a progress bar's megabytes ('\r', no
+// newline): its exit still reaches the coordinator (the report with ten
+// 1 MiB lines was over gRPC's 4 MiB limit, and node 0 ran on), and the
+// root cause shows the bar's last state.
+TEST(Run, FailureAfterMegabytesOfProgressBarStopsBothNodes) {
+  TempDir d;
+  const std::string coord = "127.0.0.1:" + std::to_string(free_port());
+  const std::string script =
+      "if [ \"$RANK\" = 3 ]; then i=0; while [ $i -lt 8 ]; do head -c 1500000 /dev/zero | tr '\\0' a; "
+      "printf '\\rstep %d' $i; i=$((i+1)); done; exit 7; fi; sleep 60";
+  setenv("TESSERA_JOB_TOKEN", "two-node-bar-token", 1);
+  Subprocess n0(two_node_sh(coord, "0", script), d.path, "n0");
+  Subprocess n1(two_node_sh(coord, "1", script), d.path, "n1");
+  unsetenv("TESSERA_JOB_TOKEN");
+  EXPECT_EQ(n1.wait(30s), 7);
+  EXPECT_EQ(n0.wait(30s), 7);
+  EXPECT_LT(n0.seconds(), test_time::seconds(10.0));
+  EXPECT_NE(n0.err().find("root cause: rank 3 on node 1"), std::string::npos) << n0.err().substr(0, 2000);
+  EXPECT_NE(n0.err().find("step 7"), std::string::npos) << "the bar's last state\n" << n0.err().substr(0, 2000);
+}
+
+// A node whose workers finished waits for the others, and a SIGINT then
+// aborts the job (it was dropped: the node returned 0 when the others did).
+TEST(Run, InterruptWhileWaitingForTheOtherNodesAbortsTheJob) {
+  TempDir d;
+  const std::string coord = "127.0.0.1:" + std::to_string(free_port());
+  const std::string script = "[ \"$GROUP_RANK\" = 1 ] && sleep 60; echo \"rank $RANK done\"";
+  setenv("TESSERA_JOB_TOKEN", "two-node-wait-token", 1);
+  Subprocess n0(two_node_sh(coord, "0", script), d.path, "n0");
+  Subprocess n1(two_node_sh(coord, "1", script), d.path, "n1");
+  unsetenv("TESSERA_JOB_TOKEN");
+  ASSERT_TRUE(test_time::wait_until([&] { return count(n0.out(), " done") >= 2; }, test_time::scaled(20s)))
+      << n0.out() << n0.err();
+  kill(n0.pid(), SIGINT);
+  EXPECT_EQ(n0.wait(10s), 128 + SIGINT) << n0.err();
+  EXPECT_NE(n0.err().find("while waiting for the other nodes; job aborted"), std::string::npos) << n0.err();
+  EXPECT_NE(n1.wait(10s), 0) << n1.err();
+  EXPECT_LT(n1.seconds(), test_time::seconds(30.0)) << "node 1 ran its 60 s";
 }
 
 TEST(Run, LostNodeAgentAbortsTheJob) {
