@@ -19,6 +19,7 @@
 #include "launcher/client.h"
 #include "launcher/coordinator.h"
 #include "launcher/mpi_boot.h"
+#include "launcher/root_cause.h"
 #include "launcher/slurm.h"
 #include "runtime/cpu_rotation.h"
 #include "runtime/env.h"
@@ -95,7 +96,7 @@ std::string host_name() {
 // The job was aborted: end this process now. Runs on the watch or heartbeat
 // thread (or the launcher watch; then with_mpi_abort is false: MPI_Abort
 // needs the mpirun that is gone).
-void on_job_abort(const std::string& why, bool with_mpi_abort = true) {
+void on_job_abort(const std::string& why, bool with_mpi_abort = true, int mpi_code = kAbortedExitCode) {
   Runtime& r = rt();
   if (r.leaving.load()) return;
   spdlog::error("job aborted: {}", why);
@@ -115,7 +116,7 @@ void on_job_abort(const std::string& why, bool with_mpi_abort = true) {
   std::fflush(stdout);
   std::fflush(stderr);
   if (r.mode == BootstrapMode::Mpi && with_mpi_abort)
-    mpi_abort_or_exit(kAbortedExitCode);  // from this thread: MPI_THREAD_MULTIPLE
+    mpi_abort_or_exit(mpi_code);  // from this thread: MPI_THREAD_MULTIPLE; the root cause's code
   _exit(kAbortedExitCode);
 }
 
@@ -373,8 +374,9 @@ WorkerContext init_worker(const WorkerOptions& opt) {
     pb::WatchRequest wr;
     wr.set_role(pb::WORKER);
     wr.set_id(ctx.world.rank);
-    r.watcher = std::make_unique<EventWatcher>(
-        r.client, wr, [](const pb::JobEvent& ev) { on_job_abort(describe_cause(ev.cause())); });
+    r.watcher = std::make_unique<EventWatcher>(r.client, wr, [](const pb::JobEvent& ev) {
+      on_job_abort(describe_cause(ev.cause()), true, exit_code_of(ev.cause()));
+    });
   }
 
   if (opt.create_communicator) {
@@ -390,7 +392,7 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   return ctx;
 }
 
-void report_fatal(const WorkerContext& ctx, const std::string& reason) {
+void report_fatal(const WorkerContext& ctx, const std::string& reason, int exit_code) {
   Runtime& r = rt();
   r.leaving = true;  // this process ends on its own terms, not by its own abort echo
   if (!r.client || r.mode == BootstrapMode::Single) return;
@@ -400,6 +402,10 @@ void report_fatal(const WorkerContext& ctx, const std::string& reason) {
     c.set_node_rank(ctx.world.node_rank);
     c.set_host(ctx.host);
     c.set_reason(reason);
+    if (exit_code != 0) {
+      c.set_has_exit(true);
+      c.set_exit_code(exit_code);
+    }
     r.client->abort(c);
   } catch (const std::exception& e) {
     spdlog::warn("could not report the failure to the coordinator: {}", e.what());
@@ -478,8 +484,10 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
     // died"). So wait up to kPeerDeathGrace for the job's ABORT, which ends
     // this process through the watch thread, and report only if none comes.
     const auto* ce = dynamic_cast<const collectives::CollectiveError*>(&e);
-    if (ce && ce->kind() == collectives::CollectiveError::Kind::PeerDead && ctx.mode == BootstrapMode::TesseraRun &&
-        ctx.world.size > 1) {
+    // Under mpirun the same: the failed rank's report carries its exit code,
+    // which the ABORT then gives to MPI_Abort here (not this consequence's 1).
+    if (ce && ce->kind() == collectives::CollectiveError::Kind::PeerDead &&
+        (ctx.mode == BootstrapMode::TesseraRun || ctx.mode == BootstrapMode::Mpi) && ctx.world.size > 1) {
       constexpr auto kPeerDeathGrace = std::chrono::seconds(2);
       std::this_thread::sleep_for(kPeerDeathGrace);
     }
@@ -488,12 +496,12 @@ int run_worker(const WorkerOptions& options, const std::function<int(WorkerConte
   }
   if (code != 0 && ctx.mode == BootstrapMode::Mpi) {
     // Peers may be blocked waiting for this rank: end the whole job.
-    report_fatal(ctx, detail::concat("exited with code ", code));
+    report_fatal(ctx, detail::concat("exited with code ", code), code);
     mpi_abort_or_exit(code);
   }
   if (code != 0 && ctx.mode == BootstrapMode::Slurm) {
     // No agent reports this exit: tell the coordinator, so the others end.
-    report_fatal(ctx, detail::concat("exited with code ", code));
+    report_fatal(ctx, detail::concat("exited with code ", code), code);
   }
   if (code != 0) {
     rt().leaving = true;  // the launcher reports the exit; don't die of our own echo meanwhile

@@ -89,8 +89,11 @@ struct WorkerContext {
 WorkerContext init_worker(const WorkerOptions& options = {});
 
 // Reports this worker's fatal error to the coordinator as the job's root
-// cause (no-op when alone). Never throws.
-void report_fatal(const WorkerContext& ctx, const std::string& reason);
+// cause (no-op when alone). A non-zero exit_code is the code this worker
+// exits with: under mpirun every rank that hears of the abort then calls
+// MPI_Abort with it, so the job's exit code is the failed rank's whichever
+// abort reaches mpirun first. Never throws.
+void report_fatal(const WorkerContext& ctx, const std::string& reason, int exit_code = 0);
 
 // Leaves the job cleanly: stops heartbeats and the watch, destroys the
 // communicator; under mpirun waits for every rank, stops rank 0's
