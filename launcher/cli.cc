@@ -65,6 +65,16 @@ CLI::Validator number_range(double lo, double hi) {
                       [lo, hi](double v) { return v >= lo && v <= hi; });
 }
 
+CLI::Validator not_a_flag() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (!v.empty() && v[0] == '-')
+          return "expected a value, got '" + v + "' (a flag, or the -- before the program: give the value first)";
+        return "";
+      },
+      "");
+}
+
 CLI::Validator positive_number() {
   return number_check("a positive number", "POSITIVE", [](double v) { return v > 0; });
 }

@@ -23,14 +23,16 @@ void add_run_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--node-rank,--node_rank", opts->node_rank, "This node's rank (node 0 hosts the coordinator)")
       ->check(cli::non_negative(opts->node_rank));
   cmd->add_option("--coordinator", opts->coordinator,
-                  "HOST:PORT of the coordinator (node 0 listens there); default 127.0.0.1 and a free port");
+                  "HOST:PORT of the coordinator (node 0 listens there); default 127.0.0.1 and a free port")
+      ->check(cli::not_a_flag());
   cmd->add_option("--max-restarts,--max_restarts", opts->max_restarts, "Restart the whole group up to R times")
       ->check(cli::int_range(0, 1000));
   cmd->add_option("--master-port,--master_port", opts->master_port,
                   "MASTER_PORT: the port node 0 keeps for rank 0's store (torch's TCPStore); default a free one, "
                   "never the coordinator's")
       ->check(cli::int_range(0, 65535));
-  cmd->add_option("--log-dir,--log_dir", opts->log_dir, "Also write each rank's output to DIR/rank_<r>.log");
+  cmd->add_option("--log-dir,--log_dir", opts->log_dir, "Also write each rank's output to DIR/rank_<r>.log")
+      ->check(cli::not_a_flag());
   cmd->add_option("--heartbeat-timeout", (*secs)[0],
                   "Seconds without a heartbeat before a worker or node is declared lost (default 10)")
       ->check(cli::number_range(0.05, 86400.0));

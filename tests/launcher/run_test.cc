@@ -504,17 +504,21 @@ TEST(Run, RestartsExhausted) {
 
 TEST(Run, BadUsageExits2WithUsage) {
   TempDir d;
-  for (const auto& args :
-       std::vector<std::vector<std::string>>{{kTessera, "run", "--no-such-flag", "--nproc-per-node", "2", "--", kHello},
-                                             {kTessera, "run", "--nproc-per-node", "0", "--", kHello},
-                                             {kTessera, "run", "--nproc-per-node", "two", "--", kHello},
-                                             {kTessera, "run", "--nproc-per-node", "2"},
-                                             {kTessera, "run", "--nproc-per-node", "2", "--nnodes", "2", "--", kHello},
-                                             {kTessera, "run", "--nproc-per-node", "2", "--", "/no/such/program"}}) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {kTessera, "run", "--no-such-flag", "--nproc-per-node", "2", "--", kHello},
+           {kTessera, "run", "--nproc-per-node", "0", "--", kHello},
+           {kTessera, "run", "--nproc-per-node", "two", "--", kHello},
+           {kTessera, "run", "--nproc-per-node", "2"},
+           {kTessera, "run", "--nproc-per-node", "2", "--nnodes", "2", "--", kHello},
+           {kTessera, "run", "--nproc-per-node", "2", "--", "/no/such/program"},
+           // A value-taking flag given no value takes neither "--" nor a flag.
+           {kTessera, "run", "--nproc-per-node", "2", "--log-dir", "--", kHello},
+           {kTessera, "run", "--nproc-per-node", "2", "--coordinator", "--max-restarts", "1", "--", kHello}}) {
     Subprocess p(args, d.path);
     EXPECT_EQ(p.wait(10s), 2) << args[2] << " " << args[3] << "\n" << p.err();
     EXPECT_NE(p.err().find("Usage: tessera run"), std::string::npos) << p.err();
   }
+  EXPECT_FALSE(std::filesystem::exists(d.path + "/--")) << "--log-dir -- made a directory named --";
 }
 
 // Under ASan, OpenMPI's own allocations in MPI_Init show as leaks at exit
