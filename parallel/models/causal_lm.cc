@@ -139,12 +139,14 @@ ModelConfig default_train_model() {
 void complete_model_config(ModelConfig& cfg) {
   if (cfg.kv_heads <= 0) cfg.kv_heads = cfg.heads;
   if (cfg.ffn_hidden <= 0) {
-    if (cfg.family == "llama") {
-      const int64_t f = (int64_t{8} * cfg.hidden + 2) / 3;
-      cfg.ffn_hidden = static_cast<int>((f + 63) / 64 * 64);
-    } else {
-      cfg.ffn_hidden = 4 * cfg.hidden;
-    }
+    // In 64 bits: 4 x a hidden size above 2^29 does not fit an int (it wrapped
+    // negative, and the message said a positive flag was not).
+    const int64_t f =
+        cfg.family == "llama" ? ((int64_t{8} * cfg.hidden + 2) / 3 + 63) / 64 * 64 : int64_t{4} * cfg.hidden;
+    TESSERA_ARG_CHECK(f <= std::numeric_limits<int>::max(), "hidden ", cfg.hidden, " is too large: its MLP width ", f,
+                      " (", cfg.family == "llama" ? "8/3" : "4", " x hidden) exceeds ",
+                      std::numeric_limits<int>::max());
+    cfg.ffn_hidden = static_cast<int>(f);
   }
   cfg.validate();
 }

@@ -103,6 +103,19 @@ TEST(TrainGptCli, SizeFlagsThatContradictTheModelsSourceAreRefused) {
   }
 }
 
+// A model whose weights cannot fit the device is refused before its layers
+// are laid out (10^9 layers grew to 10 GB of host memory first), and a
+// hidden size whose 4x MLP width overflows an int is named, not called
+// "not positive".
+TEST(TrainGptCli, ModelsTooLargeAreRefusedAtOnce) {
+  RunResult big = run("--layers 1000000000 --steps 1");
+  EXPECT_NE(big.code, 0) << big.out;
+  EXPECT_NE(big.out.find("device out of memory"), std::string::npos) << big.out;
+  RunResult wide = run("--hidden 600000000 --heads 6 --steps 1");
+  EXPECT_EQ(wide.code, 2) << wide.out;
+  EXPECT_NE(wide.out.find("hidden 600000000 is too large: its MLP width 2400000000"), std::string::npos) << wide.out;
+}
+
 TEST(TrainGptCli, BadInputExitsTwoBeforeTraining) {
   TempDir d;
   std::ofstream(d.file("empty.txt")).flush();

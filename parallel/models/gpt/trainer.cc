@@ -77,6 +77,16 @@ Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
   TESSERA_ARG_CHECK(ps.device != nullptr, "Trainer needs the rank's device");
   // Before the model allocates anything: its buffers take the activation dtype.
   ps.device->set_precision(opts_.precision, opts_.adamw.grad_dtype);
+  // A model whose weights alone cannot fit is refused before its layers are
+  // laid out (10^9 layers took 10 GB of host memory on the way to the same
+  // device out-of-memory error): this rank holds at least its stage's
+  // floor(layers / pp) layers' TP shards, 2 bytes each at the least.
+  const uint64_t capacity = ps.device->memory_stats().capacity;
+  const double at_least = static_cast<double>(opts_.model.layers / std::max(1, opts_.pp)) *
+                          static_cast<double>(opts_.model.layer_params_tp_sharded() / std::max(1, opts_.tp)) * 2.0;
+  if (capacity > 0 && at_least > static_cast<double>(capacity))
+    throw DeviceOutOfMemory(ps.device->name(), at_least >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(at_least), 0,
+                            capacity);
   const int v = opts_.virtual_stages;
   for (int c = 0; c < v; ++c) chunks_.push_back(make_causal_lm(opts_.model, ps, opts_.stages, c, v));
   model_ = chunks_[0].get();
