@@ -128,7 +128,15 @@ void Agent::start_coordinator() {
   // one: no file to clean up; its name is random, the job token still
   // guards it), the other nodes over TCP.
   co.local_address = "unix-abstract:tessera-coordinator-" + make_job_token();
-  coordinator_ = std::make_unique<Coordinator>(co);
+  try {
+    coordinator_ = std::make_unique<Coordinator>(co);
+  } catch (const Error& e) {
+    // An address the user gave that this host cannot listen on is a bad
+    // value (exit 2 with usage), as --master-port's is.
+    if (!opt_.coordinator.empty())
+      throw InvalidArgument(detail::concat("--coordinator ", opt_.coordinator, ": ", e.what()));
+    throw;
+  }
   local_coord_addr_ = coordinator_->local_address();
   if (opt_.coordinator.empty()) {
     run_.master_addr = "127.0.0.1";

@@ -58,6 +58,7 @@ CoordinatorClient::CoordinatorClient(std::string address, std::string token)
   // redone (strace: up to 3 attempts per worker, 128 workers took 4.8 s).
   // A refused connect still fails at once and is retried after the backoff.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(kConnectAttemptTimeout.count()));
+  route_grpc_logs();
   channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
   stub_ = pb::Coordinator::NewStub(channel_);
 }

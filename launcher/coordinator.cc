@@ -1,6 +1,7 @@
 #include "launcher/coordinator.h"
 
 #include <absl/synchronization/mutex.h>
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
@@ -109,6 +110,7 @@ class CoordinatorImpl final : public pb::Coordinator::Service {
     // exist, so the handlers that log find it through thread creation, an
     // ordering ThreadSanitizer can see (gRPC's own hand-over it cannot).
     spdlog::default_logger_raw();
+    route_grpc_logs();
     skip_lock_order_graph();
     local_address_ = opt_.local_address;
     server_ = build();
@@ -372,6 +374,17 @@ std::string make_job_token() {
     s += hex[c & 15];
   }
   return s;
+}
+
+void route_grpc_logs() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    spdlog::default_logger_raw();  // built before gRPC's threads log through it
+    gpr_set_log_function([](gpr_log_func_args* a) {
+      spdlog::debug("grpc {} {}:{}: {}", gpr_log_severity_string(a->severity), a->file ? a->file : "?", a->line,
+                    a->message ? a->message : "");
+    });
+  });
 }
 
 }  // namespace tessera::launcher

@@ -87,4 +87,11 @@ std::string make_job_token();
 // builds are; the coordinator and its clients call it before gRPC starts.
 void skip_lock_order_graph();
 
+// gRPC's own log lines (e.g. "E1206 ... chttp2_server.cc:1045] UNKNOWN:No
+// address added out of total 1 resolved") go to spdlog at debug level, not
+// to the user's terminal (docs/errors.md: no library's internal message
+// reaches the user; tessera says what failed). Idempotent; the coordinator
+// and the client call it before gRPC starts.
+void route_grpc_logs();
+
 }  // namespace tessera::launcher

@@ -521,6 +521,28 @@ TEST(Run, BadUsageExits2WithUsage) {
   EXPECT_FALSE(std::filesystem::exists(d.path + "/--")) << "--log-dir -- made a directory named --";
 }
 
+// A --coordinator address this host cannot listen on is a bad value (exit
+// 2), said in tessera's words: gRPC's own log lines ("E1206 ...
+// chttp2_server.cc ... No address added") do not reach the terminal.
+TEST(Run, ACoordinatorAddressInUseIsABadValueWithoutGrpcsLogLines) {
+  TempDir d;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  const std::string coord = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  Subprocess p(run_cmd({"--nproc-per-node", "1", "--coordinator", coord}, {}), d.path);
+  EXPECT_EQ(p.wait(10s), 2) << p.err();
+  close(fd);
+  EXPECT_NE(p.err().find("--coordinator " + coord + ": coordinator: cannot listen on"), std::string::npos) << p.err();
+  EXPECT_EQ(p.err().find("chttp2"), std::string::npos) << p.err();
+}
+
 // Under ASan, OpenMPI's own allocations in MPI_Init show as leaks at exit
 // (its plugins are dlclose'd, so they cannot even be suppressed by name). Leak
 // checking of the worker code is done by the `tessera run` tests above.
