@@ -1,6 +1,7 @@
 #include "launcher/agent_options.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -118,6 +119,15 @@ CheckedRun check_run_options(const RunOptions& opt) {
     std::error_code ec;
     std::filesystem::create_directories(opt.log_dir, ec);
     if (ec) throw InvalidArgument(detail::concat("--log-dir '", opt.log_dir, "': ", ec.message()));
+    // An existing directory the logs cannot be created in (a read-only
+    // mount) is the same bad value, said now, not at the first worker's log.
+    const std::string probe = (std::filesystem::path(opt.log_dir) / (".probe." + std::to_string(::getpid()))).string();
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+      throw InvalidArgument(
+          detail::concat("--log-dir '", opt.log_dir, "': cannot create a file there: ", std::strerror(errno)));
+    ::close(fd);
+    ::unlink(probe.c_str());
   }
   return c;
 }
