@@ -513,7 +513,9 @@ TEST(Run, BadUsageExits2WithUsage) {
            {kTessera, "run", "--nproc-per-node", "2", "--", "/no/such/program"},
            // A value-taking flag given no value takes neither "--" nor a flag.
            {kTessera, "run", "--nproc-per-node", "2", "--log-dir", "--", kHello},
-           {kTessera, "run", "--nproc-per-node", "2", "--coordinator", "--max-restarts", "1", "--", kHello}}) {
+           {kTessera, "run", "--nproc-per-node", "2", "--coordinator", "--max-restarts", "1", "--", kHello},
+           // A directory no file can be created in (a read-only mount gave exit 1 at the first log).
+           {kTessera, "run", "--nproc-per-node", "2", "--log-dir", "/proc/self", "--", kHello}}) {
     Subprocess p(args, d.path);
     EXPECT_EQ(p.wait(10s), 2) << args[2] << " " << args[3] << "\n" << p.err();
     EXPECT_NE(p.err().find("Usage: tessera run"), std::string::npos) << p.err();
