@@ -355,7 +355,8 @@ bool Agent::join(int round, pb::JoinReply& layout) {
       return true;
     } catch (const TimeoutError& e) {
       if (Clock::now() >= deadline)
-        throw TimeoutError(detail::concat(e.what(), " (--rdzv-timeout ", opt_.rdzv_timeout.count() / 1000.0, " s)"));
+        throw TimeoutError(
+            detail::concat(e.what(), " within the --rdzv-timeout of ", opt_.rdzv_timeout.count() / 1000.0, " s"));
     }
   }
 }

@@ -89,7 +89,7 @@ pb::JoinReply CoordinatorClient::join(int node_rank, const std::string& host, in
   auto s = stub_->Join(&ctx, req, &rep);
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")
     throw TimeoutError(
-        detail::concat("rendezvous: no coordinator answered at ", address_, " within ", timeout.count(), " ms"));
+        detail::concat("rendezvous: no coordinator answered at ", address_));  // the caller says for how long
   throw_if_error(s, "rendezvous (Join) at " + address_);
   return rep;
 }
