@@ -380,7 +380,9 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   }
 
   if (opt.create_communicator) {
-    auto comm_store = std::make_shared<collectives::PrefixStore>(ctx.store, "tessera/comm/world/");
+    // Communicator::create keys its store as tessera/comm/<name>/<generation>/
+    // itself (a prefix of ours on top doubled it in every key and message).
+    auto comm_store = ctx.store;
     // Across hosts, TCP endpoints use the interface that reaches the coordinator.
     collectives::CommOptions comm = opt.comm;
     if (comm.reach.empty()) comm.reach = ctx.reach;
