@@ -482,12 +482,17 @@ int bench_main(const BenchArgs& a) {
   const bench::BenchConfig cfg = make_config(a);  // validate before spawning anything
   if (!a.compare.empty() && a.compare != "mpi") throw InvalidArgument("--compare takes 'mpi', got '" + a.compare + "'");
   const TransportKind kind = parse_transport(a.transport);
-  if (!a.topology.empty()) {  // fail early on bad names and files
+  if (!a.topology.empty()) {  // fail early on bad names and files, and on more ranks than it has cores
+    int nodes = 0;
     try {
-      (void)bench::topology_model(a.topology, std::max(a.nworkers, 1));
+      nodes = bench::topology_model(a.topology, std::max(a.nworkers, 1)).num_nodes();
     } catch (const FormatError& e) {
       throw InvalidArgument(e.what());  // a bad input file exits 2 like a bad flag (docs/errors.md)
     }
+    const int ranks = a.nworkers > 0 ? a.nworkers : discover_world().size;
+    if (ranks > nodes)
+      throw InvalidArgument(detail::concat("--topology ", a.topology, " has ", nodes, " cores, fewer than the ", ranks,
+                                           " ranks (each rank is placed on a core of it)"));
   }
   if (discover_world().rank == 0) {  // rank 0 writes them: fail before any rank starts
     if (!a.json.empty()) cli::check_output_file("--json", a.json);

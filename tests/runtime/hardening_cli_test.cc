@@ -399,7 +399,8 @@ TEST(HardeningCli, BenchChecksRootAndAlgoBeforeTheRanksStart) {
   for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
            {"broadcast -r 8 --root 9", "--root 9 is not a rank of 8"},
            {"broadcast -r 2 --root -1", "--root -1 is not a rank of 2"},
-           {"allr -r 3 --algo bogus", "--algo: unknown collective algorithm 'bogus' (known: "}}) {
+           {"allr -r 3 --algo bogus", "--algo: unknown collective algorithm 'bogus' (known: "},
+           {"allr -r 4 --topology emulated:2", "--topology emulated:2 has 2 cores, fewer than the 4 ranks"}}) {
     const CmdRun r = run(kTessera + " bench " + flags + " -b 8 -e 8 -n 1");
     EXPECT_EQ(r.code, 2) << r.out;
     const size_t at = r.out.find(says);
