@@ -6,6 +6,7 @@
 #include <iterator>
 #include <map>
 #include <new>
+#include <numeric>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -409,8 +410,14 @@ class RingAlgorithm final : public Algorithm {
  public:
   const char* name() const override { return "ring"; }
   double cost(const GroupCostModel& g, const CostQuery& q) const override {
-    if (g.size > kMaxRanks) return -1;
-    const int* all = identity_members();
+    // Groups beyond kMaxRanks are only ever costed (the planner's data-parallel
+    // groups of a 65,536-core torus), never run: their member list is built here.
+    std::vector<int> large;
+    if (g.size > kMaxRanks) {
+      large.resize(static_cast<size_t>(g.size));
+      std::iota(large.begin(), large.end(), 0);
+    }
+    const int* all = large.empty() ? identity_members() : large.data();
     if (q.kind == CollKind::AllReduce)
       return 2 * ring_phase_cost(
                      g.links, all, g.size, [&](int i) { return part(q.count, g.size, i); }, q.elem);

@@ -389,6 +389,23 @@ TEST(CostModel, LargeGroupsAreTheCommunicatorsModel) {
   }
 }
 
+// A data-parallel group larger than the 4096 ranks the run-time algorithms
+// keep member lists for is still costed (the ring's closed sum over its links):
+// `tessera plan` of llama2-7b on trn2-cluster:64 at batch 8192 aborted with
+// "no algorithm predicted for all_reduce over 8192 ranks".
+TEST(CostModel, GroupsBeyond4096RanksAreCosted) {
+  const Topology t = Topology::preset("torus4d:16x16x16x16");
+  std::vector<int> nodes(8192);
+  for (int i = 0; i < 8192; ++i) nodes[static_cast<size_t>(i)] = i * 8;
+  const collectives::GroupCostModel g = collectives::group_cost_model(t.net_model(), nodes, true);
+  for (collectives::CollKind kind :
+       {collectives::CollKind::AllReduce, collectives::CollKind::ReduceScatter, collectives::CollKind::AllGather}) {
+    const collectives::CollPrediction p = collectives::predict(kind, size_t{1} << 26, DType::F32, g);
+    EXPECT_GT(p.seconds, 0) << collectives::coll_kind_name(kind) << " by " << p.algorithm;
+    EXPECT_TRUE(std::isfinite(p.seconds));
+  }
+}
+
 // On two instances the planner's groups have the host map their
 // communicators would (shm+tcp): a DP group of 4 + 4 ranks is two-level
 // (the hierarchical algorithms are candidates) and predicted as
