@@ -603,9 +603,9 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   TESSERA_ARG_CHECK(p == 1 || v == 1 || c.schedule == pipeline::Schedule::kInterleaved,
                     "virtual stages need the interleaved schedule");
 
-  // Per-rank parameters of a layer: TP-split part / t plus the replicated rest.
-  const double layer_params = static_cast<double>(m.layer_params_tp_sharded()) / t +
-                              static_cast<double>(m.layer_params() - m.layer_params_tp_sharded());
+  // Per-rank parameters of a layer: TP-split part / t (K/V heads replicated
+  // past kv_heads, as LlamaModel holds them) plus the replicated rest.
+  const double layer_params = m.layer_params_per_rank(t);
   const double layer_replicated = static_cast<double>(m.layer_params() - m.layer_params_tp_sharded());
   const double vocab_rows = static_cast<double>(m.vocab) * m.hidden / t;  // vocab-parallel embedding / LM head
   const double act_layer = layer_activation_bytes(m, seq, b, t, c.sequence_parallel, c.recompute, train_.fp32);

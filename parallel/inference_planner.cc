@@ -20,12 +20,8 @@ bool splits(const ModelConfig& m, int tp) {
 
 // Parameters one TP rank of tp holds (docs/planner.md, "Inference").
 double rank_params(const ModelConfig& m, int tp) {
-  const double h = m.hidden, kv = m.kv_dim();
-  // K/V projections (and their biases): split over min(tp, kv_heads) ranks, replicated past it.
-  const double kv_proj = 2 * h * kv + ((m.has_bias() || m.attention_bias) ? 2 * kv : 0);
-  const double sharded = static_cast<double>(m.layer_params_tp_sharded()) - kv_proj;
-  const double replicated = static_cast<double>(m.layer_params() - m.layer_params_tp_sharded());
-  const double layer = sharded / tp + kv_proj / std::min(tp, m.kv_heads) + replicated;
+  const double h = m.hidden;
+  const double layer = m.layer_params_per_rank(tp);        // K/V replicated past kv_heads, as training holds them
   const double tokens = static_cast<double>(m.vocab) * h;  // vocab-parallel
   const double positions = static_cast<double>(m.embedding_params()) - tokens;
   const double head = static_cast<double>(m.head_params()) - (m.tied_embeddings() ? 0 : tokens);

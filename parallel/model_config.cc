@@ -1,5 +1,6 @@
 #include "parallel/model_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,14 @@ int64_t ModelConfig::layer_params() const {
   if (!has_bias() && attention_bias) p += h;  // the attention output's bias (row-parallel, replicated)
   p += int64_t{has_bias() ? 2 : 1} * 2 * h;   // two norms: LayerNorm weight+bias, RMSNorm weight
   return p;
+}
+
+double ModelConfig::layer_params_per_rank(int tp) const {
+  const double h = hidden, kv = kv_dim();
+  const double kv_proj = 2 * h * kv + ((has_bias() || attention_bias) ? 2 * kv : 0);
+  const double sharded = static_cast<double>(layer_params_tp_sharded()) - kv_proj;
+  const double replicated = static_cast<double>(layer_params() - layer_params_tp_sharded());
+  return sharded / tp + kv_proj / std::min(tp, kv_heads) + replicated;
 }
 
 int64_t ModelConfig::layer_params_tp_sharded() const {

@@ -66,6 +66,11 @@ struct ModelConfig {
   // matrices, column-parallel biases); the rest (norms, row-parallel biases)
   // is replicated on every TP rank.
   int64_t layer_params_tp_sharded() const;
+  // A layer's parameters on one of tp ranks: the TP-split matrices / tp,
+  // except the K/V projections (and their biases), split over
+  // min(tp, kv_heads) ranks and replicated past that (each K/V head on
+  // tp / kv_heads ranks), plus the replicated rest.
+  double layer_params_per_rank(int tp) const;
   int64_t embedding_params() const;  // token (+ learned position) embedding
   int64_t head_params() const;       // final norm + untied LM head (0 matrix when tied)
   int64_t total_params() const;

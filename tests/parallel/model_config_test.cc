@@ -18,6 +18,23 @@ namespace {
 // Against the released checkpoints' parameter counts (the model cards), and
 // by hand: Llama 3 8B = V h (embedding) + 32 (2 h^2 + 2 h kv + 3 h f + 2 h) + h + V h
 // with h 4096, kv 1024 (8 heads of 128), f 14336, V 128256.
+// A layer's parameters on one TP rank, by hand for Llama 3 8B (h 4096, 32
+// heads of 128, 8 K/V heads, MLP 14336): QKV 4096 x 6144, O 4096 x 4096,
+// MLP 3 x 4096 x 14336 are TP-split; of them the K/V projections
+// (2 x 4096 x 1024 = 8,388,608) only over min(tp, 8) ranks; the two norms
+// (8192) are on every rank. At tp 16 each K/V head sits on 2 ranks (the
+// training plan counted them split 16 ways: 2 x 4096 x 1024 / 16 short).
+TEST(ModelConfig, LayerParamsPerRankReplicateKvHeadsPastKvHeads) {
+  const ModelConfig m = ModelConfig::preset("llama3-8b");
+  EXPECT_EQ(m.layer_params_tp_sharded(), 218103808);
+  EXPECT_DOUBLE_EQ(m.layer_params_per_rank(8), 209715200.0 / 8 + 8388608.0 / 8 + 8192);    // 27,271,168
+  EXPECT_DOUBLE_EQ(m.layer_params_per_rank(16), 209715200.0 / 16 + 8388608.0 / 8 + 8192);  // 14,163,968
+  // GPT (K/V heads = heads): the TP-split part over tp, the rest replicated.
+  const ModelConfig g = ModelConfig::preset("gpt2-124m");
+  EXPECT_DOUBLE_EQ(g.layer_params_per_rank(4), static_cast<double>(g.layer_params_tp_sharded()) / 4 +
+                                                   static_cast<double>(g.layer_params() - g.layer_params_tp_sharded()));
+}
+
 TEST(ModelConfig, LlamaPresetsParameterCounts) {
   EXPECT_EQ(ModelConfig::preset("llama3-8b").total_params(), 8030261248);    // Meta-Llama-3-8B
   EXPECT_EQ(ModelConfig::preset("llama3-70b").total_params(), 70553706496);  // Meta-Llama-3-70B
