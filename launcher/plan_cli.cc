@@ -411,8 +411,10 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
                   "cores train_gpt runs on) or JSON file")
       ->required();
   cmd->add_option("--cores", args->cores, "Use the first N cores of the topology")->check(cli::positive(args->cores));
+  // At most 2^24 sequences (about 10^4 times any published run's): the
+  // micro-batch count times the virtual stages stays an int.
   cmd->add_option("--global-batch", args->global_batch, "Sequences per step (training; required without --inference)")
-      ->check(cli::positive(args->global_batch));
+      ->check(cli::int_range<long long>(1, 1LL << 24));
   cmd->add_option("--seq", args->seq, "Tokens per sequence (training; required without --inference)")
       ->check(cli::positive(args->seq));
   cmd->add_flag("--inference", args->inference,

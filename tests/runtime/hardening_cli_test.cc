@@ -421,6 +421,21 @@ TEST(HardeningCli, BenchOutputThatCannotBeCreatedIsRefusedFirst) {
   }
 }
 
+// Sizes past what the planner's counts hold are refused naming the flag
+// (--global-batch 99999999999 wrapped to "needs at least one micro-batch
+// (got -1536674723)", and 2^32 + 16 planned).
+TEST(HardeningCli, PlanAndGenerateSizesBeyondTheirRangesNameTheFlag) {
+  const CmdRun big =
+      run(kTessera + " plan --model gpt2-124m --topology trn1.32xlarge --seq 128 --global-batch 99999999999");
+  EXPECT_EQ(big.code, 2) << big.out;
+  EXPECT_NE(big.out.find("--global-batch: must be an integer from 1 to 16777216, got 99999999999"), std::string::npos)
+      << big.out;
+  const CmdRun wrap = run(kTessera +
+                          " plan --model gpt2-124m --topology emulated:8 --seq 128 --global-batch 4294967312 "
+                          "--dp 2 --pp 1 --tp 4 --mbs 8");
+  EXPECT_EQ(wrap.code, 2) << wrap.out;
+}
+
 // --plot FILE writes FILE's .dat and .gp beside it: an image named x.dat was
 // its own data file (exit 0, no PNG).
 TEST(HardeningCli, BenchRefusesAPlotNamedLikeItsDataOrScript) {
