@@ -420,7 +420,8 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_flag("--inference", args->inference,
                 "Plan serving instead of training: TP degree, HBM fit of weights and KV cache, time to first token "
                 "and per output token (with --batch, --prompt-len, --gen-len)");
-  cmd->add_option("--batch", args->batch, "--inference: sequences decoded together")->check(cli::positive(args->batch));
+  cmd->add_option("--batch", args->batch, "--inference: sequences decoded together")
+      ->check(cli::int_range<decltype(args->batch)>(1, 1 << 20));  // the prompts are listed one per sequence
   cmd->add_option("--prompt-len", args->prompt_len, "--inference: tokens per prompt")
       ->check(cli::positive(args->prompt_len));
   cmd->add_option("--gen-len", args->gen_len, "--inference: new tokens per sequence")

@@ -93,6 +93,14 @@ struct ForwardCost {
 ForwardCost cached_forward_cost(const ModelConfig& model, const DeviceSpec& device, DType dtype,
                                 const collectives::GroupCostModel& tp_group, int tp,
                                 const std::vector<std::pair<int64_t, int64_t>>& sequences);
+// The same from the batch's totals, which are all the cost depends on:
+// sequences, new tokens, attention scores (sum of len x past + len(len+1)/2)
+// and K/V rows read (sum of past + len).
+struct BatchTotals {
+  int64_t sequences = 0, tokens = 0, scores = 0, kv_rows = 0;
+};
+ForwardCost cached_forward_cost(const ModelConfig& model, const DeviceSpec& device, DType dtype,
+                                const collectives::GroupCostModel& tp_group, int tp, const BatchTotals& batch);
 // The TP group of rank 0 as plan_inference costs it: every group its own
 // ring on emulated:N topologies (as the emulated cores without --topology),
 // else the topology's cores in the planner's placement.

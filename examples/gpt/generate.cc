@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -402,7 +401,7 @@ int run(int argc, char** argv) {
   app.add_option("--max-batch", f.max_batch, "sequences decoded at once (0: every request)")
       ->check(cli::non_negative(f.max_batch));
   app.add_option("--max-new-tokens", f.max_new, "new tokens per sequence")
-      ->check(cli::int_range<int64_t>(1, std::numeric_limits<int32_t>::max()));
+      ->check(cli::positive(int32_t{}));  // held in 32 bits downstream
   auto* greedy = app.add_flag("--greedy", f.greedy, "pick the most likely token (the default)");
   auto* temp = app.add_option("--temperature", f.sampling.temperature, "sample: divide the logits by T")
                    ->check(cli::number_range(1e-6, 1e6));
