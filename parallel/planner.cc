@@ -125,6 +125,8 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
   std::vector<RankedPlan> fits;
   std::optional<RankedPlan> smallest;  // least memory among all, for the error message
   long meshes = 0;
+  bool mbs_fits = false;              // some mesh had a --mbs that divides its share of the batch
+  std::vector<int64_t> per_dp_tried;  // global batch / dp of every mesh tried
 
   for (int64_t tp64 : divisors(n)) {
     const int tp = static_cast<int>(tp64);
@@ -147,9 +149,11 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
         if (bal != parts[0].first) parts.push_back({bal, true});
       }
       const int64_t per_dp = B / dp;
+      per_dp_tried.push_back(per_dp);
       for (int64_t mbs64 : divisors(per_dp)) {
         const int mbs = static_cast<int>(mbs64);
         if (pinned_out(pin.micro_batch, mbs)) continue;
+        mbs_fits = true;
         const int m = static_cast<int>(per_dp / mbs);
         std::vector<int> vs = {1};
         if (pp > 1 && model.layers % pp == 0 && m % pp == 0)
@@ -200,6 +204,14 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
         detail::concat("no tp*pp*dp = ", n, " fits the constraints: tp must divide the ", model.heads, " heads (",
                        model.kv_heads, " KV heads, MLP ", model.ffn_hidden, "), pp at most ", model.layers,
                        " layers, and dp must divide the global batch ", B, "; check the pins and --global-batch"));
+  if (res.evaluated == 0 && pin.micro_batch && !mbs_fits) {
+    std::string per;
+    for (int64_t x : per_dp_tried) per += (per.empty() ? "" : ", ") + std::to_string(x);
+    throw InvalidArgument(detail::concat("--mbs ", *pin.micro_batch,
+                                         " divides no data-parallel rank's share of the global batch (global batch / "
+                                         "dp = ",
+                                         per, ")"));
+  }
   if (res.evaluated == 0)
     throw InvalidArgument(
         "no choice satisfies the pins (interleaving needs pp*v dividing the layers and the "

@@ -434,6 +434,14 @@ TEST(HardeningCli, PlanAndGenerateSizesBeyondTheirRangesNameTheFlag) {
                           " plan --model gpt2-124m --topology emulated:8 --seq 128 --global-batch 4294967312 "
                           "--dp 2 --pp 1 --tp 4 --mbs 8");
   EXPECT_EQ(wrap.code, 2) << wrap.out;
+  // A --mbs that divides no rank's share names itself (the message blamed interleaving, not asked for).
+  const CmdRun mbs = run(kTessera +
+                         " plan --model gpt2-124m --topology trn1.32xlarge --global-batch 8 --seq 128 "
+                         "--dp 4 --mbs 4 --tp 4 --pp 2");
+  EXPECT_EQ(mbs.code, 2) << mbs.out;
+  EXPECT_NE(mbs.out.find("--mbs 4 divides no data-parallel rank's share of the global batch (global batch / dp = 2)"),
+            std::string::npos)
+      << mbs.out;
 }
 
 // --plot FILE writes FILE's .dat and .gp beside it: an image named x.dat was
