@@ -158,6 +158,7 @@ void read_requests(Flags& f) {
   const std::string text = read_input_file(f.requests, "--requests");
   std::istringstream in(text);
   std::string line;
+  std::vector<std::string> wheres;  // each request's file and line
   for (int n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = "--requests " + f.requests + " line " + std::to_string(n);
@@ -180,7 +181,7 @@ void read_requests(Flags& f) {
     for (const auto& [key, v] : j.items()) {
       if (key == "prompt") {
         if (!v.is_string()) throw FormatError(where + ": field 'prompt' must be a string (text), not " + json_kind(v));
-        r.prompt = byte_tokens(v.get<std::string>(), f, where);
+        r.prompt = byte_tokens(v.get<std::string>(), f, where + ": field 'prompt'");
         f.prompt_texts.push_back(v.get<std::string>());
       } else if (key == "prompt_tokens") {
         if (!v.is_array())
@@ -200,8 +201,23 @@ void read_requests(Flags& f) {
     }
     if (r.prompt.empty()) throw FormatError(where + ": needs a non-empty prompt or prompt_tokens");
     f.reqs.push_back(std::move(r));
+    wheres.push_back(where);
   }
   if (f.reqs.empty()) throw FormatError("--requests " + f.requests + ": no requests");
+  // What generate() would refuse for this model, said with the file and line
+  // (once every line parsed: a syntax error is named first).
+  for (size_t q = 0; q < f.reqs.size(); ++q) {
+    const models::GenerationRequest& r = f.reqs[q];
+    for (size_t i = 0; i < r.prompt.size(); ++i)
+      if (r.prompt[i] >= f.cfg.vocab)
+        throw FormatError(tessera::detail::concat(wheres[q], ": field 'prompt_tokens[", i, "]' is token id ",
+                                                  r.prompt[i], ", outside the vocabulary [0, ", f.cfg.vocab,
+                                                  ") of the model"));
+    if (static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens > f.cfg.max_seq)
+      throw FormatError(tessera::detail::concat(wheres[q], ": ", r.prompt.size(), " prompt tokens + max_new_tokens ",
+                                                r.max_new_tokens, " exceed the model's context of ", f.cfg.max_seq,
+                                                " tokens"));
+  }
 }
 
 void build_requests(Flags& f) {
@@ -293,15 +309,21 @@ int run_generate(const Flags& f, const gpt::Job& job) {
   if (lead && !f.json.empty()) json = std::make_unique<OutputStream>(f.json);
   if (lead) {
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-    std::string lens;
-    for (const auto& r : f.reqs) lens += (lens.empty() ? "" : ",") + std::to_string(r.prompt.size());
+    std::string lens, news;  // per request (--requests gives each its own max_new_tokens)
+    bool same_new = true;
+    for (const auto& r : f.reqs) {
+      lens += (lens.empty() ? "" : ",") + std::to_string(r.prompt.size());
+      news += (news.empty() ? "" : ",") + std::to_string(r.max_new_tokens);
+      same_new = same_new && r.max_new_tokens == f.reqs.front().max_new_tokens;
+    }
+    if (same_new) news = std::to_string(f.reqs.front().max_new_tokens);
     std::printf(
         "generate: %s '%s' (%.2fM params, vocab %d, context %d) from %s %s | tp=%d | device %s | %s | %zu prompt(s) "
-        "of %s tokens, %lld new | %s | OPENBLAS_CORETYPE=%s\n",
+        "of %s tokens, %s new | %s | OPENBLAS_CORETYPE=%s\n",
         f.cfg.family == "llama" ? "Llama" : "GPT-2", f.cfg.name.c_str(), f.cfg.total_params() / 1e6, f.cfg.vocab,
         f.cfg.max_seq, f.from_checkpoint ? "checkpoint" : "Hugging Face", f.init.c_str(), f.tp, f.device.c_str(),
-        f.precision.c_str(), f.reqs.size(), lens.c_str(), static_cast<long long>(f.max_new),
-        f.sampling.greedy ? "greedy" : "sampling", coretype ? coretype : "(unset)");
+        f.precision.c_str(), f.reqs.size(), lens.c_str(), news.c_str(), f.sampling.greedy ? "greedy" : "sampling",
+        coretype ? coretype : "(unset)");
     std::fflush(stdout);
   }
   auto on_step = [&](const models::GenerationStep& s) {

@@ -304,7 +304,13 @@ TEST(GenerateCli, RequestsFileErrorsNameTheFileAndField) {
            {"{\"prompt\": \"hi\", \"arrival_step\": \"1\"}\n",
             "line 1: field 'arrival_step' must be an integer >= 0 (a decode step), not a string"},
            {"{\"prompt\": \"hi\", \"prompt_tokens\": [1]}\n", "line 1: give 'prompt' or 'prompt_tokens', not both"},
-           {"{\"prompt\": \"hi\", \"arrival\": 1}\n", "line 1: unknown field 'arrival'"}}) {
+           {"{\"prompt\": \"hi\", \"arrival\": 1}\n", "line 1: unknown field 'arrival'"},
+           // What the model refuses, still named by file and line (it was "prompt 0: ...").
+           {"{\"prompt\": \"\", \"max_new_tokens\": 4}\n", "line 1: field 'prompt' is empty"},
+           {"{\"prompt\": \"hi\", \"max_new_tokens\": 4}\n{\"prompt_tokens\": [1, 99999], \"max_new_tokens\": 4}\n",
+            "line 2: field 'prompt_tokens[1]' is token id 99999, outside the vocabulary [0, "},
+           {"{\"prompt\": \"Hi\", \"max_new_tokens\": 100000}\n",
+            "line 1: 2 prompt tokens + max_new_tokens 100000 exceed the model's context of "}}) {
     const std::string file = write_file(t.d, "r.jsonl", text);
     const CommandResult r = generate("--init " + t.hf + " --requests " + file);
     EXPECT_EQ(r.code, 2) << text << "\n" << r.out;
