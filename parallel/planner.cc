@@ -85,6 +85,12 @@ void validate_pins(const ModelConfig& m, const Topology& topo, const PlannerOpti
     TESSERA_ARG_CHECK(*p.micro_batch >= 1 && B % *p.micro_batch == 0, "--mbs ", *p.micro_batch,
                       " must be positive and divide the global batch ", B);
   }
+  // ZeRO-1 shards over DP and sequence parallelism over TP: with one rank there they are not there.
+  if (p.zero1 && *p.zero1 && p.dp)
+    TESSERA_ARG_CHECK(*p.dp > 1, "--zero1 on needs dp > 1 (it shards the optimizer state over DP), not --dp ", *p.dp);
+  if (p.sequence_parallel && *p.sequence_parallel && p.tp)
+    TESSERA_ARG_CHECK(*p.tp > 1, "--sequence-parallel on needs tp > 1 (it splits the sequence over TP), not --tp ",
+                      *p.tp);
   if (p.schedule && p.virtual_stages)
     TESSERA_ARG_CHECK((*p.schedule == pipeline::Schedule::kInterleaved) == (*p.virtual_stages > 1), "--schedule ",
                       pipeline::schedule_name(*p.schedule), " and --virtual-stages ", *p.virtual_stages,
@@ -171,10 +177,10 @@ PlannerResult plan(const ModelConfig& model, const Topology& topo, const Planner
               if (pp > 1 && pinned_out(pin.schedule, sched)) continue;
               for (int z = 0; z < 2; ++z) {
                 const bool zero1 = z == 1;
-                if (pinned_out(pin.zero1, zero1) || (zero1 && dp == 1 && !pin.zero1)) continue;
+                if (pinned_out(pin.zero1, zero1) || (zero1 && dp == 1)) continue;
                 for (int sp_i = 0; sp_i < 2; ++sp_i) {
                   const bool sp = sp_i == 1;
-                  if (pinned_out(pin.sequence_parallel, sp) || (sp && tp == 1 && !pin.sequence_parallel)) continue;
+                  if (pinned_out(pin.sequence_parallel, sp) || (sp && tp == 1)) continue;
                   for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
                     if (pinned_out(pin.recompute, r)) continue;
                     RankedPlan rp;

@@ -81,8 +81,10 @@ int parse_count(const std::string& spec, const std::string& text) {
   } catch (const std::exception&) {
     pos = 0;
   }
-  TESSERA_ARG_CHECK(pos == text.size() && !text.empty() && v >= 1 && v <= (1 << 24), "topology preset '", spec, "': '",
-                    text, "' is not a positive count");
+  TESSERA_ARG_CHECK(pos == text.size() && !text.empty() && v >= 1, "topology preset '", spec, "': '", text,
+                    "' is not a positive count");
+  TESSERA_ARG_CHECK(v <= (1 << 24), "topology preset '", spec, "': ", text, " is more than ", 1 << 24,
+                    " (the largest count a preset takes)");
   return static_cast<int>(v);
 }
 
@@ -252,8 +254,8 @@ Topology Topology::preset(const std::string& spec, const TopologyOptions& opts) 
     std::stringstream ss(arg);
     std::string part;
     while (std::getline(ss, part, 'x')) sizes.push_back(parse_count(spec, part));
-    TESSERA_ARG_CHECK(sizes.size() == 4, "topology preset '", spec,
-                      "': expected torus4d:AxBxCxD, e.g. torus4d:16x16x16x16");
+    TESSERA_ARG_CHECK(sizes.size() == 4 && arg.back() != 'x', "topology preset '", spec,
+                      "': expected torus4d:AxBxCxD, e.g. torus4d:16x16x16x16");  // getline drops a trailing "x"
     double bw = opts.link_bandwidth > 0 ? opts.link_bandwidth : kTrn1LinkBw;
     double lat = opts.link_latency > 0 ? opts.link_latency : kNeuronLinkLat;
     std::vector<TopologyDim> dims;

@@ -76,6 +76,11 @@ std::vector<int32_t> byte_tokens(const std::string& text, const Flags& f, const 
 
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& what) {
   std::vector<int32_t> ids;
+  // "1,,3" is a typo, not [1, 3]: every comma separates two ids.
+  const size_t first = s.find_first_not_of(' '), last = s.find_last_not_of(' ');
+  TESSERA_ARG_CHECK(
+      s.find(",,") == std::string::npos && (first == std::string::npos || (s[first] != ',' && s[last] != ',')), what,
+      ": '", s, "' has an empty id between commas");
   std::string t = s;
   std::replace(t.begin(), t.end(), ',', ' ');
   std::istringstream in(t);

@@ -123,6 +123,7 @@ TEST(GenerateCli, BadFlagsExit2WithUsage) {
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
            {"--prompt hello", "--init is required"},
            {init + " --max-new-tokens 0", "--max-new-tokens: must be a positive integer, got 0"},
+           {"--init " + t.hf + " --prompt-tokens 1,,3", "--prompt-tokens 1: '1,,3' has an empty id between commas"},
            {init + " --greedy --temperature 0.5", "--greedy excludes --temperature"},
            {init + " --top-p 2", "--top-p"},
            {init + " --no-such-flag", "no-such-flag"},

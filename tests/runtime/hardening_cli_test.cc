@@ -434,6 +434,16 @@ TEST(HardeningCli, PlanAndGenerateSizesBeyondTheirRangesNameTheFlag) {
                           " plan --model gpt2-124m --topology emulated:8 --seq 128 --global-batch 4294967312 "
                           "--dp 2 --pp 1 --tp 4 --mbs 8");
   EXPECT_EQ(wrap.code, 2) << wrap.out;
+  // Pins that cannot hold (docs/planner.md, 4: ZeRO-1 needs dp > 1, SP tp > 1), and preset counts.
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--topology emulated:4 --tp 4 --dp 1 --pp 1 --zero1 on", "--zero1 on needs dp > 1"},
+           {"--topology emulated:8 --tp 1 --dp 8 --pp 1 --sequence-parallel on", "--sequence-parallel on needs tp > 1"},
+           {"--topology torus4d:2x2x2x2x", "expected torus4d:AxBxCxD"},
+           {"--topology emulated:99999999999", "is more than 16777216"}}) {
+    const CmdRun r = run(kTessera + " plan --model gpt2-124m --global-batch 16 --seq 128 " + flags);
+    EXPECT_EQ(r.code, 2) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+  }
   // A --mbs that divides no rank's share names itself (the message blamed interleaving, not asked for).
   const CmdRun mbs = run(kTessera +
                          " plan --model gpt2-124m --topology trn1.32xlarge --global-batch 8 --seq 128 "
