@@ -479,6 +479,10 @@ int run(int argc, char** argv) {
     build_requests(f);
     const World w = discover_world();
     if (w.rank == 0 && !f.json.empty()) cli::check_output_file("--json", f.json);
+    // One rank per TP rank (the same check the job makes once joined, said before the mesh is built).
+    TESSERA_ARG_CHECK(w.size == f.tp, "--tp ", f.tp, " needs ", f.tp, " processes, one per rank, and this job has ",
+                      w.size, ": start it with `tessera run --nproc-per-node ", f.tp,
+                      " -- generate ...` or `mpirun -np ", f.tp, " generate ...`");
     TopologyOptions o;
     o.device = f.device;
     placed = gpt::place_ranks(f.topology, o, parallel::Mesh({.tp = f.tp, .dp = w.size / f.tp, .pp = 1}), w.size);
