@@ -401,7 +401,10 @@ TEST(HardeningCli, BenchChecksRootAndAlgoBeforeTheRanksStart) {
            {"broadcast -r 2 --root -1", "--root -1 is not a rank of 2"},
            {"allr -r 3 --algo bogus", "--algo: unknown collective algorithm 'bogus' (known: "},
            {"allr -r 4 --topology emulated:2", "--topology emulated:2 has 2 cores, fewer than the 4 ranks"}}) {
-    const CmdRun r = run(kTessera + " bench " + flags + " -b 8 -e 8 -n 1");
+    std::string cmd = kTessera + " bench ";
+    cmd += flags;
+    cmd += " -b 8 -e 8 -n 1";
+    const CmdRun r = run(cmd);
     EXPECT_EQ(r.code, 2) << r.out;
     const size_t at = r.out.find(says);
     EXPECT_NE(at, std::string::npos) << r.out;
@@ -414,7 +417,9 @@ TEST(HardeningCli, BenchChecksRootAndAlgoBeforeTheRanksStart) {
 TEST(HardeningCli, BenchOutputThatCannotBeCreatedIsRefusedFirst) {
   TempDir d;
   for (const std::string& path : {d.file(std::string(260, 'a') + ".json"), std::string("/proc/x.json")}) {
-    const CmdRun r = run(kTessera + " bench allr -r 2 -b 8 -e 64 -n 1 --json " + path);
+    std::string cmd = kTessera + " bench allr -r 2 -b 8 -e 64 -n 1 --json ";
+    cmd += path;
+    const CmdRun r = run(cmd);
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find("--json: cannot write"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("algbw"), std::string::npos) << "the bench ran first:\n" << r.out;
@@ -440,7 +445,9 @@ TEST(HardeningCli, PlanAndGenerateSizesBeyondTheirRangesNameTheFlag) {
            {"--topology emulated:8 --tp 1 --dp 8 --pp 1 --sequence-parallel on", "--sequence-parallel on needs tp > 1"},
            {"--topology torus4d:2x2x2x2x", "expected torus4d:AxBxCxD"},
            {"--topology emulated:99999999999", "is more than 16777216"}}) {
-    const CmdRun r = run(kTessera + " plan --model gpt2-124m --global-batch 16 --seq 128 " + flags);
+    std::string cmd = kTessera + " plan --model gpt2-124m --global-batch 16 --seq 128 ";
+    cmd += flags;
+    const CmdRun r = run(cmd);
     EXPECT_EQ(r.code, 2) << flags << "\n" << r.out;
     EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
   }

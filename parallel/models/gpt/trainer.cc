@@ -82,8 +82,9 @@ Trainer::Trainer(TrainOptions opts, const parallel::layers::ParallelState& ps,
   // device out-of-memory error): this rank holds at least its stage's
   // floor(layers / pp) layers' TP shards, 2 bytes each at the least.
   const uint64_t capacity = ps.device->memory_stats().capacity;
-  const double at_least = static_cast<double>(opts_.model.layers / std::max(1, opts_.pp)) *
-                          static_cast<double>(opts_.model.layer_params_tp_sharded() / std::max(1, opts_.tp)) * 2.0;
+  const int64_t stage_layers = opts_.model.layers / std::max(1, opts_.pp);                    // floor: the fewest
+  const int64_t layer_shard = opts_.model.layer_params_tp_sharded() / std::max(1, opts_.tp);  // floor
+  const double at_least = static_cast<double>(stage_layers) * static_cast<double>(layer_shard) * 2.0;
   if (capacity > 0 && at_least > static_cast<double>(capacity))
     throw DeviceOutOfMemory(ps.device->name(), at_least >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(at_least), 0,
                             capacity);
