@@ -1,7 +1,6 @@
 #include "launcher/agent_options.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,6 +14,7 @@
 
 #include "launcher/coordinator.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 
 namespace tessera::launcher {
 
@@ -121,13 +121,8 @@ CheckedRun check_run_options(const RunOptions& opt) {
     if (ec) throw InvalidArgument(detail::concat("--log-dir '", opt.log_dir, "': ", ec.message()));
     // An existing directory the logs cannot be created in (a read-only
     // mount) is the same bad value, said now, not at the first worker's log.
-    const std::string probe = (std::filesystem::path(opt.log_dir) / (".probe." + std::to_string(::getpid()))).string();
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0)
-      throw InvalidArgument(
-          detail::concat("--log-dir '", opt.log_dir, "': cannot create a file there: ", std::strerror(errno)));
-    ::close(fd);
-    ::unlink(probe.c_str());
+    if (const std::string why = file_creation_refusal(opt.log_dir); !why.empty())
+      throw InvalidArgument(detail::concat("--log-dir '", opt.log_dir, "': ", why));
   }
   return c;
 }

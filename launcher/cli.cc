@@ -1,6 +1,5 @@
 #include "launcher/cli.h"
 
-#include <fcntl.h>
 #include <limits.h>
 #include <unistd.h>
 
@@ -105,12 +104,7 @@ void check_output_file(const std::string& flag, const std::string& path) {
   // access() says yes to root in /proc, and nothing checks the name's length: the
   // file itself is created and renamed there (write_file_atomic), so try that much.
   if (p.filename().string().size() > NAME_MAX) fail("file name longer than " + std::to_string(NAME_MAX) + " bytes");
-  const std::string probe =
-      (dir / ("." + p.filename().string().substr(0, 200) + ".probe." + std::to_string(::getpid()))).string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) fail("cannot create a file in '" + dir.string() + "': " + std::strerror(errno));
-  ::close(fd);
-  ::unlink(probe.c_str());
+  if (const std::string why = file_creation_refusal(dir.string()); !why.empty()) fail(why);
 }
 
 std::string own_executable() {

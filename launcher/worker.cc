@@ -380,13 +380,12 @@ WorkerContext init_worker(const WorkerOptions& opt) {
   }
 
   if (opt.create_communicator) {
-    // Communicator::create keys its store as tessera/comm/<name>/<generation>/
-    // itself (a prefix of ours on top doubled it in every key and message).
-    auto comm_store = ctx.store;
+    // The job's store as it is: Communicator::create keys it
+    // tessera/comm/<name>/<generation>/ itself.
     // Across hosts, TCP endpoints use the interface that reaches the coordinator.
     collectives::CommOptions comm = opt.comm;
     if (comm.reach.empty()) comm.reach = ctx.reach;
-    ctx.world_comm = collectives::Communicator::create(comm_store, ctx.world.rank, ctx.world.size, std::move(comm));
+    ctx.world_comm = collectives::Communicator::create(ctx.store, ctx.world.rank, ctx.world.size, std::move(comm));
     std::lock_guard<std::mutex> l(r.mu);
     r.comm = ctx.world_comm;
   }

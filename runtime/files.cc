@@ -859,6 +859,16 @@ OutputTarget classify_output(const std::string& path) {
   return t;
 }
 
+std::string file_creation_refusal(const std::string& dir) {
+  const std::string probe =
+      (std::filesystem::path(dir.empty() ? "." : dir) / (".tessera-probe." + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return detail::concat("cannot create a file in '", dir, "': ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return {};
+}
+
 std::string output_refusal(const std::string& path) {
   const OutputTarget t = classify_output(path);
   if (t.kind != OutputKind::Refused) return {};

@@ -311,6 +311,11 @@ OutputTarget classify_output(const std::string& path);
 // For the front-ends' start-up checks (launcher/cli.h check_output_file):
 // empty when `path` may be written, else why not ("it is a block device ...").
 std::string output_refusal(const std::string& path);
+// For the same checks of a directory files will be created in (as
+// write_file_atomic creates its temp file): creates and removes a probe
+// file there; empty when that worked, else why not (access() says yes to
+// root in /proc or on a read-only mount's directory).
+std::string file_creation_refusal(const std::string& dir);
 
 // An output written as it goes (a step log, one line at a time), under the
 // same rule: a regular file (new or existing) is truncated and written in
