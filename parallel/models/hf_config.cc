@@ -87,10 +87,18 @@ std::string torch_dtype_name(DType d) {
   }
 }
 
-std::string hf_extra_of(const nlohmann::json& j, const std::set<std::string>& computed) {
+std::set<std::string> hf_config_keys(const std::string& config_text) {
+  std::set<std::string> keys;
+  const nlohmann::json j = nlohmann::json::parse(config_text);
+  for (auto it = j.begin(); it != j.end(); ++it) keys.insert(it.key());
+  return keys;
+}
+
+std::string hf_extra_of(const nlohmann::json& j, const std::set<std::string>& written,
+                        const std::set<std::string>& source_wins) {
   nlohmann::json extra = nlohmann::json::object();
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (!computed.count(it.key())) extra[it.key()] = it.value();
+    if (!written.count(it.key()) || source_wins.count(it.key())) extra[it.key()] = it.value();
   return extra.empty() ? std::string() : extra.dump();
 }
 

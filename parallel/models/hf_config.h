@@ -35,10 +35,13 @@ ModelConfig load_model(const std::string& arg);
 // LlamaForCausalLM), with torch_dtype ("float32", "bfloat16", "float16").
 std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype);
 
-// ModelConfig::hf_extra of config.json object `j`: its keys not in
-// `computed` (those the family reads into ModelConfig and writes back), as
-// compact JSON, "" when there are none.
-std::string hf_extra_of(const nlohmann::json& j, const std::set<std::string>& computed);
+// The top-level keys of config.json text (a family's own writer's output).
+std::set<std::string> hf_config_keys(const std::string& config_text);
+// ModelConfig::hf_extra of config.json object `j`: its keys the family's
+// writer does not write (`written`), plus those of `source_wins` it
+// does, as compact JSON; "" when there are none.
+std::string hf_extra_of(const nlohmann::json& j, const std::set<std::string>& written,
+                        const std::set<std::string>& source_wins = {});
 // `config` (a family's config.json) with every key of `hf_extra` set,
 // replacing the family's own value where both have one.
 void add_hf_extra(nlohmann::json& config, const std::string& hf_extra);

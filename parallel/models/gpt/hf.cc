@@ -376,25 +376,8 @@ ModelConfig config_from_hf_json(const std::string& text, const std::string& wher
   if (c.hidden % c.heads != 0)
     throw FormatError(
         detail::concat(where, ": field 'n_head' (", c.heads, ") does not divide 'n_embd' (", c.hidden, ")"));
-  // What hf_config_json writes; the rest (bos/eos ids, initializer_range, ...) is kept.
-  static const std::set<std::string> computed = {"architectures",
-                                                 "model_type",
-                                                 "vocab_size",
-                                                 "n_positions",
-                                                 "n_ctx",
-                                                 "n_embd",
-                                                 "n_layer",
-                                                 "n_head",
-                                                 "n_inner",
-                                                 "activation_function",
-                                                 "layer_norm_epsilon",
-                                                 "resid_pdrop",
-                                                 "embd_pdrop",
-                                                 "attn_pdrop",
-                                                 "scale_attn_weights",
-                                                 "tie_word_embeddings",
-                                                 "torch_dtype"};
-  c.hf_extra = models::hf_extra_of(j, computed);
+  // Kept from the source: every key hf_config_json does not write (bos/eos ids, initializer_range, ...).
+  c.hf_extra = models::hf_extra_of(j, models::hf_config_keys(hf_config_json(c)));
   return c;
 }
 

@@ -120,30 +120,16 @@ ModelConfig config_from_hf(const std::string& text, const std::string& source) {
       m.rope_scaling.original_max_position_embeddings = s.integer("original_max_position_embeddings", nullptr);
     }
   }
-  // What config_to_hf writes from ModelConfig; everything else (bos/eos ids,
-  // model_type mistral and its architectures, initializer_range, ...) is kept.
-  static const std::set<std::string> computed = {"hidden_size",
-                                                 "intermediate_size",
-                                                 "num_hidden_layers",
-                                                 "num_attention_heads",
-                                                 "num_key_value_heads",
-                                                 "vocab_size",
-                                                 "max_position_embeddings",
-                                                 "head_dim",
-                                                 "rms_norm_eps",
-                                                 "rope_theta",
-                                                 "tie_word_embeddings",
-                                                 "attention_bias",
-                                                 "mlp_bias",
-                                                 "hidden_act",
-                                                 "rope_scaling",
-                                                 "torch_dtype"};
-  m.hf_extra = hf_extra_of(j, computed);
   try {
     m.validate();
   } catch (const InvalidArgument& e) {
     throw FormatError("config.json " + source + ": " + e.what());
   }
+  // Kept from the source: every key config_to_hf does not write (bos/eos
+  // ids, ...), and these three whose source values win over its defaults
+  // (a Mistral stays a Mistral).
+  m.hf_extra =
+      hf_extra_of(j, hf_config_keys(config_to_hf(m, "float32")), {"architectures", "model_type", "initializer_range"});
   return m;
 }
 
