@@ -27,6 +27,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 struct PlanArgs {
   std::string model, topology, json, zero1, sp, recompute, order = "tp-dp-pp", precision = "bf16", device, schedule;
   std::string runtime = "tessera", overlap_grad_reduce = "off";
+  std::string overlap_tp_backward;  // on|off; not given: on with megatron-lm, off with tessera
   int cores = 0, tp = 0, pp = 0, dp = 0, mbs = 0, vstages = 0, top = 5;
   long long global_batch = 0;
   int seq = 0;
@@ -329,6 +330,8 @@ int run_plan(const PlanArgs& a) {
   o.train.memory_fraction = a.memory_fraction;
   o.train.runtime = parse_runtime(a.runtime);
   o.train.overlap_grad_reduce = a.overlap_grad_reduce == "on";
+  o.train.overlap_tp_backward =
+      a.overlap_tp_backward.empty() ? o.train.runtime == StepRuntime::MegatronLM : a.overlap_tp_backward == "on";
   o.top_k = a.top;
   o.order = parse_mesh_order(a.order);
   auto given = [&](const char* flag) { return a.cmd->count(flag) > 0; };
@@ -363,7 +366,11 @@ int run_plan(const PlanArgs& a) {
      << f(parallel::gemm_sustained_fraction(topo.device(), o.train), 2)
      << " of peak on GEMMs of ideal shape, usable memory " << gib(res.capacity_bytes) << " per core\n";
   os << "runtime " << runtime_name(o.train.runtime) << ", DP gradient reduction "
-     << (o.train.overlap_grad_reduce ? "overlapped with the backward pass" : "after the backward pass") << "\n";
+     << (o.train.overlap_grad_reduce ? "overlapped with the backward pass" : "after the backward pass");
+  if (o.train.runtime == StepRuntime::MegatronLM)
+    os << ", TP reductions of the backward pass " << (o.train.overlap_tp_backward ? "beside" : "after")
+       << " the weight-gradient GEMMs";
+  os << "\n";
   os << "searched " << res.evaluated << " choices in " << f(res.seconds, 3) << " s (" << res.over_memory
      << " over memory)\n\n";
   print_plan(os, topo, o, res.top[0]);
@@ -458,6 +465,10 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
                   "Overlap each DP gradient bucket's reduction with the backward pass: on|off (off: as the emulated "
                   "cores charge)")
       ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--overlap-tp-backward", args->overlap_tp_backward,
+                  "megatron-lm: run each column-parallel layer's TP reduction of the backward pass beside its "
+                  "weight-gradient GEMM, as Megatron-LM does since late 2021: on|off (default on with megatron-lm)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")
       ->capture_default_str()

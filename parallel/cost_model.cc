@@ -271,8 +271,9 @@ struct Pass {
 class StepCoster {
  public:
   StepCoster(const ModelConfig& m, const DeviceSpec& dev, bool fp32, const GroupNets& nets, int tp, bool sp, int64_t b,
-             int64_t seq, StepRuntime runtime)
+             int64_t seq, StepRuntime runtime, bool overlap_tp_backward)
       : megatron_(runtime == StepRuntime::MegatronLM),
+        overlap_tp_backward_(overlap_tp_backward && megatron_),
         m_(m),
         dev_(dev),
         dt_(fp32 ? DType::F32 : DType::BF16),
@@ -357,11 +358,17 @@ class StepCoster {
     p.compute += k(cost::gemm(n_, out, c_, m_.has_bias()));
   }
   void column_backward(Pass& p, int64_t out) const {
-    if (sp_ && megatron_) p.comm += tp(K::AllGather, nl_ * c_);  // the input, gathered again for the weight gradient
-    p.compute += k(cost::gemm(c_, out, n_, true));
-    if (m_.has_bias()) p.compute += k(cost::bias_grad(n_, out));
-    p.compute += k(cost::gemm(n_, c_, out, false));
-    p.comm += sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_);
+    // The input, gathered again for the weight gradient (Megatron-LM with sequence parallelism).
+    const double gather = sp_ && megatron_ ? tp(K::AllGather, nl_ * c_) : 0.0;
+    const double wgrad = k(cost::gemm(c_, out, n_, true)) + (m_.has_bias() ? k(cost::bias_grad(n_, out)) : 0.0);
+    const double dgrad = k(cost::gemm(n_, c_, out, false));
+    const double reduce = sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_);
+    p.compute += wgrad + dgrad;
+    if (overlap_tp_backward_) {  // only what the GEMM beside it cannot hide waits
+      p.comm += std::max(0.0, gather - dgrad) + std::max(0.0, reduce - wgrad);
+    } else {
+      p.comm += gather + reduce;
+    }
   }
   void row_forward(Pass& p, int64_t in) const {
     if (t_ == 1) {
@@ -552,6 +559,7 @@ class StepCoster {
   mutable bool fwd_done_ = false, bwd_done_[3] = {false, false, false};
 
   bool megatron_;
+  bool overlap_tp_backward_;
   const ModelConfig& m_;
   const DeviceSpec& dev_;
   DType dt_;
@@ -576,6 +584,8 @@ CostModel::CostModel(const ModelConfig& model, const DeviceSpec& device, const T
   TESSERA_ARG_CHECK(train.seq <= model.max_seq, "--seq ", train.seq, " exceeds the model's max_seq ", model.max_seq);
   TESSERA_ARG_CHECK(train.efficiency <= 1, "--efficiency must be in (0, 1]");
   TESSERA_ARG_CHECK(train.bucket_elems >= 1, "the gradient bucket must hold at least one element");
+  TESSERA_ARG_CHECK(!train.overlap_tp_backward || train.runtime == StepRuntime::MegatronLM,
+                    "--overlap-tp-backward on needs --runtime megatron-lm (tessera's TP collectives block)");
   device_.sustained_fraction = gemm_sustained_fraction(device, train);
   TESSERA_ARG_CHECK(device_.sustained_fraction > 0 && device_.sustained_fraction <= 1, "device '", device.name,
                     "' needs a sustained fraction of peak in (0, 1]");
@@ -620,7 +630,8 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
 
   // Every pass of a micro-batch, from the kernels and collectives it runs.
   using K = collectives::CollKind;
-  const StepCoster sc(m, device_, train_.fp32, nets, t, c.sequence_parallel, b, seq, train_.runtime);
+  const StepCoster sc(m, device_, train_.fp32, nets, t, c.sequence_parallel, b, seq, train_.runtime,
+                      train_.overlap_tp_backward);
   std::vector<std::vector<double>> fwd(static_cast<size_t>(p)), bwd(static_cast<size_t>(p));
   std::vector<Pass> per_mb(static_cast<size_t>(p));  // all chunks' forward + backward of one micro-batch
   for (int s = 0; s < p; ++s) {

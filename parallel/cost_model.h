@@ -73,6 +73,15 @@ struct TrainingConfig {
   // backward pass, as the emulated cores charge them (and as Megatron-LM's
   // local DDP of 2021-22 ran them).
   bool overlap_grad_reduce = false;
+  // Megatron-LM's column-parallel backward overlapped with its GEMMs: the
+  // input gradient's TP all-reduce runs beside the weight-gradient GEMM
+  // (ColumnParallelLinearWithAsyncAllreduce, on unless
+  // --no-async-tensor-model-parallel-allreduce); with sequence parallelism the
+  // input's all-gather beside the input-gradient GEMM and the reduce-scatter
+  // beside the weight-gradient GEMM. Megatron-LM has it since late 2021; the
+  // 2021 code Narayanan et al. measured reduced after both GEMMs. Only with
+  // the Megatron-LM runtime (tessera's TP collectives block).
+  bool overlap_tp_backward = false;
 };
 
 // One point of the search space.

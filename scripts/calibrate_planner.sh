@@ -29,7 +29,7 @@ trap 'rm -rf "$tmp"' EXIT
 seq_len=2048 vocab=51200
 printf '%-17s %-13s %-22s %10s %10s %8s   %s\n' table row "layout (t,p,d,b,v)" published predicted error "compute / tp / pp / bubble / dp (s)"
 line=0
-while IFS=, read -r src name layers hidden heads tp pp dp gpus gbs mbs vst rec sp runtime overlap tflops iter; do
+while IFS=, read -r src name layers hidden heads tp pp dp gpus gbs mbs vst rec sp runtime overlap tp_overlap tflops iter; do
   line=$((line + 1))
   [[ -z "$src" || "$src" == \#* ]] && continue
   [[ -n "$iter" || -n "$tflops" ]] || { echo "calibrate_planner: $data line $line: neither TFLOP/s nor iteration time" >&2; exit 2; }
@@ -49,7 +49,7 @@ while IFS=, read -r src name layers hidden heads tp pp dp gpus gbs mbs vst rec s
   out="$tmp/$name.plan.json"
   if ! "$bin" plan --model "$model" --topology "dgx-a100:$nodes" --global-batch "$gbs" --seq "$seq_len" \
       --tp "$tp" --pp "$pp" --dp "$dp" --mbs "$mbs" --recompute "$rec" --sequence-parallel "$sp" --zero1 off \
-      --runtime "$runtime" --overlap-grad-reduce "$overlap" \
+      --runtime "$runtime" --overlap-grad-reduce "$overlap" --overlap-tp-backward "$tp_overlap" \
       "${sched[@]}" --memory-fraction 1 --top 1 --json "$out" "${extra[@]}" >"$tmp/log" 2>&1; then
     printf '%-17s %-13s plan failed: %s\n' "$src" "$name" "$(grep -v '^Temporary files' "$tmp/log" | tail -1)" >&2
     continue

@@ -8,6 +8,7 @@
 #include "parallel/mesh.h"
 #include "parallel/models/gpt/trainer.h"
 #include "runtime/error.h"
+#include "runtime/kernel_cost.h"
 
 namespace tessera::parallel {
 namespace {
@@ -248,6 +249,65 @@ TEST(CostModel, MegatronRedoesSequenceParallelGathers) {
   EXPECT_GT(mg.time.compute, ts.time.compute);
   EXPECT_EQ(parse_runtime("megatron-lm"), StepRuntime::MegatronLM);
   EXPECT_THROW(parse_runtime("nccl"), InvalidArgument);
+}
+
+// Megatron-LM since late 2021 runs each column-parallel layer's TP
+// collective of the backward pass beside a GEMM (ColumnParallelLinear with
+// async all-reduce; with sequence parallelism the input's all-gather beside
+// the input-gradient GEMM, the reduce-scatter beside the weight-gradient
+// GEMM): per layer and micro-batch, the QKV and FC1 layers each hide
+// min(collective, GEMM) of it. Nothing else changes.
+TEST(CostModel, MegatronOverlapsTheColumnParallelBackwardCollectives) {
+  // h 4096 over tp 8: QKV 1536 and FC1 2048 output columns a rank, biases.
+  const ModelConfig m = ModelConfig::from_json_text(
+      R"({"layers": 2, "hidden": 4096, "heads": 32, "vocab": 1000, "max_seq": 2048})", "wide.json");
+  const int t = 8;
+  const GroupNets nets = emulated_group_nets(t, 1, 1);
+  TrainingConfig tc;
+  tc.global_batch = 2;
+  tc.seq = 2048;
+  tc.runtime = StepRuntime::MegatronLM;
+  // An A100's GEMMs (at the Megatron-LM figure) are short beside these
+  // shared-memory collectives, so the reductions are hidden only in part.
+  DeviceSpec dev = DeviceSpec::preset("a100-80gb");
+  dev.sustained_fraction = gemm_sustained_fraction(dev, tc);
+  using collectives::CollKind;
+  auto pred = [&](CollKind kind, int64_t count) {  // 16-bit elements; NCCL reduces in 16 bits
+    if (kind == CollKind::AllGather) return collectives::predict(kind, count, DType::BF16, nets.tp).seconds;
+    return collectives::predict(kind, (count + 1) / 2, DType::F32, nets.tp).seconds;
+  };
+  auto secs = [&](cost::Kernel k) {  // bf16: half the fp32 kernel's bytes
+    k.bytes *= 0.5;
+    return cost::kernel_seconds(dev, k, DType::BF16);
+  };
+  const int64_t n = 2048, c = 4096;  // tokens of a micro-batch of 1, hidden
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    PlanChoice ch;
+    ch.tp = t;
+    ch.sequence_parallel = sp;
+    ch.stage_layers = {2};
+    tc.overlap_tp_backward = false;
+    const PlanCost off = CostModel(m, DeviceSpec::preset("a100-80gb"), tc).evaluate(ch, nets);
+    tc.overlap_tp_backward = true;
+    const PlanCost on = CostModel(m, DeviceSpec::preset("a100-80gb"), tc).evaluate(ch, nets);
+    double hidden = 0;  // per layer and micro-batch
+    for (int64_t out : {int64_t{3 * 4096 / t}, int64_t{4 * 4096 / t}}) {
+      const double wgrad = secs(cost::gemm(c, out, n, true)) + secs(cost::bias_grad(n, out));
+      const double dgrad = secs(cost::gemm(n, c, out, false));
+      const double reduce = sp ? pred(CollKind::ReduceScatter, n / t * c) : pred(CollKind::AllReduce, n * c);
+      ASSERT_GT(reduce, wgrad);  // hidden in part: the weight-gradient GEMM's time of it
+      hidden += wgrad;
+      if (sp) hidden += std::min(pred(CollKind::AllGather, n / t * c), dgrad);
+    }
+    EXPECT_NEAR(off.time.tp_comm - on.time.tp_comm, 2 * 2 * hidden,
+                1e-9 * off.time.tp_comm);  // 2 micro-batches, 2 layers
+    EXPECT_DOUBLE_EQ(on.time.compute, off.time.compute);
+    EXPECT_NEAR(off.time.total - on.time.total, 2 * 2 * hidden, 1e-9 * off.time.total);
+  }
+  // tessera's runtime blocks on every TP collective: asking otherwise is an error.
+  tc.runtime = StepRuntime::Tessera;
+  EXPECT_THROW(CostModel(m, DeviceSpec::preset("a100-80gb"), tc), InvalidArgument);
 }
 
 // The Megatron-LM runtime costs GEMMs with the GEMM library its published
