@@ -562,8 +562,8 @@ void add_bench_command(CLI::App& root, tessera::launcher::cli::Action& action) {
       ->check(CLI::IsMember({"auto", "shm", "tcp", "mpi"}));
   cmd->add_option("--algo", a->algo, "Force an algorithm (ring, rhd, torus, ...)");
   cmd->add_option("--topology", a->topology, "Topology preset or JSON file for the modeled busbw");
-  cmd->add_option("--json", a->json, "Also write the results as JSON to FILE");
-  cmd->add_option("--plot", a->plot, "Draw busbw vs size to FILE.png (gnuplot)");
+  cmd->add_option("--json", a->json, "Also write the results as JSON to FILE")->check(cli::not_a_flag());
+  cmd->add_option("--plot", a->plot, "Draw busbw vs size to FILE.png (gnuplot)")->check(cli::not_a_flag());
   cmd->add_flag("--baseline", a->baseline, "Also measure single-core memcpy and raw TCP loopback bandwidth");
   cmd->add_option("--compare", a->compare, "Run the same sizes through MPI's own collectives: mpi")
       ->check(CLI::IsMember({"mpi"}));

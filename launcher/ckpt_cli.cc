@@ -166,7 +166,9 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   add_layout_flags(shard, args.get());
   shard->add_option("--dp", args->dp, "Data-parallel degree (the replicas' files are written; default 1)")
       ->check(cli::positive(args->dp));
-  shard->add_option("--out", args->out, "Output checkpoint directory (must not exist or be empty)")->required();
+  shard->add_option("--out", args->out, "Output checkpoint directory (must not exist or be empty)")
+      ->required()
+      ->check(cli::not_a_flag());
   shard->add_option("src", args->path, "HF safetensors file, index or directory, or a checkpoint (or --save) directory")
       ->required();
   shard->callback([&action, args, families] {
@@ -187,7 +189,9 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   add_layout_flags(reshard, args.get());
   reshard->add_option("--dp", args->dp, "Data-parallel degree (default: the checkpoint's own)")
       ->check(cli::positive(args->dp));
-  reshard->add_option("--out", args->out, "Output directory (must not exist or be empty)")->required();
+  reshard->add_option("--out", args->out, "Output directory (must not exist or be empty)")
+      ->required()
+      ->check(cli::not_a_flag());
   reshard
       ->add_option("src", args->path,
                    "A checkpoint (a training one is written as OUT/step_NNNNNNNN with its optimizer and trainer "
@@ -204,7 +208,9 @@ void add_ckpt_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   });
 
   auto* cons = ckpt->add_subcommand("consolidate", "Join any input's weights into one HF file (or an HF directory)");
-  cons->add_option("--out", args->out, "Output .safetensors file (a directory with --max-shard-size)")->required();
+  cons->add_option("--out", args->out, "Output .safetensors file (a directory with --max-shard-size)")
+      ->required()
+      ->check(cli::not_a_flag());
   cons->add_option("--max-shard-size", args->max_shard_size,
                    "Write the Hugging Face sharded form into --out (model-0000K-of-0000N.safetensors, "
                    "model.safetensors.index.json and config.json), at most this much tensor data per file, e.g. "

@@ -67,7 +67,8 @@ CLI::Validator number_range(double lo, double hi) {
 CLI::Validator not_a_flag() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
-        if (!v.empty() && v[0] == '-')
+        if (v.empty()) return "expected a value, got an empty string";
+        if (v[0] == '-')
           return "expected a value, got '" + v + "' (a flag, or the -- before the program: give the value first)";
         return "";
       },

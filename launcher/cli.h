@@ -80,8 +80,9 @@ CLI::Validator number_range(double lo, double hi);
 CLI::Validator positive_number();
 CLI::Validator non_negative_number();
 
-// A path or address, not the next flag or "--" taken as the value
-// (`--log-dir -- prog` made a directory named "--"; argparse refuses it too).
+// A path or address, not empty and not the next flag or "--" taken as the
+// value (`--log-dir -- prog` made a directory named "--"; argparse refuses
+// it too; `--json ""` wrote nothing and said nothing).
 CLI::Validator not_a_flag();
 
 // The check that fits the option's variable, integer or floating point:

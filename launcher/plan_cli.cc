@@ -445,7 +445,8 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--recompute", args->recompute, "Pin recompute: none|selective|full")
       ->check(CLI::IsMember({"none", "selective", "full"}));
   cmd->add_option("--top", args->top, "Plans to list")->capture_default_str()->check(cli::positive(args->top));
-  cmd->add_option("--json", args->json, "Write the best plan as JSON (parallel/proto/plan.proto) to FILE");
+  cmd->add_option("--json", args->json, "Write the best plan as JSON (parallel/proto/plan.proto) to FILE")
+      ->check(cli::not_a_flag());
   cmd->add_option("--precision", args->precision, "bf16 (mixed precision) or fp32")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp32"}));
@@ -476,7 +477,7 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--order", args->order, "Rank order, fastest axis first (tp-dp-pp as NxD/Megatron)")
       ->capture_default_str();
   cmd->add_option("--link-bandwidth", args->link_bw_gb_s, "torus4d: GB/s per link per direction")
-      ->check(cli::positive(args->link_bw_gb_s));
+      ->check(cli::number_range(1e-6, 1e6));
   cmd->add_option("--link-latency", args->link_latency_us, "torus4d: microseconds per hop")
       ->check(cli::positive(args->link_latency_us));
   cmd->add_option("--device", args->device, "Device of each core (trn1-core, trn2-core, a100-80gb, test-core)");

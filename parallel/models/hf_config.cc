@@ -71,6 +71,9 @@ std::optional<ModelConfig> hf_config_of(const std::string& path) {
 
 ModelConfig load_model(const std::string& arg) {
   if (auto hf = hf_config_of(arg)) return *hf;
+  std::error_code ec;
+  if (fs::is_directory(arg, ec))
+    throw FormatError(arg + ": a directory without config.json (a Hugging Face model directory has one)");
   return ModelConfig::load(arg);
 }
 
