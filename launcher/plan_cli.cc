@@ -367,7 +367,7 @@ int run_plan(const PlanArgs& a) {
      << " of peak on GEMMs of ideal shape, usable memory " << gib(res.capacity_bytes) << " per core\n";
   os << "runtime " << runtime_name(o.train.runtime) << ", DP gradient reduction "
      << (o.train.overlap_grad_reduce ? "overlapped with the backward pass" : "after the backward pass");
-  if (o.train.runtime == StepRuntime::MegatronLM)
+  if (o.train.runtime == StepRuntime::MegatronLM && model.family != "llama")  // Llama layers: LlamaModel's
     os << ", TP reductions of the backward pass " << (o.train.overlap_tp_backward ? "beside" : "after")
        << " the weight-gradient GEMMs";
   os << "\n";
