@@ -332,6 +332,8 @@ int run_plan(const PlanArgs& a) {
   o.train.overlap_grad_reduce = a.overlap_grad_reduce == "on";
   o.train.overlap_tp_backward =
       a.overlap_tp_backward.empty() ? o.train.runtime == StepRuntime::MegatronLM : a.overlap_tp_backward == "on";
+  TESSERA_ARG_CHECK(a.overlap_tp_backward.empty() || model.family != "llama", "--overlap-tp-backward models ",
+                    "Megatron-LM's GPT layers; a Llama layer is costed as LlamaModel runs it (leave the flag out)");
   o.top_k = a.top;
   o.order = parse_mesh_order(a.order);
   auto given = [&](const char* flag) { return a.cmd->count(flag) > 0; };
@@ -368,8 +370,8 @@ int run_plan(const PlanArgs& a) {
   os << "runtime " << runtime_name(o.train.runtime) << ", DP gradient reduction "
      << (o.train.overlap_grad_reduce ? "overlapped with the backward pass" : "after the backward pass");
   if (o.train.runtime == StepRuntime::MegatronLM && model.family != "llama")  // Llama layers: LlamaModel's
-    os << ", TP reductions of the backward pass " << (o.train.overlap_tp_backward ? "beside" : "after")
-       << " the weight-gradient GEMMs";
+    os << ", TP collectives of the backward pass " << (o.train.overlap_tp_backward ? "beside" : "after")
+       << " the layer's GEMMs";
   os << "\n";
   os << "searched " << res.evaluated << " choices in " << f(res.seconds, 3) << " s (" << res.over_memory
      << " over memory)\n\n";
@@ -459,7 +461,7 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--runtime", args->runtime,
                   "Software that runs the step: tessera (its kernels and communicator, as the emulated cores charge) "
                   "or megatron-lm (unfused attention with dropout, 16-bit reductions, scatter-gather between stages, "
-                  "sequence-parallel all-gathers redone in the backward pass)")
+                  "sequence-parallel all-gathers redone in the backward pass, see --overlap-tp-backward)")
       ->capture_default_str()
       ->check(CLI::IsMember({"tessera", "megatron-lm"}));
   cmd->add_option("--overlap-grad-reduce", args->overlap_grad_reduce,
@@ -468,8 +470,8 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--overlap-tp-backward", args->overlap_tp_backward,
-                  "megatron-lm: run each column-parallel layer's TP reduction of the backward pass beside its "
-                  "weight-gradient GEMM, as Megatron-LM does since late 2021: on|off (default on with megatron-lm)")
+                  "megatron-lm, GPT layers: run each column-parallel layer's TP collective of the backward pass "
+                  "beside one of its GEMMs, as Megatron-LM does since late 2021: on|off (default on with megatron-lm)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")
       ->capture_default_str()
@@ -479,7 +481,7 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--link-bandwidth", args->link_bw_gb_s, "torus4d: GB/s per link per direction")
       ->check(cli::number_range(1e-6, 1e6));
   cmd->add_option("--link-latency", args->link_latency_us, "torus4d: microseconds per hop")
-      ->check(cli::positive(args->link_latency_us));
+      ->check(cli::number_range(1e-6, 1e6));
   cmd->add_option("--device", args->device, "Device of each core (trn1-core, trn2-core, a100-80gb, test-core)");
   cmd->footer(
       "Temporary files: --json is written through .NAME.tmp.<pid>.XXXXXX next to the file, renamed into place.");
@@ -488,7 +490,9 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
     if (args->inference) {
       for (const char* f : {"--batch", "--prompt-len", "--gen-len"})
         if (args->cmd->count(f) == 0) throw CLI::RequiredError(std::string(f) + " (with --inference)");
-      for (const char* f : {"--global-batch", "--seq", "--pp", "--dp", "--mbs", "--schedule", "--zero1"})
+      for (const char* f : {"--global-batch", "--seq", "--pp", "--dp", "--mbs", "--schedule", "--zero1",
+                            "--virtual-stages", "--sequence-parallel", "--recompute", "--efficiency", "--order",
+                            "--runtime", "--overlap-grad-reduce", "--overlap-tp-backward"})
         if (args->cmd->count(f) > 0) throw CLI::ValidationError(f, "is a training flag; not with --inference");
     } else {
       for (const char* f : {"--global-batch", "--seq"})

@@ -16,7 +16,9 @@
 //     algorithm charges), the optimizer step, and the pipeline schedule
 //     itself, simulated as the executor runs it (waits for neighbours and
 //     link transfers). Nothing overlaps, as on the emulated cores, unless
-//     TrainingConfig::overlap_grad_reduce (the DP reductions with the backward).
+//     TrainingConfig::overlap_grad_reduce (the DP reductions with the backward)
+//     or, with the Megatron-LM runtime, overlap_tp_backward (the column-parallel
+//     layers' TP collectives of the backward pass with their GEMMs).
 // All functions are pure; a CostModel may be shared across threads.
 #pragma once
 
@@ -80,7 +82,9 @@ struct TrainingConfig {
   // input's all-gather beside the input-gradient GEMM and the reduce-scatter
   // beside the weight-gradient GEMM. Megatron-LM has it since late 2021; the
   // 2021 code Narayanan et al. measured reduced after both GEMMs. Only with
-  // the Megatron-LM runtime (tessera's TP collectives block).
+  // the Megatron-LM runtime (tessera's TP collectives block); GPT layers
+  // only (a Llama layer is LlamaModel's). Off here; `tessera plan` turns it
+  // on with --runtime megatron-lm unless --overlap-tp-backward off.
   bool overlap_tp_backward = false;
 };
 

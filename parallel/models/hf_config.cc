@@ -73,7 +73,7 @@ ModelConfig load_model(const std::string& arg) {
   if (auto hf = hf_config_of(arg)) return *hf;
   std::error_code ec;
   if (fs::is_directory(arg, ec))
-    throw FormatError(arg + ": a directory without config.json (a Hugging Face model directory has one)");
+    throw FormatError("model '" + arg + "': a directory without config.json (a Hugging Face model directory has one)");
   return ModelConfig::load(arg);
 }
 

@@ -343,7 +343,7 @@ TEST(HardeningCli, AnInputNamedWithoutASlashIsTakenAsTheFileItIs) {
       want += "': ";
       want += says;
       // A directory given as --model is read as a Hugging Face directory: it says what it lacks.
-      if (name == "dd" && what == "model file") want = "dd: a directory without config.json";
+      if (name == "dd" && what == "model file") want = "model 'dd': a directory without config.json";
       EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
       EXPECT_LT(r.seconds, tessera::test_time::seconds(30));
     }
