@@ -26,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <limits>
@@ -183,14 +184,105 @@ struct Stopped {
   int sig;
 };
 
+// The stop signals, blocked while this parent waits for its children and
+// taken with sigtimedwait (restored by the destructor).
+class StopSignals {
+ public:
+  StopSignals() {
+    sigemptyset(&set_);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&set_, sig);
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+  }
+  ~StopSignals() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // A stop signal that arrived within `tick`, else 0.
+  int take(const timespec& tick) const {
+    const int sig = sigtimedwait(&set_, nullptr, &tick);
+    return sig > 0 ? sig : 0;
+  }
+
+ private:
+  sigset_t set_{}, old_{};
+};
+
+// How the children of wait_children ended.
+struct ChildrenEnd {
+  int code = 0;         // the first non-zero exit code reaped (128 + signal for a signal)
+  int signal_code = 0;  // the first child killed by a signal this parent did not send
+  int interrupted = 0;  // the stop signal this parent took and forwarded
+  bool killed = false;  // this parent SIGKILLed what was left
+};
+
+// Waits for the keepers of children started with spawn_worker (each leads
+// its child's process group; it exits the way its child did) until every
+// one is reaped. A stop signal is forwarded to every live group, which gets
+// `grace` before SIGKILL (a second signal: none). After the first failure
+// the others get `failure_grace` to notice it (the transports watch their
+// peers) before SIGKILL. `on_exit(i, status)` is called as child i is
+// reaped; `on_stop(sig, left)` when the first stop signal arrives.
+ChildrenEnd wait_children(const std::vector<SpawnedWorker>& kids, const StopSignals& stop, std::chrono::seconds grace,
+                          std::chrono::seconds failure_grace,
+                          const std::function<void(size_t, int, const ChildrenEnd&)>& on_exit,
+                          const std::function<void(int, size_t)>& on_stop) {
+  ChildrenEnd end;
+  std::vector<bool> done(kids.size(), false);
+  size_t left = kids.size();
+  auto kill_at = std::chrono::steady_clock::time_point::max();
+  auto signal_all = [&](int sig) {
+    for (size_t i = 0; i < kids.size(); ++i)
+      if (!done[i]) kill(-kids[i].pid, sig);
+  };
+  while (left > 0) {
+    bool reaped = false;
+    for (size_t i = 0; i < kids.size(); ++i) {
+      if (done[i]) continue;
+      int status = 0;
+      const pid_t p = waitpid(kids[i].pid, &status, WNOHANG);
+      if (p < 0 && errno != EINTR) throw Error(std::string("bench: waitpid: ") + std::strerror(errno));
+      if (p != kids[i].pid) continue;
+      done[i] = true;
+      --left;
+      reaped = true;
+      on_exit(i, status, end);
+      const int c = exit_code_of_status(status);
+      // A child killed by a signal this parent did not send is the cause; a
+      // peer's exit 1 ("peer died"), often reaped first, is its consequence.
+      if (WIFSIGNALED(status) && !end.interrupted && !end.killed && end.signal_code == 0) end.signal_code = c;
+      if (c != 0 && end.code == 0) {
+        end.code = c;
+        if (kill_at == std::chrono::steady_clock::time_point::max())
+          kill_at = std::chrono::steady_clock::now() + failure_grace;
+      }
+    }
+    if (left == 0) break;
+    if (reaped) continue;
+    if (std::chrono::steady_clock::now() > kill_at) {
+      end.killed = true;
+      signal_all(SIGKILL);
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    if (const int sig = stop.take(timespec{0, 20L * 1000 * 1000})) {
+      if (!end.interrupted) {
+        end.interrupted = sig;
+        on_stop(sig, left);
+        signal_all(sig);
+        kill_at = std::chrono::steady_clock::now() + grace;
+      } else {
+        kill_at = std::chrono::steady_clock::now();  // a second signal: no more grace
+      }
+    }
+  }
+  return end;
+}
+
 // Runs argv (argv[0] looked up in PATH; mpirun) under the launcher's
 // spawner (spawn.h), as spawn_local starts its ranks: a keeper leading the
 // child's process group SIGKILLs the group when this parent dies, however
 // it dies, so mpirun and the ranks it started go along. A stop signal is
-// forwarded to the group, which gets kGrace before SIGKILL; then Stopped
-// is thrown. Returns the child's exit code.
+// forwarded to the group, which gets 5 s before SIGKILL; then Stopped is
+// thrown. Returns the child's exit code.
 int run_child(const std::vector<std::string>& args) {
-  constexpr auto kGrace = std::chrono::seconds(5);
   // mpirun refuses root unless told; the user asked us to start the ranks.
   if (geteuid() == 0) {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
@@ -201,47 +293,24 @@ int run_child(const std::vector<std::string>& args) {
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
   std::cout.flush();
   std::cerr.flush();
-  sigset_t stop_set, old_mask;
-  sigemptyset(&stop_set);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&stop_set, sig);
-  pthread_sigmask(SIG_BLOCK, &stop_set, &old_mask);
-  struct RestoreMask {
-    sigset_t mask;
-    ~RestoreMask() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
-  } restore{old_mask};
-  const SpawnedWorker child = spawn_worker(program, args, env, /*stdin_fd=*/0, /*cpu=*/-1, /*inherit_output=*/true);
-  int stopped = 0;
-  auto kill_at = std::chrono::steady_clock::time_point::max();
-  for (;;) {
-    int status = 0;
-    const pid_t p = waitpid(child.pid, &status, WNOHANG);
-    if (p == child.pid) {
-      if (stopped) {
-        // mpirun can exit before the last of its ranks: nothing of the group
-        // outlives this parent (bounded: a process in D state may take a while).
-        kill(-child.pid, SIGKILL);
-        for (int i = 0; i < 200 && kill(-child.pid, 0) == 0; ++i) ::usleep(10 * 1000);
-        throw Stopped{stopped};
-      }
-      return exit_code_of_status(status);
-    }
-    if (p < 0 && errno != EINTR) throw Error(std::string("bench: waitpid: ") + std::strerror(errno));
-    if (std::chrono::steady_clock::now() > kill_at) {
-      kill(-child.pid, SIGKILL);
-      kill_at = std::chrono::steady_clock::time_point::max();
-    }
-    const timespec tick{0, 20L * 1000 * 1000};
-    if (const int sig = sigtimedwait(&stop_set, nullptr, &tick); sig > 0) {
-      if (!stopped) {
-        stopped = sig;
+  const StopSignals stop;
+  const std::vector<SpawnedWorker> kids = {
+      spawn_worker(program, args, env, /*stdin_fd=*/0, /*cpu=*/-1, /*inherit_output=*/true)};
+  int status = 0;
+  const ChildrenEnd end = wait_children(
+      kids, stop, std::chrono::seconds(5), std::chrono::seconds(0),
+      [&](size_t, int st, const ChildrenEnd&) { status = st; },
+      [&](int sig, size_t) {
         std::cerr << "tessera bench: got " << signal_name(sig) << "; stopping " << args[0] << "\n";
-        kill(-child.pid, sig);
-        kill_at = std::chrono::steady_clock::now() + kGrace;
-      } else {
-        kill_at = std::chrono::steady_clock::now();  // a second signal: no more grace
-      }
-    }
+      });
+  if (end.interrupted) {
+    // mpirun can exit before the last of its ranks: nothing of the group
+    // outlives this parent (bounded: a process in D state may take a while).
+    kill(-kids[0].pid, SIGKILL);
+    for (int i = 0; i < 200 && kill(-kids[0].pid, 0) == 0; ++i) ::usleep(10 * 1000);
+    throw Stopped{end.interrupted};
   }
+  return exit_code_of_status(status);
 }
 
 // mpirun on ourselves: MPI has to start the processes it connects.
@@ -260,12 +329,10 @@ int spawn_with_mpirun(int n) {
 // outlives it either). The ranks write straight to this process's stdout
 // and stderr.
 //
-// The parent blocks SIGTERM, SIGINT, SIGHUP and SIGQUIT and takes them with
-// sigtimedwait: it forwards the signal to every rank's group, waits
-// `kGrace`, then SIGKILLs what is left, removes the store directory and
-// exits 128+signal.
+// The parent takes SIGTERM, SIGINT, SIGHUP and SIGQUIT (wait_children): it
+// forwards the signal to every rank's group, waits 5 s, then SIGKILLs what
+// is left, removes the store directory and exits 128+signal.
 int spawn_local(int n) {
-  constexpr auto kGrace = std::chrono::seconds(5);
   const std::string dir = bench::make_temp_dir();
   // Every rank inherits the job's id (the caller's TESSERA_JOB_ID, else bench-<pid>).
   setenv("TESSERA_JOB_ID", ("bench-" + std::to_string(getpid())).c_str(), 0);
@@ -274,17 +341,16 @@ int spawn_local(int n) {
   args[0] = exe;
   std::cout.flush();
   std::cerr.flush();
-  sigset_t stop_set, old_mask;
-  sigemptyset(&stop_set);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&stop_set, sig);
-  pthread_sigmask(SIG_BLOCK, &stop_set, &old_mask);
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } remove_dir{dir};
+  const StopSignals stop;
   const long oom_before = oom_kill_count();
   std::vector<SpawnedWorker> ranks;
-  auto cleanup = [&] {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-  };
   static const char* const kOwn[] = {"TESSERA_RANK=",       "TESSERA_WORLD_SIZE=", "TESSERA_LOCAL_RANK=",
                                      "TESSERA_LOCAL_SIZE=", "TESSERA_NODE_RANK=",  "TESSERA_STORE_DIR="};
   std::vector<std::string> base;
@@ -308,71 +374,26 @@ int spawn_local(int n) {
     } catch (const Error&) {
       for (const auto& p : ranks) kill(-p.pid, SIGKILL);
       for (const auto& p : ranks) waitpid(p.pid, nullptr, 0);
-      cleanup();
       throw;
     }
   }
   // Wait for all. When one fails, the others notice within about a second
-  // (the transports watch their peers); give them a grace period, then kill.
-  int code = 0, signal_code = 0;
-  int interrupted = 0;
-  bool killed = false;  // this parent sent SIGKILL
-  std::vector<bool> done(ranks.size(), false);
-  size_t left = ranks.size();
-  auto grace_end = std::chrono::steady_clock::time_point::max();
-  auto signal_all = [&](int sig) {
-    for (size_t r = 0; r < ranks.size(); ++r)
-      if (!done[r]) kill(-ranks[r].pid, sig);
-  };
-  while (left > 0) {
-    int status = 0;
-    pid_t p = waitpid(-1, &status, WNOHANG);
-    if (p > 0) {
-      int rank = -1;
-      for (size_t r = 0; r < ranks.size(); ++r)
-        if (ranks[r].pid == p && !done[r]) done[r] = true, --left, rank = static_cast<int>(r);
-      if (rank < 0) continue;
-      // The keeper exits the way its rank did (same code, same signal).
-      const int c = exit_code_of_status(status);
-      if (WIFSIGNALED(status) && !interrupted && !killed) {
-        std::cerr << "tessera bench: rank " << rank << " (pid " << ranks[static_cast<size_t>(rank)].worker_pid << ") ";
+  // (the transports watch their peers); give them 10 s, then kill.
+  const ChildrenEnd end = wait_children(
+      ranks, stop, std::chrono::seconds(5), std::chrono::seconds(10),
+      [&](size_t r, int status, const ChildrenEnd& so_far) {
+        if (!WIFSIGNALED(status) || so_far.interrupted || so_far.killed) return;
+        std::cerr << "tessera bench: rank " << r << " (pid " << ranks[r].worker_pid << ") ";
         if (WTERMSIG(status) == SIGKILL)
           std::cerr << explain_sigkill(oom_before) << "\n";
         else
           std::cerr << "killed by " << signal_name(WTERMSIG(status)) << "\n";
-      }
-      // A rank killed by a signal this parent did not send is the cause; a
-      // peer's exit 1 ("peer died"), often reaped first, is its consequence.
-      if (WIFSIGNALED(status) && !interrupted && !killed && signal_code == 0) signal_code = c;
-      if (c != 0 && code == 0) {
-        code = c;
-        if (grace_end == std::chrono::steady_clock::time_point::max())
-          grace_end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      }
-      continue;
-    }
-    if (p < 0 && errno != EINTR) break;
-    if (std::chrono::steady_clock::now() > grace_end) {
-      killed = true;
-      signal_all(SIGKILL);
-      grace_end = std::chrono::steady_clock::time_point::max();
-    }
-    const timespec tick{0, 20L * 1000 * 1000};
-    const int sig = sigtimedwait(&stop_set, nullptr, &tick);
-    if (sig > 0) {
-      if (!interrupted) {
-        interrupted = sig;
+      },
+      [&](int sig, size_t left) {
         std::cerr << "tessera bench: got " << signal_name(sig) << "; stopping " << left << " rank(s)\n";
-        signal_all(sig);
-        grace_end = std::chrono::steady_clock::now() + kGrace;
-      } else {
-        grace_end = std::chrono::steady_clock::now();  // a second signal: no more grace
-      }
-    }
-  }
-  cleanup();
-  if (interrupted) return 128 + interrupted;
-  return signal_code != 0 ? signal_code : code;
+      });
+  if (end.interrupted) return 128 + end.interrupted;
+  return end.signal_code != 0 ? end.signal_code : end.code;
 }
 
 // --compare mpi for ranks this process starts: MPI's side runs first, as
