@@ -707,6 +707,17 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     bucket_memo.push_back({{raw, sp_part}, bc});
     return bc;
   };
+  // Megatron-LM's 16-bit optimizer (megatron/optimizer/optimizer.py,
+  // FP16OptimizerWithFP16Params, 2021; Float16OptimizerWithFloat16Params
+  // after it) around Adam on its fp32 main parameters: the 16-bit gradients
+  // copied to fp32 main gradients (2 + 4 bytes an element), unscaled in
+  // place with the inf/nan check (4 + 4), and after the step the main
+  // parameters copied back to the 16-bit ones (4 + 2); one multi-tensor
+  // kernel each.
+  auto megatron_main_copies = [&](int64_t n) {
+    const double e = static_cast<double>(n);
+    return sc.k32(cost::Kernel{0, 6.0 * e}) + sc.k32(cost::Kernel{e, 8.0 * e}) + sc.k32(cost::Kernel{0, 6.0 * e});
+  };
   for (int s = 0; s < p; ++s) {
     const int layers = c.stage_layers[static_cast<size_t>(s)];
     const bool first = s == 0, last = s == p - 1;
@@ -761,6 +772,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     if (first || last) tb.pp_comm += embed_sum;  // the tied embedding's two copies
     const int64_t mine = shard ? (P + c.dp - 1) / c.dp : P;
     tb.compute += sc.k32(cost::sum_squares(mine)) + sc.k32(cost::adamw(mine));
+    if (train_.runtime == StepRuntime::MegatronLM && !train_.fp32) tb.compute += megatron_main_copies(mine);
     // The gradient norm (one float per group) and the trainer's loss (two).
     tb.dp_comm += norm_dp;
     tb.tp_comm += norm_tp;

@@ -317,6 +317,39 @@ TEST(CostModel, MegatronOverlapsTheColumnParallelBackwardCollectives) {
   EXPECT_THROW(CostModel(m, DeviceSpec::preset("a100-80gb"), tc), InvalidArgument);
 }
 
+// Megatron-LM's 16-bit optimizer copies the gradients to its fp32 main
+// gradients (2 + 4 bytes an element), unscales them in place (4 + 4) and
+// copies the stepped main parameters back (4 + 2): 20 bytes an element of
+// the rank's optimizer shard beside Adam's, as three kernels. ZeRO-1 over
+// dp 2 halves the shard, so the compute it saves grows by those 20 bytes
+// for half the parameters at the A100's 1.80 TB/s, and by nothing with
+// tessera's runtime or in fp32.
+TEST(CostModel, MegatronMixedPrecisionOptimizerCopies) {
+  const ModelConfig m = ModelConfig::preset("gpt2-124m");
+  const GroupNets nets = emulated_group_nets(1, 1, 2);
+  auto saved_by_zero1 = [&](StepRuntime rt, bool fp32) {
+    TrainingConfig tc;
+    tc.global_batch = 4;
+    tc.seq = 128;
+    tc.fp32 = fp32;
+    tc.runtime = rt;
+    PlanChoice c;
+    c.dp = 2;
+    c.micro_batch = 2;
+    c.stage_layers = {12};
+    const DeviceSpec dev = DeviceSpec::preset("a100-80gb");
+    const double whole = CostModel(m, dev, tc).evaluate(c, nets).time.compute;
+    c.zero1 = true;
+    return whole - CostModel(m, dev, tc).evaluate(c, nets).time.compute;
+  };
+  const int64_t P = m.total_params(), half = (P + 1) / 2;                // 124,439,808 and the shard of ZeRO-1
+  const double copies = 20.0 * static_cast<double>(P - half) / 1.80e12;  // the launches cancel
+  EXPECT_NEAR(copies, 20.0 * 62219904 / 1.8e12, 1e-15);
+  EXPECT_NEAR(saved_by_zero1(StepRuntime::MegatronLM, false) - saved_by_zero1(StepRuntime::Tessera, false), copies,
+              1e-9);
+  EXPECT_NEAR(saved_by_zero1(StepRuntime::MegatronLM, true), saved_by_zero1(StepRuntime::Tessera, true), 1e-12);
+}
+
 // The Megatron-LM runtime costs GEMMs with the GEMM library its published
 // runs used (DeviceSpec::megatron_sustained_fraction, 0.7386 on the A100);
 // tessera's runtime keeps the device's sustained_fraction (what the emulated
