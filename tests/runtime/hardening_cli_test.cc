@@ -97,6 +97,15 @@ CmdRun run(const std::string& cmd) {
   return r;
 }
 
+// Runs `cmd` and expects a usage error: exit 2 and `says` in the output
+// (the command in the failure message). The run is returned for more checks.
+CmdRun refused(const std::string& cmd, const std::string& says) {
+  CmdRun r = run(cmd);
+  EXPECT_EQ(r.code, 2) << cmd << "\n" << r.out;
+  EXPECT_NE(r.out.find(says), std::string::npos) << cmd << "\n" << r.out;
+  return r;
+}
+
 struct OutputCase {
   std::string name;
   std::function<std::string(const std::string& out)> cmd;  // the command writing `out`
@@ -384,17 +393,10 @@ TEST(HardeningCli, LibraryTextDoesNotReachTheUser) {
 }
 
 TEST(HardeningCli, BenchRefusesStepFactorZeroAsItRefusesAHalf) {
-  for (const char* f : {"0", "0.5", "1"}) {
-    const CmdRun r = run(kTessera + " bench allr -r 2 -b 1K -e 4K -f " + f);
-    EXPECT_EQ(r.code, 2) << r.out;
-    EXPECT_NE(r.out.find("-f/--stepfactor must be > 1, got"), std::string::npos) << r.out;
-  }
+  for (const char* f : {"0", "0.5", "1"})
+    refused(kTessera + " bench allr -r 2 -b 1K -e 4K -f " + f, "-f/--stepfactor must be > 1, got");
   // NaN is the flag's "not given" inside: a given nan ran as the default factor 2.
-  for (const char* f : {"nan", "inf"}) {
-    const CmdRun r = run(kTessera + " bench allr -r 2 -b 1K -e 4K -f " + f);
-    EXPECT_EQ(r.code, 2) << r.out;
-    EXPECT_NE(r.out.find("--stepfactor"), std::string::npos) << r.out;
-  }
+  for (const char* f : {"nan", "inf"}) refused(kTessera + " bench allr -r 2 -b 1K -e 4K -f " + f, "--stepfactor");
 }
 
 // --root and --algo are checked before any rank starts: one message, not one per rank.
@@ -407,10 +409,8 @@ TEST(HardeningCli, BenchChecksRootAndAlgoBeforeTheRanksStart) {
     std::string cmd = kTessera + " bench ";
     cmd += flags;
     cmd += " -b 8 -e 8 -n 1";
-    const CmdRun r = run(cmd);
-    EXPECT_EQ(r.code, 2) << r.out;
+    const CmdRun r = refused(cmd, says);
     const size_t at = r.out.find(says);
-    EXPECT_NE(at, std::string::npos) << r.out;
     EXPECT_EQ(r.out.find(says, at + 1), std::string::npos) << "said more than once:\n" << r.out;
   }
 }
@@ -422,9 +422,7 @@ TEST(HardeningCli, BenchOutputThatCannotBeCreatedIsRefusedFirst) {
   for (const std::string& path : {d.file(std::string(260, 'a') + ".json"), std::string("/proc/x.json")}) {
     std::string cmd = kTessera + " bench allr -r 2 -b 8 -e 64 -n 1 --json ";
     cmd += path;
-    const CmdRun r = run(cmd);
-    EXPECT_EQ(r.code, 2) << r.out;
-    EXPECT_NE(r.out.find("--json: cannot write"), std::string::npos) << r.out;
+    const CmdRun r = refused(cmd, "--json: cannot write");
     EXPECT_EQ(r.out.find("algbw"), std::string::npos) << "the bench ran first:\n" << r.out;
   }
 }
@@ -433,11 +431,8 @@ TEST(HardeningCli, BenchOutputThatCannotBeCreatedIsRefusedFirst) {
 // (--global-batch 99999999999 wrapped to "needs at least one micro-batch
 // (got -1536674723)", and 2^32 + 16 planned).
 TEST(HardeningCli, PlanAndGenerateSizesBeyondTheirRangesNameTheFlag) {
-  const CmdRun big =
-      run(kTessera + " plan --model gpt2-124m --topology trn1.32xlarge --seq 128 --global-batch 99999999999");
-  EXPECT_EQ(big.code, 2) << big.out;
-  EXPECT_NE(big.out.find("--global-batch: must be an integer from 1 to 16777216, got 99999999999"), std::string::npos)
-      << big.out;
+  refused(kTessera + " plan --model gpt2-124m --topology trn1.32xlarge --seq 128 --global-batch 99999999999",
+          "--global-batch: must be an integer from 1 to 16777216, got 99999999999");
   const CmdRun wrap = run(kTessera +
                           " plan --model gpt2-124m --topology emulated:8 --seq 128 --global-batch 4294967312 "
                           "--dp 2 --pp 1 --tp 4 --mbs 8");
@@ -450,18 +445,13 @@ TEST(HardeningCli, PlanAndGenerateSizesBeyondTheirRangesNameTheFlag) {
            {"--topology emulated:99999999999", "is more than 16777216"}}) {
     std::string cmd = kTessera + " plan --model gpt2-124m --global-batch 16 --seq 128 ";
     cmd += flags;
-    const CmdRun r = run(cmd);
-    EXPECT_EQ(r.code, 2) << flags << "\n" << r.out;
-    EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+    refused(cmd, says);
   }
   // A --mbs that divides no rank's share names itself (the message blamed interleaving, not asked for).
-  const CmdRun mbs = run(kTessera +
-                         " plan --model gpt2-124m --topology trn1.32xlarge --global-batch 8 --seq 128 "
-                         "--dp 4 --mbs 4 --tp 4 --pp 2");
-  EXPECT_EQ(mbs.code, 2) << mbs.out;
-  EXPECT_NE(mbs.out.find("--mbs 4 divides no data-parallel rank's share of the global batch (global batch / dp = 2)"),
-            std::string::npos)
-      << mbs.out;
+  refused(
+      kTessera +
+          " plan --model gpt2-124m --topology trn1.32xlarge --global-batch 8 --seq 128 --dp 4 --mbs 4 --tp 4 --pp 2",
+      "--mbs 4 divides no data-parallel rank's share of the global batch (global batch / dp = 2)");
 }
 
 // --plot FILE writes FILE's .dat and .gp beside it: an image named x.dat was
@@ -469,9 +459,8 @@ TEST(HardeningCli, PlanAndGenerateSizesBeyondTheirRangesNameTheFlag) {
 TEST(HardeningCli, BenchRefusesAPlotNamedLikeItsDataOrScript) {
   TempDir d;
   for (const char* name : {"x.dat", "x.gp"}) {
-    const CmdRun r = run(kTessera + " bench allr -r 2 -b 8 -e 64 -n 1 --plot " + d.file(name));
-    EXPECT_EQ(r.code, 2) << r.out;
-    EXPECT_NE(r.out.find("would be overwritten by the plot's own"), std::string::npos) << r.out;
+    refused(kTessera + " bench allr -r 2 -b 8 -e 64 -n 1 --plot " + d.file(name),
+            "would be overwritten by the plot's own");
     EXPECT_FALSE(fs::exists(d.file(name)));
   }
 }
