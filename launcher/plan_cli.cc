@@ -330,10 +330,10 @@ int run_plan(const PlanArgs& a) {
   o.train.memory_fraction = a.memory_fraction;
   o.train.runtime = parse_runtime(a.runtime);
   o.train.overlap_grad_reduce = a.overlap_grad_reduce == "on";
-  o.train.overlap_tp_backward =
-      a.overlap_tp_backward.empty() ? o.train.runtime == StepRuntime::MegatronLM : a.overlap_tp_backward == "on";
-  TESSERA_ARG_CHECK(a.overlap_tp_backward.empty() || model.family != "llama", "--overlap-tp-backward models ",
-                    "Megatron-LM's GPT layers; a Llama layer is costed as LlamaModel runs it (leave the flag out)");
+  // Not given: on where it applies (Megatron-LM's GPT layers); the cost model refuses it elsewhere.
+  o.train.overlap_tp_backward = a.overlap_tp_backward.empty()
+                                    ? o.train.runtime == StepRuntime::MegatronLM && model.family != "llama"
+                                    : a.overlap_tp_backward == "on";
   o.top_k = a.top;
   o.order = parse_mesh_order(a.order);
   auto given = [&](const char* flag) { return a.cmd->count(flag) > 0; };

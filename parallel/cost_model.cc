@@ -273,7 +273,7 @@ class StepCoster {
   StepCoster(const ModelConfig& m, const DeviceSpec& dev, bool fp32, const GroupNets& nets, int tp, bool sp, int64_t b,
              int64_t seq, StepRuntime runtime, bool overlap_tp_backward)
       : megatron_(runtime == StepRuntime::MegatronLM),
-        overlap_tp_backward_(overlap_tp_backward && megatron_),
+        overlap_tp_backward_(overlap_tp_backward),
         m_(m),
         dev_(dev),
         dt_(fp32 ? DType::F32 : DType::BF16),
@@ -304,6 +304,21 @@ class StepCoster {
   }
   // An fp32 kernel whatever the precision (the optimizer's master weights and states).
   double k32(const cost::Kernel& x) const { return cost::kernel_seconds(dev_, x, DType::F32); }
+  // The optimizer step over this rank's n elements: the gradient norm and
+  // AdamW in fp32, and with Megatron-LM in 16 bits its optimizer's copies
+  // around Adam on the fp32 main parameters (megatron/optimizer/optimizer.py,
+  // FP16OptimizerWithFP16Params, 2021; Float16OptimizerWithFloat16Params
+  // after it): the 16-bit gradients to fp32 main gradients (2 + 4 bytes an
+  // element), unscaled in place with the inf/nan check (4 + 4), and the
+  // stepped main parameters back to 16 bits (4 + 2); one multi-tensor kernel each.
+  double optimizer_step(int64_t n) const {
+    double s = k32(cost::sum_squares(n)) + k32(cost::adamw(n));
+    if (megatron_ && dt_ != DType::F32) {
+      const double e = static_cast<double>(n);
+      s += k32(cost::Kernel{0, 6.0 * e}) + k32(cost::Kernel{e, 8.0 * e}) + k32(cost::Kernel{0, 6.0 * e});
+    }
+    return s;
+  }
   // A collective as the group's communicator runs it; ParallelState skips
   // groups of one rank and empty calls.
   double coll(collectives::CollKind kind, int64_t count, const collectives::GroupCostModel& g) const {
@@ -586,6 +601,9 @@ CostModel::CostModel(const ModelConfig& model, const DeviceSpec& device, const T
   TESSERA_ARG_CHECK(train.bucket_elems >= 1, "the gradient bucket must hold at least one element");
   TESSERA_ARG_CHECK(!train.overlap_tp_backward || train.runtime == StepRuntime::MegatronLM,
                     "--overlap-tp-backward on needs --runtime megatron-lm (tessera's TP collectives block)");
+  TESSERA_ARG_CHECK(!train.overlap_tp_backward || model.family != "llama",
+                    "--overlap-tp-backward models Megatron-LM's GPT layers; a Llama layer is costed as LlamaModel "
+                    "runs it (leave the flag out)");
   device_.sustained_fraction = gemm_sustained_fraction(device, train);
   TESSERA_ARG_CHECK(device_.sustained_fraction > 0 && device_.sustained_fraction <= 1, "device '", device.name,
                     "' needs a sustained fraction of peak in (0, 1]");
@@ -707,17 +725,6 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     bucket_memo.push_back({{raw, sp_part}, bc});
     return bc;
   };
-  // Megatron-LM's 16-bit optimizer (megatron/optimizer/optimizer.py,
-  // FP16OptimizerWithFP16Params, 2021; Float16OptimizerWithFloat16Params
-  // after it) around Adam on its fp32 main parameters: the 16-bit gradients
-  // copied to fp32 main gradients (2 + 4 bytes an element), unscaled in
-  // place with the inf/nan check (4 + 4), and after the step the main
-  // parameters copied back to the 16-bit ones (4 + 2); one multi-tensor
-  // kernel each.
-  auto megatron_main_copies = [&](int64_t n) {
-    const double e = static_cast<double>(n);
-    return sc.k32(cost::Kernel{0, 6.0 * e}) + sc.k32(cost::Kernel{e, 8.0 * e}) + sc.k32(cost::Kernel{0, 6.0 * e});
-  };
   for (int s = 0; s < p; ++s) {
     const int layers = c.stage_layers[static_cast<size_t>(s)];
     const bool first = s == 0, last = s == p - 1;
@@ -771,8 +778,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
     tb.dp_comm += reduce + nfull * full.gather + tail.gather;
     if (first || last) tb.pp_comm += embed_sum;  // the tied embedding's two copies
     const int64_t mine = shard ? (P + c.dp - 1) / c.dp : P;
-    tb.compute += sc.k32(cost::sum_squares(mine)) + sc.k32(cost::adamw(mine));
-    if (train_.runtime == StepRuntime::MegatronLM && !train_.fp32) tb.compute += megatron_main_copies(mine);
+    tb.compute += sc.optimizer_step(mine);
     // The gradient norm (one float per group) and the trainer's loss (two).
     tb.dp_comm += norm_dp;
     tb.tp_comm += norm_tp;

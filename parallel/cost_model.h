@@ -82,9 +82,10 @@ struct TrainingConfig {
   // input's all-gather beside the input-gradient GEMM and the reduce-scatter
   // beside the weight-gradient GEMM. Megatron-LM has it since late 2021; the
   // 2021 code Narayanan et al. measured reduced after both GEMMs. Only with
-  // the Megatron-LM runtime (tessera's TP collectives block); GPT layers
-  // only (a Llama layer is LlamaModel's). Off here; `tessera plan` turns it
-  // on with --runtime megatron-lm unless --overlap-tp-backward off.
+  // the Megatron-LM runtime (tessera's TP collectives block) and GPT
+  // layers (a Llama layer is LlamaModel's): CostModel refuses it otherwise.
+  // Off here; `tessera plan` turns it on where it applies unless
+  // --overlap-tp-backward off.
   bool overlap_tp_backward = false;
 };
 

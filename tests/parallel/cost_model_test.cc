@@ -312,7 +312,9 @@ TEST(CostModel, MegatronOverlapsTheColumnParallelBackwardCollectives) {
       EXPECT_NEAR(off.time.total - on.time.total, 2 * 2 * hidden, 1e-9 * off.time.total);
     }
   }
-  // tessera's runtime blocks on every TP collective: asking otherwise is an error.
+  // tessera's runtime blocks on every TP collective, and a Llama layer is
+  // LlamaModel's under either runtime: asking for the overlap there is an error.
+  EXPECT_THROW(CostModel(ModelConfig::preset("llama2-7b"), DeviceSpec::preset("a100-80gb"), tc), InvalidArgument);
   tc.runtime = StepRuntime::Tessera;
   EXPECT_THROW(CostModel(m, DeviceSpec::preset("a100-80gb"), tc), InvalidArgument);
 }
