@@ -219,8 +219,9 @@ struct ChildrenEnd {
 // one is reaped. A stop signal is forwarded to every live group, which gets
 // `grace` before SIGKILL (a second signal: none). After the first failure
 // the others get `failure_grace` to notice it (the transports watch their
-// peers) before SIGKILL. `on_exit(i, status)` is called as child i is
-// reaped; `on_stop(sig, left)` when the first stop signal arrives.
+// peers) before SIGKILL. `on_exit(i, status, so_far)` is called as child
+// i is reaped (so_far: how the others ended before it); `on_stop(sig,
+// left)` when the first stop signal arrives.
 ChildrenEnd wait_children(const std::vector<SpawnedWorker>& kids, const StopSignals& stop, std::chrono::seconds grace,
                           std::chrono::seconds failure_grace,
                           const std::function<void(size_t, int, const ChildrenEnd&)>& on_exit,

@@ -15,9 +15,6 @@
 namespace tessera::parallel {
 namespace {
 
-// Against the released checkpoints' parameter counts (the model cards), and
-// by hand: Llama 3 8B = V h (embedding) + 32 (2 h^2 + 2 h kv + 3 h f + 2 h) + h + V h
-// with h 4096, kv 1024 (8 heads of 128), f 14336, V 128256.
 // A layer's parameters on one TP rank, by hand for Llama 3 8B (h 4096, 32
 // heads of 128, 8 K/V heads, MLP 14336): QKV 4096 x 6144, O 4096 x 4096,
 // MLP 3 x 4096 x 14336 are TP-split; of them the K/V projections
@@ -29,12 +26,15 @@ TEST(ModelConfig, LayerParamsPerRankReplicateKvHeadsPastKvHeads) {
   EXPECT_EQ(m.layer_params_tp_sharded(), 218103808);
   EXPECT_DOUBLE_EQ(m.layer_params_per_rank(8), 209715200.0 / 8 + 8388608.0 / 8 + 8192);    // 27,271,168
   EXPECT_DOUBLE_EQ(m.layer_params_per_rank(16), 209715200.0 / 16 + 8388608.0 / 8 + 8192);  // 14,163,968
-  // GPT (K/V heads = heads): the TP-split part over tp, the rest replicated.
-  const ModelConfig g = ModelConfig::preset("gpt2-124m");
-  EXPECT_DOUBLE_EQ(g.layer_params_per_rank(4), static_cast<double>(g.layer_params_tp_sharded()) / 4 +
-                                                   static_cast<double>(g.layer_params() - g.layer_params_tp_sharded()));
+  // GPT-2 (K/V heads = heads): QKV 768 x 2304 + 2304, O 768 x 768, MLP
+  // 768 x 3072 + 3072 and 3072 x 768 split over tp = 7,083,264 / 4; the two
+  // row-parallel biases and two norms (4,608) on every rank.
+  EXPECT_DOUBLE_EQ(ModelConfig::preset("gpt2-124m").layer_params_per_rank(4), 7083264.0 / 4 + 4608);
 }
 
+// Against the released checkpoints' parameter counts (the model cards), and
+// by hand: Llama 3 8B = V h (embedding) + 32 (2 h^2 + 2 h kv + 3 h f + 2 h) + h + V h
+// with h 4096, kv 1024 (8 heads of 128), f 14336, V 128256.
 TEST(ModelConfig, LlamaPresetsParameterCounts) {
   EXPECT_EQ(ModelConfig::preset("llama3-8b").total_params(), 8030261248);    // Meta-Llama-3-8B
   EXPECT_EQ(ModelConfig::preset("llama3-70b").total_params(), 70553706496);  // Meta-Llama-3-70B
