@@ -427,6 +427,18 @@ TEST(HardeningCli, BenchOutputThatCannotBeCreatedIsRefusedFirst) {
   }
 }
 
+// An empty path where a path is taken is a usage error (`plan --json ""`
+// wrote nothing and said nothing).
+TEST(HardeningCli, AnEmptyPathIsRefused) {
+  for (const char* flags : {" plan --model gpt2-124m --topology trn1.32xlarge --global-batch 32 --seq 128 --json ''",
+                            " bench allr -r 2 -b 8 -e 64 -n 1 --plot ''", " ckpt consolidate --out '' x",
+                            " run --nproc-per-node 1 --log-dir '' -- true"}) {
+    std::string cmd = kTessera;
+    cmd += flags;
+    refused(cmd, "expected a value, got an empty string");
+  }
+}
+
 // Sizes past what the planner's counts hold are refused naming the flag
 // (--global-batch 99999999999 wrapped to "needs at least one micro-batch
 // (got -1536674723)", and 2^32 + 16 planned).
