@@ -76,20 +76,24 @@ std::vector<int32_t> byte_tokens(const std::string& text, const Flags& f, const 
 
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& what) {
   std::vector<int32_t> ids;
-  // "1,,3" is a typo, not [1, 3]: every comma separates two ids.
-  const size_t first = s.find_first_not_of(' '), last = s.find_last_not_of(' ');
-  TESSERA_ARG_CHECK(
-      s.find(",,") == std::string::npos && (first == std::string::npos || (s[first] != ',' && s[last] != ',')), what,
-      ": '", s, "' has an empty id between commas");
-  std::string t = s;
-  std::replace(t.begin(), t.end(), ',', ' ');
-  std::istringstream in(t);
-  std::string w;
-  while (in >> w) {
-    char* end = nullptr;
-    const long long v = std::strtoll(w.c_str(), &end, 10);
-    TESSERA_ARG_CHECK(end && *end == '\0' && v >= 0 && v <= INT32_MAX, what, ": '", w, "' is not a token id");
-    ids.push_back(static_cast<int32_t>(v));
+  // Ids separated by spaces or commas; every comma separates two ids ("1,,3",
+  // "1, ,3" and "1,2," are typos, not [1, 3] or [1, 2]).
+  const bool commas = s.find(',') != std::string::npos;
+  for (size_t start = 0;;) {
+    const size_t comma = s.find(',', start);
+    std::istringstream in(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    std::string w;
+    bool any = false;
+    while (in >> w) {
+      char* end = nullptr;
+      const long long v = std::strtoll(w.c_str(), &end, 10);
+      TESSERA_ARG_CHECK(end && *end == '\0' && v >= 0 && v <= INT32_MAX, what, ": '", w, "' is not a token id");
+      ids.push_back(static_cast<int32_t>(v));
+      any = true;
+    }
+    TESSERA_ARG_CHECK(any || !commas, what, ": '", s, "' has an empty id between commas");
+    if (comma == std::string::npos) break;
+    start = comma + 1;
   }
   TESSERA_ARG_CHECK(!ids.empty(), what, " holds no token ids");
   return ids;

@@ -124,6 +124,8 @@ TEST(GenerateCli, BadFlagsExit2WithUsage) {
            {"--prompt hello", "--init is required"},
            {init + " --max-new-tokens 0", "--max-new-tokens: must be a positive integer, got 0"},
            {"--init " + t.hf + " --prompt-tokens 1,,3", "--prompt-tokens 1: '1,,3' has an empty id between commas"},
+           {"--init " + t.hf + " --prompt-tokens '1, ,3'", "--prompt-tokens 1: '1, ,3' has an empty id between commas"},
+           {"--init " + t.hf + " --prompt-tokens 1,2,", "--prompt-tokens 1: '1,2,' has an empty id between commas"},
            {init + " --tp 2", "--tp 2 needs 2 processes, one per rank, and this job has 1"},
            {init + " --greedy --temperature 0.5", "--greedy excludes --temperature"},
            {init + " --top-p 2", "--top-p"},
