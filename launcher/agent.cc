@@ -263,6 +263,7 @@ int Agent::run() {
       // Wait for the other nodes: the job succeeds when all did, and a late
       // failure elsewhere still restarts (or fails) the whole group.
       bool all_done = opt_.nnodes == 1;
+      if (!all_done) spdlog::debug("round {}: this node is done; waiting for the other nodes", round);
       bool aborted = false;
       int stop_sig = 0;  // SIGINT, SIGTERM, ... while waiting: the job is aborted, as during the round
       while (!all_done && !aborted && stop_sig == 0) {

@@ -274,23 +274,18 @@ TEST(Run, FailureAfterMegabytesOfProgressBarStopsBothNodes) {
 TEST(Run, InterruptWhileWaitingForTheOtherNodesAbortsTheJob) {
   TempDir d;
   const std::string coord = "127.0.0.1:" + std::to_string(free_port());
-  // Node 0's workers leave their pid (read_pids) and end; node 1's sleep.
-  const std::string script =
-      "[ \"$GROUP_RANK\" = 1 ] && sleep 60; echo $$ > " + d.path + "/w$RANK.pid; echo \"rank $RANK done\"";
+  const std::string script = "[ \"$GROUP_RANK\" = 1 ] && sleep 60; echo \"rank $RANK done\"";
   setenv("TESSERA_JOB_TOKEN", "two-node-wait-token", 1);
+  setenv("TESSERA_LOG_LEVEL", "debug", 1);  // node 0 says when it starts waiting for node 1
   Subprocess n0(two_node_sh(coord, "0", script), d.path, "n0");
   Subprocess n1(two_node_sh(coord, "1", script), d.path, "n1");
   unsetenv("TESSERA_JOB_TOKEN");
-  // Node 0's round is over once its workers are gone (their keepers exit
-  // with them): then it waits for node 1, which is what this is about.
+  unsetenv("TESSERA_LOG_LEVEL");
+  // Node 0's round is over and it waits for node 1, which is what this is about.
   ASSERT_TRUE(test_time::wait_until(
-      [&] {
-        const auto pids = read_pids(d.path);
-        return pids.size() == 2 && !alive(pids[0]) && !alive(pids[1]);
-      },
+      [&] { return n0.err().find("this node is done; waiting for the other nodes") != std::string::npos; },
       test_time::scaled(20s)))
       << n0.out() << n0.err();
-  std::this_thread::sleep_for(test_time::scaled(300ms));  // the supervisor reaps and reports (about 0.1 s)
   kill(n0.pid(), SIGINT);
   EXPECT_EQ(n0.wait(10s), 128 + SIGINT) << n0.err();
   EXPECT_NE(n0.err().find("while waiting for the other nodes; job aborted"), std::string::npos) << n0.err();
