@@ -31,6 +31,9 @@ struct RunOptions {
   // Time between SIGTERM and SIGKILL when stopping workers.
   std::chrono::milliseconds kill_grace{2000};
   std::vector<std::string> command;  // PROGRAM ARGS...
+  // "[<rank>] " before every relayed line (output_relay.h); off for
+  // `tessera bench -r N`, whose ranks run as this job's workers.
+  bool prefix_output = true;
 };
 
 // Runs the job; returns the launcher's exit code: 0 when every worker of the

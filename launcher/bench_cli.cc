@@ -2,11 +2,10 @@
 // What one rank does is the bench library's (collectives/bench/bench_rank.h).
 //
 // Three ways to run (docs/bench.md):
-// - `tessera bench OP -r N`: this process spawns N ranks of itself (the
-//   launcher's spawner, spawn.h; TESSERA_* variables, a FileStore in a fresh
-//   temporary directory named by TESSERA_STORE_DIR) and waits for them; with --transport mpi or
-//   --compare mpi it runs `mpirun -np N` on itself instead, since MPI must
-//   start the processes.
+// - `tessera bench OP -r N`: this process runs N ranks of itself as the
+//   workers of a one-node `tessera run` job (agent.h, run_job), which join
+//   it as below; with --transport mpi (or, for MPI's side, --compare mpi)
+//   it runs `mpirun -np N` instead, since MPI must start the processes.
 // - under `tessera run`, `mpirun -np N` or srun: the launcher made the
 //   ranks; each joins the job through the worker bootstrap
 //   (launcher/worker.h: the coordinator's store), and the bench rendezvous
@@ -26,7 +25,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iostream>
 #include <iterator>
 #include <limits>
@@ -38,6 +36,7 @@
 #include "collectives/bench/bench.h"
 #include "collectives/bench/bench_rank.h"
 #include "collectives/mpi/mpi_env.h"
+#include "launcher/agent.h"
 #include "launcher/agent_options.h"
 #include "launcher/root_cause.h"
 #include "launcher/spawn.h"
@@ -206,83 +205,12 @@ class StopSignals {
   sigset_t set_{}, old_{};
 };
 
-// How the children of wait_children ended.
-struct ChildrenEnd {
-  int code = 0;         // the first non-zero exit code reaped (128 + signal for a signal)
-  int signal_code = 0;  // the first child killed by a signal this parent did not send
-  int interrupted = 0;  // the stop signal this parent took and forwarded
-  bool killed = false;  // this parent SIGKILLed what was left
-};
-
-// Waits for the keepers of children started with spawn_worker (each leads
-// its child's process group; it exits the way its child did) until every
-// one is reaped. A stop signal is forwarded to every live group, which gets
-// `grace` before SIGKILL (a second signal: none). After the first failure
-// the others get `failure_grace` to notice it (the transports watch their
-// peers) before SIGKILL. `on_exit(i, status, so_far)` is called as child
-// i is reaped (so_far: how the others ended before it); `on_stop(sig,
-// left)` when the first stop signal arrives.
-ChildrenEnd wait_children(const std::vector<SpawnedWorker>& kids, const StopSignals& stop, std::chrono::seconds grace,
-                          std::chrono::seconds failure_grace,
-                          const std::function<void(size_t, int, const ChildrenEnd&)>& on_exit,
-                          const std::function<void(int, size_t)>& on_stop) {
-  ChildrenEnd end;
-  std::vector<bool> done(kids.size(), false);
-  size_t left = kids.size();
-  auto kill_at = std::chrono::steady_clock::time_point::max();
-  auto signal_all = [&](int sig) {
-    for (size_t i = 0; i < kids.size(); ++i)
-      if (!done[i]) kill(-kids[i].pid, sig);
-  };
-  while (left > 0) {
-    bool reaped = false;
-    for (size_t i = 0; i < kids.size(); ++i) {
-      if (done[i]) continue;
-      int status = 0;
-      const pid_t p = waitpid(kids[i].pid, &status, WNOHANG);
-      if (p < 0 && errno != EINTR) throw Error(std::string("bench: waitpid: ") + std::strerror(errno));
-      if (p != kids[i].pid) continue;
-      done[i] = true;
-      --left;
-      reaped = true;
-      on_exit(i, status, end);
-      const int c = exit_code_of_status(status);
-      // A child killed by a signal this parent did not send is the cause; a
-      // peer's exit 1 ("peer died"), often reaped first, is its consequence.
-      if (WIFSIGNALED(status) && !end.interrupted && !end.killed && end.signal_code == 0) end.signal_code = c;
-      if (c != 0 && end.code == 0) {
-        end.code = c;
-        if (kill_at == std::chrono::steady_clock::time_point::max())
-          kill_at = std::chrono::steady_clock::now() + failure_grace;
-      }
-    }
-    if (left == 0) break;
-    if (reaped) continue;
-    if (std::chrono::steady_clock::now() > kill_at) {
-      end.killed = true;
-      signal_all(SIGKILL);
-      kill_at = std::chrono::steady_clock::time_point::max();
-    }
-    if (const int sig = stop.take(timespec{0, 20L * 1000 * 1000})) {
-      if (!end.interrupted) {
-        end.interrupted = sig;
-        on_stop(sig, left);
-        signal_all(sig);
-        kill_at = std::chrono::steady_clock::now() + grace;
-      } else {
-        kill_at = std::chrono::steady_clock::now();  // a second signal: no more grace
-      }
-    }
-  }
-  return end;
-}
-
 // Runs argv (argv[0] looked up in PATH; mpirun) under the launcher's
-// spawner (spawn.h), as spawn_local starts its ranks: a keeper leading the
-// child's process group SIGKILLs the group when this parent dies, however
-// it dies, so mpirun and the ranks it started go along. A stop signal is
-// forwarded to the group, which gets 5 s before SIGKILL; then Stopped is
-// thrown. Returns the child's exit code.
+// spawner (spawn.h): a keeper leading the child's process group SIGKILLs the
+// group when this parent dies, however it dies, so mpirun and the ranks it
+// started go along. A stop signal is forwarded to the group, which gets 5 s
+// (none after a second signal) before SIGKILL; then Stopped is thrown.
+// Returns the child's exit code (128 + signal when killed).
 int run_child(const std::vector<std::string>& args) {
   // mpirun refuses root unless told; the user asked us to start the ranks.
   if (geteuid() == 0) {
@@ -295,23 +223,36 @@ int run_child(const std::vector<std::string>& args) {
   std::cout.flush();
   std::cerr.flush();
   const StopSignals stop;
-  const std::vector<SpawnedWorker> kids = {
-      spawn_worker(program, args, env, /*stdin_fd=*/0, /*cpu=*/-1, /*inherit_output=*/true)};
-  int status = 0;
-  const ChildrenEnd end = wait_children(
-      kids, stop, std::chrono::seconds(5), std::chrono::seconds(0),
-      [&](size_t, int st, const ChildrenEnd&) { status = st; },
-      [&](int sig, size_t) {
+  const SpawnedWorker child = spawn_worker(program, args, env, /*stdin_fd=*/0, /*cpu=*/-1, /*inherit_output=*/true);
+  int interrupted = 0;
+  auto kill_at = std::chrono::steady_clock::time_point::max();
+  for (;;) {
+    int status = 0;
+    const pid_t p = waitpid(child.pid, &status, WNOHANG);
+    if (p < 0 && errno != EINTR) throw Error(std::string("bench: waitpid: ") + std::strerror(errno));
+    if (p == child.pid) {
+      if (!interrupted) return exit_code_of_status(status);
+      // mpirun can exit before the last of its ranks: nothing of the group
+      // outlives this parent (bounded: a process in D state may take a while).
+      kill(-child.pid, SIGKILL);
+      for (int i = 0; i < 200 && kill(-child.pid, 0) == 0; ++i) ::usleep(10 * 1000);
+      throw Stopped{interrupted};
+    }
+    if (std::chrono::steady_clock::now() > kill_at) {
+      kill(-child.pid, SIGKILL);
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    if (const int sig = stop.take(timespec{0, 20L * 1000 * 1000})) {
+      if (!interrupted) {
+        interrupted = sig;
         std::cerr << "tessera bench: got " << signal_name(sig) << "; stopping " << args[0] << "\n";
-      });
-  if (end.interrupted) {
-    // mpirun can exit before the last of its ranks: nothing of the group
-    // outlives this parent (bounded: a process in D state may take a while).
-    kill(-kids[0].pid, SIGKILL);
-    for (int i = 0; i < 200 && kill(-kids[0].pid, 0) == 0; ++i) ::usleep(10 * 1000);
-    throw Stopped{end.interrupted};
+        kill(-child.pid, sig);
+        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      } else {
+        kill_at = std::chrono::steady_clock::now();  // a second signal: no more grace
+      }
+    }
   }
-  return exit_code_of_status(status);
 }
 
 // mpirun on ourselves: MPI has to start the processes it connects.
@@ -323,78 +264,24 @@ int spawn_with_mpirun(int n) {
   return run_child(args);
 }
 
-// N ranks of ourselves with tessera's launcher variables, started by the
-// launcher's spawner (spawn.h, as `tessera run` starts its workers): each
-// rank under a keeper that leads its process group and SIGKILLs the group
-// when this parent dies, however it dies (so nothing a rank started
-// outlives it either). The ranks write straight to this process's stdout
-// and stderr.
-//
-// The parent takes SIGTERM, SIGINT, SIGHUP and SIGQUIT (wait_children): it
-// forwards the signal to every rank's group, waits 5 s, then SIGKILLs what
-// is left, removes the store directory and exits 128+signal.
+// N ranks of ourselves on this host, as `tessera run --nproc-per-node N`
+// starts and supervises its workers (agent.h, run_job): one spawner, one
+// exit-code and root-cause path. The coordinator serves this process; each
+// rank joins the job through it (join_launched_job: its store, heartbeats,
+// abort when a peer fails). Their lines reach this process's stdout and
+// stderr without run's "[rank] " prefix, so rank 0's table reads as before.
+// Stopping, root causes and exit codes are tessera run's (docs/launcher.md,
+// "Failure semantics"): a stop signal is forwarded to every rank, which get
+// the kill grace (2 s) before SIGKILL, and the command exits 128 + signal.
 int spawn_local(int n) {
-  const std::string dir = bench::make_temp_dir();
-  // Every rank inherits the job's id (the caller's TESSERA_JOB_ID, else bench-<pid>).
-  setenv("TESSERA_JOB_ID", ("bench-" + std::to_string(getpid())).c_str(), 0);
-  const std::string exe = cli::own_executable();
-  auto args = own_argv();
-  args[0] = exe;
+  RunOptions o;
+  o.nproc_per_node = n;
+  o.prefix_output = false;
+  o.command = own_argv();
+  o.command[0] = cli::own_executable();
   std::cout.flush();
   std::cerr.flush();
-  struct RemoveDir {
-    std::string dir;
-    ~RemoveDir() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } remove_dir{dir};
-  const StopSignals stop;
-  const long oom_before = oom_kill_count();
-  std::vector<SpawnedWorker> ranks;
-  static const char* const kOwn[] = {"TESSERA_RANK=",       "TESSERA_WORLD_SIZE=", "TESSERA_LOCAL_RANK=",
-                                     "TESSERA_LOCAL_SIZE=", "TESSERA_NODE_RANK=",  "TESSERA_STORE_DIR="};
-  std::vector<std::string> base;
-  for (char** e = environ; *e; ++e) {
-    bool own = false;
-    for (const char* k : kOwn) own = own || std::strncmp(*e, k, std::strlen(k)) == 0;
-    if (!own) base.emplace_back(*e);
-  }
-  for (int r = 0; r < n; ++r) {
-    std::vector<std::string> env = base;
-    for (auto [k, v] : std::vector<std::pair<const char*, std::string>>{{"TESSERA_RANK", std::to_string(r)},
-                                                                        {"TESSERA_WORLD_SIZE", std::to_string(n)},
-                                                                        {"TESSERA_LOCAL_RANK", std::to_string(r)},
-                                                                        {"TESSERA_LOCAL_SIZE", std::to_string(n)},
-                                                                        {"TESSERA_NODE_RANK", "0"},
-                                                                        {"TESSERA_STORE_DIR", dir}})
-      env.push_back(std::string(k) + "=" + v);
-    try {
-      ranks.push_back(spawn_worker(exe, args, env, /*stdin_fd=*/0, /*cpu=*/-1, /*inherit_output=*/true,
-                                   /*want_worker_pid=*/true));
-    } catch (const Error&) {
-      for (const auto& p : ranks) kill(-p.pid, SIGKILL);
-      for (const auto& p : ranks) waitpid(p.pid, nullptr, 0);
-      throw;
-    }
-  }
-  // Wait for all. When one fails, the others notice within about a second
-  // (the transports watch their peers); give them 10 s, then kill.
-  const ChildrenEnd end = wait_children(
-      ranks, stop, std::chrono::seconds(5), std::chrono::seconds(10),
-      [&](size_t r, int status, const ChildrenEnd& so_far) {
-        if (!WIFSIGNALED(status) || so_far.interrupted || so_far.killed) return;
-        std::cerr << "tessera bench: rank " << r << " (pid " << ranks[r].worker_pid << ") ";
-        if (WTERMSIG(status) == SIGKILL)
-          std::cerr << explain_sigkill(oom_before) << "\n";
-        else
-          std::cerr << "killed by " << signal_name(WTERMSIG(status)) << "\n";
-      },
-      [&](int sig, size_t left) {
-        std::cerr << "tessera bench: got " << signal_name(sig) << "; stopping " << left << " rank(s)\n";
-      });
-  if (end.interrupted) return 128 + end.interrupted;
-  return end.signal_code != 0 ? end.signal_code : end.code;
+  return run_job(o);
 }
 
 // --compare mpi for ranks this process starts: MPI's side runs first, as
@@ -592,8 +479,10 @@ void add_bench_command(CLI::App& root, tessera::launcher::cli::Action& action) {
   cmd->add_option("--timeout", a->timeout_s, "Seconds any wait may take (default 120)")
       ->check(cli::number_range(1e-3, 1e6));
   cmd->footer(
-      "Temporary files: -r N makes a store directory $TMPDIR/tessera-bench-<pid>-XXXXXX (TMPDIR unset: /tmp), removed "
-      "when the run ends, by the next run when the parent was killed.");
+      "Temporary files: a single rank's store and --compare mpi's figures go to a directory "
+      "$TMPDIR/tessera-bench-<pid>-XXXXXX (TMPDIR unset: /tmp), removed when the run ends, by the next one that makes "
+      "such a directory when the process was killed. -r N makes none: its ranks meet at the coordinator of a one-node "
+      "tessera run job.");
   cmd->callback([&action, a, cmd] {
     a->sweep_given = cmd->count("-b") + cmd->count("-e") + cmd->count("-f") + cmd->count("-i") > 0;
     action = [a] { return bench_main(*a); };

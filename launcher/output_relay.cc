@@ -57,7 +57,7 @@ void OutputRelay::attach(int out_fd, int err_fd) {
 }
 
 void OutputRelay::emit_line(const std::string& line, int out_fd) {
-  write_all(out_fd, "[" + std::to_string(rank_) + "] " + line + "\n");
+  write_all(out_fd, prefix_ ? "[" + std::to_string(rank_) + "] " + line + "\n" : line + "\n");
   if (log_) log_write(line + "\n");
   // What a terminal shows last: after the last '\r' that has text behind it.
   std::string shown = line;

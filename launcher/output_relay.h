@@ -1,7 +1,8 @@
 // Relaying one worker's output (stdout and stderr pipes) for `tessera run`.
 //
 // Every line is written to the launcher's stdout or stderr (the stream the
-// worker used) with the prefix "[<rank>] ", appended without the prefix to
+// worker used) with the prefix "[<rank>] " (none when constructed without
+// it: `tessera bench -r N`, whose table reads as one process's), appended without the prefix to
 // the rank's log file when there is one, and kept among the last kTailLines
 // lines for the root-cause report, each as a terminal last showed it (the
 // text after its last carriage return: a progress bar's final state) and
@@ -40,11 +41,12 @@ class OutputRelay {
     std::string partial;
   };
 
-  explicit OutputRelay(int rank = 0) : rank_(rank) {}
+  explicit OutputRelay(int rank = 0, bool prefix = true) : rank_(rank), prefix_(prefix) {}
   ~OutputRelay() { close_all(); }
   // Moving hands the open streams over (the moved-from relay has none).
   OutputRelay(OutputRelay&& o) noexcept
       : rank_(o.rank_),
+        prefix_(o.prefix_),
         out_(std::exchange(o.out_, Stream{-1, 1, {}})),
         err_(std::exchange(o.err_, Stream{-1, 2, {}})),
         tail_(std::move(o.tail_)),
@@ -88,6 +90,7 @@ class OutputRelay {
   void close_stream(Stream& s);
 
   int rank_;
+  bool prefix_;
   Stream out_{-1, 1, {}}, err_{-1, 2, {}};
   std::deque<std::string> tail_;
   void log_write(const std::string& bytes);  // to an open log_; the first failure closes it and is reported

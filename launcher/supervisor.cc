@@ -44,7 +44,7 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
   workers_.reserve(static_cast<size_t>(opt.nproc_per_node));
   for (int i = 0; i < opt.nproc_per_node; ++i) {
     const int rank = layout.first_rank() + i;
-    WorkerProcess w{i, rank, -1, false, 0, OutputRelay(rank)};
+    WorkerProcess w{i, rank, -1, false, 0, OutputRelay(rank, opt.prefix_output)};
     if (!opt.log_dir.empty()) w.output.open_log(opt.log_dir, round);
     workers_.push_back(std::move(w));
   }
