@@ -107,7 +107,7 @@ int exec_worker(void* arg) {
 // to what is left in the group. Only async-signal-safe calls: the launcher
 // has other threads.
 [[noreturn]] void keeper_main(const std::string& program, char** argv, char** envp, pid_t launcher, int stdin_fd,
-                              int out_w, int err_w, int cpu, int pid_w) {
+                              int out_w, int err_w, int cpu) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, nullptr);
@@ -145,11 +145,6 @@ int exec_worker(void* arg) {
     ssize_t ignored = ::write(2, msg, sizeof msg - 1);
     (void)ignored;
     _exit(127);
-  }
-  if (pid_w >= 0) {
-    const int32_t w = worker;  // tell the launcher who the worker is (a pipe write of 4 bytes is atomic)
-    ssize_t ignored = ::write(pid_w, &w, sizeof w);
-    (void)ignored;
   }
   // The keeper holds no descriptor: the pipes reach EOF when the worker and
   // its children close them, and no launcher socket stays open.
@@ -247,15 +242,13 @@ std::vector<int> worker_cpus(int nproc) {
 }
 
 SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
-                           const std::vector<std::string>& env, int stdin_fd, int cpu, bool inherit_output,
-                           bool want_worker_pid) {
-  int out[2] = {-1, -1}, err[2] = {-1, -1}, pid_pipe[2] = {-1, -1};
+                           const std::vector<std::string>& env, int stdin_fd, int cpu, bool inherit_output) {
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
   auto close_all = [&] {
-    for (int fd : {out[0], out[1], err[0], err[1], pid_pipe[0], pid_pipe[1]})
+    for (int fd : {out[0], out[1], err[0], err[1]})
       if (fd >= 0) close(fd);
   };
-  if ((!inherit_output && (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)) ||
-      (want_worker_pid && pipe2(pid_pipe, O_CLOEXEC) != 0)) {
+  if (!inherit_output && (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)) {
     int e = errno;
     close_all();
     throw Error(detail::concat("pipe: ", std::strerror(e)));
@@ -275,26 +268,15 @@ SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::st
     close_all();
     throw Error(detail::concat("fork: ", std::strerror(e)));
   }
-  if (pid == 0) keeper_main(program, argv.data(), envp.data(), parent, stdin_fd, out[1], err[1], cpu, pid_pipe[1]);
+  if (pid == 0) keeper_main(program, argv.data(), envp.data(), parent, stdin_fd, out[1], err[1], cpu);
   setpgid(pid, pid);  // also here, so a signal sent right after fork finds the group
-  for (int* fd : {&out[1], &err[1], &pid_pipe[1]})
+  for (int* fd : {&out[1], &err[1]})
     if (*fd >= 0) close(*fd), *fd = -1;
-  // The keeper writes the worker's pid right after forking it (or exits
-  // without, when that fork failed: EOF).
-  int32_t worker = -1;
-  while (pid_pipe[0] >= 0) {
-    const ssize_t n = ::read(pid_pipe[0], &worker, sizeof worker);
-    if (n == static_cast<ssize_t>(sizeof worker)) break;
-    if (n < 0 && errno == EINTR) continue;
-    worker = -1;
-    break;
-  }
-  if (pid_pipe[0] >= 0) close(pid_pipe[0]);
   if (!inherit_output) {
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
   }
-  return SpawnedWorker{pid, worker, out[0], err[0]};
+  return SpawnedWorker{pid, out[0], err[0]};
 }
 
 }  // namespace tessera::launcher

@@ -54,21 +54,19 @@ struct WorkerEnv {
 std::vector<std::string> worker_environment(const WorkerEnv& w);
 
 struct SpawnedWorker {
-  pid_t pid = -1;         // the keeper: wait for it, signal its group (-pid)
-  pid_t worker_pid = -1;  // the worker itself (for messages; -1 when its fork failed)
-  int out_fd = -1;        // read end of the worker's stdout (-1 with inherit_output)
-  int err_fd = -1;        // read end of the worker's stderr (-1 with inherit_output)
+  pid_t pid = -1;   // the keeper: wait for it, signal its group (-pid)
+  int out_fd = -1;  // read end of the worker's stdout (-1 with inherit_output)
+  int err_fd = -1;  // read end of the worker's stderr (-1 with inherit_output)
 };
 
 // Throws tessera::Error when a pipe or the fork fails; a failed exec makes
 // the child write "tessera run: exec failed" and exit 127. With cpu >= 0 the
 // worker (not the keeper) is bound to that CPU before exec.
 // With inherit_output the worker writes to the caller's stdout and stderr
-// (no pipes). With want_worker_pid the call waits until the keeper forked
-// the worker, to return its pid (`tessera bench -r` names it in messages).
+// (no pipes).
 SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
-                           const std::vector<std::string>& env, int stdin_fd, int cpu = -1, bool inherit_output = false,
-                           bool want_worker_pid = false);
+                           const std::vector<std::string>& env, int stdin_fd, int cpu = -1,
+                           bool inherit_output = false);
 
 // The launcher's CPU binding of a node's `nproc` workers: local rank i on
 // cpus[i mod n] of the launcher's affinity mask (n CPUs) when 2 <= nproc <= n,
