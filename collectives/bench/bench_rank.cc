@@ -112,13 +112,13 @@ int run_rank(const RankOptions& a, const BenchConfig& cfg, const JoinJob& join) 
   if (kind != TransportKind::Mpi && job) {
     store = std::make_shared<PrefixStore>(job->store, "bench/");
   } else if (kind != TransportKind::Mpi) {
-    std::string dir = env_or("TESSERA_STORE_DIR");
-    if (dir.empty() && w.size == 1) {
-      own_dir = dir = make_temp_dir();
-    }
-    if (dir.empty())
-      throw InvalidArgument("no store to rendezvous through: set TESSERA_STORE_DIR to a directory all ranks share");
-    store = std::make_shared<PrefixStore>(make_file_store(dir), "bench/");
+    // Ranks meet in their launcher's job (above); alone, in a fresh temporary directory.
+    if (w.size > 1)
+      throw InvalidArgument(detail::concat("rank ", w.rank, " of ", w.size,
+                                           " has no job to join: start the ranks with -r N, tessera run, mpirun or "
+                                           "srun"));
+    own_dir = make_temp_dir();
+    store = std::make_shared<PrefixStore>(make_file_store(own_dir), "bench/");
   }
 
   CommOptions opts;

@@ -4,12 +4,12 @@
 // How the rank came to be is the front-end's business (launcher/bench_cli.cc:
 // flags, spawning ranks, mpirun). What this library needs from a job
 // launcher reaches it through JoinJob, so it never includes launcher code:
-// - joined (JoinJob returns a job: ranks of `tessera run`, mpirun or srun,
-//   joined through the launcher's worker bootstrap): the job's world and
-//   store; the shm and tcp transports rendezvous in the store under "bench/";
-// - not joined, TESSERA_STORE_DIR set (ranks spawned by `tessera bench -r N`):
-//   a FileStore in that directory, world from the TESSERA_* variables;
-// - alone: a store in a fresh temporary directory.
+// - joined (JoinJob returns a job: ranks of `tessera run`, which is also how
+//   `tessera bench -r N` runs them, mpirun or srun, joined through the
+//   launcher's worker bootstrap): the job's world and store; the shm and tcp
+//   transports rendezvous in the store under "bench/";
+// - alone: a store in a fresh temporary directory (several ranks without a
+//   job to join are refused).
 //
 // Threads: run_rank() runs on the calling thread and must be called by every
 // rank of the world (it issues collectives).

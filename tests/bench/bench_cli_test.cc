@@ -157,6 +157,12 @@ TEST_F(BenchCli, BadInputExitsTwoWithAMessage) {
     EXPECT_EQ(r.out.find("0.000000"), std::string::npos) << r.out;             // no doubles for integer bounds
     EXPECT_EQ(r.out.find("# Avg bus bandwidth"), std::string::npos) << r.out;  // nothing ran
   }
+  // Several ranks with no job to join (no coordinator, mpirun or srun) are refused, naming the ways to start them.
+  RunResult alone = run("bench allr -b 8 -e 8", "TESSERA_RANK=0 TESSERA_WORLD_SIZE=2");
+  EXPECT_EQ(alone.code, 2) << alone.out;
+  EXPECT_NE(alone.out.find("rank 0 of 2 has no job to join: start the ranks with -r N, tessera run, mpirun or srun"),
+            std::string::npos)
+      << alone.out;
 }
 
 TEST_F(BenchCli, RunsUnderMpirun) {
