@@ -2,13 +2,14 @@
 //
 // Every line is written to the launcher's stdout or stderr (the stream the
 // worker used) with the prefix "[<rank>] " (none when constructed without
-// it: `tessera bench -r N`, whose table reads as one process's), appended without the prefix to
-// the rank's log file when there is one, and kept among the last kTailLines
-// lines for the root-cause report, each as a terminal last showed it (the
-// text after its last carriage return: a progress bar's final state) and
-// cut to its last kTailLineBytes, so the report stays far below gRPC's 4 MiB
-// message limit (ten progress-bar lines of 1 MiB each exceeded it, and the
-// failure never reached the coordinator). A line longer than 1 MiB is
+// it: `tessera bench -r N`, whose table reads as one process's), appended
+// without the prefix to the rank's log file when there is one, and kept
+// among the last kTailLines lines for the root-cause report, each as a
+// terminal last showed it (the text after its last carriage return: a
+// progress bar's final state) and cut to its last kTailLineBytes, so the
+// report stays far below gRPC's 4 MiB message limit (ten progress-bar lines
+// of 1 MiB each exceeded it, and the failure never reached the
+// coordinator). A line longer than 1 MiB is
 // emitted in pieces; a last line without a newline is emitted at EOF.
 //
 // Threads: used from the agent's event loop only (one thread); not
