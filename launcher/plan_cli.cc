@@ -28,6 +28,7 @@ struct PlanArgs {
   std::string model, topology, json, zero1, sp, recompute, order = "tp-dp-pp", precision = "bf16", device, schedule;
   std::string runtime = "tessera", overlap_grad_reduce = "off";
   std::string overlap_tp_backward;  // on|off; not given: on with megatron-lm, off with tessera
+  bool fp16_lm_cross_entropy = false;
   int cores = 0, tp = 0, pp = 0, dp = 0, mbs = 0, vstages = 0, top = 5;
   long long global_batch = 0;
   int seq = 0;
@@ -334,6 +335,7 @@ int run_plan(const PlanArgs& a) {
   o.train.overlap_tp_backward = a.overlap_tp_backward.empty()
                                     ? o.train.runtime == StepRuntime::MegatronLM && model.family != "llama"
                                     : a.overlap_tp_backward == "on";
+  o.train.fp16_lm_cross_entropy = a.fp16_lm_cross_entropy;
   o.top_k = a.top;
   o.order = parse_mesh_order(a.order);
   auto given = [&](const char* flag) { return a.cmd->count(flag) > 0; };
@@ -371,7 +373,8 @@ int run_plan(const PlanArgs& a) {
      << (o.train.overlap_grad_reduce ? "overlapped with the backward pass" : "after the backward pass");
   if (o.train.runtime == StepRuntime::MegatronLM && model.family != "llama")  // Llama layers: LlamaModel's
     os << ", TP collectives of the backward pass " << (o.train.overlap_tp_backward ? "beside" : "after")
-       << " the layer's GEMMs";
+       << " the layer's GEMMs, cross entropy on "
+       << (o.train.fp16_lm_cross_entropy ? "the 16-bit logits" : "an fp32 copy of the logits");
   os << "\n";
   os << "searched " << res.evaluated << " choices in " << f(res.seconds, 3) << " s (" << res.over_memory
      << " over memory)\n\n";
@@ -473,6 +476,9 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
                   "megatron-lm, GPT layers: run each column-parallel layer's TP collective of the backward pass "
                   "beside one of its GEMMs, as Megatron-LM does since late 2021: on|off (default on with megatron-lm)")
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_flag("--fp16-lm-cross-entropy", args->fp16_lm_cross_entropy,
+                "megatron-lm: the cross entropy on the 16-bit logits, as Megatron-LM's flag of that name (default: "
+                "on an fp32 copy of them, as Megatron-LM does)");
   cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")
       ->capture_default_str()
       ->check(cli::number_range(1e-6, 1.0));
@@ -492,7 +498,7 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
         if (args->cmd->count(f) == 0) throw CLI::RequiredError(std::string(f) + " (with --inference)");
       for (const char* f : {"--global-batch", "--seq", "--pp", "--dp", "--mbs", "--schedule", "--zero1",
                             "--virtual-stages", "--sequence-parallel", "--recompute", "--efficiency", "--order",
-                            "--runtime", "--overlap-grad-reduce", "--overlap-tp-backward"})
+                            "--runtime", "--overlap-grad-reduce", "--overlap-tp-backward", "--fp16-lm-cross-entropy"})
         if (args->cmd->count(f) > 0) throw CLI::ValidationError(f, "is a training flag; not with --inference");
     } else {
       for (const char* f : {"--global-batch", "--seq"})

@@ -271,9 +271,10 @@ struct Pass {
 class StepCoster {
  public:
   StepCoster(const ModelConfig& m, const DeviceSpec& dev, bool fp32, const GroupNets& nets, int tp, bool sp, int64_t b,
-             int64_t seq, StepRuntime runtime, bool overlap_tp_backward)
+             int64_t seq, StepRuntime runtime, bool overlap_tp_backward, bool fp16_lm_cross_entropy)
       : megatron_(runtime == StepRuntime::MegatronLM),
         overlap_tp_backward_(overlap_tp_backward),
+        fp16_ce_(fp16_lm_cross_entropy),
         m_(m),
         dev_(dev),
         dt_(fp32 ? DType::F32 : DType::BF16),
@@ -541,9 +542,18 @@ class StepCoster {
     if (sp_) p.comm += tp(K::AllGather, nl_ * c_);
     p.compute += k(cost::gemm(n_, vv_, c_, false));
     p.comm += tp(K::AllReduce, n_) + tp(K::AllReduce, 2 * n_);  // row max, then sums and target logits
-    p.compute += k(cost::cross_entropy(n_, vv_, true));
+    if (megatron_ && !llama_) {
+      for (const cost::Kernel& x : cost::megatron_cross_entropy_forward(n_, vv_, logit_bytes(), ce_bytes()))
+        p.compute += k32(x);
+    } else {
+      p.compute += k(cost::cross_entropy(n_, vv_, true));
+    }
   }
   void head_backward(Pass& p) const {
+    if (megatron_ && !llama_) {
+      for (const cost::Kernel& x : cost::megatron_cross_entropy_backward(n_, vv_, logit_bytes(), ce_bytes()))
+        p.compute += k32(x);
+    }
     p.compute += k(cost::gemm(n_, c_, vv_, false));
     p.compute += k(cost::gemm(vv_, c_, n_, true));
     p.comm += sp_ ? tp(K::ReduceScatter, nl_ * c_) : tp(K::AllReduce, n_ * c_);
@@ -573,8 +583,14 @@ class StepCoster {
   mutable Pass fwd_, bwd_[3];
   mutable bool fwd_done_ = false, bwd_done_[3] = {false, false, false};
 
+  // Megatron-LM's logits and the precision of its cross entropy (an fp32
+  // copy of 16-bit logits unless --fp16-lm-cross-entropy).
+  int logit_bytes() const { return dt_ == DType::F32 ? 4 : 2; }
+  int ce_bytes() const { return fp16_ce_ ? logit_bytes() : 4; }
+
   bool megatron_;
   bool overlap_tp_backward_;
+  bool fp16_ce_;
   const ModelConfig& m_;
   const DeviceSpec& dev_;
   DType dt_;
@@ -604,6 +620,8 @@ CostModel::CostModel(const ModelConfig& model, const DeviceSpec& device, const T
   TESSERA_ARG_CHECK(!train.overlap_tp_backward || model.family != "llama",
                     "--overlap-tp-backward models Megatron-LM's GPT layers; a Llama layer is costed as LlamaModel "
                     "runs it (leave the flag out)");
+  TESSERA_ARG_CHECK(!train.fp16_lm_cross_entropy || (train.runtime == StepRuntime::MegatronLM && !train.fp32),
+                    "--fp16-lm-cross-entropy needs --runtime megatron-lm in 16 bits");
   device_.sustained_fraction = gemm_sustained_fraction(device, train);
   TESSERA_ARG_CHECK(device_.sustained_fraction > 0 && device_.sustained_fraction <= 1, "device '", device.name,
                     "' needs a sustained fraction of peak in (0, 1]");
@@ -649,7 +667,7 @@ PlanCost CostModel::evaluate(const PlanChoice& c, const GroupNets& nets) const {
   // Every pass of a micro-batch, from the kernels and collectives it runs.
   using K = collectives::CollKind;
   const StepCoster sc(m, device_, train_.fp32, nets, t, c.sequence_parallel, b, seq, train_.runtime,
-                      train_.overlap_tp_backward);
+                      train_.overlap_tp_backward, train_.fp16_lm_cross_entropy);
   std::vector<std::vector<double>> fwd(static_cast<size_t>(p)), bwd(static_cast<size_t>(p));
   std::vector<Pass> per_mb(static_cast<size_t>(p));  // all chunks' forward + backward of one micro-batch
   for (int s = 0; s < p; ++s) {

@@ -87,6 +87,10 @@ struct TrainingConfig {
   // Off here; `tessera plan` turns it on where it applies unless
   // --overlap-tp-backward off.
   bool overlap_tp_backward = false;
+  // Megatron-LM's --fp16-lm-cross-entropy: its cross entropy on the 16-bit
+  // logits instead of on an fp32 copy (its default, and the published
+  // runs'). Only with the Megatron-LM runtime in 16 bits.
+  bool fp16_lm_cross_entropy = false;
 };
 
 // One point of the search space.

@@ -118,6 +118,25 @@ Kernel cross_entropy(int64_t rows, int64_t n_local, bool want_grad) {
   return {8.0 * d(rows) * d(n_local), kF * (want_grad ? 4.0 : 2.0) * d(rows) * d(n_local)};
 }
 
+std::vector<Kernel> megatron_cross_entropy_forward(int64_t rows, int64_t n_local, int logit_bytes, int ce_bytes) {
+  const double e = d(rows) * d(n_local), c = ce_bytes;
+  std::vector<Kernel> ks;
+  if (logit_bytes != ce_bytes) ks.push_back({0, (logit_bytes + c) * e});  // logits.float()
+  ks.push_back({e, c * e});                                               // max over the row
+  ks.push_back({e, 2 * c * e});                                           // sub_(max)
+  ks.push_back({e, 2 * c * e});                                           // exp(out=)
+  ks.push_back({e, c * e});                                               // sum over the row
+  ks.push_back({e, 2 * c * e});                                           // div_(sum): the softmax
+  return ks;
+}
+
+std::vector<Kernel> megatron_cross_entropy_backward(int64_t rows, int64_t n_local, int logit_bytes, int ce_bytes) {
+  const double e = d(rows) * d(n_local), c = ce_bytes;
+  std::vector<Kernel> ks{{e, 2 * c * e}};                                 // mul_(grad_output)
+  if (logit_bytes != ce_bytes) ks.push_back({0, (c + logit_bytes) * e});  // the cast's backward
+  return ks;
+}
+
 Kernel adamw(int64_t n) { return {14.0 * d(n), kF * 7.0 * d(n)}; }
 
 Kernel sum_squares(int64_t n) { return {2.0 * d(n), kF * d(n)}; }

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "runtime/dtype.h"
 
@@ -93,6 +94,20 @@ Kernel embedding_backward(int64_t rows, int64_t dim);
 Kernel position_add(int64_t rows, int64_t dim);
 // Softmax cross-entropy over rows x n_local logits (with the gradient in place).
 Kernel cross_entropy(int64_t rows, int64_t n_local, bool want_grad);
+// Megatron-LM's vocab-parallel cross entropy over rows x n_local logits of
+// `logit_bytes` each, as its PyTorch kernels run it (the bytes are the
+// kernels' own, not scaled by a precision), the rows' all-reduces aside:
+// megatron/mpu/cross_entropy.py (2020-22; tensor_parallel/cross_entropy.py
+// after) on `logits.float()` (gpt_model.py, unless --fp16-lm-cross-entropy;
+// `ce_bytes` 4) or on the logits as they are (`ce_bytes` == logit_bytes).
+// Forward: the cast when the sizes differ (read logit_bytes, write
+// ce_bytes), then max, subtract in place, exp in place, sum, divide in place
+// (the softmax kept for the backward): 1, 2, 2, 1, 2 passes of ce_bytes.
+// Backward: the softmax scaled in place by the loss gradient (2 passes),
+// then cast back (read ce_bytes, write logit_bytes). 16-bit logits in fp32:
+// 38 and 14 bytes a logit.
+std::vector<Kernel> megatron_cross_entropy_forward(int64_t rows, int64_t n_local, int logit_bytes, int ce_bytes);
+std::vector<Kernel> megatron_cross_entropy_backward(int64_t rows, int64_t n_local, int logit_bytes, int ce_bytes);
 // AdamW over n elements; sum of squares over n elements; zero-filling n floats.
 Kernel adamw(int64_t n);
 Kernel sum_squares(int64_t n);

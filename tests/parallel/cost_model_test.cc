@@ -352,6 +352,37 @@ TEST(CostModel, MegatronMixedPrecisionOptimizerCopies) {
   EXPECT_NEAR(saved_by_zero1(StepRuntime::MegatronLM, true), saved_by_zero1(StepRuntime::Tessera, true), 1e-12);
 }
 
+// Megatron-LM computes its cross entropy on an fp32 copy of the 16-bit
+// logits unless --fp16-lm-cross-entropy: 52 bytes a logit in 8 kernels
+// against 20 in 6 (kernel_cost_test). gpt2-124m at seq 128, micro-batch 2,
+// 2 micro-batches on one A100: 256 x 50257 logits a micro-batch, each
+// kernel streaming at 1.80 TB/s with a 4 us launch. Nothing else changes;
+// the flag needs the Megatron-LM runtime in 16 bits.
+TEST(CostModel, MegatronCrossEntropyOnAnFp32Copy) {
+  const ModelConfig m = ModelConfig::preset("gpt2-124m");
+  const DeviceSpec a100 = DeviceSpec::preset("a100-80gb");
+  const GroupNets nets = emulated_group_nets(1, 1, 1);
+  TrainingConfig tc;
+  tc.global_batch = 4;
+  tc.seq = 128;
+  tc.runtime = StepRuntime::MegatronLM;
+  PlanChoice c;
+  c.micro_batch = 2;
+  c.stage_layers = {12};
+  const PlanCost fp32_copy = CostModel(m, a100, tc).evaluate(c, nets);
+  tc.fp16_lm_cross_entropy = true;
+  const PlanCost in_16_bits = CostModel(m, a100, tc).evaluate(c, nets);
+  const double logits = 256.0 * 50257;
+  EXPECT_NEAR(fp32_copy.time.compute - in_16_bits.time.compute, 2 * ((52 - 20) * logits / 1.80e12 + 2 * 4e-6), 1e-12);
+  EXPECT_DOUBLE_EQ(fp32_copy.time.tp_comm, in_16_bits.time.tp_comm);
+  EXPECT_DOUBLE_EQ(fp32_copy.time.dp_comm, in_16_bits.time.dp_comm);
+  tc.fp32 = true;
+  EXPECT_THROW(CostModel(m, a100, tc), InvalidArgument);
+  tc.fp32 = false;
+  tc.runtime = StepRuntime::Tessera;
+  EXPECT_THROW(CostModel(m, a100, tc), InvalidArgument);
+}
+
 // The Megatron-LM runtime costs GEMMs with the GEMM library its published
 // runs used (DeviceSpec::megatron_sustained_fraction, 0.7386 on the A100);
 // tessera's runtime keeps the device's sustained_fraction (what the emulated

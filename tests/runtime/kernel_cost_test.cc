@@ -109,6 +109,30 @@ TEST(KernelCost, UnfusedAttentionKernels) {
   EXPECT_NEAR(cost::gemm_efficiency(a100, 2048, 2048, 128, 12), a100.sustained_fraction * 1536 / 1620, 1e-12);
 }
 
+// Megatron-LM's cross entropy, by hand over 3 rows of 5 logits: on an
+// fp32 copy of 16-bit logits the forward is cast (2 + 4 bytes), max (4),
+// subtract (4 + 4), exp (4 + 4), sum (4), divide (4 + 4): 38 bytes a logit
+// in 6 kernels; the backward scales (4 + 4) and casts back (4 + 2): 14 in
+// 2. On the 16-bit logits themselves (--fp16-lm-cross-entropy): 16 and 4,
+// no casts; fp32 logits: 32 and 8.
+TEST(KernelCost, MegatronCrossEntropyKernels) {
+  auto bytes = [](const std::vector<cost::Kernel>& ks) {
+    double b = 0;
+    for (const cost::Kernel& k : ks) b += k.bytes;
+    return b;
+  };
+  EXPECT_EQ(cost::megatron_cross_entropy_forward(3, 5, 2, 4).size(), 6u);
+  EXPECT_DOUBLE_EQ(bytes(cost::megatron_cross_entropy_forward(3, 5, 2, 4)), 38.0 * 15);
+  EXPECT_EQ(cost::megatron_cross_entropy_backward(3, 5, 2, 4).size(), 2u);
+  EXPECT_DOUBLE_EQ(bytes(cost::megatron_cross_entropy_backward(3, 5, 2, 4)), 14.0 * 15);
+  EXPECT_EQ(cost::megatron_cross_entropy_forward(3, 5, 2, 2).size(), 5u);
+  EXPECT_DOUBLE_EQ(bytes(cost::megatron_cross_entropy_forward(3, 5, 2, 2)), 16.0 * 15);
+  EXPECT_EQ(cost::megatron_cross_entropy_backward(3, 5, 2, 2).size(), 1u);
+  EXPECT_DOUBLE_EQ(bytes(cost::megatron_cross_entropy_backward(3, 5, 2, 2)), 4.0 * 15);
+  EXPECT_DOUBLE_EQ(bytes(cost::megatron_cross_entropy_forward(3, 5, 4, 4)), 32.0 * 15);
+  EXPECT_DOUBLE_EQ(bytes(cost::megatron_cross_entropy_backward(3, 5, 4, 4)), 8.0 * 15);
+}
+
 // Memory-bound kernels run at the measured HBM rate, hbm_bandwidth x
 // hbm_sustained_fraction: on the A100 1.80 TB/s (88% of 2039 GB/s); on a
 // device without a named measurement (trn1-core) the spec itself.
