@@ -28,6 +28,44 @@ else()
       "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/sanitizers/lsan.supp:fast_unwind_on_malloc=0")
 endif()
 
+# TESSERA_SANITIZER_TIMEOUT_FACTOR: a test's timeout catches hangs, and a
+# sanitizer's own slowdown is not one. On a 2-core machine (2026-12-06) the
+# 655365-element TCP ring all-reduce test took 118 s of its 120 under
+# ThreadSanitizer against 7.6 s plain (15x); the bench, launcher and fault
+# tests took 147 s under AddressSanitizer against 54 s plain (2.7x). The
+# timeouts already leave a margin over the plain times; these factors keep it
+# under a sanitizer.
+if(TESSERA_SANITIZE STREQUAL "thread")
+  set(TESSERA_SANITIZER_TIMEOUT_FACTOR 5)
+elseif(TESSERA_SANITIZE)
+  set(TESSERA_SANITIZER_TIMEOUT_FACTOR 3)
+else()
+  set(TESSERA_SANITIZER_TIMEOUT_FACTOR 1)
+endif()
+
+# tessera_sanitize_directory_tests(): call at the end of a CMakeLists.txt
+# with plain add_test() tests. Under a sanitizer, scales each one's TIMEOUT
+# (scripts/test.sh's 600 s where it sets none) by the factor above and gives
+# it TESSERA_SANITIZER_ENV, as tessera_add_test does for GoogleTest ones.
+function(tessera_sanitize_directory_tests)
+  if(TESSERA_SANITIZER_TIMEOUT_FACTOR EQUAL 1)
+    return()
+  endif()
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t IN LISTS tests)
+    get_test_property(${t} TIMEOUT timeout)
+    if(NOT timeout)
+      set(timeout 600)
+    endif()
+    math(EXPR timeout "${timeout} * ${TESSERA_SANITIZER_TIMEOUT_FACTOR}")
+    set_tests_properties(${t} PROPERTIES TIMEOUT ${timeout})
+    get_test_property(${t} ENVIRONMENT env)
+    if(NOT "${TESSERA_SANITIZER_ENV}" IN_LIST env)
+      set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${TESSERA_SANITIZER_ENV}")
+    endif()
+  endforeach()
+endfunction()
+
 # tessera_add_test(<name> SOURCES a.cc b.cc LIBS lib1 lib2 [LABELS l1 l2] [TIMEOUT s] [SERIAL])
 # One GoogleTest executable registered with ctest, one ctest entry per TEST().
 function(tessera_add_test name)
@@ -38,17 +76,7 @@ function(tessera_add_test name)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
-  # The timeout catches hangs: a sanitizer's own slowdown is not one. On a
-  # 2-core machine (2026-12-06) the 655365-element TCP ring all-reduce test
-  # took 118 s of its 120 under ThreadSanitizer against 7.6 s plain (15x);
-  # the bench, launcher and fault tests took 147 s under AddressSanitizer
-  # against 54 s plain (2.7x). The timeouts already leave a margin over the
-  # plain times; these factors keep it under a sanitizer.
-  if(TESSERA_SANITIZE STREQUAL "thread")
-    math(EXPR T_TIMEOUT "${T_TIMEOUT} * 5")
-  elseif(TESSERA_SANITIZE)
-    math(EXPR T_TIMEOUT "${T_TIMEOUT} * 3")
-  endif()
+  math(EXPR T_TIMEOUT "${T_TIMEOUT} * ${TESSERA_SANITIZER_TIMEOUT_FACTOR}")
   set(props TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${TESSERA_SANITIZER_ENV}")
   if(T_SERIAL)
     # Measures time against a peer: nothing else may run beside it.
