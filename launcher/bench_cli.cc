@@ -183,22 +183,24 @@ struct Stopped {
   int sig;
 };
 
-// The stop signals, blocked while this parent waits for its children and
-// taken with sigtimedwait (restored by the destructor).
+// The stop signals and SIGCHLD, blocked while this parent waits for its
+// child and taken with sigtimedwait (restored by the destructor): the wait
+// ends as soon as the child exits, not at the next tick.
 class StopSignals {
  public:
   StopSignals() {
     sigemptyset(&set_);
-    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&set_, sig);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&set_, sig);
     pthread_sigmask(SIG_BLOCK, &set_, &old_);
   }
   ~StopSignals() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
-  // A stop signal that arrived within `tick`, else 0.
+  // A stop signal that arrived within `tick`, else 0 (also when a child
+  // exited: the caller reaps it).
   int take(const timespec& tick) const {
     const int sig = sigtimedwait(&set_, nullptr, &tick);
-    return sig > 0 ? sig : 0;
+    return sig > 0 && sig != SIGCHLD ? sig : 0;
   }
 
  private:
@@ -242,7 +244,7 @@ int run_child(const std::vector<std::string>& args) {
       kill(-child.pid, SIGKILL);
       kill_at = std::chrono::steady_clock::time_point::max();
     }
-    if (const int sig = stop.take(timespec{0, 20L * 1000 * 1000})) {
+    if (const int sig = stop.take(timespec{0, 100L * 1000 * 1000})) {  // the tick bounds the grace's end
       if (!interrupted) {
         interrupted = sig;
         std::cerr << "tessera bench: got " << signal_name(sig) << "; stopping " << args[0] << "\n";
