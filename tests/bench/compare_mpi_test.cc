@@ -13,7 +13,7 @@
 // standalone loop again; 15 rounds of 20000 calls (~8 ms) at 2 ranks, 12
 // rounds of 5000 calls (~10-20 ms) at cores + 1 ranks. A round that another
 // job preempted is 2-200x slower; each side's figure is the mean of its
-// rounds within 2x of its fastest, and the two figures must agree within
+// rounds at most 2x its median, and the two figures must agree within
 // 25%.
 //
 // Why 25% holds (measured 21:57-22:10 UTC, load 4-7, 10 runs of each case):
@@ -60,20 +60,28 @@ int cpus() {
   return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
-// The mean of the rounds within 2x of the fastest. A round that another job
+// The mean of the rounds at most 2x the median. A round that another job
 // preempted is 2-200x slower (a time slice is milliseconds, a call
 // microseconds); OpenMPI's two placements of 3 ranks on 2 cores differ by
-// 1.6x, and both are kept.
+// 1.6x, and both are kept. Measured from the median, not from the fastest
+// round: on a 2-core AMD EPYC guest (2026-12-06) 2 ranks were bimodal too,
+// 0.18-0.26 us in a few rounds and 0.45-0.55 us in the rest, on either
+// side; "within 2x of the fastest" then kept only the fast mode's few
+// rounds, and the test failed twice (ratios 2.27 and 1.26) where the
+// per-round ratios had a median of 0.96-0.98.
 double clean_mean(const std::vector<double>& v) {
-  const double fastest = *std::min_element(v.begin(), v.end());
+  std::vector<double> sorted = v;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
   double sum = 0;
-  int n = 0;
+  int kept = 0;
   for (double x : v) {
-    if (x > 2 * fastest) continue;
+    if (x > 2 * median) continue;
     sum += x;
-    ++n;
+    ++kept;
   }
-  return sum / n;
+  return sum / kept;
 }
 
 // No command may hang the test: each gets two minutes (scaled).
