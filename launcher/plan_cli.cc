@@ -477,8 +477,8 @@ void add_plan_command(CLI::App& root, tessera::launcher::cli::Action& action) {
                   "beside one of its GEMMs, as Megatron-LM does since late 2021: on|off (default on with megatron-lm)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_flag("--fp16-lm-cross-entropy", args->fp16_lm_cross_entropy,
-                "megatron-lm: the cross entropy on the 16-bit logits, as Megatron-LM's flag of that name (default: "
-                "on an fp32 copy of them, as Megatron-LM does)");
+                "megatron-lm, GPT models: the cross entropy on the 16-bit logits, as Megatron-LM's flag of that name "
+                "(default: on an fp32 copy of them, as Megatron-LM does)");
   cmd->add_option("--memory-fraction", args->memory_fraction, "Fraction of HBM usable")
       ->capture_default_str()
       ->check(cli::number_range(1e-6, 1.0));

@@ -585,7 +585,7 @@ class StepCoster {
 
   // Megatron-LM's logits and the precision of its cross entropy (an fp32
   // copy of 16-bit logits unless --fp16-lm-cross-entropy).
-  int logit_bytes() const { return dt_ == DType::F32 ? 4 : 2; }
+  int logit_bytes() const { return static_cast<int>(dtype_size(dt_)); }
   int ce_bytes() const { return fp16_ce_ ? logit_bytes() : 4; }
 
   bool megatron_;
@@ -622,6 +622,9 @@ CostModel::CostModel(const ModelConfig& model, const DeviceSpec& device, const T
                     "runs it (leave the flag out)");
   TESSERA_ARG_CHECK(!train.fp16_lm_cross_entropy || (train.runtime == StepRuntime::MegatronLM && !train.fp32),
                     "--fp16-lm-cross-entropy needs --runtime megatron-lm in 16 bits");
+  TESSERA_ARG_CHECK(!train.fp16_lm_cross_entropy || model.family != "llama",
+                    "--fp16-lm-cross-entropy models Megatron-LM's GPT head; a Llama head is costed as LlamaModel "
+                    "runs it (leave the flag out)");
   device_.sustained_fraction = gemm_sustained_fraction(device, train);
   TESSERA_ARG_CHECK(device_.sustained_fraction > 0 && device_.sustained_fraction <= 1, "device '", device.name,
                     "' needs a sustained fraction of peak in (0, 1]");

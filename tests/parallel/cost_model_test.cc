@@ -357,7 +357,7 @@ TEST(CostModel, MegatronMixedPrecisionOptimizerCopies) {
 // against 20 in 6 (kernel_cost_test). gpt2-124m at seq 128, micro-batch 2,
 // 2 micro-batches on one A100: 256 x 50257 logits a micro-batch, each
 // kernel streaming at 1.80 TB/s with a 4 us launch. Nothing else changes;
-// the flag needs the Megatron-LM runtime in 16 bits.
+// the flag needs the Megatron-LM runtime in 16 bits and a GPT model.
 TEST(CostModel, MegatronCrossEntropyOnAnFp32Copy) {
   const ModelConfig m = ModelConfig::preset("gpt2-124m");
   const DeviceSpec a100 = DeviceSpec::preset("a100-80gb");
@@ -379,6 +379,7 @@ TEST(CostModel, MegatronCrossEntropyOnAnFp32Copy) {
   tc.fp32 = true;
   EXPECT_THROW(CostModel(m, a100, tc), InvalidArgument);
   tc.fp32 = false;
+  EXPECT_THROW(CostModel(ModelConfig::preset("llama2-7b"), a100, tc), InvalidArgument);  // LlamaModel's head
   tc.runtime = StepRuntime::Tessera;
   EXPECT_THROW(CostModel(m, a100, tc), InvalidArgument);
 }
