@@ -4,18 +4,19 @@
 // "What every worker gets"): the launcher's own environment without any
 // variable tessera sets, plus tessera's and torchrun's variables.
 //
-// spawn_worker() forks a keeper that starts the worker (clone with
-// CLONE_VM|CLONE_VFORK, then execve, as posix_spawn does). The keeper
-// leads the worker's process group (set in parent and keeper, so a signal
-// sent right after fork finds the group), exits the way the worker did (its
-// pid is the one the caller waits for and signals as -pid), and SIGKILLs the
-// whole group when the launcher dies, however it dies (PR_SET_PDEATHSIG
-// checked against getppid(), plus a poll). The worker carries
-// PR_SET_PDEATHSIG=SIGKILL towards the keeper, has an empty signal mask,
-// default SIGPIPE, stdin from `stdin_fd` and stdout/stderr on two new pipes
-// whose read ends (non-blocking, close-on-exec) the caller owns. Everything
-// the child needs is built before fork, and between fork and execve only
-// async-signal-safe calls are made, because other threads (gRPC's) exist.
+// spawn_worker() starts a keeper, tessera_keeper beside the launcher's own
+// executable (launcher/keeper_main.cc), with posix_spawn, and the keeper
+// starts the worker (clone with CLONE_VM|CLONE_VFORK, then execve, as
+// posix_spawn does). The keeper leads the worker's process group (set before
+// its exec, so a signal sent right after spawn_worker returns finds the
+// group), exits the way the worker did (its pid is the one the caller waits
+// for and signals as -pid), and SIGKILLs the whole group when the launcher
+// dies, however it dies (PR_SET_PDEATHSIG checked against getppid(), plus a
+// poll). The worker carries PR_SET_PDEATHSIG=SIGKILL towards the keeper, has
+// an empty signal mask, default SIGPIPE, stdin from `stdin_fd` and
+// stdout/stderr on two new pipes whose read ends (non-blocking,
+// close-on-exec) the caller owns. posix_spawn, unlike a fork, copies none of
+// the launcher's page tables and runs none of its code in the child.
 #pragma once
 
 #include <sys/types.h>
@@ -59,8 +60,9 @@ struct SpawnedWorker {
   int err_fd = -1;  // read end of the worker's stderr (-1 with inherit_output)
 };
 
-// Throws tessera::Error when a pipe or the fork fails; a failed exec makes
-// the child write "tessera run: exec failed" and exit 127. With cpu >= 0 the
+// Throws tessera::Error when a pipe fails or the keeper cannot be started
+// (the message names its path); a failed exec of the worker makes the keeper
+// write "tessera run: cannot execute 'PROGRAM': why" and exit 127. With cpu >= 0 the
 // worker (not the keeper) is bound to that CPU before exec.
 // With inherit_output the worker writes to the caller's stdout and stderr
 // (no pipes).
