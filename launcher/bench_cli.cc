@@ -260,7 +260,7 @@ int run_child(const std::vector<std::string>& args) {
 // mpirun on ourselves: MPI has to start the processes it connects.
 int spawn_with_mpirun(int n) {
   std::vector<std::string> args = mpirun_prefix(n);
-  args.push_back(cli::own_executable());
+  args.push_back(own_executable());
   auto mine = own_argv();
   args.insert(args.end(), mine.begin() + 1, mine.end());
   return run_child(args);
@@ -280,7 +280,7 @@ int spawn_local(int n) {
   o.nproc_per_node = n;
   o.prefix_output = false;
   o.command = own_argv();
-  o.command[0] = cli::own_executable();
+  o.command[0] = own_executable();
   std::cout.flush();
   std::cerr.flush();
   return run_job(o);
@@ -295,7 +295,7 @@ int spawn_local(int n) {
 // Then the tessera ranks run and rank 0 reads the figures
 // (TESSERA_BENCH_MPI_FIGURES, TESSERA_BENCH_MPI_SETTINGS).
 int compare_with_mpi(const BenchArgs& a, const bench::BenchConfig& cfg, int n) {
-  const std::string peer = cli::beside_own_executable("tessera_mpi_peer");
+  const std::string peer = beside_own_executable("tessera_mpi_peer");
   if (access(peer.c_str(), X_OK) != 0)
     throw Error("bench: --compare mpi needs " + peer + " (build target tessera_mpi_peer)");
   const std::string dir = bench::make_temp_dir();

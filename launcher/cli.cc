@@ -108,15 +108,4 @@ void check_output_file(const std::string& flag, const std::string& path) {
   if (const std::string why = file_creation_refusal(dir.string()); !why.empty()) fail(why);
 }
 
-std::string own_executable() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) throw Error("cannot resolve /proc/self/exe: " + ec.message());
-  return p.string();
-}
-
-std::string beside_own_executable(const std::string& name) {
-  return (std::filesystem::path(own_executable()).parent_path() / name).string();
-}
-
 }  // namespace tessera::launcher::cli

@@ -114,10 +114,4 @@ CLI::Validator any_int(const T&) {
 // training run. Creates nothing.
 void check_output_file(const std::string& flag, const std::string& path);
 
-// This process's executable (/proc/self/exe), and a program built beside it
-// (tessera_tools, tessera_mpi_peer). Throw tessera::Error when
-// /proc/self/exe cannot be read.
-std::string own_executable();
-std::string beside_own_executable(const std::string& name);
-
 }  // namespace tessera::launcher::cli

@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
-#include "launcher/cli.h"
 #include "runtime/cpu_rotation.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
@@ -116,8 +116,19 @@ std::vector<int> worker_cpus(int nproc) {
   return out;
 }
 
+std::string own_executable() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("cannot resolve /proc/self/exe: " + ec.message());
+  return p.string();
+}
+
+std::string beside_own_executable(const std::string& name) {
+  return (std::filesystem::path(own_executable()).parent_path() / name).string();
+}
+
 const std::string& keeper_path() {
-  static const std::string path = cli::beside_own_executable("tessera_keeper");
+  static const std::string path = beside_own_executable("tessera_keeper");
   return path;
 }
 

@@ -70,6 +70,14 @@ SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::st
                            const std::vector<std::string>& env, int stdin_fd, int cpu = -1,
                            bool inherit_output = false);
 
+// This process's executable (/proc/self/exe), and a program built beside it
+// (tessera_keeper, tessera_tools, tessera_mpi_peer). Throw tessera::Error
+// when /proc/self/exe cannot be read. (Here, not in launcher/cli.h: every
+// worker links this library, and cli.cc's object would bring the checkpoint
+// code's libcrypto into each worker's start.)
+std::string own_executable();
+std::string beside_own_executable(const std::string& name);
+
 // The launcher's CPU binding of a node's `nproc` workers: local rank i on
 // cpus[i mod n] of the launcher's affinity mask (n CPUs) when 2 <= nproc <= n,
 // as `tessera bench` and `mpirun -np 2` bind theirs; none (empty) with one

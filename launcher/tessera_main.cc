@@ -8,16 +8,16 @@
 #include <exception>
 #include <string>
 
-#include "launcher/cli.h"
 #include "launcher/front_end.h"
 #include "launcher/run_cli.h"
+#include "launcher/spawn.h"
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "run") == 0)
     return tessera::launcher::front_end_main(argc, argv, {&tessera::launcher::add_run_command});
   std::string tools;
   try {
-    tools = tessera::launcher::cli::beside_own_executable("tessera_tools");
+    tools = tessera::launcher::beside_own_executable("tessera_tools");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: %s\n", e.what());
     return 127;
