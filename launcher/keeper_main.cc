@@ -89,8 +89,9 @@ int main(int argc, char** argv) {
     say(parts);
     return 2;
   }
-  // Every signal stays blocked (the launcher spawned it so): a SIGTERM to
-  // the group while the worker starts must not end the keeper first.
+  // Every signal stays blocked (the launcher spawns it so; set again for a
+  // keeper started otherwise): a SIGTERM to the group while the worker
+  // starts must not end the keeper first.
   sigset_t all;
   sigfillset(&all);
   sigprocmask(SIG_SETMASK, &all, nullptr);

@@ -54,6 +54,11 @@ bool set_by_tessera(const char* kv) {
   return false;
 }
 
+const std::string& keeper_path() {
+  static const std::string path = beside_own_executable("tessera_keeper");
+  return path;
+}
+
 }  // namespace
 
 std::vector<std::string> worker_environment(const WorkerEnv& w) {
@@ -127,11 +132,6 @@ std::string beside_own_executable(const std::string& name) {
   return (std::filesystem::path(own_executable()).parent_path() / name).string();
 }
 
-const std::string& keeper_path() {
-  static const std::string path = beside_own_executable("tessera_keeper");
-  return path;
-}
-
 SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::string>& args,
                            const std::vector<std::string>& env, int stdin_fd, int cpu, bool inherit_output) {
   int out[2] = {-1, -1}, err[2] = {-1, -1};
@@ -145,15 +145,17 @@ SpawnedWorker spawn_worker(const std::string& program, const std::vector<std::st
     throw Error(detail::concat("pipe: ", std::strerror(e)));
   }
   // tessera_keeper LAUNCHER_PID CPU PROGRAM ARGV0 [ARG...], in the worker's environment.
+  // posix_spawn takes char* const[] and writes through none of them.
   const std::string& keeper = keeper_path();
-  std::vector<std::string> keeper_args = {keeper, std::to_string(getpid()), std::to_string(cpu), program};
-  keeper_args.insert(keeper_args.end(), args.begin(), args.end());
-  std::vector<std::string> env_copy = env;
-  std::vector<char*> envp, argv;
-  for (auto& s : env_copy) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  for (auto& s : keeper_args) argv.push_back(s.data());
+  const std::string launcher = std::to_string(getpid()), cpu_arg = std::to_string(cpu);
+  std::vector<char*> argv, envp;
+  argv.reserve(args.size() + 5);
+  for (const std::string* s : {&keeper, &launcher, &cpu_arg, &program}) argv.push_back(const_cast<char*>(s->c_str()));
+  for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
+  envp.reserve(env.size() + 1);
+  for (const auto& s : env) envp.push_back(const_cast<char*>(s.c_str()));
+  envp.push_back(nullptr);
 
   posix_spawn_file_actions_t fa;
   posix_spawnattr_t attr;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "collectives/host.h"
 #include "parallel/pipeline/partition.h"
@@ -617,14 +618,14 @@ CostModel::CostModel(const ModelConfig& model, const DeviceSpec& device, const T
   TESSERA_ARG_CHECK(train.bucket_elems >= 1, "the gradient bucket must hold at least one element");
   TESSERA_ARG_CHECK(!train.overlap_tp_backward || train.runtime == StepRuntime::MegatronLM,
                     "--overlap-tp-backward on needs --runtime megatron-lm (tessera's TP collectives block)");
-  TESSERA_ARG_CHECK(!train.overlap_tp_backward || model.family != "llama",
-                    "--overlap-tp-backward models Megatron-LM's GPT layers; a Llama layer is costed as LlamaModel "
-                    "runs it (leave the flag out)");
   TESSERA_ARG_CHECK(!train.fp16_lm_cross_entropy || (train.runtime == StepRuntime::MegatronLM && !train.fp32),
                     "--fp16-lm-cross-entropy needs --runtime megatron-lm in 16 bits");
-  TESSERA_ARG_CHECK(!train.fp16_lm_cross_entropy || model.family != "llama",
-                    "--fp16-lm-cross-entropy models Megatron-LM's GPT head; a Llama head is costed as LlamaModel "
-                    "runs it (leave the flag out)");
+  // Both flags model Megatron-LM's GPT code; a Llama model is costed as LlamaModel runs it under either runtime.
+  for (const auto& [set, flag] : {std::pair{train.overlap_tp_backward, "--overlap-tp-backward on"},
+                                  std::pair{train.fp16_lm_cross_entropy, "--fp16-lm-cross-entropy"}})
+    TESSERA_ARG_CHECK(!set || model.family != "llama", flag,
+                      " models Megatron-LM's GPT layers; a Llama model is costed as LlamaModel runs it (leave the "
+                      "flag out)");
   device_.sustained_fraction = gemm_sustained_fraction(device, train);
   TESSERA_ARG_CHECK(device_.sustained_fraction > 0 && device_.sustained_fraction <= 1, "device '", device.name,
                     "' needs a sustained fraction of peak in (0, 1]");
