@@ -1,5 +1,9 @@
 #include "launcher/front_end.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <iostream>
 
 #include "runtime/error.h"
@@ -9,6 +13,23 @@
 namespace tessera::launcher {
 
 namespace {
+
+// Descriptors 0, 1 and 2 on /dev/null where the caller closed them, before
+// anything opens a file: the first pipe or socket would otherwise take the
+// closed number, and what the launcher writes to stdout or stderr (workers'
+// output, the root-cause report) would go into it. Started with all three
+// closed, `tessera run` wrote a worker's lines into its own descriptors and
+// failed the job. (OpenSSH's sanitise_stdfd does the same.)
+void open_closed_std_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int got = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);  // the lowest free number: fd
+    if (got > fd) {
+      dup2(got, fd);
+      close(got);
+    }
+  }
+}
 
 int parse_and_run(int argc, char** argv, std::initializer_list<AddCommand> commands) {
   CLI::App app{"tessera: a distributed training runtime on emulated accelerator cores", "tessera"};
@@ -52,6 +73,7 @@ int parse_and_run(int argc, char** argv, std::initializer_list<AddCommand> comma
 }  // namespace
 
 int front_end_main(int argc, char** argv, std::initializer_list<AddCommand> commands) {
+  open_closed_std_fds();
   return run_main("tessera", [&] { return parse_and_run(argc, argv, commands); });
 }
 

@@ -6,8 +6,9 @@
 // A job's launcher thus maps none of the libraries only the tools need (MPI
 // for `bench`, OpenBLAS and oneDNN for the planner's and checkpoints'
 // kernels): loading and relocating them was half of `tessera run`'s own
-// start-up CPU, and every worker's keeper is a fork of the launcher
-// (docs/launcher.md, Benchmark).
+// start-up CPU (docs/launcher.md, Benchmark).
+// Both open /dev/null on any of descriptors 0, 1 and 2 the caller closed,
+// before anything else opens a file.
 #pragma once
 
 #include <initializer_list>
