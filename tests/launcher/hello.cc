@@ -13,6 +13,10 @@
 //   --print-env                     print the launcher's variables
 //   --comm                          build the world communicator and all-reduce the ranks
 //   --loop-seconds S                with --comm: all-reduce in a loop for S seconds (after injections)
+//   --bare                          under `tessera run` only: one channel to the coordinator and one
+//                                   barrier, nothing else (no heartbeat, watch, CPU binding): what any
+//                                   program that speaks the launcher's protocol pays at least to meet
+//                                   (the launch benchmark's floor, launcher/bench_launch.sh)
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -25,7 +29,9 @@
 #include <fstream>
 #include <string>
 
+#include "launcher/client.h"
 #include "launcher/worker.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 namespace {
@@ -49,6 +55,23 @@ void on_term(int sig) {
   _exit(128 + sig);
 }
 
+// --bare: the coordinator's Unix socket (or its TCP address), the job token
+// and the rank, as `tessera run` sets them; one Barrier call.
+int bare_meet() {
+  using tessera::env_or;
+  std::string to = env_or("TESSERA_COORDINATOR_LOCAL", env_or("TESSERA_COORDINATOR"));
+  const std::string token = env_or("TESSERA_JOB_TOKEN");
+  if (to.empty() || token.empty()) throw tessera::InvalidArgument("--bare runs only under `tessera run`");
+  const int rank = std::stoi(env_or("RANK", "0")), size = std::stoi(env_or("WORLD_SIZE", "1"));
+  const int round = std::stoi(env_or("TESSERA_RESTART_COUNT", "0"));
+  tessera::launcher::CoordinatorClient client(to, token);
+  client.set_round(round);
+  client.barrier("hello", rank, size, std::chrono::seconds(60));
+  std::printf("rank %d of %d ok (round %d)\n", rank, size, round);
+  std::fflush(stdout);
+  return 0;
+}
+
 void sleep_seconds(double s) {
   timespec ts{static_cast<time_t>(s), static_cast<long>((s - static_cast<double>(static_cast<time_t>(s))) * 1e9)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -60,7 +83,7 @@ int run(int argc, char** argv) {
   int exit_code = 0, fail_rank = -1, fail_round = 1 << 30, throw_rank = -1, stop_rank = -1, kill_rank = -1;
   double sleep_s = 0, loop_s = 0;
   std::string pid_dir, term_dir;
-  bool print_env = false, comm = false, meet_only = false;
+  bool print_env = false, comm = false, meet_only = false, bare = false;
   app.add_option("--exit-code", exit_code);
   app.add_option("--fail-rank", fail_rank);
   app.add_option("--fail-round", fail_round);
@@ -76,7 +99,9 @@ int run(int argc, char** argv) {
   // without the store checks, which cost size^2 calls.
   app.add_flag("--meet-only", meet_only);
   app.add_option("--loop-seconds", loop_s);
+  app.add_flag("--bare", bare);
   CLI11_PARSE(app, argc, argv);
+  if (bare) return bare_meet();
 
   tessera::launcher::WorkerOptions opts;
   opts.create_communicator = comm;

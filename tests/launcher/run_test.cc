@@ -127,6 +127,19 @@ TEST_P(RunWorld, EveryRankGetsItsEnvironmentAndPassesTheBarrier) {
 }
 INSTANTIATE_TEST_SUITE_P(Sizes, RunWorld, ::testing::Values(1, 2, 3, 5, 8));
 
+// The launch benchmark's floor (tessera_hello --bare: one channel, one
+// barrier) meets as a whole join does, and refuses to run outside a job.
+TEST(Run, BareWorkersMeetAtOneBarrier) {
+  TempDir d;
+  Subprocess p({kTessera, "run", "--nproc-per-node", "3", "--", kHello, "--bare"}, d.path);
+  ASSERT_EQ(p.wait(60s), 0) << p.err();
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(count(p.out(), tessera::detail::concat("[", r, "] rank ", r, " of 3 ok (round 0)\n")), 1) << p.out();
+  Subprocess alone({kHello, "--bare"}, d.path, "alone");
+  EXPECT_EQ(alone.wait(30s), 1);
+  EXPECT_NE(alone.err().find("--bare runs only under `tessera run`"), std::string::npos) << alone.err();
+}
+
 TEST(Run, TwoNodesRendezvousThroughNodeZero) {
   TempDir d;
   const std::string coord = "127.0.0.1:" + std::to_string(free_port());
