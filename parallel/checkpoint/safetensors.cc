@@ -15,6 +15,7 @@
 #include <new>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <unordered_set>
 
 #include "runtime/device.h"
 #include "runtime/files.h"
@@ -45,36 +46,60 @@ bool is_known_foreign_dtype(const std::string& s) {
   return kForeign.count(s) > 0;
 }
 
-// Parses JSON rejecting duplicate keys in any object (nlohmann would keep the
-// last silently; Hugging Face's reader refuses a header with a name twice).
-json parse_json_strict(const std::string& path, const char* begin, const char* end, const char* what) {
-  std::vector<std::set<std::string>> keys;
-  std::string dup;
-  auto cb = [&](int /*depth*/, json::parse_event_t ev, json& parsed) {
-    switch (ev) {
-      case json::parse_event_t::object_start:
-        keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && dup.empty()) {
-          dup = parsed.get<std::string>();
-        }
-        break;
-      default:
-        break;
+// Finds the first name that appears twice in one object, in one pass. (A
+// parse callback could do this, but nlohmann 3.11's callback parser walks the
+// parent object again after each child object: quadratic in the tensors, 30 s
+// for a header of 80k of them.)
+class DuplicateNameFinder final : public json::json_sax_t {
+ public:
+  std::string duplicate;  // empty: none
+  bool null() override { return true; }
+  bool boolean(bool /*val*/) override { return true; }
+  bool number_integer(number_integer_t /*val*/) override { return true; }
+  bool number_unsigned(number_unsigned_t /*val*/) override { return true; }
+  bool number_float(number_float_t /*val*/, const string_t& /*s*/) override { return true; }
+  bool string(string_t& /*val*/) override { return true; }
+  bool binary(binary_t& /*val*/) override { return true; }
+  bool start_object(std::size_t /*elements*/) override {
+    names_.emplace_back();
+    return true;
+  }
+  bool key(string_t& val) override {
+    if (!names_.back().insert(val).second) {
+      duplicate = val;
+      return false;  // stop: the first one is reported
     }
     return true;
-  };
+  }
+  bool end_object() override {
+    names_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t /*elements*/) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
+                   const json::exception& /*ex*/) override {
+    return false;  // json::parse, which ran first, reports syntax errors
+  }
+
+ private:
+  std::vector<std::unordered_set<std::string>> names_;
+};
+
+// Parses JSON rejecting duplicate keys in any object (nlohmann would keep the
+// last silently; Hugging Face's reader refuses a header with a name twice).
+// Two linear passes: the parse, then the duplicate search.
+json parse_json_strict(const std::string& path, const char* begin, const char* end, const char* what) {
   json j;
   try {
-    j = json::parse(begin, end, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+    j = json::parse(begin, end, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::exception& e) {
     fail(path, detail::concat(what, " is not valid JSON: ", e.what()));
   }
-  if (!dup.empty()) fail(path, detail::concat(what, " has the name '", dup, "' twice (duplicate names are rejected)"));
+  DuplicateNameFinder names;
+  json::sax_parse(begin, end, &names);
+  if (!names.duplicate.empty())
+    fail(path, detail::concat(what, " has the name '", names.duplicate, "' twice (duplicate names are rejected)"));
   return j;
 }
 
