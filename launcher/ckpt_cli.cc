@@ -97,16 +97,31 @@ int run_inspect(const CkptArgs& a, const ckpt::ModelFamilies& f) {
   std::printf("metadata:\n");
   for (const auto& [k, v] : src->metadata()) std::printf("  %s = %s\n", k.c_str(), v.c_str());
   std::printf("total tensor data: %s (%llu bytes)\n", mib(total).c_str(), static_cast<unsigned long long>(total));
-  for (const std::string& p : ckpt::nonfinite_problems(*src)) std::printf("non-finite: %s\n", p.c_str());
+  // What is wrong goes to stderr, and the exit code is 2 (bad input), as
+  // every other subcommand says of a file it cannot use; the listing above
+  // stays on stdout.
+  std::fflush(stdout);
+  int code = 0;
+  for (const std::string& p : ckpt::nonfinite_problems(*src)) {
+    std::fprintf(stderr, "tessera ckpt inspect: non-finite: %s\n", p.c_str());
+    code = tessera::launcher::cli::kUsageExit;
+  }
+  std::string invalid;
   try {
     const ckpt::HfModel m = f.from_hf(*src, a.heads);
     std::printf("model: %s\nvalid checkpoint of it\n", m.layout->describe().c_str());
   } catch (const FormatError& e) {
-    std::printf("not a valid checkpoint of a model tessera knows: %s\n", e.what());
+    invalid = e.what();
   } catch (const InvalidArgument& e) {
-    std::printf("not a valid checkpoint of a model tessera knows: %s\n", e.what());
+    invalid = e.what();
   }
-  return 0;
+  if (!invalid.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "tessera ckpt inspect: not a valid checkpoint of a model tessera knows: %s\n",
+                 invalid.c_str());
+    code = tessera::launcher::cli::kUsageExit;
+  }
+  return code;
 }
 
 // Runs `fn`, mapping bad input (flags or files) to `bad_exit` with the message.

@@ -125,4 +125,14 @@ std::string hf_config_text(const ModelConfig& m, const std::string& torch_dtype)
   throw InvalidArgument("hf_config_text: family '" + m.family + "' has no config.json writer");
 }
 
+int64_t layers_held(const std::string& file, const std::set<int64_t>& indices) {
+  if (indices.empty()) return 0;
+  const int64_t top = *indices.rbegin();
+  if (static_cast<int64_t>(indices.size()) == top + 1) return top + 1;
+  int64_t gap = 0;
+  while (indices.count(gap)) ++gap;
+  throw FormatError(detail::concat(file, ": the weights hold layer ", top, " but no tensor of layer ", gap,
+                                   " (a model's layers run from 0 without gaps)"));
+}
+
 }  // namespace tessera::parallel::models

@@ -52,6 +52,13 @@ void add_hf_extra(nlohmann::json& config, const std::string& hf_extra);
 inline constexpr size_t kMaxListedProblems = 20;
 [[noreturn]] void throw_problems(const std::string& head, const std::vector<std::string>& problems);
 
+// How many decoder layers a file holds, given the index of every per-layer
+// tensor it has: one more than the highest. Throws FormatError, naming
+// `file`, when a lower index has no tensor at all: one tensor named for layer
+// 1000000 would otherwise make a model of a million layers to check and
+// list (gigabytes, minutes), where a file's layers run from 0 without gaps.
+int64_t layers_held(const std::string& file, const std::set<int64_t>& indices);
+
 // config.json's torch_dtype for weights stored as `d`: "float32", "bfloat16"
 // or "float16"; InvalidArgument for another dtype.
 std::string torch_dtype_name(DType d);

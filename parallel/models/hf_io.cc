@@ -37,18 +37,18 @@ constexpr const char* kLlamaEmbedding = "model.embed_tokens.weight";
 constexpr const char* kLmHead = "lm_head.weight";
 
 // How many decoder layers the file holds: one more than the highest N of a
-// "model.layers.N." tensor (0 when there is none).
+// "model.layers.N." tensor (0 when there is none); FormatError for a gap.
 int64_t llama_layers_held(const TensorSource& src) {
   const std::string prefix = "model.layers.";
-  int64_t held = 0;
+  std::set<int64_t> indices;
   for (const std::string& n : src.names()) {
     if (!starts_with(n, prefix)) continue;
     size_t j = prefix.size();
     while (j < n.size() && j - prefix.size() < 10 && n[j] >= '0' && n[j] <= '9') ++j;
     if (j == prefix.size() || j >= n.size() || n[j] != '.') continue;
-    held = std::max<int64_t>(held, std::stoll(n.substr(prefix.size(), j - prefix.size())) + 1);
+    indices.insert(std::stoll(n.substr(prefix.size(), j - prefix.size())));
   }
-  return held;
+  return layers_held(src.path(), indices);
 }
 
 // The llama family, checked against the model's own layout at tp 1.
@@ -56,7 +56,13 @@ std::vector<std::string> llama_problems(const TensorSource& src, const ModelConf
   // A config giving more layers than the file holds is one problem, found
   // before laying the model out (a config claiming 10^6 layers would
   // otherwise list 9 x 10^6 missing tensors).
-  if (const int64_t held = llama_layers_held(src); m.layers > held)
+  int64_t held = 0;
+  try {
+    held = llama_layers_held(src);
+  } catch (const FormatError& e) {
+    return {e.what()};
+  }
+  if (m.layers > held)
     return {detail::concat(src.path(), ": the config gives num_hidden_layers ", m.layers, ", but the weights hold ",
                            held == 0 ? std::string("no layer") : detail::concat("layers 0 to ", held - 1))};
   std::vector<std::string> problems;

@@ -284,8 +284,53 @@ TEST(CkptIntegrity, ConsolidateRefusesToOverwriteAndEmptyVocabIsInvalid) {
   expect_format_error([&] { shard_gpt2(empty, d.file("e"), {1, 1, 1, 0}); }, {empty, "wte.weight", "[0, 32]"});
   EXPECT_FALSE(fs::exists(d.file("e")));
   auto [icode, iout] = run_out(std::string(TESSERA_BIN) + " ckpt inspect " + empty);
+  EXPECT_EQ(icode, 2) << iout;  // bad input, as the other subcommands say of it
   EXPECT_EQ(iout.find("valid checkpoint of it\n"), std::string::npos) << iout;
   EXPECT_NE(iout.find("not a valid checkpoint"), std::string::npos) << iout;
+}
+
+// One tensor named for a far layer: refused at once, naming the gap, instead
+// of a model of a million layers being laid out to list what it lacks
+// (4 GB and 35 s; with a 9-digit index, std::bad_alloc). GPT-2 infers its
+// layers from the names; a Llama config.json that claims them too is caught
+// the same way.
+TEST(CkptIntegrity, ALayerIndexBeyondTheOthersIsAGapNotAModel) {
+  TempDir d;
+  auto with_far_layer = [](std::vector<std::pair<std::string, Tensor>> t, const std::string& name) {
+    t.emplace_back(name, Tensor::from_vector(std::vector<float>(8, 0.5f), {8}, DType::F32));
+    return t;
+  };
+  const std::string gpt = d.file("far.safetensors");
+  write_safetensors(gpt, with_far_layer(testing::random_gpt2_tensors(kCfg, DType::F32, 3, 0.02f),
+                                        "transformer.h.1000000.ln_1.weight"));
+  expect_format_error(
+      [&] {
+        shard_gpt2(gpt, d.file("s"), {2, 1, 1, 0});
+      },
+      {gpt, "layer 1000000", "no tensor of layer 3"});
+  EXPECT_FALSE(fs::exists(d.file("s")));
+  auto [code, out] = run_out(std::string(TESSERA_BIN) + " ckpt inspect " + gpt);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("no tensor of layer 3"), std::string::npos) << out;
+
+  ModelConfig m = testing::tiny_llama();
+  testing::write_llama_model(d.file("llama"), m, DType::F32, 0);
+  const std::string shard = d.file("llama/model.safetensors");
+  auto src = open_safetensors(shard);
+  std::vector<std::pair<std::string, Tensor>> t;
+  for (const std::string& n : src->names()) t.emplace_back(n, src->get(n));
+  src.reset();
+  write_safetensors(shard, with_far_layer(t, "model.layers.999999.input_layernorm.weight"));
+  json cfg = json::parse(testing::read_bytes(d.file("llama/config.json")));
+  cfg["num_hidden_layers"] = 1000000;
+  testing::write_bytes(d.file("llama/config.json"), cfg.dump());
+  auto [lcode, lout] =
+      run_out(std::string(TESSERA_BIN) + " ckpt shard --tp 2 --out " + d.file("ls") + " " + d.file("llama"));
+  EXPECT_EQ(lcode, 2) << lout;
+  EXPECT_NE(lout.find("the weights hold layer 999999 but no tensor of layer " + std::to_string(m.layers)),
+            std::string::npos)
+      << lout;
+  EXPECT_FALSE(fs::exists(d.file("ls")));
 }
 
 TEST(CkptIntegrity, TrailingSlashesAndFailuresLeaveNothing) {

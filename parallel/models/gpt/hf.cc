@@ -38,6 +38,17 @@ bool parse_layer(const std::string& s, int64_t* layer, std::string* rest) {
   return true;
 }
 
+// The layers held by the tensors under prefix `p` (layers_held: no gaps).
+int64_t gpt2_layers_held(const TensorSource& src, const std::string& p) {
+  std::set<int64_t> indices;
+  for (const std::string& n : src.names()) {
+    int64_t layer;
+    std::string rest;
+    if (starts_with(n, p) && parse_layer(n.substr(p.size()), &layer, &rest)) indices.insert(layer);
+  }
+  return layers_held(src.path(), indices);
+}
+
 // Shape of a per-layer tensor by the part after "h.N."; empty optional-like
 // flag when unknown.
 bool layer_shape(const ModelConfig& c, const std::string& rest, Shape* out) {
@@ -104,14 +115,7 @@ static ModelConfig infer_from_tensors(const TensorSource& src, int64_t heads_hin
     if (d > (int64_t{1} << 30))
       throw FormatError(detail::concat(file, ": tensor '", p, "wte.weight' or 'wpe.weight' is too large (", d, ")"));
   ModelConfig c = gpt2_config(wte[0], wpe[0], wte[1], 0, 1);
-  int64_t max_layer = -1;
-  for (const std::string& n : src.names()) {
-    if (!starts_with(n, p)) continue;
-    int64_t layer;
-    std::string rest;
-    if (parse_layer(n.substr(p.size()), &layer, &rest)) max_layer = std::max(max_layer, layer);
-  }
-  c.layers = static_cast<int>(max_layer + 1);
+  c.layers = static_cast<int>(gpt2_layers_held(src, p));
   if (c.vocab <= 0 || c.hidden <= 0 || c.max_seq <= 0) {
     throw FormatError(detail::concat(file, ": tensor '", p, c.vocab <= 0 ? "wte" : "wpe", ".weight' has shape ",
                                      shape_str(c.vocab <= 0 || c.hidden <= 0 ? wte : wpe),
@@ -191,10 +195,10 @@ std::vector<std::string> gpt2_problems(const TensorSource& src, const ModelConfi
   // More layers in the config than in the file: one problem, found before
   // laying the model out (n_layer 10^6 would list 12 x 10^6 missing tensors).
   int64_t held = 0;
-  for (const std::string& n : src.names()) {
-    int64_t layer;
-    std::string rest;
-    if (starts_with(n, p) && parse_layer(n.substr(p.size()), &layer, &rest)) held = std::max(held, layer + 1);
+  try {
+    held = gpt2_layers_held(src, p);
+  } catch (const FormatError& e) {
+    return {e.what()};
   }
   if (c.layers > held)
     return {detail::concat(file, ": the config gives n_layer ", c.layers, ", but the weights hold ",
