@@ -1,5 +1,7 @@
 #include "launcher/output_relay.h"
 
+#include <limits.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -25,6 +27,47 @@ void write_all(int fd, const std::string& s) {
     }
     off += static_cast<size_t>(n);
   }
+}
+
+void Destination::queue(const std::string& bytes) {
+  if (gone_) return;
+  if (head_ > 0 && head_ == buf_.size()) {
+    buf_.clear();
+    head_ = 0;
+  }
+  buf_ += bytes;
+}
+
+void Destination::flush_some() {
+  while (pending() > 0 && !gone_) {
+    pollfd p{fd_, POLLOUT, 0};
+    int r = ::poll(&p, 1, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0 || !(p.revents & (POLLOUT | POLLERR | POLLHUP | POLLNVAL))) return;  // not now
+    // At most PIPE_BUF: a pipe with room for one more page takes it without blocking.
+    const ssize_t n = ::write(fd_, buf_.data() + head_, std::min<size_t>(pending(), PIPE_BUF));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) return;
+      gone_ = true;  // EPIPE, EBADF, EIO: the reader is gone; the logs keep the lines
+      buf_.clear();
+      head_ = 0;
+      return;
+    }
+    head_ += static_cast<size_t>(n);
+  }
+  if (head_ == buf_.size()) {
+    buf_.clear();
+    head_ = 0;
+  } else if (head_ > (1u << 20)) {  // keep the string from growing behind a slow reader
+    buf_.erase(0, head_);
+    head_ = 0;
+  }
+}
+
+Destination& destination(int fd) {
+  static Destination out(1), err(2);
+  return fd == 2 ? err : out;
 }
 
 void OutputRelay::open_log(const std::string& dir, int round, FileOps* ops) {
@@ -57,7 +100,7 @@ void OutputRelay::attach(int out_fd, int err_fd) {
 }
 
 void OutputRelay::emit_line(const std::string& line, int out_fd) {
-  write_all(out_fd, prefix_ ? "[" + std::to_string(rank_) + "] " + line + "\n" : line + "\n");
+  destination(out_fd).queue(prefix_ ? "[" + std::to_string(rank_) + "] " + line + "\n" : line + "\n");
   if (log_) log_write(line + "\n");
   // What a terminal shows last: after the last '\r' that has text behind it.
   std::string shown = line;
@@ -71,10 +114,10 @@ void OutputRelay::emit_line(const std::string& line, int out_fd) {
   if (out_fd == 2) last_err_line_ = std::chrono::steady_clock::now();
 }
 
-void OutputRelay::pump(Stream& s) {
+void OutputRelay::pump(Stream& s, size_t max_bytes) {
   if (s.fd < 0) return;
   char buf[65536];
-  for (;;) {
+  for (size_t got = 0; got < max_bytes;) {
     ssize_t n = read(s.fd, buf, sizeof buf);
     if (n > 0) {
       s.partial.append(buf, static_cast<size_t>(n));
@@ -89,16 +132,22 @@ void OutputRelay::pump(Stream& s) {
         emit_line(s.partial, s.out_fd);
         s.partial.clear();
       }
+      got += static_cast<size_t>(n);
       continue;
     }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) break;
     close_stream(s);  // EOF or error
-    return;
+    break;
   }
+  destination(s.out_fd).flush_some();
 }
 
 void OutputRelay::close_stream(Stream& s) {
-  if (!s.partial.empty()) emit_line(s.partial, s.out_fd);
+  if (!s.partial.empty()) {
+    emit_line(s.partial, s.out_fd);
+    destination(s.out_fd).flush_some();
+  }
   s.partial.clear();
   if (s.fd >= 0) close(s.fd);
   s.fd = -1;

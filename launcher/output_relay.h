@@ -28,8 +28,45 @@
 namespace tessera::launcher {
 
 // Writes all of `s` to fd, retrying on EINTR; drops it if fd is gone (a
-// closed pipe: the log files still have the lines).
+// closed pipe: the log files still have the lines). Blocks while fd does not
+// take it: for the launcher's own last words, after the workers are gone.
 void write_all(int fd, const std::string& s);
+
+// The launcher's stdout or stderr as relayed workers' lines reach them. Lines
+// are queued and written only as far as the descriptor takes them without
+// blocking (poll for POLLOUT, then writes of at most PIPE_BUF bytes), so a
+// reader that stalls (a paused pager, `| sleep 60`) never stops the
+// supervisor's loop from reaping, failing the job or handling a signal; a
+// descriptor that is gone (EPIPE, EBADF) is no longer written (the log
+// files still have the lines). Past kHighWater queued bytes the supervisor
+// stops reading the workers' pipes: the workers then wait on their own
+// writes, as they would writing to the stalled reader themselves.
+// One per descriptor, process-wide (destination(1), destination(2)); used
+// from the supervisor's thread only.
+class Destination {
+ public:
+  static constexpr size_t kHighWater = 1 << 20;
+
+  explicit Destination(int fd) : fd_(fd) {}
+  int fd() const { return fd_; }
+  void queue(const std::string& bytes);
+  // Writes what the descriptor takes now, without blocking.
+  void flush_some();
+  size_t pending() const { return buf_.size() - head_; }
+  bool full() const { return pending() >= kHighWater; }
+  // Forgets what is queued (the launcher is leaving on a signal).
+  void drop() {
+    buf_.clear();
+    head_ = 0;
+  }
+
+ private:
+  int fd_;
+  bool gone_ = false;
+  std::string buf_;
+  size_t head_ = 0;  // buf_[head_..] is unwritten
+};
+Destination& destination(int fd);  // 1 or 2
 
 class OutputRelay {
  public:
@@ -76,9 +113,13 @@ class OutputRelay {
   Stream& err() { return err_; }
   bool closed() const { return out_.fd < 0 && err_.fd < 0; }
 
-  // Reads what `s` has now (non-blocking) and emits complete lines; at EOF
-  // emits the partial line and closes the stream.
-  void pump(Stream& s);
+  // Reads what `s` has now, up to about max_bytes (non-blocking), and emits
+  // complete lines; at EOF emits the partial line and closes the stream. The
+  // bound keeps a worker that writes without pause from holding the
+  // supervisor's loop (it read until the pipe was empty: `yes` in one rank
+  // delayed the job's failure by a minute and a SIGTERM by 22 s).
+  static constexpr size_t kPumpBytes = 256 << 10;
+  void pump(Stream& s, size_t max_bytes = kPumpBytes);
   // Emits what is left and closes both streams without waiting for EOF.
   void close_all();
 

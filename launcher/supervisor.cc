@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "launcher/client.h"
+#include "launcher/output_relay.h"
 #include "launcher/root_cause.h"
 #include "runtime/cpu_rotation.h"
 #include "runtime/error.h"
@@ -29,6 +30,7 @@ using namespace std::chrono_literals;
 // still running (see the reaping in run()).
 constexpr auto kSuspectWindow = 2s;
 constexpr auto kHold = 1500ms;
+constexpr size_t kExitPumpBytes = 4 << 20;
 
 void RoundSupervisor::signal_all(int sig) {
   for (auto& w : workers_) {
@@ -121,10 +123,15 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
       for (OutputRelay::Stream* s : {&w.output.out(), &w.output.err()}) {
         if (s->fd < 0) continue;
         all_closed = false;
-        fds.push_back({s->fd, POLLIN, 0});
+        // Behind a stalled reader of ours, leave the worker's pipe unread
+        // (it waits on its writes); the loop goes on reaping and signalling.
+        fds.push_back({s->fd, static_cast<short>(destination(s->out_fd).full() ? 0 : POLLIN), 0});
         owners.emplace_back(&w, s);
       }
     }
+    const size_t first_dest = fds.size();
+    for (int d : {1, 2})
+      if (destination(d).pending() > 0) fds.push_back({d, POLLOUT, 0});
     if (all_exited && all_closed) break;
     if (all_exited && !all_closed) {
       // Workers are gone but something they spawned holds a pipe: read what
@@ -150,8 +157,10 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
           std::chrono::duration_cast<std::chrono::milliseconds>(held->until - Clock::now()).count(), 0, wait_ms));
     int n = poll(fds.data(), fds.size(), wait_ms);
     if (n < 0 && errno != EINTR) throw Error(detail::concat("poll: ", std::strerror(errno)));
-    for (size_t i = 2; i < fds.size(); ++i)
+    for (size_t i = 2; i < first_dest; ++i)
       if (fds[i].revents) owners[i - 2].first->output.pump(*owners[i - 2].second);
+    for (size_t i = first_dest; i < fds.size(); ++i)
+      if (fds[i].revents) destination(fds[i].fd).flush_some();
     if (fds[0].revents) {
       signalfd_siginfo si;
       while (read(s_.sig_fd, &si, sizeof si) == sizeof si) {
@@ -192,8 +201,10 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
         w.exited = true;
         w.after_stop = stopping;
         w.status = status;
-        w.output.pump(w.output.out());
-        w.output.pump(w.output.err());
+        // What the pipes still hold (at most their capacity, unless a child
+        // of the worker still writes), for the exit report's last lines.
+        w.output.pump(w.output.out(), kExitPumpBytes);
+        w.output.pump(w.output.err(), kExitPumpBytes);
         bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!stopping && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
           spdlog::error("tessera run: rank {} {}", w.rank, explain_sigkill(oom_before));
@@ -243,6 +254,25 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
     flush_held();
     failed = true;
   }
+  // The workers' last lines, as fast as our reader takes them (a paused
+  // pager is waited for, as `cat` would wait); a signal stops the wait.
+  while (!interrupted_ && destination(1).pending() + destination(2).pending() > 0) {
+    std::vector<pollfd> fds{{s_.sig_fd, POLLIN, 0}};
+    for (int d : {1, 2})
+      if (destination(d).pending() > 0) fds.push_back({d, POLLOUT, 0});
+    if (poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR)
+      throw Error(detail::concat("poll: ", std::strerror(errno)));
+    for (size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents) destination(fds[i].fd).flush_some();
+    signalfd_siginfo si;
+    while (read(s_.sig_fd, &si, sizeof si) == sizeof si)
+      if (si.ssi_signo != SIGCHLD && !interrupted_) {
+        interrupted_ = static_cast<int>(si.ssi_signo);
+        spdlog::warn("tessera run: got {} while writing the workers' last output; leaving", strsignal(interrupted_));
+      }
+  }
+  if (interrupted_)
+    for (int d : {1, 2}) destination(d).drop();
   if (interrupted_) {
     try {
       s_.client->abort(interrupt_cause(opt.node_rank, s_.host, interrupted_));
