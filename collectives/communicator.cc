@@ -79,7 +79,9 @@ CommOptions apply_env_overrides(CommOptions options) {
   if (const char* t = std::getenv("TESSERA_TIMEOUT_S"); t && *t) {
     char* end = nullptr;
     double s = std::strtod(t, &end);
-    TESSERA_ARG_CHECK(end && *end == '\0' && s > 0, "TESSERA_TIMEOUT_S='", t, "' is not a positive number of seconds");
+    // A millisecond at least, and at most a year (inf or 1e17 overflowed the milliseconds to a negative timeout).
+    TESSERA_ARG_CHECK(end && *end == '\0' && s >= 0.001 && s <= 365.0 * 86400, "TESSERA_TIMEOUT_S='", t,
+                      "' is not a number of seconds from 0.001 to 31536000 (a year)");
     options.timeout = std::chrono::milliseconds(std::llround(s * 1000.0));
   }
   if (const char* a = std::getenv("TESSERA_ALGO"); a && *a) options.algo = a;

@@ -23,6 +23,9 @@ std::pair<std::string, int> split_host_port(const std::string& hp) {
   TESSERA_ARG_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < hp.size(), "--coordinator '", hp,
                     "' is not HOST:PORT");
   std::string host = hp.substr(0, colon);
+  // An IPv6 address is written in brackets: "::1" would read as host ":", port 1.
+  TESSERA_ARG_CHECK(host.find(':') == std::string::npos || (host.front() == '[' && host.back() == ']'),
+                    "--coordinator '", hp, "' is not HOST:PORT (an IPv6 address goes in brackets: [::1]:29500)");
   int port = 0;
   try {
     size_t pos = 0;

@@ -11,7 +11,8 @@ namespace tessera {
 
 // Sets the process-wide logger's pattern to "[rank] [level] msg" (rank < 0: no
 // prefix) and its level from TESSERA_LOG_LEVEL (trace, debug, info, warn, error;
-// default info). Safe to call again (e.g. after rank discovery).
+// default info; a name that is none of spdlog's keeps info, with a warning). Safe to call again (e.g. after rank
+// discovery).
 void init_logging(int rank = -1);
 
 }  // namespace tessera

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "collectives/comm_impl.h"
 #include "collectives/communicator.h"
 #include "runtime/device.h"
 #include "runtime/shm_memory.h"
@@ -161,6 +162,19 @@ TEST(Failure, TimeoutFromEnvironment) {
   });
   ::unsetenv("TESSERA_TIMEOUT_S");
   EXPECT_EQ(failures(res), "");
+}
+
+// Values that would make no timeout: inf and 1e17 overflowed the
+// milliseconds to a negative timeout (every wait failed at once), 0.0001
+// rounded to 0 ms.
+TEST(Failure, TimeoutFromEnvironmentOutOfRangeIsRefused) {
+  for (const char* v : {"inf", "1e17", "0.0001", "nan", "-1", "0", "abc", "5s"}) {
+    ::setenv("TESSERA_TIMEOUT_S", v, 1);
+    EXPECT_THROW(apply_env_overrides(CommOptions{}), InvalidArgument) << v;
+  }
+  ::setenv("TESSERA_TIMEOUT_S", "0.001", 1);
+  EXPECT_EQ(apply_env_overrides(CommOptions{}).timeout, std::chrono::milliseconds(1));
+  ::unsetenv("TESSERA_TIMEOUT_S");
 }
 
 // abort() from another thread wakes the blocked rank with AbortedError; its

@@ -533,6 +533,8 @@ TEST(Run, BadUsageExits2WithUsage) {
            // A value-taking flag given no value takes neither "--" nor a flag.
            {kTessera, "run", "--nproc-per-node", "2", "--log-dir", "--", kHello},
            {kTessera, "run", "--nproc-per-node", "2", "--coordinator", "--max-restarts", "1", "--", kHello},
+           // IPv6 without brackets read as host ":" and port 1.
+           {kTessera, "run", "--nproc-per-node", "1", "--coordinator", "::1", "--", kHello},
            // A directory no file can be created in (a read-only mount gave exit 1 at the first log).
            {kTessera, "run", "--nproc-per-node", "2", "--log-dir", "/proc/self", "--", kHello}}) {
     Subprocess p(args, d.path);
@@ -540,6 +542,19 @@ TEST(Run, BadUsageExits2WithUsage) {
     EXPECT_NE(p.err().find("Usage: tessera run"), std::string::npos) << p.err();
   }
   EXPECT_FALSE(std::filesystem::exists(d.path + "/--")) << "--log-dir -- made a directory named --";
+}
+
+// A TESSERA_LOG_LEVEL spdlog does not know meant "off", which hid the root
+// cause; it now keeps info and says so.
+TEST(Run, AnUnknownLogLevelKeepsInfoAndTheRootCause) {
+  TempDir d;
+  setenv("TESSERA_LOG_LEVEL", "verbose", 1);
+  Subprocess p(run_cmd({"--nproc-per-node", "2"}, {"--exit-code", "4", "--fail-rank", "1"}), d.path);
+  unsetenv("TESSERA_LOG_LEVEL");
+  EXPECT_EQ(p.wait(60s), 4) << p.err();
+  EXPECT_NE(p.err().find("TESSERA_LOG_LEVEL='verbose' is not a level"), std::string::npos) << p.err();
+  EXPECT_NE(p.err().find("root cause: rank 1"), std::string::npos) << p.err();
+  EXPECT_NE(p.err().find("rank 1 exiting with code 4 as asked"), std::string::npos) << p.err();
 }
 
 // A --coordinator address this host cannot listen on is a bad value (exit
