@@ -33,6 +33,9 @@ using parallel::layers::Parameter;
 
 namespace {
 
+// The largest tp, dp or pp a checkpoint may have (written or read).
+constexpr int kMaxDegree = 1 << 20;
+
 constexpr int kMaxChunks = 64;
 constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 constexpr int64_t kPieceBytes = int64_t{8} << 20;    // one read of the offline writer and of consolidate
@@ -608,13 +611,34 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
 }
 
 namespace {
+// DIR/manifest.json's text, read once and checked against the done marker's
+// SHA-256 before anything parses it (a manifest padded to 1 GiB was parsed,
+// 4 GB and a minute, before the hash said it had been changed). `marker`
+// receives the parsed marker. FormatError for a mismatch.
+std::string manifest_text_matching_marker(const std::string& dir, const std::string& w, json* marker) {
+  const std::string marker_path = (fs::path(dir) / kDoneMarkerName).string();
+  *marker = parse_json(read_regular_file(marker_path, 1 << 20), marker_path, w);
+  const std::string mpath = (fs::path(dir) / kManifestName).string();
+  std::string mtext = read_regular_file(mpath, kMaxManifestBytes);
+  const std::string mhash = sha256_hex(mtext);
+  if (!marker->is_object() || marker->value("manifest_sha256", "") != mhash)
+    throw FormatError(concat(w, ": ", mpath, " does not match the done marker (SHA-256 ", mhash, ", the marker says ",
+                             marker->is_object() ? marker->value("manifest_sha256", "(none)") : "(not an object)",
+                             "): the manifest was changed after the save"));
+  return mtext;
+}
+
 // DIR/manifest.json parsed, or nullopt when there is none; FormatError for
-// one that is not a JSON object.
+// one that is not a JSON object, or that its done marker (when there is one)
+// does not vouch for.
 std::optional<json> read_manifest_json(const std::string& dir) {
   std::error_code ec;
   const fs::path m = fs::path(dir) / kManifestName;
   if (fs::symlink_status(m, ec).type() == fs::file_type::not_found) return std::nullopt;
-  json j = parse_json(read_regular_file(m.string(), kMaxManifestBytes), m.string(), dir);
+  json marker;
+  json j = fs::exists(fs::path(dir) / kDoneMarkerName, ec)
+               ? parse_json(manifest_text_matching_marker(dir, dir, &marker), m.string(), dir)
+               : parse_json(read_regular_file(m.string(), kMaxManifestBytes), m.string(), dir);
   if (!j.is_object()) throw FormatError(concat(m.string(), ": expected a JSON object, found ", j.type_name()));
   return j;
 }
@@ -745,14 +769,9 @@ void Checkpoint::open(const std::string& dir_in) {
   if (!fs::exists(marker_path, ec))
     throw FormatError(
         concat(w, ": no done marker (", kDoneMarkerName, "): the save did not finish, so it is never loaded"));
-  json marker = parse_json(read_regular_file(marker_path, 1 << 20), marker_path, w);
+  json marker;
   const std::string mpath = (fs::path(dir_) / kManifestName).string();
-  const std::string mtext = read_regular_file(mpath, kMaxManifestBytes);
-  const std::string mhash = sha256_hex(mtext);
-  if (!marker.is_object() || marker.value("manifest_sha256", "") != mhash)
-    throw FormatError(concat(w, ": ", mpath, " does not match the done marker (SHA-256 ", mhash, ", the marker says ",
-                             marker.is_object() ? marker.value("manifest_sha256", "(none)") : "(not an object)",
-                             "): the manifest was changed after the save"));
+  const std::string mtext = manifest_text_matching_marker(dir_, w, &marker);
   json m = parse_json(mtext, mpath, w);
   const std::string mc = concat(w, ": ", kManifestName);
   if (!m.is_object() || m.value("format", "") != kFormat)
@@ -773,8 +792,8 @@ void Checkpoint::open(const std::string& dir_in) {
   layout_.pp = field<int>(lj, "pp", lc);
   layout_.zero1 = field<bool>(lj, "zero1", lc);
   layout_.sequence_parallel = field<bool>(lj, "sequence_parallel", lc);
-  if (layout_.tp < 1 || layout_.dp < 1 || layout_.pp < 1 || layout_.tp > (1 << 20) || layout_.dp > (1 << 20) ||
-      layout_.pp > (1 << 20))
+  if (layout_.tp < 1 || layout_.dp < 1 || layout_.pp < 1 || layout_.tp > kMaxDegree || layout_.dp > kMaxDegree ||
+      layout_.pp > kMaxDegree)
     throw FormatError(concat(lc, ": tp, dp and pp must be in [1, 2^20]"));
   if (lj.contains("stages")) {
     if (!lj["stages"].is_array() || lj["stages"].size() > (1 << 20))
@@ -1529,8 +1548,11 @@ void stream_ranks(const TensorReader& src, const std::vector<std::vector<PieceOu
 uint64_t write_checkpoint(const TensorReader& src, const ModelLayout& model, const std::string& out_dir,
                           const WriteOptions& o) {
   const Layout& L = o.layout;
-  TESSERA_ARG_CHECK(L.tp >= 1 && L.dp >= 1 && L.pp >= 1, "--tp, --pp and --dp must be >= 1 (got tp ", L.tp, ", pp ",
-                    L.pp, ", dp ", L.dp, ")");
+  // At most what a manifest may say (Checkpoint::open refuses more): --tp 2^30 reserved a vector per rank
+  // (std::bad_alloc) before the heads were checked, and --dp 2^31 wrote files for ever.
+  TESSERA_ARG_CHECK(
+      L.tp >= 1 && L.dp >= 1 && L.pp >= 1 && L.tp <= kMaxDegree && L.dp <= kMaxDegree && L.pp <= kMaxDegree,
+      "--tp, --pp and --dp must be in [1, 2^20] (got tp ", L.tp, ", pp ", L.pp, ", dp ", L.dp, ")");
   TESSERA_ARG_CHECK(model.layers() >= L.pp, "--pp ", L.pp, " exceeds the ", model.layers(), " layers of ", src.where(),
                     " (each stage needs a whole layer)");
   const std::vector<int> part = pipeline::resolve_stages(L.stages, model.layers(), L.pp);

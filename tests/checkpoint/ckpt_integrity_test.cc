@@ -333,6 +333,31 @@ TEST(CkptIntegrity, ALayerIndexBeyondTheOthersIsAGapNotAModel) {
   EXPECT_FALSE(fs::exists(d.file("ls")));
 }
 
+// A manifest the done marker does not vouch for is never parsed: the hash
+// is the first thing said (a manifest padded to 1 GiB was parsed three
+// times, 4 GB and over a minute, before the hash refused it). And degrees
+// beyond what a manifest may hold are refused before any allocation or
+// file (--tp 2^30 ended in std::bad_alloc; --dp 2^31 wrote files for ever).
+TEST(CkptIntegrity, TheMarkersHashComesBeforeTheParseAndDegreesAreBounded) {
+  TempDir d;
+  const std::string src = d.file("model.safetensors");
+  make_file(src, kCfg, 12);
+  shard_gpt2(src, d.file("s"), {2, 1, 1, 0});
+  testing::write_bytes(d.file("s/manifest.json"), "{\"format\": [[[[");
+  for (const char* sub : {"verify ", "inspect "}) {
+    auto [code, out] = run_out(std::string(TESSERA_BIN) + " ckpt " + sub + d.file("s"));
+    EXPECT_NE(code, 0) << out;
+    EXPECT_NE(out.find("does not match the done marker"), std::string::npos) << sub << out;
+    EXPECT_EQ(out.find("not valid JSON"), std::string::npos) << sub << out;
+  }
+  for (const std::string& flags : {std::string("--tp 1073741824"), std::string("--tp 1 --dp 2147483647")}) {
+    auto [code, out] = run_out(std::string(TESSERA_BIN) + " ckpt shard " + flags + " --out " + d.file("o") + " " + src);
+    EXPECT_EQ(code, 2) << flags << "\n" << out;
+    EXPECT_NE(out.find("must be in [1, 2^20]"), std::string::npos) << out;
+    EXPECT_FALSE(fs::exists(d.file("o")));
+  }
+}
+
 TEST(CkptIntegrity, TrailingSlashesAndFailuresLeaveNothing) {
   TempDir d;
   const std::string src = d.file("model.safetensors");

@@ -474,6 +474,7 @@ TEST(CkptTool, ConsolidateChecksEveryRanksTensors) {
   {
     const std::string dir = fresh("garbage");
     testing::write_bytes(dir + "/" + manifest, "{\"format\": ");
+    testing::rehash_marker(dir);  // the marker vouches for it: the parse is what is tested
     expect_consolidate_refused(dir, dir + "/" + manifest, "not valid JSON");
   }
   {
@@ -481,6 +482,7 @@ TEST(CkptTool, ConsolidateChecksEveryRanksTensors) {
     auto j = nlohmann::json::parse(testing::read_bytes(dir + "/" + manifest));
     j["format"] = "something-else";
     testing::write_bytes(dir + "/" + manifest, j.dump());
+    testing::rehash_marker(dir);
     expect_consolidate_refused(dir, dir + "/" + manifest, "not a tessera-checkpoint manifest");
   }
   {
