@@ -829,6 +829,17 @@ void Checkpoint::open(const std::string& dir_in) {
     checked_numel(ti.shape, tc);
     tensors_[it.key()] = ti;
   }
+  // The layout against the model's layers: pp 3 with stages [5, 5] over a
+  // 2-layer model verified OK, and reshard wrote it on.
+  int64_t layers = 0;
+  for (const auto& [name, ti] : tensors_) layers = std::max<int64_t>(layers, ti.layer + 1);
+  if (layers > 0) {
+    try {
+      (void)pipeline::resolve_stages(layout_.stages, layers, layout_.pp);
+    } catch (const InvalidArgument& e) {
+      throw FormatError(concat(lc, ": ", e.what(), " (the tensors hold ", layers, " layers)"));
+    }
+  }
 
   if (!m.contains("files") || !m["files"].is_array()) throw FormatError(concat(mc, ": 'files' must be an array"));
   std::set<std::string> names{kManifestName, kDoneMarkerName};

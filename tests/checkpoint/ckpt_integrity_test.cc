@@ -129,6 +129,13 @@ TEST(CkptIntegrity, ManifestThatLiesFailsFastNamingTheField) {
       {[](json& j) { j["model"]["vocab"] = int64_t{1} << 40; }, {"manifest's model", "'vocab'"}},
       {[](json& j) { j["model"]["vocab"] = 68; }, {"manifest's model", "transformer.wte.weight", "[68, 32]"}},
       {[](json& j) { j["model"]["family"] = "mamba"; }, {"manifest's model", "family"}},
+      // A layout the layers cannot have (verify said OK, reshard wrote it on).
+      {[](json& j) {
+         j["layout"]["pp"] = 3;
+         j["layout"]["stages"] = {5, 5};
+       },
+       {"manifest.json layout", "pp is 3", "3 layers"}},
+      {[](json& j) { j["layout"]["pp"] = 4; }, {"manifest.json layout", "3 layers"}},
       {[](json& j) { j["files"][0]["name"] = "../model.safetensors"; }, {"manifest.json", "../model.safetensors"}},
       {[](json& j) { j["files"][1]["name"] = j["files"][0]["name"]; }, {"manifest.json", "listed twice"}},
       {[](json& j) { j["files"].erase(1); }, {"transformer.", "in no file"}},
