@@ -358,7 +358,9 @@ TEST(CkptIntegrity, TheMarkersHashComesBeforeTheParseAndDegreesAreBounded) {
     EXPECT_EQ(out.find("not valid JSON"), std::string::npos) << sub << out;
   }
   for (const std::string& flags : {std::string("--tp 1073741824"), std::string("--tp 1 --dp 2147483647")}) {
-    auto [code, out] = run_out(std::string(TESSERA_BIN) + " ckpt shard " + flags + " --out " + d.file("o") + " " + src);
+    const std::string cmd =
+        tessera::detail::concat(TESSERA_BIN, " ckpt shard ", flags, " --out ", d.file("o"), " ", src);
+    auto [code, out] = run_out(cmd);
     EXPECT_EQ(code, 2) << flags << "\n" << out;
     EXPECT_NE(out.find("must be in [1, 2^20]"), std::string::npos) << out;
     EXPECT_FALSE(fs::exists(d.file("o")));
