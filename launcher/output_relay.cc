@@ -30,12 +30,7 @@ void write_all(int fd, const std::string& s) {
 }
 
 void Destination::queue(const std::string& bytes) {
-  if (gone_) return;
-  if (head_ > 0 && head_ == buf_.size()) {
-    buf_.clear();
-    head_ = 0;
-  }
-  buf_ += bytes;
+  if (!gone_) buf_ += bytes;  // (flush_some empties buf_ whenever it wrote all of it)
 }
 
 void Destination::flush_some() {
@@ -50,15 +45,13 @@ void Destination::flush_some() {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) return;
       gone_ = true;  // EPIPE, EBADF, EIO: the reader is gone; the logs keep the lines
-      buf_.clear();
-      head_ = 0;
+      drop();
       return;
     }
     head_ += static_cast<size_t>(n);
   }
   if (head_ == buf_.size()) {
-    buf_.clear();
-    head_ = 0;
+    drop();
   } else if (head_ > (1u << 20)) {  // keep the string from growing behind a slow reader
     buf_.erase(0, head_);
     head_ = 0;

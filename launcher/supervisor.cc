@@ -32,6 +32,21 @@ constexpr auto kSuspectWindow = 2s;
 constexpr auto kHold = 1500ms;
 constexpr size_t kExitPumpBytes = 4 << 20;
 
+namespace {
+
+// Our stdout and stderr, for POLLOUT, where relayed lines wait for them;
+// then the writes of those that became ready (from fds[from] on).
+void poll_pending_destinations(std::vector<pollfd>& fds) {
+  for (int d : {1, 2})
+    if (destination(d).pending() > 0) fds.push_back({d, POLLOUT, 0});
+}
+void flush_ready_destinations(const std::vector<pollfd>& fds, size_t from) {
+  for (size_t i = from; i < fds.size(); ++i)
+    if (fds[i].revents) destination(fds[i].fd).flush_some();
+}
+
+}  // namespace
+
 void RoundSupervisor::signal_all(int sig) {
   for (auto& w : workers_) {
     if (w.exited || w.pid <= 0) continue;
@@ -130,8 +145,7 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
       }
     }
     const size_t first_dest = fds.size();
-    for (int d : {1, 2})
-      if (destination(d).pending() > 0) fds.push_back({d, POLLOUT, 0});
+    poll_pending_destinations(fds);
     if (all_exited && all_closed) break;
     if (all_exited && !all_closed) {
       // Workers are gone but something they spawned holds a pipe: read what
@@ -159,8 +173,7 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
     if (n < 0 && errno != EINTR) throw Error(detail::concat("poll: ", std::strerror(errno)));
     for (size_t i = 2; i < first_dest; ++i)
       if (fds[i].revents) owners[i - 2].first->output.pump(*owners[i - 2].second);
-    for (size_t i = first_dest; i < fds.size(); ++i)
-      if (fds[i].revents) destination(fds[i].fd).flush_some();
+    flush_ready_destinations(fds, first_dest);
     if (fds[0].revents) {
       signalfd_siginfo si;
       while (read(s_.sig_fd, &si, sizeof si) == sizeof si) {
@@ -258,12 +271,10 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
   // pager is waited for, as `cat` would wait); a signal stops the wait.
   while (!interrupted_ && destination(1).pending() + destination(2).pending() > 0) {
     std::vector<pollfd> fds{{s_.sig_fd, POLLIN, 0}};
-    for (int d : {1, 2})
-      if (destination(d).pending() > 0) fds.push_back({d, POLLOUT, 0});
+    poll_pending_destinations(fds);
     if (poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR)
       throw Error(detail::concat("poll: ", std::strerror(errno)));
-    for (size_t i = 1; i < fds.size(); ++i)
-      if (fds[i].revents) destination(fds[i].fd).flush_some();
+    flush_ready_destinations(fds, 1);
     signalfd_siginfo si;
     while (read(s_.sig_fd, &si, sizeof si) == sizeof si)
       if (si.ssi_signo != SIGCHLD && !interrupted_) {
@@ -271,9 +282,8 @@ RoundEnd RoundSupervisor::run(int round, const pb::JoinReply& layout) {
         spdlog::warn("tessera run: got {} while writing the workers' last output; leaving", strsignal(interrupted_));
       }
   }
-  if (interrupted_)
-    for (int d : {1, 2}) destination(d).drop();
   if (interrupted_) {
+    for (int d : {1, 2}) destination(d).drop();
     try {
       s_.client->abort(interrupt_cause(opt.node_rank, s_.host, interrupted_));
     } catch (const Error& e) {

@@ -644,22 +644,11 @@ std::optional<json> read_manifest_json(const std::string& dir) {
 }
 }  // namespace
 
-bool is_checkpoint(const std::string& dir) {
-  try {
-    std::optional<json> j = read_manifest_json(dir);
-    return j && j->value("format", "") == kFormat;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-void refuse_old_format(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return;
-  const std::optional<json> j = read_manifest_json(dir);
-  if (!j) return;
-  const std::string mpath = (fs::path(dir) / kManifestName).string();
-  const json& fj = j->contains("format") ? j->at("format") : json();
+namespace {
+// Throws FormatError unless manifest `j` (of DIR, at `mpath`) is in this
+// build's format; an earlier tessera's formats get the way to convert them.
+void refuse_other_format(const json& j, const std::string& dir, const std::string& mpath) {
+  const json& fj = j.is_object() && j.contains("format") ? j.at("format") : json();
   const std::string f = fj.is_string() ? fj.get<std::string>() : "";
   if (f == kFormat) return;
   if (f == kOldShardFormat)
@@ -677,12 +666,23 @@ void refuse_old_format(const std::string& dir) {
                              "or `train_gpt --init MODEL.safetensors`"));
   throw FormatError(concat(mpath, ": not a ", kFormat, " manifest (field 'format' is ", fj.dump(), ")"));
 }
+}  // namespace
+
+void refuse_old_format(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  if (const std::optional<json> j = read_manifest_json(dir))
+    refuse_other_format(*j, dir, (fs::path(dir) / kManifestName).string());
+}
 
 std::optional<std::string> resolve_checkpoint(const std::string& path) {
-  refuse_old_format(path);
-  if (is_checkpoint(path)) return path;
   std::error_code ec;
-  if (!fs::is_directory(path, ec) || fs::exists(fs::path(path) / kManifestName, ec)) return std::nullopt;
+  if (!fs::is_directory(path, ec)) return std::nullopt;
+  // One read of the manifest (it was read, hashed and parsed twice here).
+  if (const std::optional<json> j = read_manifest_json(path)) {
+    refuse_other_format(*j, path, (fs::path(path) / kManifestName).string());
+    return path;
+  }
   return latest_checkpoint(path);
 }
 
@@ -764,18 +764,18 @@ void Checkpoint::open(const std::string& dir_in) {
   const std::string w = where();
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) throw FormatError(concat(w, ": not a directory"));
-  refuse_old_format(dir_);
   const std::string marker_path = (fs::path(dir_) / kDoneMarkerName).string();
-  if (!fs::exists(marker_path, ec))
+  if (!fs::exists(marker_path, ec)) {
+    refuse_old_format(dir_);  // an earlier tessera's directory says so first
     throw FormatError(
         concat(w, ": no done marker (", kDoneMarkerName, "): the save did not finish, so it is never loaded"));
+  }
+  // Read, checked against the marker and parsed once.
   json marker;
   const std::string mpath = (fs::path(dir_) / kManifestName).string();
-  const std::string mtext = manifest_text_matching_marker(dir_, w, &marker);
-  json m = parse_json(mtext, mpath, w);
+  json m = parse_json(manifest_text_matching_marker(dir_, w, &marker), mpath, w);
+  refuse_other_format(m, dir_, mpath);
   const std::string mc = concat(w, ": ", kManifestName);
-  if (!m.is_object() || m.value("format", "") != kFormat)
-    throw FormatError(concat(mc, ": not a ", kFormat, " manifest"));
   if (field<int>(m, "version", mc) != kVersion)
     throw FormatError(
         concat(mc, ": version ", m["version"].dump(), " is not supported (this build reads ", kVersion, ")"));

@@ -340,8 +340,6 @@ std::vector<std::string> consolidate(const TensorReader& src, const ModelLayout&
 std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& root);
 // The newest complete checkpoint under `root`, or nullopt.
 std::optional<std::string> latest_checkpoint(const std::string& root);
-// True when `dir` holds a manifest.json of this format (complete or not).
-bool is_checkpoint(const std::string& dir);
 // The checkpoint `path` names: `path` itself when it holds a manifest of
 // this format, else the newest complete checkpoint under `path` (a --save
 // directory), else nullopt. A manifest of an earlier build's format is a
